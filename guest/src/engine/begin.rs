@@ -1,0 +1,367 @@
+//! `begin`: claim a protected call before dispatch, or answer without one.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+
+use super::{MAX_RACES, now_for};
+use crate::host::Host;
+use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
+use crate::input::check_name;
+use crate::payload::Payload;
+use crate::policy::{Routing, check_policy, route};
+use crate::record::{NewRecord, OpRecord, Origin};
+use crate::store::{LedgerError, Loaded, Tx, load, load_tombstone};
+use crate::types::{
+    BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, IdentityMode, InFlightInfo, KeySource,
+    Replay, ReplayVia, State, UnknownInfo,
+};
+
+/// The `begin` export.
+pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
+    let settings = h.settings();
+    check_name("scope", &req.scope, &settings)?;
+    check_name("tool", &req.tool, &settings)?;
+    check_policy(&req.policy, &settings)?;
+    let app_key = match resolve_carriers(&req.keys, &settings)? {
+        Ok(key) => key,
+        Err((reason, detail)) => return Ok(blocked(reason, detail)),
+    };
+    if let Some(original) = &req.supersedes {
+        check_name("supersedes", original, &settings)?;
+    }
+    let payload = match Payload::build(&req.tool, &req.args, &req.policy, &settings)? {
+        Ok(payload) => payload,
+        Err((reason, detail)) => return Ok(blocked(reason, detail)),
+    };
+    match route(&req.policy, req.descriptor.as_ref(), &settings)? {
+        Routing::Block(reason, detail) => return Ok(blocked(reason, detail)),
+        Routing::Direct => {
+            // Nothing is recorded for a read-only tool, but an existing record wins.
+            let existing = match &app_key {
+                Some(key) => h.get(crate::types::Table::Operation, &req.scope, key),
+                None => Ok(None),
+            };
+            match existing {
+                Ok(None) => return Ok(Decision::Direct),
+                Ok(Some(_)) => {}
+                Err(e) => return Ok(blocked(BlockReason::Storage, e)),
+            }
+        }
+        Routing::Protect => {}
+    }
+    let (key, key_source) = match app_key {
+        Some(key) => (key, KeySource::Application),
+        None => match req.policy.identity {
+            IdentityMode::Required => {
+                return Ok(blocked(
+                    BlockReason::IdentityRequired,
+                    format!("tool {} requires an application-minted operation key", req.tool),
+                ));
+            }
+            IdentityMode::Derived => (derived_key(&payload.fingerprint), KeySource::Derived),
+        },
+    };
+    if req.supersedes.as_deref() == Some(key.as_str()) {
+        return Err(Error::InvalidRequest("an operation cannot supersede itself".to_string()));
+    }
+    let claim = Claim { req: &req, payload: &payload, key, key_source };
+    for _ in 0..MAX_RACES {
+        match claim.decide(h) {
+            Ok(decision) => return Ok(decision),
+            Err(LedgerError::Conflict) => continue,
+            Err(LedgerError::Storage(e)) => return Ok(blocked(BlockReason::Storage, e)),
+        }
+    }
+    Ok(blocked(BlockReason::Storage, LedgerError::Conflict.message()))
+}
+
+/// One attempt at deciding a `begin` against the ledger as it is now.
+struct Claim<'a> {
+    req: &'a BeginRequest,
+    payload: &'a Payload,
+    key: String,
+    key_source: KeySource,
+}
+
+impl Claim<'_> {
+    fn decide(&self, h: &impl Host) -> Result<Decision, LedgerError> {
+        match load(h, &self.req.scope, &self.key)? {
+            None => self.fresh(h),
+            Some(loaded) => self.existing(h, loaded),
+        }
+    }
+
+    fn provider_key(&self) -> String {
+        provider_key(&self.req.scope, &self.key)
+    }
+
+    /// No record for this key.
+    fn fresh(&self, h: &impl Host) -> Result<Decision, LedgerError> {
+        let req = self.req;
+        let provider_key = self.provider_key();
+        let args = self.payload.dispatch_args(&provider_key);
+        if let Some(stone) = load_tombstone(h, &req.scope, &self.key)? {
+            if stone.tool != req.tool || stone.fingerprint != self.payload.fingerprint {
+                return Ok(blocked(
+                    BlockReason::Expired,
+                    format!("key {} was pruned after {} with another payload", self.key, state_name(stone.outcome)),
+                ));
+            }
+            if req.policy.verify_first {
+                if let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args) {
+                    return Ok(replay(receipt, ReplayVia::Provider, &self.key));
+                }
+            }
+            return Ok(blocked(
+                BlockReason::Expired,
+                format!("key {} was pruned after {}; mint a new key for a new operation", self.key, state_name(stone.outcome)),
+            ));
+        }
+        let mut tx = Tx::new();
+        let lookup_started = h.now();
+        if req.policy.verify_first {
+            match h.lookup(&req.tool, &provider_key, &args) {
+                Evidence::Confirmed(receipt) => {
+                    let receipt = match crate::input::canonical_text(&receipt, &h.settings()) {
+                        Ok(receipt) => receipt,
+                        Err(_) => return Ok(blocked(BlockReason::Unverified, "the provider's receipt is not valid JSON".to_string())),
+                    };
+                    let now = h.now();
+                    let (mut rec, event) =
+                        OpRecord::create(self.new_record(provider_key, args, None), Origin::Verified { receipt: receipt.clone() }, now);
+                    tx.record(&mut rec, None, event, now);
+                    // The receipt is the answer even if recording it fails; a conflict means
+                    // someone else recorded this key meanwhile, so decide again.
+                    if let Err(LedgerError::Conflict) = tx.commit(h) {
+                        return Err(LedgerError::Conflict);
+                    }
+                    return Ok(replay(receipt, ReplayVia::Provider, &self.key));
+                }
+                Evidence::Unknown(why) => {
+                    return Ok(blocked(BlockReason::Unverified, format!("verify-first lookup could not tell: {why}")));
+                }
+                Evidence::Absent(read_position) if read_position < lookup_started => {
+                    return Ok(blocked(
+                        BlockReason::Unverified,
+                        format!("verify-first read position {read_position} is before the lookup started ({lookup_started})"),
+                    ));
+                }
+                Evidence::Absent(_) => {}
+            }
+        }
+        let now = h.now();
+        if let Some(original) = &req.supersedes {
+            if let Some(answer) = self.supersede(h, &mut tx, original, now)? {
+                return Ok(answer);
+            }
+        }
+        let reservation = match (&req.policy.quota, self.payload.spend) {
+            (Some(quota), Some(units)) => match tx.reserve(h, &req.scope, &req.tool, quota, units, now, true)? {
+                Some(reservation) => Some(reservation),
+                None => return Ok(over_quota(quota, units)),
+            },
+            _ => None,
+        };
+        let fence = fence(&req.scope, &self.key, 1, now, now);
+        let lease_until = now.saturating_add(req.policy.lease_ms);
+        let origin = Origin::Claimed { fence, lease_until };
+        let (mut rec, event) = OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
+        tx.record(&mut rec, None, event, now);
+        tx.commit(h)?;
+        Ok(execute(&rec, &h.settings()))
+    }
+
+    fn new_record(&self, provider_key: String, args: String, reservation: Option<crate::record::Reservation>) -> NewRecord {
+        NewRecord {
+            scope: self.req.scope.clone(),
+            key: self.key.clone(),
+            key_source: self.key_source,
+            tool: self.req.tool.clone(),
+            fingerprint: self.payload.fingerprint.clone(),
+            args,
+            provider_key,
+            spend: self.payload.spend,
+            reservation,
+            supersedes: self.req.supersedes.clone(),
+            policy: self.req.policy.clone(),
+        }
+    }
+
+    /// Check the original this call supersedes; stage its move to `superseded`
+    /// when it is failed or absent. Returns an answer when the call must stop here.
+    fn supersede(&self, h: &impl Host, tx: &mut Tx, original: &str, now: u64) -> Result<Option<Decision>, LedgerError> {
+        let Some(Loaded { rec: mut orig, version }) = load(h, &self.req.scope, original)? else {
+            return Ok(Some(blocked(
+                BlockReason::SupersedesMissing,
+                format!("supersedes {original}, which has no record in this scope"),
+            )));
+        };
+        let now = now.max(orig.updated_at);
+        match orig.state {
+            State::InFlight | State::Unknown => Ok(Some(blocked(
+                BlockReason::SupersededUnresolved,
+                format!("the original {original} is {}: resolve it first", state_name(orig.state)),
+            ))),
+            State::Superseded => Ok(Some(blocked(
+                BlockReason::Superseded,
+                format!("the original {original} was already superseded by {}", orig.superseded_by.unwrap_or_default()),
+            ))),
+            State::Confirmed if self.req.acknowledge_confirmed => {
+                let event = orig.link_successor(&self.key);
+                tx.record(&mut orig, Some(version), event, now);
+                Ok(None)
+            }
+            State::Confirmed => Ok(Some(Decision::Blocked(Blocked {
+                reason: BlockReason::SupersededConfirmed,
+                detail: format!("the original {original} is confirmed; acknowledge it to proceed"),
+                receipt: orig.receipt.clone(),
+            }))),
+            State::Failed | State::Absent => {
+                let (event, released) = orig.supersede(&self.key, now);
+                if let Some(reservation) = released {
+                    tx.release(h, &self.req.scope, &reservation)?;
+                }
+                tx.record(&mut orig, Some(version), event, now);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A record exists for this key.
+    fn existing(&self, h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
+        let Loaded { mut rec, version } = loaded;
+        let now = now_for(h, Some(&rec));
+        if rec.tool != self.req.tool || rec.fingerprint != self.payload.fingerprint {
+            let summary = rec.summary();
+            let event = rec.note_conflict(&self.req.tool, &self.payload.fingerprint);
+            record_observation(h, &mut rec, version, event, now)?;
+            return Ok(Decision::Conflict(summary));
+        }
+        match rec.state {
+            State::Confirmed => {
+                let via = match rec.key_source {
+                    KeySource::Application => ReplayVia::Key,
+                    KeySource::Derived => ReplayVia::DerivedArgs,
+                };
+                let receipt = rec.receipt.clone().unwrap_or_default();
+                let event = rec.note_replay();
+                record_observation(h, &mut rec, version, event, now)?;
+                Ok(replay(receipt, via, &rec.key))
+            }
+            State::InFlight if rec.lease_ended(now) => {
+                let event = rec.expire_lease(now);
+                let mut tx = Tx::new();
+                tx.record(&mut rec, Some(version), event, now);
+                tx.commit(h)?;
+                Ok(unknown(&rec))
+            }
+            State::InFlight => Ok(Decision::InFlight(InFlightInfo {
+                key: rec.key.clone(),
+                lease_until: rec.current().map_or(now, |a| a.lease_until),
+            })),
+            State::Unknown => Ok(unknown(&rec)),
+            State::Superseded => Ok(blocked(
+                BlockReason::Superseded,
+                format!("{} was superseded by {}", rec.key, rec.superseded_by.clone().unwrap_or_default()),
+            )),
+            State::Failed | State::Absent => grant(h, rec, version, now),
+        }
+    }
+}
+
+/// failed or absent -> in_flight, within the attempt budget (and, from failed, the quota).
+pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) -> Result<Decision, LedgerError> {
+    if !rec.budget_left() {
+        return Ok(blocked(
+            BlockReason::AttemptBudget,
+            format!("{} has used all {} attempts", rec.key, rec.policy.attempt_budget),
+        ));
+    }
+    let mut tx = Tx::new();
+    // An owed redispatch reuses its reservation; a retry after failure reserves again.
+    let reservation = match (&rec.policy.quota, &rec.spend, &rec.reservation) {
+        (Some(quota), Some(spend), None) => {
+            let units: u128 = spend.parse().unwrap_or(0);
+            match tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, true)? {
+                Some(reservation) => Some(reservation),
+                None => return Ok(over_quota(quota, units)),
+            }
+        }
+        _ => None,
+    };
+    let fence = fence(&rec.scope, &rec.key, rec.attempts.len() as u32 + 1, rec.created_at, now);
+    let event = rec.grant(fence, now, reservation);
+    tx.record(&mut rec, Some(version), event, now);
+    tx.commit(h)?;
+    Ok(execute(&rec, &h.settings()))
+}
+
+/// Write a counter-only change (replay, conflict). The answer does not depend
+/// on it, so a failing store is not an error; a lost race is.
+fn record_observation(
+    h: &impl Host,
+    rec: &mut OpRecord,
+    version: u64,
+    event: crate::record::Event,
+    now: u64,
+) -> Result<(), LedgerError> {
+    let mut tx = Tx::new();
+    tx.record(rec, Some(version), event, now);
+    match tx.commit(h) {
+        Err(LedgerError::Conflict) => Err(LedgerError::Conflict),
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn execute(rec: &OpRecord, settings: &crate::types::Settings) -> Decision {
+    let attempt = rec.current().expect("an in-flight record has an attempt");
+    Decision::Execute(Execute {
+        attempt: attempt.n,
+        fence: attempt.fence.clone(),
+        provider_key: rec.provider_key.clone(),
+        lease_until: attempt.lease_until,
+        send_by: attempt.lease_until.saturating_sub(settings.clock_skew_ms),
+        key: rec.key.clone(),
+        args: rec.args.clone(),
+    })
+}
+
+pub(super) fn unknown(rec: &OpRecord) -> Decision {
+    Decision::Unknown(UnknownInfo {
+        key: rec.key.clone(),
+        since: rec.since.unwrap_or(rec.transitioned_at),
+        deadline: rec.deadline.unwrap_or(rec.transitioned_at),
+    })
+}
+
+pub(super) fn replay(receipt: String, via: ReplayVia, key: &str) -> Decision {
+    Decision::Replay(Replay { receipt, replayed: true, via, key: key.to_string() })
+}
+
+pub(super) fn blocked(reason: BlockReason, detail: String) -> Decision {
+    Decision::Blocked(Blocked { reason, detail, receipt: None })
+}
+
+fn over_quota(quota: &crate::types::QuotaPolicy, units: u128) -> Decision {
+    blocked(
+        BlockReason::Quota,
+        format!(
+            "spending {} would pass the ceiling of {} per {} ms window",
+            crate::amount::format_minor_units(units, quota.decimals),
+            quota.ceiling,
+            quota.window_ms
+        ),
+    )
+}
+
+/// The WIT name of a state.
+pub fn state_name(state: State) -> &'static str {
+    match state {
+        State::InFlight => "in-flight",
+        State::Confirmed => "confirmed",
+        State::Failed => "failed",
+        State::Unknown => "unknown",
+        State::Absent => "absent",
+        State::Superseded => "superseded",
+    }
+}

@@ -1,0 +1,90 @@
+//! `finish`: record what the provider answered to one attempt.
+
+use alloc::string::String;
+
+use super::escalation;
+use super::{MAX_RACES, now_for};
+use crate::host::Host;
+use crate::input::canonical_text;
+use crate::store::{LedgerError, Loaded, Tx, load};
+use crate::types::{Error, FinishAck, Outcome, State};
+
+/// The `finish` export.
+pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<FinishAck, Error> {
+    let settings = h.settings();
+    // A malformed response is refused before anything is written: the record
+    // stays in flight, expires into unknown and is reconciled.
+    let outcome = match outcome {
+        Outcome::Success(response) => Outcome::Success(canonical_text(&response, &settings)?),
+        other => other,
+    };
+    for _ in 0..MAX_RACES {
+        let loaded = match load(h, scope, key) {
+            Ok(Some(loaded)) => loaded,
+            Ok(None) => return Err(Error::NotFound),
+            Err(_) => return Ok(FinishAck::Unrecorded),
+        };
+        if !loaded.rec.attempts.iter().any(|a| a.fence == fence) {
+            return Err(Error::FenceMismatch);
+        }
+        match apply(h, loaded, fence, outcome.clone()) {
+            Ok(ack) => return Ok(ack),
+            Err(LedgerError::Conflict) => continue,
+            Err(LedgerError::Storage(_)) => return Ok(FinishAck::Unrecorded),
+        }
+    }
+    Ok(FinishAck::Unrecorded)
+}
+
+fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result<FinishAck, LedgerError> {
+    let Loaded { mut rec, version } = loaded;
+    let now = now_for(h, Some(&rec));
+    let current = rec.state == State::InFlight && rec.current().is_some_and(|a| a.fence == fence);
+    let mut tx = Tx::new();
+    let event = match (outcome, rec.state) {
+        // Evidence beats fences: a success from any attempt means the effect happened.
+        (Outcome::Success(receipt), State::InFlight) if current => rec.confirm(receipt, Some(fence), now, "finish-success"),
+        (Outcome::Success(receipt), State::InFlight) => {
+            let id = escalation::duplicate_id(&rec, now);
+            rec.confirm_possible_duplicate(receipt, fence, id, now)
+        }
+        (Outcome::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
+            if let (Some(quota), Some(spend), None) = (&rec.policy.quota, &rec.spend, &rec.reservation) {
+                // The money moved after all: count it, ceiling or not.
+                let units = spend.parse().unwrap_or(0);
+                rec.reservation = tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)?;
+            }
+            rec.confirm(receipt, Some(fence), now, "late-success")
+        }
+        (Outcome::Success(receipt), State::Superseded) if rec.receipt.is_none() => {
+            let id = escalation::duplicate_id(&rec, now);
+            rec.flag_superseded_effect(receipt, fence, id, now)
+        }
+        (Outcome::Success(_), state) => return Ok(FinishAck::Ignored(state)),
+        // A stale fence cannot claim failure or ambiguity.
+        (_, state) if !current => return Ok(FinishAck::Ignored(state)),
+        (Outcome::Rejected(error), _) => release(h, &mut tx, &mut rec, fence, Some(error), now)?,
+        (Outcome::NotSent, _) => release(h, &mut tx, &mut rec, fence, None, now)?,
+        (Outcome::Ambiguous(reason), _) => rec.ambiguous(fence, reason, now),
+    };
+    tx.record(&mut rec, Some(version), event, now);
+    tx.commit(h)?;
+    let state = rec.state;
+    let _ = escalation::deliver(h, Loaded { rec, version: version + 1 });
+    Ok(FinishAck::Recorded(state))
+}
+
+fn release(
+    h: &impl Host,
+    tx: &mut Tx,
+    rec: &mut crate::record::OpRecord,
+    fence: &str,
+    error: Option<String>,
+    now: u64,
+) -> Result<crate::record::Event, LedgerError> {
+    let (event, released) = rec.fail(fence, error, now);
+    if let Some(reservation) = released {
+        tx.release(h, &rec.scope, &reservation)?;
+    }
+    Ok(event)
+}

@@ -1,0 +1,110 @@
+//! `sweep` and `prune`: the background work over due records.
+
+use alloc::vec::Vec;
+
+use super::escalation;
+use super::reconcile::{Read, expire, read_provider};
+use super::{MAX_RACES, now_for};
+use crate::host::Host;
+use crate::store::{LedgerError, Loaded, Tx, decode, load};
+use crate::types::{Error, PruneReport, Row, State, SweepReport, Table};
+
+/// The `sweep` export: expire leases, read the provider for due unknowns,
+/// escalate past deadlines and re-deliver unacknowledged escalations.
+pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
+    let now = h.now();
+    let rows = h
+        .scan(Table::Operation, &[State::InFlight, State::Unknown, State::Absent], now, limit)
+        .map_err(Error::Storage)?;
+    let mut report = SweepReport { expired: 0, reconciled: 0, confirmed: 0, owed: Vec::new(), escalated: 0 };
+    for row in rows {
+        let mut loaded = match decode(&row) {
+            Ok(loaded) => loaded,
+            Err(e) => return Err(Error::Storage(e.message())),
+        };
+        for _ in 0..MAX_RACES {
+            match sweep_one(h, loaded.clone(), &mut report) {
+                Ok(()) => break,
+                Err(LedgerError::Conflict) => match load(h, &row.scope, &row.key) {
+                    Ok(Some(fresh)) => loaded = fresh,
+                    Ok(None) => break,
+                    Err(e) => return Err(Error::Storage(e.message())),
+                },
+                Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Result<(), LedgerError> {
+    let now = now_for(h, Some(&loaded.rec));
+    if loaded.rec.state == State::InFlight {
+        if !loaded.rec.lease_ended(now) {
+            return Ok(());
+        }
+        loaded = expire(h, loaded, now)?;
+        report.expired += 1;
+    }
+    if loaded.rec.state == State::Unknown && loaded.rec.next_check.is_some_and(|t| t <= now) {
+        let (after, read) = read_provider(h, loaded)?;
+        loaded = after;
+        report.reconciled += 1;
+        match read {
+            Read::Confirmed(_) => report.confirmed += 1,
+            Read::Absent => report.owed.push((loaded.rec.scope.clone(), loaded.rec.key.clone())),
+            Read::Unknown => {}
+        }
+    }
+    let (_, delivered) = escalation::escalate_if_due(h, loaded, now)?;
+    if delivered {
+        report.escalated += 1;
+    }
+    Ok(())
+}
+
+/// The `prune` export: records past retention become tombstones; tombstones
+/// and quota windows past their own time are removed. In-flight, unknown and
+/// absent records are never touched.
+pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
+    let now = h.now();
+    let mut report = PruneReport { pruned: 0, tombstones_removed: 0 };
+    let rows = h
+        .scan(Table::Operation, &[State::Confirmed, State::Failed, State::Superseded], now, limit)
+        .map_err(Error::Storage)?;
+    for row in rows {
+        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        let rec = &loaded.rec;
+        let terminal = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+        if !terminal || rec.transitioned_at.saturating_add(rec.policy.retention_ms) > now {
+            continue;
+        }
+        let mut tx = Tx::new();
+        tx.prune(&loaded, now);
+        match tx.commit(h) {
+            Ok(()) => report.pruned += 1,
+            // Changed meanwhile: the next prune looks again.
+            Err(LedgerError::Conflict) => {}
+            Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
+        }
+    }
+    for table in [Table::Tombstone, Table::Quota] {
+        let rows = h.scan(table, &[], now, limit).map_err(Error::Storage)?;
+        for row in rows {
+            if remove(h, &row)? && table == Table::Tombstone {
+                report.tombstones_removed += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn remove(h: &impl Host, row: &Row) -> Result<bool, Error> {
+    let mut tx = Tx::new();
+    tx.delete(row);
+    match tx.commit(h) {
+        Ok(()) => Ok(true),
+        Err(LedgerError::Conflict) => Ok(false),
+        Err(LedgerError::Storage(e)) => Err(Error::Storage(e)),
+    }
+}

@@ -1,0 +1,49 @@
+//! The exports of world `once`: each reads the ledger, decides, and commits
+//! one transition per write, re-deciding when a concurrent writer wins.
+
+mod begin;
+mod escalation;
+mod finish;
+mod maintenance;
+mod operator;
+mod reconcile;
+
+pub use begin::begin;
+pub use finish::finish;
+pub use maintenance::{prune, sweep};
+pub use operator::{inspect, resolve};
+pub use reconcile::reconcile;
+
+use alloc::string::String;
+
+use crate::canon;
+use crate::host::Host;
+use crate::input::limits;
+use crate::record::OpRecord;
+use crate::types::{Error, JsonError};
+
+/// How many times an export re-reads and re-decides after losing a
+/// compare-and-swap before it reports contention.
+const MAX_RACES: u32 = 16;
+
+/// Now, never earlier than the record's last write: time does not run
+/// backwards in a comparison even if the host's clock does.
+fn now_for(h: &impl Host, rec: Option<&OpRecord>) -> u64 {
+    let now = h.now();
+    rec.map_or(now, |r| now.max(r.updated_at))
+}
+
+/// The `canonicalize` export.
+pub fn canonicalize(h: &impl Host, json: &[u8]) -> Result<String, JsonError> {
+    canon::canonicalize(json, &limits(&h.settings())).map_err(crate::input::to_wit_json_error)
+}
+
+/// The `fingerprint` export: over the args exactly as given.
+pub fn fingerprint(h: &impl Host, tool: &str, args: &str) -> Result<String, JsonError> {
+    let value = canon::parse(args.as_bytes(), &limits(&h.settings())).map_err(crate::input::to_wit_json_error)?;
+    Ok(crate::payload::fingerprint_of(tool, value))
+}
+
+fn storage_error(e: crate::store::LedgerError) -> Error {
+    Error::Storage(e.message())
+}

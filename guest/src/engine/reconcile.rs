@@ -1,0 +1,145 @@
+//! `reconcile`: settle an unknown record with the provider's authoritative read.
+
+use alloc::format;
+use alloc::string::String;
+
+use super::begin::{blocked, grant, replay, unknown};
+use super::escalation;
+use super::{MAX_RACES, now_for, storage_error};
+use crate::host::Host;
+use crate::input::{canonical_text, check_name};
+use crate::record::OpRecord;
+use crate::store::{LedgerError, Loaded, Tx, load};
+use crate::types::{BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, ReplayVia, State};
+
+/// Longest wait between two provider reads of one unknown record.
+const MAX_RECONCILE_BACKOFF_MS: u64 = 5 * 60 * 1_000;
+
+/// The `reconcile` export.
+pub fn reconcile(h: &impl Host, scope: &str, key: &str) -> Result<Decision, Error> {
+    let settings = h.settings();
+    check_name("scope", scope, &settings)?;
+    check_name("key", key, &settings)?;
+    for _ in 0..MAX_RACES {
+        let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
+        match step(h, loaded) {
+            Ok(decision) => return Ok(decision),
+            Err(LedgerError::Conflict) => continue,
+            Err(e) => return Err(storage_error(e)),
+        }
+    }
+    Err(storage_error(LedgerError::Conflict))
+}
+
+fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
+    let now = now_for(h, Some(&loaded.rec));
+    let rec = &loaded.rec;
+    match rec.state {
+        State::Confirmed => {
+            let via = if rec.key_source == KeySource::Derived { ReplayVia::DerivedArgs } else { ReplayVia::Key };
+            Ok(replay(rec.receipt.clone().unwrap_or_default(), via, &rec.key))
+        }
+        State::InFlight if !rec.lease_ended(now) => Ok(Decision::InFlight(InFlightInfo {
+            key: rec.key.clone(),
+            lease_until: rec.current().map_or(now, |a| a.lease_until),
+        })),
+        State::InFlight => {
+            let loaded = expire(h, loaded, now)?;
+            settle(h, loaded)
+        }
+        State::Unknown => settle(h, loaded),
+        State::Absent => grant(h, loaded.rec, loaded.version, now),
+        State::Failed => Ok(blocked(
+            BlockReason::Failed,
+            format!("{} failed (the provider rejected it); begin again to retry within the attempt budget", rec.key),
+        )),
+        State::Superseded => Ok(blocked(
+            BlockReason::Superseded,
+            format!("{} was superseded by {}", rec.key, rec.superseded_by.clone().unwrap_or_default()),
+        )),
+    }
+}
+
+/// Read the provider for an unknown record and act on the answer: a replay,
+/// the owed dispatch, or still unknown.
+fn settle(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
+    let (loaded, read) = read_provider(h, loaded)?;
+    match read {
+        Read::Confirmed(receipt) => Ok(replay(receipt, ReplayVia::Provider, &loaded.rec.key)),
+        Read::Absent => {
+            let now = now_for(h, Some(&loaded.rec));
+            grant(h, loaded.rec, loaded.version, now)
+        }
+        Read::Unknown => {
+            let now = now_for(h, Some(&loaded.rec));
+            let (loaded, _) = escalation::escalate_if_due(h, loaded, now)?;
+            Ok(unknown(&loaded.rec))
+        }
+    }
+}
+
+/// in_flight whose lease ended -> unknown.
+pub(super) fn expire(h: &impl Host, loaded: Loaded, now: u64) -> Result<Loaded, LedgerError> {
+    let Loaded { mut rec, version } = loaded;
+    let event = rec.expire_lease(now);
+    let mut tx = Tx::new();
+    tx.record(&mut rec, Some(version), event, now);
+    tx.commit(h)?;
+    Ok(Loaded { rec, version: version + 1 })
+}
+
+/// What one provider read established.
+pub(super) enum Read {
+    /// The effect exists; the record is confirmed with this receipt.
+    Confirmed(String),
+    /// No effect and none can arrive late; the record is absent (dispatch owed).
+    Absent,
+    /// Not settled; the record stays unknown.
+    Unknown,
+}
+
+/// Ask the provider about an unknown record and record what it proved.
+pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Read), LedgerError> {
+    let Loaded { mut rec, version } = loaded;
+    let evidence = h.lookup(&rec.tool, &rec.provider_key, &rec.args);
+    let now = now_for(h, Some(&rec));
+    let backoff = now.saturating_add(backoff(&rec));
+    let (event, read) = match evidence {
+        Evidence::Confirmed(receipt) => match canonical_text(&receipt, &h.settings()) {
+            Ok(receipt) => (rec.confirm(receipt.clone(), None, now, "reconciled-confirmed"), Read::Confirmed(receipt)),
+            Err(_) => (rec.still_unknown("the provider's receipt is not valid JSON", None, backoff), Read::Unknown),
+        },
+        Evidence::Absent(read_position) => absent(&mut rec, read_position, now, backoff),
+        Evidence::Unknown(why) => (rec.still_unknown(&format!("lookup could not tell: {why}"), None, backoff), Read::Unknown),
+    };
+    let mut tx = Tx::new();
+    tx.record(&mut rec, Some(version), event, now);
+    tx.commit(h)?;
+    Ok((Loaded { rec, version: version + 1 }, read))
+}
+
+/// ABSENT counts only after the last dispatch, and becomes `absent` only when
+/// no late arrival can make a second effect.
+fn absent(rec: &mut OpRecord, read_position: u64, now: u64, backoff: u64) -> (crate::record::Event, Read) {
+    let last_dispatch = rec.last_dispatch().unwrap_or(0);
+    let settled_at = last_dispatch.saturating_add(rec.policy.max_in_flight_ms);
+    if read_position <= last_dispatch {
+        let why = format!("absent as of {read_position}, not after the last dispatch {last_dispatch}");
+        (rec.still_unknown(&why, Some(read_position), backoff), Read::Unknown)
+    } else if rec.policy.provider_claims_key || read_position > settled_at {
+        (rec.prove_absent(read_position, now, "reconciled-absent"), Read::Absent)
+    } else {
+        let why = format!("absent as of {read_position}, but an earlier request may still commit until {settled_at}");
+        let next = settled_at.saturating_add(1).max(now.saturating_add(1));
+        (rec.still_unknown(&why, Some(read_position), next), Read::Unknown)
+    }
+}
+
+fn backoff(rec: &OpRecord) -> u64 {
+    let interval = rec.policy.reconcile_interval_ms;
+    let doubled = interval.saturating_mul(1u64 << rec.checks.min(16));
+    doubled.min(MAX_RECONCILE_BACKOFF_MS.max(interval))
+}
+
+
+

@@ -1,0 +1,27 @@
+//! The I/O the rules need, as one trait: the WIT imports of world `once`.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use crate::types::{AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table};
+
+/// Everything the engine asks of its host. Implemented by the wasm shell
+/// (WIT imports) and by [`crate::testing::MemoryHost`].
+pub trait Host {
+    /// Now, in the ledger's clock domain (ms since the epoch).
+    fn now(&self) -> u64;
+    /// Engine settings: limits and the declared clock skew.
+    fn settings(&self) -> Settings;
+    /// Read one row.
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String>;
+    /// Apply a batch atomically.
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
+    /// Due rows of a table in some states.
+    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String>;
+    /// The audit trail of one operation.
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String>;
+    /// The provider's authoritative read.
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
+    /// Deliver an escalation; true when acknowledged.
+    fn escalate(&self, escalation: &Escalation) -> bool;
+}

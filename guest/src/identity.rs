@@ -1,0 +1,83 @@
+//! Operation keys: which carrier supplied one, derived keys, provider keys, fences.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec;
+
+use crate::canon::{Number, Value};
+use crate::digest::sha256_jcs;
+use crate::input::check_name;
+use crate::types::{BlockReason, Error, Settings};
+
+/// The application's key, if its carriers supplied one, or why they cannot be trusted.
+pub fn resolve_carriers(
+    carriers: &[(String, String)],
+    settings: &Settings,
+) -> Result<Result<Option<String>, (BlockReason, String)>, Error> {
+    let mut chosen: Option<&(String, String)> = None;
+    for carrier in carriers {
+        check_name(&format!("operation key from {}", carrier.0), &carrier.1, settings)?;
+        match chosen {
+            None => chosen = Some(carrier),
+            Some(first) if first.1 != carrier.1 => {
+                return Ok(Err((
+                    BlockReason::IdentityConflict,
+                    format!(
+                        "key carriers disagree: {} says {:?}, {} says {:?}",
+                        first.0, first.1, carrier.0, carrier.1
+                    ),
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(Ok(chosen.map(|c| c.1.clone())))
+}
+
+/// The key derived from a call's fingerprint (argument-hash dedupe).
+pub fn derived_key(fingerprint: &str) -> String {
+    format!("derived:{fingerprint}")
+}
+
+/// What travels to the provider: derived from (scope, key), so two scopes that
+/// use the same key never share a provider-side dedupe slot.
+pub fn provider_key(scope: &str, key: &str) -> String {
+    let value = Value::Array(vec![
+        Value::String("once-provider-key".to_string()),
+        Value::String(scope.to_string()),
+        Value::String(key.to_string()),
+    ]);
+    format!("once-{}", sha256_jcs(&value))
+}
+
+/// A fence unique per (scope, key, attempt), and across a lost-and-recreated ledger.
+pub fn fence(scope: &str, key: &str, attempt: u32, created_at: u64, granted_at: u64) -> String {
+    let value = Value::Array(vec![
+        Value::String("once-fence".to_string()),
+        Value::String(scope.to_string()),
+        Value::String(key.to_string()),
+        number(u64::from(attempt)),
+        number(created_at),
+        number(granted_at),
+    ]);
+    let mut digest = sha256_jcs(&value);
+    digest.truncate(32);
+    format!("{attempt}-{digest}")
+}
+
+/// The stable id of an escalation: (scope, key, deadline).
+pub fn escalation_id(scope: &str, key: &str, deadline: u64, reason: &str) -> String {
+    let value = Value::Array(vec![
+        Value::String("once-escalation".to_string()),
+        Value::String(scope.to_string()),
+        Value::String(key.to_string()),
+        number(deadline),
+        Value::String(reason.to_string()),
+    ]);
+    sha256_jcs(&value)
+}
+
+fn number(n: u64) -> Value {
+    // Timestamps and counters stay far below 2^53, so the f64 is exact.
+    Value::Number(Number { value: n as f64, raw: n.to_string() })
+}

@@ -1,0 +1,109 @@
+//! The effect-bearing payload of a call: what the fingerprint covers, what is
+//! dispatched, and how much it spends.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::amount::parse_minor_units;
+use crate::canon::{self, Value};
+use crate::digest::sha256_jcs;
+use crate::input::{json_error, limits};
+use crate::policy::key_argument_names;
+use crate::types::{BlockReason, Error, Settings, ToolPolicy};
+
+/// A parsed call, ready to be fingerprinted and dispatched.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    /// `sha256(JCS({"tool":…,"args":…}))` over the effect-bearing args.
+    pub fingerprint: String,
+    /// The args as given (the key argument still as the caller set it).
+    args: Value,
+    /// Name of the key argument to overwrite at dispatch, if any.
+    key_argument: Option<String>,
+    /// Spend in minor units, when the tool has a quota.
+    pub spend: Option<u128>,
+}
+
+/// A call that cannot be protected as given.
+pub type Refusal = (BlockReason, String);
+
+impl Payload {
+    /// Parse `args` (a JSON object) under `policy`.
+    pub fn build(tool: &str, args: &str, policy: &ToolPolicy, settings: &Settings) -> Result<Result<Self, Refusal>, Error> {
+        let args = canon::parse(args.as_bytes(), &limits(settings)).map_err(json_error)?;
+        if !matches!(args, Value::Object(_)) {
+            return Err(Error::InvalidRequest("args must be a JSON object".to_string()));
+        }
+        let key_argument = match &policy.key_argument {
+            Some(name) => Some(name.clone()),
+            None => key_argument_names(policy).find(|n| args.get(n).is_some()).map(str::to_string),
+        };
+        let effect = match &policy.effect_fields {
+            None => {
+                let mut effect = args.clone();
+                if let Some(name) = &key_argument {
+                    effect.remove(name);
+                }
+                effect
+            }
+            Some(fields) => {
+                let mut members: Vec<(String, Value)> = Vec::with_capacity(fields.len());
+                for field in fields {
+                    match args.pointer(field) {
+                        Some(v) => members.push((field.clone(), v.clone())),
+                        None => {
+                            return Ok(Err((
+                                BlockReason::PayloadRequired,
+                                format!("effect field {field} is missing from the args of {tool}"),
+                            )));
+                        }
+                    }
+                }
+                Value::Object(members)
+            }
+        };
+        let spend = match &policy.quota {
+            None => None,
+            Some(quota) => match args.pointer(&quota.spend_field) {
+                None => {
+                    return Ok(Err((
+                        BlockReason::PayloadRequired,
+                        format!("spend field {} is missing from the args of {tool}", quota.spend_field),
+                    )));
+                }
+                Some(value) => Some(spend_of(value, &quota.spend_field, quota.decimals)?),
+            },
+        };
+        let fingerprint = fingerprint_of(tool, effect);
+        Ok(Ok(Payload { fingerprint, args, key_argument, spend }))
+    }
+
+    /// The canonical args to dispatch: the key argument, if any, set to the provider key.
+    pub fn dispatch_args(&self, provider_key: &str) -> String {
+        let mut args = self.args.clone();
+        if let Some(name) = &self.key_argument {
+            args.insert(name.clone(), Value::String(provider_key.to_string()));
+        }
+        let mut out = String::new();
+        canon::write_canonical(&args, &mut out);
+        out
+    }
+}
+
+/// `sha256(JCS({"tool": tool, "args": args}))`.
+pub fn fingerprint_of(tool: &str, args: Value) -> String {
+    let mut members: Vec<(String, Value)> = Vec::with_capacity(2);
+    members.push(("tool".to_string(), Value::String(tool.to_string())));
+    members.push(("args".to_string(), args));
+    sha256_jcs(&Value::Object(members))
+}
+
+fn spend_of(value: &Value, field: &str, decimals: u8) -> Result<u128, Error> {
+    let text = match value {
+        Value::Number(n) => n.raw.as_str(),
+        Value::String(s) => s.as_str(),
+        _ => return Err(Error::InvalidRequest(format!("spend field {field} is not a number"))),
+    };
+    parse_minor_units(text, decimals).map_err(|e| Error::InvalidRequest(format!("spend field {field}: {e}")))
+}

@@ -1,0 +1,225 @@
+//! Tool policies: defaults, consistency checks, and routing.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::amount::parse_minor_units;
+use crate::canon::{self, Value};
+use crate::digest::{is_sha256_hex, sha256_jcs};
+use crate::types::{
+    BlockReason, Error, IdentityMode, Route, Settings, ToolDescriptor, ToolPolicy,
+};
+
+/// Slack added to a tool's dispatch timeout (plus twice the declared clock skew)
+/// that its lease must cover: the host re-checks the lease just before sending.
+pub const LEASE_MARGIN_MS: u64 = 1_000;
+
+/// Argument names recognised as the provider's idempotency key when a
+/// policy names none.
+pub const DEFAULT_KEY_ARGUMENTS: [&str; 2] = ["idempotency_key", "idempotencyKey"];
+
+/// The default policy of a protected tool.
+pub fn default_policy() -> ToolPolicy {
+    const SECOND: u64 = 1_000;
+    const DAY: u64 = 24 * 3_600 * SECOND;
+    ToolPolicy {
+        route: None,
+        identity: IdentityMode::Required,
+        key_argument: None,
+        effect_fields: None,
+        verify_first: false,
+        provider_claims_key: false,
+        max_in_flight_ms: 60 * SECOND,
+        dispatch_timeout_ms: 30 * SECOND,
+        lease_ms: 35 * SECOND,
+        attempt_budget: 3,
+        resolve_deadline_ms: 15 * 60 * SECOND,
+        reconcile_interval_ms: SECOND,
+        retention_ms: 7 * DAY,
+        tombstone_retention_ms: 90 * DAY,
+        quota: None,
+        descriptor_pin: None,
+    }
+}
+
+/// Check a policy for consistency, as when it is loaded.
+pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Error> {
+    let bad = |msg: String| Err(Error::InvalidPolicy(msg));
+    let min_lease = policy
+        .dispatch_timeout_ms
+        .saturating_add(LEASE_MARGIN_MS)
+        .saturating_add(settings.clock_skew_ms.saturating_mul(2));
+    if policy.lease_ms < min_lease {
+        return bad(format!(
+            "lease_ms {} is below dispatch_timeout_ms {} + margin {} + 2 x clock skew {} = {min_lease}",
+            policy.lease_ms, policy.dispatch_timeout_ms, LEASE_MARGIN_MS, settings.clock_skew_ms
+        ));
+    }
+    if policy.attempt_budget == 0 {
+        return bad("attempt_budget must be at least 1".to_string());
+    }
+    if policy.resolve_deadline_ms == 0 || policy.reconcile_interval_ms == 0 {
+        return bad("resolve_deadline_ms and reconcile_interval_ms must be positive".to_string());
+    }
+    let recovery = policy
+        .lease_ms
+        .saturating_mul(u64::from(policy.attempt_budget))
+        .saturating_add(policy.resolve_deadline_ms)
+        .saturating_add(policy.max_in_flight_ms);
+    if policy.retention_ms <= recovery {
+        return bad(format!(
+            "retention_ms {} must exceed the longest retry/recovery path \
+             (lease x attempts + resolve deadline + max in flight = {recovery})",
+            policy.retention_ms
+        ));
+    }
+    if policy.tombstone_retention_ms < policy.retention_ms {
+        return bad("tombstone_retention_ms must be at least retention_ms".to_string());
+    }
+    if let Some(name) = &policy.key_argument {
+        if name.is_empty() {
+            return bad("key_argument is empty".to_string());
+        }
+    }
+    if let Some(fields) = &policy.effect_fields {
+        if fields.is_empty() {
+            return bad("effect_fields is empty: omit it to make every argument effect-bearing".to_string());
+        }
+        for field in fields {
+            canon::check_pointer(field)
+                .map_err(|e| Error::InvalidPolicy(format!("effect field {field:?}: {e}")))?;
+            if field.is_empty() {
+                return bad("effect field \"\" (the whole args) is the default; omit effect_fields".to_string());
+            }
+            if let Some(name) = key_argument_names(policy).find(|n| pointer_names_member(field, n)) {
+                return bad(format!(
+                    "effect field {field:?} is the key argument {name:?}, which is replaced at dispatch"
+                ));
+            }
+        }
+    }
+    if let Some(quota) = &policy.quota {
+        canon::check_pointer(&quota.spend_field)
+            .map_err(|e| Error::InvalidPolicy(format!("spend field {:?}: {e}", quota.spend_field)))?;
+        if quota.spend_field.is_empty() {
+            return bad("spend field must point inside the args".to_string());
+        }
+        if let Some(fields) = &policy.effect_fields {
+            if !fields.contains(&quota.spend_field) {
+                return bad(format!("spend field {:?} must be one of the effect fields", quota.spend_field));
+            }
+        }
+        if quota.decimals > 18 {
+            return bad(format!("quota decimals {} is above 18", quota.decimals));
+        }
+        parse_minor_units(&quota.ceiling, quota.decimals)
+            .map_err(|e| Error::InvalidPolicy(format!("quota ceiling: {e}")))?;
+        if quota.window_ms == 0 {
+            return bad("quota window_ms must be positive".to_string());
+        }
+    }
+    if let Some(pin) = &policy.descriptor_pin {
+        if !is_sha256_hex(pin) {
+            return bad(format!("descriptor_pin {pin:?} is not a lower-case hex SHA-256"));
+        }
+    }
+    Ok(())
+}
+
+/// The key-argument names a policy recognises.
+pub fn key_argument_names(policy: &ToolPolicy) -> impl Iterator<Item = &str> {
+    let explicit = policy.key_argument.as_deref();
+    explicit
+        .into_iter()
+        .chain(DEFAULT_KEY_ARGUMENTS.into_iter().filter(move |_| explicit.is_none()))
+}
+
+fn pointer_names_member(pointer: &str, name: &str) -> bool {
+    pointer.strip_prefix('/').map(|rest| rest.replace("~1", "/").replace("~0", "~")) == Some(name.to_string())
+}
+
+/// How a tool routes, with the reason when it is blocked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routing {
+    /// Read-only: no record.
+    Direct,
+    /// The full protocol.
+    Protect,
+    /// Refused.
+    Block(BlockReason, String),
+}
+
+impl Routing {
+    /// The WIT route.
+    pub fn route(&self) -> Route {
+        match self {
+            Routing::Direct => Route::Direct,
+            Routing::Protect => Route::Protect,
+            Routing::Block(..) => Route::Block,
+        }
+    }
+}
+
+/// Route a tool: a descriptor pin first, then explicit policy, then MCP
+/// annotations. An unclassified tool protects; it never becomes direct.
+pub fn route(policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>, settings: &Settings) -> Result<Routing, Error> {
+    if let Some(pin) = &policy.descriptor_pin {
+        let Some(descriptor) = descriptor else {
+            return Ok(Routing::Block(
+                BlockReason::DescriptorChanged,
+                "the policy pins the tool's descriptor but none was supplied".to_string(),
+            ));
+        };
+        let actual = descriptor_fingerprint(descriptor, settings)?;
+        if &actual != pin {
+            return Ok(Routing::Block(
+                BlockReason::DescriptorChanged,
+                format!("tool {:?} changed: descriptor fingerprint {actual}, pinned {pin}", descriptor.name),
+            ));
+        }
+    }
+    if let Some(route) = policy.route {
+        return Ok(match route {
+            Route::Direct => Routing::Direct,
+            Route::Protect => Routing::Protect,
+            Route::Block => Routing::Block(BlockReason::RouteBlocked, "the policy blocks this tool".to_string()),
+        });
+    }
+    let Some(annotations) = descriptor.and_then(|d| d.annotations.as_deref()) else {
+        return Ok(Routing::Protect);
+    };
+    let annotations = canon::parse(annotations.as_bytes(), &crate::input::limits(settings)).map_err(crate::input::json_error)?;
+    let hint = |name: &str| match annotations.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(format!("annotation {name} is not a boolean")),
+    };
+    let (read_only, destructive) = match (hint("readOnlyHint"), hint("destructiveHint")) {
+        (Ok(r), Ok(d)) => (r, d),
+        (Err(e), _) | (_, Err(e)) => return Ok(Routing::Block(BlockReason::RouteBlocked, e)),
+    };
+    Ok(match (read_only, destructive) {
+        (Some(true), Some(true)) => Routing::Block(
+            BlockReason::RouteBlocked,
+            "contradictory annotations: readOnlyHint and destructiveHint are both true".to_string(),
+        ),
+        (Some(true), _) => Routing::Direct,
+        _ => Routing::Protect,
+    })
+}
+
+/// `sha256(JCS({"name":…, "inputSchema":…, "annotations":…}))` of a tool descriptor.
+pub fn descriptor_fingerprint(descriptor: &ToolDescriptor, settings: &Settings) -> Result<String, Error> {
+    let limits = crate::input::limits(settings);
+    let schema = canon::parse(descriptor.input_schema.as_bytes(), &limits).map_err(crate::input::json_error)?;
+    let annotations = match &descriptor.annotations {
+        Some(text) => canon::parse(text.as_bytes(), &limits).map_err(crate::input::json_error)?,
+        None => Value::Null,
+    };
+    let mut members: Vec<(String, Value)> = Vec::with_capacity(3);
+    members.push(("name".to_string(), Value::String(descriptor.name.clone())));
+    members.push(("inputSchema".to_string(), schema));
+    members.push(("annotations".to_string(), annotations));
+    Ok(sha256_jcs(&Value::Object(members)))
+}

@@ -1,0 +1,495 @@
+//! The operation record and every transition of its state machine.
+//!
+//! This file is the one place a record changes state. Each transition
+//! method mutates the record and returns the [`Event`] that the store
+//! commits atomically with it (DESIGN.md "One atomic write per transition").
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::types::{KeySource, RecordSummary, State, ToolPolicy};
+
+/// One granted execute.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Attempt number, from 1.
+    pub n: u32,
+    /// Its fence token.
+    pub fence: String,
+    /// When it was granted.
+    pub granted_at: u64,
+    /// Its lease end: the host never sends after it.
+    pub lease_until: u64,
+    /// When its holder's `finish` was recorded (it stops sending then).
+    pub ended_at: Option<u64>,
+    /// What the holder reported, if anything.
+    pub outcome: Option<String>,
+}
+
+impl Attempt {
+    /// The latest moment this attempt could have been sent.
+    pub fn last_dispatch(&self) -> u64 {
+        match self.ended_at {
+            Some(t) => t.min(self.lease_until),
+            None => self.lease_until,
+        }
+    }
+}
+
+/// A quota reservation held by a record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// Quota bucket.
+    pub bucket: String,
+    /// Start of the window the amount was reserved in (fixed at reservation).
+    pub window_start: u64,
+    /// Window length.
+    pub window_ms: u64,
+    /// Amount in minor units (decimal digits, exact).
+    pub units: String,
+}
+
+/// The engine's record of one operation, stored as the row body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpRecord {
+    /// Scope.
+    pub scope: String,
+    /// Operation key.
+    pub key: String,
+    /// Where the key came from.
+    pub key_source: KeySource,
+    /// Tool.
+    pub tool: String,
+    /// Fingerprint of the effect-bearing payload.
+    pub fingerprint: String,
+    /// Canonical args to dispatch (key argument set to the provider key).
+    pub args: String,
+    /// What travels to the provider.
+    pub provider_key: String,
+    /// State.
+    pub state: State,
+    /// Granted executes, oldest first.
+    pub attempts: Vec<Attempt>,
+    /// Receipt of the effect, once confirmed; never changes after.
+    pub receipt: Option<String>,
+    /// The last definite rejection.
+    pub error: Option<String>,
+    /// Why the record is unknown.
+    pub unknown_reason: Option<String>,
+    /// Since when the record is unknown or absent.
+    pub since: Option<u64>,
+    /// When the operator is escalated to (unknown, absent).
+    pub deadline: Option<u64>,
+    /// Next provider read of an unknown record.
+    pub next_check: Option<u64>,
+    /// Provider reads of this record that could not settle it.
+    pub checks: u32,
+    /// The last read position an absent answer carried.
+    pub last_read_position: Option<u64>,
+    /// Escalated to the operator.
+    pub escalated: bool,
+    /// The operator sink acknowledged the escalation.
+    pub escalation_acked: bool,
+    /// Id of the current escalation.
+    pub escalation_id: Option<String>,
+    /// A success arrived while a newer attempt was in flight.
+    pub possible_duplicate: bool,
+    /// Key this operation supersedes.
+    pub supersedes: Option<String>,
+    /// Key that superseded this operation.
+    pub superseded_by: Option<String>,
+    /// Spend in minor units, if the tool has a quota.
+    pub spend: Option<String>,
+    /// Quota reservation held now.
+    pub reservation: Option<Reservation>,
+    /// The tool's policy when the record was created.
+    pub policy: ToolPolicy,
+    /// Replays answered.
+    pub replays: u32,
+    /// Conflicts answered.
+    pub conflicts: u32,
+    /// Created.
+    pub created_at: u64,
+    /// Last write.
+    pub updated_at: u64,
+    /// Last state change (retention counts from here).
+    pub transitioned_at: u64,
+}
+
+/// The audit event of one transition, before the store numbers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// What happened.
+    pub kind: &'static str,
+    /// State before.
+    pub from: Option<State>,
+    /// Attempt concerned.
+    pub attempt: Option<u32>,
+    /// Details, as JSON text.
+    pub detail: String,
+}
+
+/// How `begin` found the evidence of an effect before any dispatch.
+pub enum Origin {
+    /// A fresh claim: attempt 1 is in flight.
+    Claimed {
+        /// Fence of attempt 1.
+        fence: String,
+        /// Lease end of attempt 1.
+        lease_until: u64,
+    },
+    /// verify-first found the effect at the provider: confirmed without a dispatch.
+    Verified {
+        /// The provider's receipt.
+        receipt: String,
+    },
+}
+
+/// What a new record is made from.
+pub struct NewRecord {
+    /// Scope.
+    pub scope: String,
+    /// Key.
+    pub key: String,
+    /// Key source.
+    pub key_source: KeySource,
+    /// Tool.
+    pub tool: String,
+    /// Fingerprint.
+    pub fingerprint: String,
+    /// Dispatch args.
+    pub args: String,
+    /// Provider key.
+    pub provider_key: String,
+    /// Spend in minor units.
+    pub spend: Option<u128>,
+    /// Reservation taken in the same write.
+    pub reservation: Option<Reservation>,
+    /// Key superseded.
+    pub supersedes: Option<String>,
+    /// Policy snapshot.
+    pub policy: ToolPolicy,
+}
+
+impl OpRecord {
+    /// A new record: in flight with attempt 1, or confirmed by verify-first evidence.
+    pub fn create(new: NewRecord, origin: Origin, now: u64) -> (Self, Event) {
+        let mut rec = OpRecord {
+            scope: new.scope,
+            key: new.key,
+            key_source: new.key_source,
+            tool: new.tool,
+            fingerprint: new.fingerprint,
+            args: new.args,
+            provider_key: new.provider_key,
+            state: State::InFlight,
+            attempts: Vec::new(),
+            receipt: None,
+            error: None,
+            unknown_reason: None,
+            since: None,
+            deadline: None,
+            next_check: None,
+            checks: 0,
+            last_read_position: None,
+            escalated: false,
+            escalation_acked: false,
+            escalation_id: None,
+            possible_duplicate: false,
+            supersedes: new.supersedes,
+            superseded_by: None,
+            spend: new.spend.map(|s| s.to_string()),
+            reservation: new.reservation,
+            policy: new.policy,
+            replays: 0,
+            conflicts: 0,
+            created_at: now,
+            updated_at: now,
+            transitioned_at: now,
+        };
+        let event = match origin {
+            Origin::Claimed { fence, lease_until } => {
+                rec.attempts.push(Attempt { n: 1, fence, granted_at: now, lease_until, ended_at: None, outcome: None });
+                Event { kind: "begin", from: None, attempt: Some(1), detail: detail(&[("lease_until", num(lease_until))]) }
+            }
+            Origin::Verified { receipt } => {
+                rec.state = State::Confirmed;
+                rec.receipt = Some(receipt);
+                Event { kind: "verified-confirmed", from: None, attempt: None, detail: "{}".to_string() }
+            }
+        };
+        (rec, event)
+    }
+
+    /// The current attempt, if any.
+    pub fn current(&self) -> Option<&Attempt> {
+        self.attempts.last()
+    }
+
+    /// The latest moment any attempt could have been sent.
+    pub fn last_dispatch(&self) -> Option<u64> {
+        self.attempts.iter().map(Attempt::last_dispatch).max()
+    }
+
+    /// Whether the current attempt's lease has ended at `now`.
+    pub fn lease_ended(&self, now: u64) -> bool {
+        self.state == State::InFlight && self.current().is_none_or(|a| now >= a.lease_until)
+    }
+
+    /// Whether the attempt budget allows another execute.
+    pub fn budget_left(&self) -> bool {
+        (self.attempts.len() as u64) < u64::from(self.policy.attempt_budget)
+    }
+
+    /// The summary shown on a conflict.
+    pub fn summary(&self) -> RecordSummary {
+        RecordSummary {
+            key: self.key.clone(),
+            tool: self.tool.clone(),
+            fingerprint: self.fingerprint.clone(),
+            args: self.args.clone(),
+            state: self.state,
+            created_at: self.created_at,
+        }
+    }
+
+    /// When the engine next wants to look at this record (sweep or prune).
+    pub fn due_at(&self) -> Option<u64> {
+        let escalation_redelivery =
+            (self.escalated && !self.escalation_acked).then(|| self.updated_at + self.policy.reconcile_interval_ms);
+        let pending_deadline = if self.escalated { None } else { self.deadline };
+        match self.state {
+            State::InFlight => self.current().map(|a| a.lease_until),
+            State::Unknown => [self.next_check, pending_deadline, escalation_redelivery].into_iter().flatten().min(),
+            State::Absent => [pending_deadline, escalation_redelivery].into_iter().flatten().min(),
+            State::Confirmed | State::Failed | State::Superseded => {
+                let prune_at = self.transitioned_at.saturating_add(self.policy.retention_ms);
+                [Some(prune_at), escalation_redelivery].into_iter().flatten().min()
+            }
+        }
+    }
+
+    fn enter(&mut self, state: State, now: u64) -> State {
+        let from = self.state;
+        self.state = state;
+        self.transitioned_at = now;
+        from
+    }
+
+    fn end_attempt(&mut self, fence: &str, now: u64, outcome: &str) -> Option<u32> {
+        let attempt = self.attempts.iter_mut().find(|a| a.fence == fence)?;
+        if attempt.ended_at.is_none() {
+            attempt.ended_at = Some(now);
+            attempt.outcome = Some(outcome.to_string());
+        }
+        Some(attempt.n)
+    }
+
+    /// failed or absent -> in_flight: grant the next attempt.
+    pub fn grant(&mut self, fence: String, now: u64, reservation: Option<Reservation>) -> Event {
+        let n = self.attempts.len() as u32 + 1;
+        let lease_until = now.saturating_add(self.policy.lease_ms);
+        self.attempts.push(Attempt { n, fence, granted_at: now, lease_until, ended_at: None, outcome: None });
+        if reservation.is_some() {
+            self.reservation = reservation;
+        }
+        let owed = self.state == State::Absent;
+        let from = self.enter(State::InFlight, now);
+        self.clear_pending();
+        Event {
+            kind: if owed { "owed-dispatch" } else { "retry" },
+            from: Some(from),
+            attempt: Some(n),
+            detail: detail(&[("lease_until", num(lease_until))]),
+        }
+    }
+
+    /// -> confirmed with the receipt. `fence` names the attempt that reported it, if any.
+    pub fn confirm(&mut self, receipt: String, fence: Option<&str>, now: u64, kind: &'static str) -> Event {
+        let attempt = fence.and_then(|f| self.end_attempt(f, now, "success"));
+        let from = self.enter(State::Confirmed, now);
+        self.receipt = Some(receipt);
+        self.clear_pending();
+        Event { kind, from: Some(from), attempt, detail: "{}".to_string() }
+    }
+
+    /// A success from an old attempt while a newer one is in flight: keep the
+    /// receipt, flag the possible duplicate. The state moves to confirmed.
+    /// The escalation is marked in the same write.
+    pub fn confirm_possible_duplicate(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+        let mut event = self.confirm(receipt, Some(fence), now, "late-success-possible-duplicate");
+        self.possible_duplicate = true;
+        self.escalated = true;
+        self.escalation_id = Some(escalation_id.clone());
+        event.detail = detail(&[("escalation_id", string(&escalation_id))]);
+        event
+    }
+
+    /// A success reported against a superseded record: the effect happened after all.
+    /// The escalation is marked in the same write.
+    pub fn flag_superseded_effect(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+        let attempt = self.end_attempt(fence, now, "success");
+        self.receipt.get_or_insert(receipt);
+        self.possible_duplicate = true;
+        self.escalated = true;
+        self.escalation_acked = false;
+        self.escalation_id = Some(escalation_id);
+        Event { kind: "late-success-superseded", from: Some(self.state), attempt, detail: "{}".to_string() }
+    }
+
+    /// in_flight -> failed: the provider answered and did nothing (or the host did not send).
+    /// Returns the reservation to release.
+    pub fn fail(&mut self, fence: &str, error: Option<String>, now: u64) -> (Event, Option<Reservation>) {
+        let outcome = if error.is_some() { "rejected" } else { "not-sent" };
+        let attempt = self.end_attempt(fence, now, outcome);
+        let from = self.enter(State::Failed, now);
+        self.error = error.clone().or_else(|| Some("not sent".to_string()));
+        self.clear_pending();
+        let kind = if error.is_some() { "finish-rejected" } else { "finish-not-sent" };
+        (Event { kind, from: Some(from), attempt, detail: "{}".to_string() }, self.reservation.take())
+    }
+
+    /// in_flight -> unknown: the holder reported an ambiguous outcome.
+    pub fn ambiguous(&mut self, fence: &str, reason: String, now: u64) -> Event {
+        let attempt = self.end_attempt(fence, now, "ambiguous");
+        let event_detail = detail(&[("reason", string(&reason))]);
+        self.become_unknown(reason, now, now);
+        Event { kind: "finish-ambiguous", from: Some(State::InFlight), attempt, detail: event_detail }
+    }
+
+    /// in_flight -> unknown: the lease ended without a `finish`.
+    pub fn expire_lease(&mut self, now: u64) -> Event {
+        let attempt = self.current().map(|a| (a.n, a.lease_until));
+        let since = attempt.map_or(now, |(_, until)| until);
+        self.become_unknown("lease expired without a reported outcome".to_string(), since, now);
+        Event { kind: "lease-expired", from: Some(State::InFlight), attempt: attempt.map(|a| a.0), detail: "{}".to_string() }
+    }
+
+    fn become_unknown(&mut self, reason: String, since: u64, now: u64) {
+        self.enter(State::Unknown, now);
+        self.unknown_reason = Some(reason);
+        self.since = Some(since);
+        self.deadline = Some(since.saturating_add(self.policy.resolve_deadline_ms));
+        self.next_check = Some(now);
+        self.checks = 0;
+        self.escalated = false;
+        self.escalation_acked = false;
+        self.escalation_id = None;
+    }
+
+    /// unknown -> absent: no effect, and none can arrive late. A dispatch is owed.
+    pub fn prove_absent(&mut self, read_position: u64, now: u64, kind: &'static str) -> Event {
+        let from = self.enter(State::Absent, now);
+        self.last_read_position = Some(read_position);
+        self.since = Some(now);
+        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        self.next_check = None;
+        self.escalated = false;
+        self.escalation_acked = false;
+        self.escalation_id = None;
+        Event { kind, from: Some(from), attempt: None, detail: detail(&[("read_position", num(read_position))]) }
+    }
+
+    /// unknown stays unknown: a provider read did not settle it. Records when to read again.
+    pub fn still_unknown(&mut self, why: &str, read_position: Option<u64>, next_check: u64) -> Event {
+        self.checks = self.checks.saturating_add(1);
+        self.next_check = Some(next_check);
+        if read_position.is_some() {
+            self.last_read_position = read_position;
+        }
+        let mut fields = alloc::vec![("why", string(why)), ("next_check", num(next_check))];
+        if let Some(rp) = read_position {
+            fields.push(("read_position", num(rp)));
+        }
+        Event { kind: "reconcile-inconclusive", from: Some(State::Unknown), attempt: None, detail: detail(&fields) }
+    }
+
+    /// failed or absent -> superseded by a successor; returns the reservation to release.
+    pub fn supersede(&mut self, by: &str, now: u64) -> (Event, Option<Reservation>) {
+        let from = self.enter(State::Superseded, now);
+        self.superseded_by = Some(by.to_string());
+        self.clear_pending();
+        (Event { kind: "superseded", from: Some(from), attempt: None, detail: detail(&[("by", string(by))]) }, self.reservation.take())
+    }
+
+    /// A confirmed original gets a successor that acknowledged it: lineage only, no state change.
+    pub fn link_successor(&mut self, by: &str) -> Event {
+        self.superseded_by = Some(by.to_string());
+        Event { kind: "succeeded-by", from: Some(self.state), attempt: None, detail: detail(&[("by", string(by))]) }
+    }
+
+    /// Mark the deadline passed and escalated (same write), with the escalation's id.
+    pub fn escalate(&mut self, id: String, reason: &str) -> Event {
+        self.escalated = true;
+        self.escalation_acked = false;
+        self.escalation_id = Some(id.clone());
+        Event {
+            kind: "escalated",
+            from: Some(self.state),
+            attempt: None,
+            detail: detail(&[("id", string(&id)), ("reason", string(reason))]),
+        }
+    }
+
+    /// The sink acknowledged the escalation.
+    pub fn acknowledge_escalation(&mut self) -> Event {
+        self.escalation_acked = true;
+        Event { kind: "escalation-acknowledged", from: Some(self.state), attempt: None, detail: "{}".to_string() }
+    }
+
+    /// A repeat of a confirmed operation was answered from the receipt.
+    pub fn note_replay(&mut self) -> Event {
+        self.replays = self.replays.saturating_add(1);
+        Event { kind: "replay", from: Some(self.state), attempt: None, detail: "{}".to_string() }
+    }
+
+    /// A call with the same key and a different payload was refused.
+    pub fn note_conflict(&mut self, tool: &str, fingerprint: &str) -> Event {
+        self.conflicts = self.conflicts.saturating_add(1);
+        Event {
+            kind: "conflict",
+            from: Some(self.state),
+            attempt: None,
+            detail: detail(&[("tool", string(tool)), ("fingerprint", string(fingerprint))]),
+        }
+    }
+
+    fn clear_pending(&mut self) {
+        self.next_check = None;
+        self.deadline = None;
+        self.escalated = false;
+        self.escalation_acked = false;
+        self.escalation_id = None;
+        self.unknown_reason = None;
+    }
+}
+
+/// A tiny JSON object writer for event details (values already JSON).
+pub fn detail(fields: &[(&str, String)]) -> String {
+    let mut members: Vec<&(&str, String)> = fields.iter().collect();
+    members.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = String::from("{");
+    for (i, (name, value)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&string(name));
+        out.push(':');
+        out.push_str(value);
+    }
+    out.push('}');
+    out
+}
+
+/// A number as JSON text.
+pub fn num(n: u64) -> String {
+    n.to_string()
+}
+
+/// A string as JSON text.
+pub fn string(s: &str) -> String {
+    let mut out = String::new();
+    crate::canon::write_canonical(&crate::canon::Value::String(s.to_string()), &mut out);
+    out
+}

@@ -1,0 +1,288 @@
+//! Typed access to the ledger: records, tombstones and quota buckets as rows,
+//! and transitions as atomic batches.
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::host::Host;
+use crate::record::{Event, OpRecord, Reservation};
+use crate::types::{AuditEvent, Batch, CommitError, Put, QuotaPolicy, Row, State, Table};
+
+/// A record as read, with the version a write must compare against.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The record.
+    pub rec: OpRecord,
+    /// Its row version.
+    pub version: u64,
+}
+
+/// Why the ledger could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerError {
+    /// Another writer got there first: read again and decide again.
+    Conflict,
+    /// The store failed (or a row is unreadable).
+    Storage(String),
+}
+
+impl From<CommitError> for LedgerError {
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Conflict => LedgerError::Conflict,
+            CommitError::Storage(s) => LedgerError::Storage(s),
+        }
+    }
+}
+
+impl LedgerError {
+    /// A one-line description.
+    pub fn message(&self) -> String {
+        match self {
+            LedgerError::Conflict => "the record kept changing under concurrent writers".to_string(),
+            LedgerError::Storage(s) => s.clone(),
+        }
+    }
+}
+
+/// Read a record.
+pub fn load(h: &impl Host, scope: &str, key: &str) -> Result<Option<Loaded>, LedgerError> {
+    let Some(row) = h.get(Table::Operation, scope, key).map_err(LedgerError::Storage)? else {
+        return Ok(None);
+    };
+    Ok(Some(decode(&row)?))
+}
+
+/// Decode an operation row.
+pub fn decode(row: &Row) -> Result<Loaded, LedgerError> {
+    let rec: OpRecord = serde_json::from_str(&row.body).map_err(|e| {
+        LedgerError::Storage(format!("record {:?}/{:?} is unreadable: {e}", row.scope, row.key))
+    })?;
+    Ok(Loaded { rec, version: row.version })
+}
+
+/// A tombstone: what is left of a pruned record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// Tool.
+    pub tool: String,
+    /// Fingerprint.
+    pub fingerprint: String,
+    /// Final state.
+    pub outcome: State,
+    /// When it was pruned.
+    pub pruned_at: u64,
+}
+
+/// Read a tombstone.
+pub fn load_tombstone(h: &impl Host, scope: &str, key: &str) -> Result<Option<Tombstone>, LedgerError> {
+    let Some(row) = h.get(Table::Tombstone, scope, key).map_err(LedgerError::Storage)? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&row.body)
+        .map(Some)
+        .map_err(|e| LedgerError::Storage(format!("tombstone {scope:?}/{key:?} is unreadable: {e}")))
+}
+
+/// The writes and audit events of one transition, committed together.
+#[derive(Debug)]
+pub struct Tx {
+    batch: Batch,
+}
+
+impl Default for Tx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tx {
+    /// An empty transaction.
+    pub fn new() -> Self {
+        Tx { batch: Batch { puts: Vec::new(), events: Vec::new() } }
+    }
+
+    /// Write `rec` (insert when `expected` is none) with the event of its transition.
+    pub fn record(&mut self, rec: &mut OpRecord, expected: Option<u64>, event: Event, now: u64) {
+        rec.updated_at = now;
+        let version = expected.map_or(1, |v| v + 1);
+        let body = serde_json::to_string(rec).expect("records always serialize");
+        self.batch.puts.push(Put {
+            table: Table::Operation,
+            scope: rec.scope.clone(),
+            key: rec.key.clone(),
+            expected,
+            row: Some(Row {
+                table: Table::Operation,
+                scope: rec.scope.clone(),
+                key: rec.key.clone(),
+                version,
+                state: Some(rec.state),
+                due_at: rec.due_at(),
+                body,
+            }),
+        });
+        self.event(&rec.scope, &rec.key, version, event, Some(rec.state), now);
+    }
+
+    /// Delete a record (pruning) and leave its tombstone.
+    pub fn prune(&mut self, loaded: &Loaded, now: u64) {
+        let rec = &loaded.rec;
+        let tombstone = Tombstone { tool: rec.tool.clone(), fingerprint: rec.fingerprint.clone(), outcome: rec.state, pruned_at: now };
+        self.batch.puts.push(Put {
+            table: Table::Operation,
+            scope: rec.scope.clone(),
+            key: rec.key.clone(),
+            expected: Some(loaded.version),
+            row: None,
+        });
+        self.batch.puts.push(Put {
+            table: Table::Tombstone,
+            scope: rec.scope.clone(),
+            key: rec.key.clone(),
+            expected: None,
+            row: Some(Row {
+                table: Table::Tombstone,
+                scope: rec.scope.clone(),
+                key: rec.key.clone(),
+                version: 1,
+                state: None,
+                due_at: Some(now.saturating_add(rec.policy.tombstone_retention_ms)),
+                body: serde_json::to_string(&tombstone).expect("tombstones always serialize"),
+            }),
+        });
+        let event = Event { kind: "pruned", from: Some(rec.state), attempt: None, detail: "{}".to_string() };
+        self.event(&rec.scope, &rec.key, loaded.version + 1, event, None, now);
+    }
+
+    /// Delete a row of another table with its version (tombstones, spent quota windows).
+    pub fn delete(&mut self, row: &Row) {
+        self.batch.puts.push(Put {
+            table: row.table,
+            scope: row.scope.clone(),
+            key: row.key.clone(),
+            expected: Some(row.version),
+            row: None,
+        });
+    }
+
+    fn event(&mut self, scope: &str, key: &str, version: u64, event: Event, to: Option<State>, now: u64) {
+        self.batch.events.push(AuditEvent {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            version,
+            at: now,
+            kind: event.kind.to_string(),
+            from_state: event.from,
+            to_state: to,
+            attempt: event.attempt,
+            detail: event.detail,
+        });
+    }
+
+    /// Commit everything atomically.
+    pub fn commit(self, h: &impl Host) -> Result<(), LedgerError> {
+        h.commit(&self.batch).map_err(LedgerError::from)
+    }
+
+    /// Reserve `units` in the scope's quota bucket. Returns the reservation,
+    /// or `None` when `enforce_ceiling` is set and the total would pass the ceiling.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reserve(
+        &mut self,
+        h: &impl Host,
+        scope: &str,
+        tool: &str,
+        quota: &QuotaPolicy,
+        units: u128,
+        now: u64,
+        enforce_ceiling: bool,
+    ) -> Result<Option<Reservation>, LedgerError> {
+        let bucket = quota.bucket.clone().unwrap_or_else(|| tool.to_string());
+        let window_start = now - now % quota.window_ms;
+        let current = self.bucket(h, scope, &bucket, window_start)?;
+        let used = current.as_ref().map_or(0, |b| b.used);
+        let total = used
+            .checked_add(units)
+            .ok_or_else(|| LedgerError::Storage("quota total overflows".to_string()))?;
+        let ceiling = crate::amount::parse_minor_units(&quota.ceiling, quota.decimals).unwrap_or(0);
+        if enforce_ceiling && total > ceiling {
+            return Ok(None);
+        }
+        let expected = current.and_then(|b| b.expected);
+        self.put_bucket(scope, bucket_key(&bucket, window_start), total, expected, window_start.saturating_add(quota.window_ms));
+        Ok(Some(Reservation { bucket, window_start, window_ms: quota.window_ms, units: units.to_string() }))
+    }
+
+    /// Give a reservation back to its window (a window already pruned has nothing to give back to).
+    pub fn release(&mut self, h: &impl Host, scope: &str, reservation: &Reservation) -> Result<(), LedgerError> {
+        let units: u128 = reservation.units.parse().unwrap_or(0);
+        if let Some(current) = self.bucket(h, scope, &reservation.bucket, reservation.window_start)? {
+            let window_end = reservation.window_start.saturating_add(reservation.window_ms);
+            let key = bucket_key(&reservation.bucket, reservation.window_start);
+            self.put_bucket(scope, key, current.used.saturating_sub(units), current.expected, window_end);
+        }
+        Ok(())
+    }
+
+    /// The bucket as this batch would leave it, or as stored.
+    fn bucket(&self, h: &impl Host, scope: &str, bucket: &str, window_start: u64) -> Result<Option<BucketState>, LedgerError> {
+        let key = bucket_key(bucket, window_start);
+        if let Some(put) = self.pending_bucket(scope, &key) {
+            let used = put.row.as_ref().map_or(Ok(0), |row| used_of(row))?;
+            return Ok(Some(BucketState { used, expected: put.expected }));
+        }
+        match h.get(Table::Quota, scope, &key).map_err(LedgerError::Storage)? {
+            None => Ok(None),
+            Some(row) => Ok(Some(BucketState { used: used_of(&row)?, expected: Some(row.version) })),
+        }
+    }
+
+    fn pending_bucket(&self, scope: &str, key: &str) -> Option<&Put> {
+        self.batch.puts.iter().find(|p| p.table == Table::Quota && p.scope == scope && p.key == key)
+    }
+
+    fn put_bucket(&mut self, scope: &str, key: String, used: u128, expected: Option<u64>, window_end: u64) {
+        // One put per bucket per batch: a second touch replaces the first.
+        self.batch.puts.retain(|p| !(p.table == Table::Quota && p.scope == scope && p.key == key));
+        let body = serde_json::to_string(&QuotaBucket { used: used.to_string() }).expect("buckets always serialize");
+        self.batch.puts.push(Put {
+            table: Table::Quota,
+            scope: scope.to_string(),
+            key: key.clone(),
+            expected,
+            row: Some(Row {
+                table: Table::Quota,
+                scope: scope.to_string(),
+                key,
+                version: expected.map_or(1, |v| v + 1),
+                state: None,
+                due_at: Some(window_end),
+                body,
+            }),
+        });
+    }
+}
+
+struct BucketState {
+    used: u128,
+    expected: Option<u64>,
+}
+
+fn bucket_key(bucket: &str, window_start: u64) -> String {
+    format!("{bucket}@{window_start}")
+}
+
+fn used_of(row: &Row) -> Result<u128, LedgerError> {
+    serde_json::from_str::<QuotaBucket>(&row.body)
+        .ok()
+        .and_then(|b| b.used.parse().ok())
+        .ok_or_else(|| LedgerError::Storage(format!("quota bucket {:?} is unreadable", row.key)))
+}
+
+#[derive(Serialize, Deserialize)]
+struct QuotaBucket {
+    used: String,
+}

@@ -1,0 +1,190 @@
+//! An in-memory [`Host`] for native tests of the rules: a versioned row
+//! store with the ledger's exact semantics, a settable clock, scripted
+//! provider evidence and a recording escalation sink.
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+
+use crate::host::Host;
+use crate::types::{AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table};
+
+type RowKey = (u8, String, String);
+
+/// An in-memory host for tests.
+pub struct MemoryHost {
+    rows: RefCell<BTreeMap<RowKey, Row>>,
+    audit: RefCell<BTreeMap<(String, String, u64), AuditEvent>>,
+    now: Cell<u64>,
+    /// Settings handed to the engine.
+    pub settings: RefCell<Settings>,
+    evidence: RefCell<VecDeque<Evidence>>,
+    lookups: RefCell<Vec<(String, String, String)>>,
+    escalations: RefCell<Vec<Escalation>>,
+    ack_escalations: Cell<bool>,
+    fail_commits: Cell<u32>,
+    fail_reads: Cell<bool>,
+}
+
+impl Default for MemoryHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Default settings for tests: 1 MiB, depth 128, 256-byte keys, no skew.
+pub fn default_settings() -> Settings {
+    Settings { max_input_bytes: 1 << 20, max_depth: 128, max_key_bytes: 256, clock_skew_ms: 0 }
+}
+
+fn table_id(t: Table) -> u8 {
+    match t {
+        Table::Operation => 0,
+        Table::Tombstone => 1,
+        Table::Quota => 2,
+    }
+}
+
+impl MemoryHost {
+    /// An empty ledger at time 1,000,000.
+    pub fn new() -> Self {
+        MemoryHost {
+            rows: RefCell::new(BTreeMap::new()),
+            audit: RefCell::new(BTreeMap::new()),
+            now: Cell::new(1_000_000),
+            settings: RefCell::new(default_settings()),
+            evidence: RefCell::new(VecDeque::new()),
+            lookups: RefCell::new(Vec::new()),
+            escalations: RefCell::new(Vec::new()),
+            ack_escalations: Cell::new(true),
+            fail_commits: Cell::new(0),
+            fail_reads: Cell::new(false),
+        }
+    }
+    /// Move the clock forward.
+    pub fn advance(&self, ms: u64) {
+        self.now.set(self.now.get() + ms);
+    }
+    /// The next provider lookup answers this (then `unknown` once the script runs out).
+    pub fn script_lookup(&self, evidence: Evidence) {
+        self.evidence.borrow_mut().push_back(evidence);
+    }
+    /// Lookups made so far: (tool, provider key, args).
+    pub fn lookups(&self) -> Vec<(String, String, String)> {
+        self.lookups.borrow().clone()
+    }
+    /// Escalations delivered so far.
+    pub fn escalations(&self) -> Vec<Escalation> {
+        self.escalations.borrow().clone()
+    }
+    /// Whether the sink acknowledges escalations.
+    pub fn set_ack_escalations(&self, ack: bool) {
+        self.ack_escalations.set(ack);
+    }
+    /// The next `n` commits fail with a storage error.
+    pub fn fail_next_commits(&self, n: u32) {
+        self.fail_commits.set(n);
+    }
+    /// Every read fails while set.
+    pub fn set_fail_reads(&self, fail: bool) {
+        self.fail_reads.set(fail);
+    }
+    /// Every row (for invariant checks).
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows.borrow().values().cloned().collect()
+    }
+    /// Drop every row and event: a lost ledger.
+    pub fn wipe(&self) {
+        self.rows.borrow_mut().clear();
+        self.audit.borrow_mut().clear();
+    }
+    /// Number of audit events.
+    pub fn event_count(&self) -> usize {
+        self.audit.borrow().len()
+    }
+}
+
+impl Host for MemoryHost {
+    fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn settings(&self) -> Settings {
+        *self.settings.borrow()
+    }
+
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+        if self.fail_reads.get() {
+            return Err("injected read failure".to_string());
+        }
+        Ok(self.rows.borrow().get(&(table_id(table), scope.to_string(), key.to_string())).cloned())
+    }
+
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        if self.fail_commits.get() > 0 {
+            self.fail_commits.set(self.fail_commits.get() - 1);
+            return Err(CommitError::Storage("injected commit failure".to_string()));
+        }
+        let mut rows = self.rows.borrow().clone();
+        for put in &batch.puts {
+            let id = (table_id(put.table), put.scope.clone(), put.key.clone());
+            let current = rows.get(&id).map(|r| r.version);
+            if current != put.expected {
+                return Err(CommitError::Conflict);
+            }
+            match &put.row {
+                Some(row) => rows.insert(id, row.clone()),
+                None => rows.remove(&id),
+            };
+        }
+        let mut audit = self.audit.borrow().clone();
+        for event in &batch.events {
+            let id = (event.scope.clone(), event.key.clone(), event.version);
+            if audit.insert(id, event.clone()).is_some() {
+                return Err(CommitError::Conflict);
+            }
+        }
+        *self.rows.borrow_mut() = rows;
+        *self.audit.borrow_mut() = audit;
+        Ok(())
+    }
+
+    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
+        let mut due: Vec<Row> = self
+            .rows
+            .borrow()
+            .values()
+            .filter(|r| r.table == table)
+            .filter(|r| r.due_at.is_some_and(|d| d <= due_before))
+            .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
+            .cloned()
+            .collect();
+        due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));
+        due.truncate(limit as usize);
+        Ok(due)
+    }
+
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
+        Ok(self
+            .audit
+            .borrow()
+            .values()
+            .filter(|e| e.scope == scope && e.key == key)
+            .cloned()
+            .collect())
+    }
+
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
+        self.lookups.borrow_mut().push((tool.to_string(), provider_key.to_string(), args.to_string()));
+        self.evidence
+            .borrow_mut()
+            .pop_front()
+            .unwrap_or_else(|| Evidence::Unknown("no scripted evidence".to_string()))
+    }
+
+    fn escalate(&self, escalation: &Escalation) -> bool {
+        self.escalations.borrow_mut().push(escalation.clone());
+        self.ack_escalations.get()
+    }
+}

@@ -1,0 +1,113 @@
+//! Human names and messages for the WIT types.
+
+use std::fmt;
+
+use crate::bindings::types::{BlockReason, Decision, Error, JsonErrorKind, ReplayVia, Route, State};
+
+impl Error {
+    /// One human line saying what was wrong.
+    pub fn message(&self) -> String {
+        match self {
+            Error::InvalidJson(e) => format!("invalid JSON: {}", e.message),
+            Error::InvalidRequest(m) => format!("invalid request: {m}"),
+            Error::InvalidPolicy(m) => format!("invalid policy: {m}"),
+            Error::Storage(m) => format!("storage: {m}"),
+            Error::NotFound => "no record for this scope and key".to_string(),
+            Error::FenceMismatch => "the fence belongs to no attempt of this record".to_string(),
+            Error::InvalidTransition(m) => format!("not allowed: {m}"),
+        }
+    }
+}
+
+impl State {
+    /// The WIT name (`in-flight`, `confirmed`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            State::InFlight => "in-flight",
+            State::Confirmed => "confirmed",
+            State::Failed => "failed",
+            State::Unknown => "unknown",
+            State::Absent => "absent",
+            State::Superseded => "superseded",
+        }
+    }
+
+    /// Every state, in WIT order.
+    pub const ALL: [State; 6] =
+        [State::InFlight, State::Confirmed, State::Failed, State::Unknown, State::Absent, State::Superseded];
+
+    /// Parse a WIT name (underscores accepted).
+    pub fn parse(name: &str) -> Option<State> {
+        let name = name.replace('_', "-");
+        State::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Route::Direct => "DIRECT",
+            Route::Protect => "PROTECT",
+            Route::Block => "BLOCK",
+        })
+    }
+}
+
+impl fmt::Display for ReplayVia {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplayVia::Key => "key",
+            ReplayVia::DerivedArgs => "derived-args",
+            ReplayVia::Provider => "provider",
+        })
+    }
+}
+
+impl fmt::Display for BlockReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BlockReason::RouteBlocked => "route-blocked",
+            BlockReason::DescriptorChanged => "descriptor-changed",
+            BlockReason::Quota => "quota",
+            BlockReason::AttemptBudget => "attempt-budget",
+            BlockReason::IdentityRequired => "identity-required",
+            BlockReason::IdentityConflict => "identity-conflict",
+            BlockReason::PayloadRequired => "payload-required",
+            BlockReason::Superseded => "superseded",
+            BlockReason::SupersededUnresolved => "superseded-unresolved",
+            BlockReason::SupersededConfirmed => "superseded-confirmed",
+            BlockReason::SupersedesMissing => "supersedes-missing",
+            BlockReason::Expired => "expired",
+            BlockReason::Unverified => "unverified",
+            BlockReason::Storage => "storage",
+            BlockReason::Failed => "failed",
+        })
+    }
+}
+
+impl fmt::Display for JsonErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl Decision {
+    /// The decision's WIT case name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Decision::Execute(_) => "execute",
+            Decision::Replay(_) => "replay",
+            Decision::Conflict(_) => "conflict",
+            Decision::InFlight(_) => "in-flight",
+            Decision::Unknown(_) => "unknown",
+            Decision::Blocked(_) => "blocked",
+            Decision::Direct => "direct",
+        }
+    }
+}

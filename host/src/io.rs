@@ -1,0 +1,172 @@
+//! The I/O the component imports: storage, clock, provider lookup and
+//! escalation, bound to the WIT imports. Nothing here decides anything.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::bindings::once::core::{clock, ledger, operator, provider, types};
+use crate::bindings::types::{
+    AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table, Timestamp,
+};
+use crate::storage::{self, Storage};
+
+/// The ledger's clock: milliseconds since the epoch, never running backwards.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system clock, clamped so it never runs backwards within a process.
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    last: AtomicU64,
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let prev = self.last.fetch_max(wall, Ordering::SeqCst);
+        prev.max(wall)
+    }
+}
+
+/// A clock that only moves when told to (tests, simulations).
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock(Arc::new(AtomicU64::new(start)))
+    }
+    /// Move forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+    /// Set the time (never backwards).
+    pub fn set(&self, t: Timestamp) {
+        self.0.fetch_max(t, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The provider's authoritative read path (never the write path).
+pub trait Provider: Send + Sync {
+    /// Does the effect for `provider_key` exist? `args` are the canonical dispatch args.
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
+}
+
+impl<F> Provider for F
+where
+    F: Fn(&str, &str, &str) -> Evidence + Send + Sync,
+{
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
+        self(tool, provider_key, args)
+    }
+}
+
+/// No lookup configured: every read is inconclusive, so unknown stays unknown
+/// until an operator resolves it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoProvider;
+
+impl Provider for NoProvider {
+    fn lookup(&self, tool: &str, _: &str, _: &str) -> Evidence {
+        Evidence::Unknown(format!("no provider lookup is configured for {tool}"))
+    }
+}
+
+/// The operator's escalation sink.
+pub trait Operator: Send + Sync {
+    /// Deliver; true when acknowledged. Must dedupe on `escalation.id`.
+    fn escalate(&self, escalation: &Escalation) -> bool;
+}
+
+impl<F> Operator for F
+where
+    F: Fn(&Escalation) -> bool + Send + Sync,
+{
+    fn escalate(&self, escalation: &Escalation) -> bool {
+        self(escalation)
+    }
+}
+
+/// Escalations go to the log (`tracing` at error level) and count as delivered.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogOperator;
+
+impl Operator for LogOperator {
+    fn escalate(&self, e: &Escalation) -> bool {
+        tracing::error!(
+            id = %e.id, scope = %e.scope, key = %e.key, tool = %e.tool, reason = %e.reason,
+            deadline = e.deadline, "once: operator attention needed"
+        );
+        true
+    }
+}
+
+/// Everything a component instance's imports reach.
+#[derive(Clone)]
+pub struct HostState {
+    /// The record store.
+    pub storage: Arc<dyn Storage>,
+    /// The ledger's clock.
+    pub clock: Arc<dyn Clock>,
+    /// The provider lookup.
+    pub provider: Arc<dyn Provider>,
+    /// The escalation sink.
+    pub operator: Arc<dyn Operator>,
+    /// Limits and declared clock skew.
+    pub settings: Settings,
+}
+
+impl types::Host for HostState {}
+
+impl ledger::Host for HostState {
+    fn get(&mut self, table: Table, scope: String, key: String) -> Result<Option<Row>, String> {
+        self.storage.get(table, &scope, &key).map_err(|e| e.to_string())
+    }
+
+    fn commit(&mut self, batch: Batch) -> Result<(), CommitError> {
+        self.storage.commit(&batch).map_err(|e| match e {
+            storage::CommitError::Conflict => CommitError::Conflict,
+            storage::CommitError::Storage(e) => CommitError::Storage(e.to_string()),
+        })
+    }
+
+    fn scan(&mut self, table: Table, states: Vec<State>, due_before: Timestamp, limit: u32) -> Result<Vec<Row>, String> {
+        self.storage.scan(table, &states, due_before, limit).map_err(|e| e.to_string())
+    }
+
+    fn audit(&mut self, scope: String, key: String) -> Result<Vec<AuditEvent>, String> {
+        self.storage.audit(&scope, &key).map_err(|e| e.to_string())
+    }
+}
+
+impl clock::Host for HostState {
+    fn now(&mut self) -> Timestamp {
+        self.clock.now()
+    }
+
+    fn get_settings(&mut self) -> Settings {
+        self.settings
+    }
+}
+
+impl provider::Host for HostState {
+    fn lookup(&mut self, tool: String, provider_key: String, args: String) -> Evidence {
+        self.provider.lookup(&tool, &provider_key, &args)
+    }
+}
+
+impl operator::Host for HostState {
+    fn escalate(&mut self, escalation: Escalation) -> bool {
+        self.operator.escalate(&escalation)
+    }
+}

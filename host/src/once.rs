@@ -1,0 +1,539 @@
+//! The `Once` handle: the Rust API over the component.
+//!
+//! [`Once::call`] runs begin -> dispatch -> finish for one protected tool
+//! call; the raw exports are methods of the same name. Every decision comes
+//! from the component; this file only moves data and waits.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use wasmtime::Store;
+
+use crate::bindings::Once as OnceWorld;
+use crate::bindings::types::{
+    BeginRequest, Blocked, Decision, Error, Execute, FinishAck, InFlightInfo, JsonError, Outcome, PruneReport,
+    RecordSummary, RecordView, ReplayVia, Resolution, Route, Settings, State, SweepReport, ToolDescriptor, ToolPolicy,
+    UnknownInfo,
+};
+use crate::io::{Clock, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock};
+use crate::runtime::{Instance, Runtime};
+use crate::storage::Storage;
+use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
+
+/// Why a call into once failed (as opposed to a decision it made).
+#[derive(Debug, thiserror::Error)]
+pub enum OnceError {
+    /// The engine refused the input or could not use the ledger.
+    #[error("{}", .0.message())]
+    Engine(#[from] Error),
+    /// A JSON input was malformed.
+    #[error("invalid JSON: {}", .0.message)]
+    Json(#[from] JsonError),
+    /// The component trapped or could not be instantiated; nothing was half-written.
+    #[error("the once component failed: {0}")]
+    Component(String),
+}
+
+/// Default engine settings: 1 MiB JSON inputs, nesting depth 128, 512-byte
+/// scopes and keys, no declared clock skew (one host, one clock).
+pub fn default_settings() -> Settings {
+    Settings { max_input_bytes: 1 << 20, max_depth: 128, max_key_bytes: 512, clock_skew_ms: 0 }
+}
+
+/// What the dispatcher is asked to send.
+#[derive(Debug, Clone)]
+pub struct Dispatch<'a> {
+    /// Scope.
+    pub scope: &'a str,
+    /// Operation key.
+    pub key: &'a str,
+    /// Tool.
+    pub tool: &'a str,
+    /// Attempt number.
+    pub attempt: u32,
+    /// The key to hand the provider (argument, header): derived from (scope, key).
+    pub provider_key: &'a str,
+    /// Canonical args to send (a key argument, if any, already set to the provider key).
+    pub args: &'a str,
+    /// Last moment to send, in the ledger's clock.
+    pub send_by: u64,
+}
+
+/// What the provider did, as the dispatcher saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// The effect happened; the response as JSON text.
+    Success(String),
+    /// The provider answered and did nothing (a definite rejection).
+    Rejected(String),
+    /// Timeout, disconnect, 5xx after sending, crash: the effect may exist.
+    Ambiguous(String),
+    /// Nothing was sent (e.g. the connection was refused before any byte left).
+    NotSent,
+}
+
+/// How a protected call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Called {
+    /// The effect happened: executed now (`replayed: false`) or answered from the ledger.
+    Confirmed {
+        /// The receipt (response) as JSON text.
+        receipt: String,
+        /// Whether it was replayed rather than executed now.
+        replayed: bool,
+        /// How a replay was matched.
+        via: Option<ReplayVia>,
+    },
+    /// The provider definitively rejected the call; nothing happened.
+    Rejected {
+        /// What the provider said.
+        error: String,
+    },
+    /// The effect may or may not exist; once will not send it again until reconciled.
+    Unknown(UnknownInfo),
+    /// Another attempt still holds the operation after the wait.
+    InFlight(InFlightInfo),
+    /// Same key, different payload.
+    Conflict(RecordSummary),
+    /// Refused.
+    Blocked(Blocked),
+    /// The effect happened but the ledger could not record it; it will be reconciled.
+    Unrecorded {
+        /// The response.
+        response: String,
+    },
+    /// A read-only tool was dispatched without a record.
+    Direct(Sent),
+}
+
+/// Builds a [`Once`].
+pub struct Builder {
+    storage: Arc<dyn Storage>,
+    clock: Arc<dyn Clock>,
+    provider: Arc<dyn Provider>,
+    operator: Arc<dyn Operator>,
+    settings: Settings,
+    policies: Vec<(String, ToolPolicy)>,
+    in_flight_wait: Duration,
+    runtime: Option<Arc<Runtime>>,
+}
+
+impl Builder {
+    /// The ledger's clock (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+    /// The provider lookup used by reconciliation and verify-first.
+    pub fn provider(mut self, provider: impl Provider + 'static) -> Self {
+        self.provider = Arc::new(provider);
+        self
+    }
+    /// The escalation sink (default: the log).
+    pub fn operator(mut self, operator: impl Operator + 'static) -> Self {
+        self.operator = Arc::new(operator);
+        self
+    }
+    /// Engine settings (limits, declared clock skew).
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+    /// A tool's policy (checked when built).
+    pub fn policy(mut self, tool: impl Into<String>, policy: ToolPolicy) -> Self {
+        self.policies.push((tool.into(), policy));
+        self
+    }
+    /// How long [`Once::call`] waits for another attempt's outcome (default 10 s).
+    pub fn in_flight_wait(mut self, wait: Duration) -> Self {
+        self.in_flight_wait = wait;
+        self
+    }
+    /// Use this runtime instead of the process-wide one.
+    pub fn runtime(mut self, runtime: Arc<Runtime>) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Load the component (once per process) and check every policy.
+    pub fn build(self) -> Result<Once, OnceError> {
+        let runtime = match self.runtime {
+            Some(rt) => rt,
+            None => Runtime::shared().map_err(|e| OnceError::Component(format!("{e:#}")))?,
+        };
+        let state = HostState {
+            storage: self.storage,
+            clock: self.clock,
+            provider: self.provider,
+            operator: self.operator,
+            settings: self.settings,
+        };
+        let once = Once {
+            runtime,
+            state,
+            pool: Mutex::new(Vec::new()),
+            policies: RwLock::new(HashMap::new()),
+            default_policy: RwLock::new(None),
+            in_flight_wait: self.in_flight_wait,
+        };
+        for (tool, policy) in self.policies {
+            once.set_policy(tool, policy)?;
+        }
+        Ok(once)
+    }
+}
+
+/// A handle on the once engine over one ledger. Cheap to share across threads.
+pub struct Once {
+    runtime: Arc<Runtime>,
+    state: HostState,
+    pool: Mutex<Vec<Instance>>,
+    policies: RwLock<HashMap<String, ToolPolicy>>,
+    default_policy: RwLock<Option<ToolPolicy>>,
+    in_flight_wait: Duration,
+}
+
+impl Once {
+    /// Start building a handle over `storage`.
+    pub fn builder(storage: impl Storage + 'static) -> Builder {
+        Builder {
+            storage: Arc::new(storage),
+            clock: Arc::new(SystemClock::default()),
+            provider: Arc::new(NoProvider),
+            operator: Arc::new(LogOperator),
+            settings: default_settings(),
+            policies: Vec::new(),
+            in_flight_wait: Duration::from_secs(10),
+            runtime: None,
+        }
+    }
+
+    /// Start building a handle over an SQLite ledger file (created if missing).
+    pub fn sqlite(path: impl AsRef<Path>) -> Result<Builder, OnceError> {
+        let storage = SqliteStorage::open(path, SqliteOptions::default()).map_err(|e| Error::Storage(e.0))?;
+        Ok(Once::builder(storage))
+    }
+
+    /// The storage behind this handle.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.state.storage
+    }
+
+    /// The ledger's clock.
+    pub fn now(&self) -> u64 {
+        self.state.clock.now()
+    }
+
+    /// Run `f` on a pooled instance. A trap discards the instance, so no
+    /// half-finished guest state is ever reused.
+    fn with_instance<R>(
+        &self,
+        f: impl FnOnce(&OnceWorld, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, OnceError> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut instance = match pooled {
+            Some(instance) => instance,
+            None => self
+                .runtime
+                .instantiate(self.state.clone())
+                .map_err(|e| OnceError::Component(format!("{e:#}")))?,
+        };
+        let result = f(&instance.world, &mut instance.store).map_err(|e| OnceError::Component(format!("{e:#}")))?;
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
+        Ok(result)
+    }
+
+    /// The engine's default policy for a protected tool.
+    pub fn default_policy(&self) -> Result<ToolPolicy, OnceError> {
+        if let Some(policy) = self.default_policy.read().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(policy);
+        }
+        let policy = self.with_instance(|w, s| w.once_core_engine().call_default_policy(s))?;
+        *self.default_policy.write().unwrap_or_else(|p| p.into_inner()) = Some(policy.clone());
+        Ok(policy)
+    }
+
+    /// Set a tool's policy after the engine has checked it.
+    pub fn set_policy(&self, tool: impl Into<String>, policy: ToolPolicy) -> Result<(), OnceError> {
+        let tool = tool.into();
+        self.with_instance(|w, s| w.once_core_engine().call_check_policy(s, &policy))?
+            .map_err(|e| match e {
+                Error::InvalidPolicy(m) => Error::InvalidPolicy(format!("tool {tool}: {m}")),
+                other => other,
+            })?;
+        self.policies.write().unwrap_or_else(|p| p.into_inner()).insert(tool, policy);
+        Ok(())
+    }
+
+    /// The policy of `tool`: its own, or the default.
+    pub fn policy(&self, tool: &str) -> Result<ToolPolicy, OnceError> {
+        match self.policies.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
+            Some(policy) => Ok(policy.clone()),
+            None => self.default_policy(),
+        }
+    }
+
+    /// The route of a tool from its policy and descriptor.
+    pub fn route(&self, tool: &str, descriptor: Option<&ToolDescriptor>) -> Result<Route, OnceError> {
+        let policy = self.policy(tool)?;
+        self.with_instance(|w, s| w.once_core_engine().call_route_of(s, &policy, descriptor))
+    }
+
+    /// The `begin` export.
+    pub fn begin(&self, request: &BeginRequest) -> Result<Decision, OnceError> {
+        let decision = self.with_instance(|w, s| w.once_core_engine().call_begin(s, request))??;
+        trace_decision("begin", &request.scope, &request.tool, &decision);
+        Ok(decision)
+    }
+
+    /// The `finish` export.
+    pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
+        let ack = self.with_instance(|w, s| w.once_core_engine().call_finish(s, scope, key, fence, outcome))??;
+        tracing::info!(target: "once", scope, key, ?ack, "finish");
+        Ok(ack)
+    }
+
+    /// The `reconcile` export.
+    pub fn reconcile(&self, scope: &str, key: &str) -> Result<Decision, OnceError> {
+        let decision = self.with_instance(|w, s| w.once_core_engine().call_reconcile(s, scope, key))??;
+        trace_decision("reconcile", scope, "", &decision);
+        Ok(decision)
+    }
+
+    /// The `sweep` export.
+    pub fn sweep(&self, limit: u32) -> Result<SweepReport, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_sweep(s, limit))??)
+    }
+
+    /// The `prune` export.
+    pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_prune(s, limit))??)
+    }
+
+    /// The `inspect` export.
+    pub fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_inspect(s, scope, key))??)
+    }
+
+    /// The `resolve` export (operator resolution, audited with `note`).
+    pub fn resolve(
+        &self,
+        scope: &str,
+        key: &str,
+        resolution: &Resolution,
+        note: &str,
+        force: bool,
+    ) -> Result<State, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_resolve(s, scope, key, resolution, note, force))??)
+    }
+
+    /// RFC 8785 canonical form of a JSON text, computed by the component.
+    pub fn canonicalize(&self, json: &[u8]) -> Result<String, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_canonicalize(s, json))??)
+    }
+
+    /// `sha256(JCS({"tool":…,"args":…}))`, computed by the component.
+    pub fn fingerprint(&self, tool: &str, args: &str) -> Result<String, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_fingerprint(s, tool, args))??)
+    }
+
+    /// A begin request for `tool` under its policy, with the application's key.
+    pub fn request(&self, scope: &str, key: Option<&str>, tool: &str, args: &str) -> Result<BeginRequest, OnceError> {
+        Ok(BeginRequest {
+            scope: scope.to_string(),
+            keys: key.map(|k| vec![("application".to_string(), k.to_string())]).unwrap_or_default(),
+            tool: tool.to_string(),
+            args: args.to_string(),
+            policy: self.policy(tool)?,
+            descriptor: None,
+            supersedes: None,
+            acknowledge_confirmed: false,
+        })
+    }
+
+    /// Protect one tool call: begin, dispatch (only when the engine says
+    /// execute), finish, and on a lost reply reconcile before anything is sent
+    /// again. `key` is the operation key the application minted before the
+    /// first attempt; `None` only for tools whose identity may be derived.
+    pub fn call(
+        &self,
+        scope: &str,
+        key: Option<&str>,
+        tool: &str,
+        args: &str,
+        dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let request = self.request(scope, key, tool, args)?;
+        self.call_with(&request, dispatch)
+    }
+
+    /// [`Once::call`] with a full request (descriptor, supersedes, several key carriers).
+    pub fn call_with(
+        &self,
+        request: &BeginRequest,
+        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let decision = self.begin(request)?;
+        if decision == Decision::Direct {
+            let direct = Dispatch {
+                scope: &request.scope,
+                key: "",
+                tool: &request.tool,
+                attempt: 0,
+                provider_key: "",
+                args: &request.args,
+                send_by: u64::MAX,
+            };
+            return Ok(Called::Direct(dispatch(&direct)));
+        }
+        self.drive(&request.scope, &request.tool, decision, request.policy.attempt_budget, &mut dispatch)
+    }
+
+    /// Continue an operation from the ledger (after a crash, or for an owed
+    /// dispatch): reconcile, then dispatch only if the engine says execute.
+    pub fn resume(
+        &self,
+        scope: &str,
+        key: &str,
+        tool: &str,
+        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let decision = self.reconcile(scope, key)?;
+        let budget = self.policy(tool)?.attempt_budget;
+        self.drive(scope, tool, decision, budget, &mut dispatch)
+    }
+
+    /// Follow decisions until one is final. Each step is bounded by the
+    /// engine's attempt budget, so this loop ends.
+    fn drive(
+        &self,
+        scope: &str,
+        tool: &str,
+        mut decision: Decision,
+        budget: u32,
+        dispatch: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let mut reconciled = false;
+        for _ in 0..(budget as usize) * 2 + 4 {
+            decision = match decision {
+                Decision::Execute(grant) => match self.execute(scope, tool, &grant, dispatch)? {
+                    Step::Done(called) => return Ok(called),
+                    Step::Again(next) => {
+                        reconciled = true;
+                        next
+                    }
+                },
+                Decision::Replay(r) => {
+                    return Ok(Called::Confirmed { receipt: r.receipt, replayed: true, via: Some(r.via) });
+                }
+                // A lost reply is reconciled before anything is sent again.
+                Decision::Unknown(u) if !reconciled => {
+                    reconciled = true;
+                    self.reconcile(scope, &u.key)?
+                }
+                Decision::Unknown(u) => return Ok(Called::Unknown(u)),
+                Decision::InFlight(info) => return self.wait_for_holder(scope, info),
+                Decision::Conflict(summary) => return Ok(Called::Conflict(summary)),
+                Decision::Blocked(blocked) => return Ok(Called::Blocked(blocked)),
+                Decision::Direct => unreachable!("direct is answered before the protocol starts"),
+            };
+        }
+        Err(OnceError::Component("the engine kept granting attempts past the attempt budget".to_string()))
+    }
+
+    /// Dispatch one granted attempt and record its outcome.
+    fn execute(
+        &self,
+        scope: &str,
+        tool: &str,
+        grant: &Execute,
+        dispatch: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Step, OnceError> {
+        // Never send after the lease: re-check the clock right before sending.
+        let sent = if self.state.clock.now() >= grant.send_by {
+            Sent::NotSent
+        } else {
+            dispatch(&Dispatch {
+                scope,
+                key: &grant.key,
+                tool,
+                attempt: grant.attempt,
+                provider_key: &grant.provider_key,
+                args: &grant.args,
+                send_by: grant.send_by,
+            })
+        };
+        let outcome = match &sent {
+            Sent::Success(response) => Outcome::Success(response.clone()),
+            Sent::Rejected(error) => Outcome::Rejected(error.clone()),
+            Sent::Ambiguous(reason) => Outcome::Ambiguous(reason.clone()),
+            Sent::NotSent => Outcome::NotSent,
+        };
+        let ack = self.finish(scope, &grant.key, &grant.fence, &outcome)?;
+        Ok(match (sent, ack) {
+            (Sent::Success(response), FinishAck::Unrecorded) => Step::Done(Called::Unrecorded { response }),
+            (Sent::Success(receipt), _) => Step::Done(Called::Confirmed { receipt, replayed: false, via: None }),
+            (Sent::Rejected(error), _) => Step::Done(Called::Rejected { error }),
+            // Not sent: nothing happened; ask again (a new attempt, within the budget).
+            (Sent::NotSent, _) => Step::Again(self.reconcile(scope, &grant.key)?),
+            (Sent::Ambiguous(_), _) => Step::Again(self.reconcile(scope, &grant.key)?),
+        })
+    }
+
+    /// Wait (bounded) for another attempt's holder and return what it ended with.
+    fn wait_for_holder(&self, scope: &str, info: InFlightInfo) -> Result<Called, OnceError> {
+        let deadline = Instant::now() + self.in_flight_wait;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let Some(view) = self.inspect(scope, &info.key)? else {
+                return Ok(Called::InFlight(info));
+            };
+            match view.state {
+                State::Confirmed => {
+                    return Ok(Called::Confirmed {
+                        receipt: view.receipt.unwrap_or_default(),
+                        replayed: true,
+                        via: Some(ReplayVia::Key),
+                    });
+                }
+                State::Failed => return Ok(Called::Rejected { error: view.error.unwrap_or_default() }),
+                State::InFlight if Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                // Unknown, absent, superseded or still in flight: ask the engine.
+                _ => {
+                    return match self.reconcile(scope, &info.key)? {
+                        Decision::Replay(r) => {
+                            Ok(Called::Confirmed { receipt: r.receipt, replayed: true, via: Some(r.via) })
+                        }
+                        Decision::Unknown(u) => Ok(Called::Unknown(u)),
+                        Decision::Blocked(b) => Ok(Called::Blocked(b)),
+                        Decision::InFlight(i) => Ok(Called::InFlight(i)),
+                        // Reconcile may grant an owed dispatch; a waiter does not start attempts.
+                        _ => Ok(Called::InFlight(info)),
+                    };
+                }
+            }
+        }
+    }
+}
+
+enum Step {
+    Done(Called),
+    Again(Decision),
+}
+
+fn trace_decision(export: &str, scope: &str, tool: &str, decision: &Decision) {
+    let (key, attempt) = match decision {
+        Decision::Execute(e) => (e.key.as_str(), Some(e.attempt)),
+        Decision::Replay(r) => (r.key.as_str(), None),
+        Decision::Conflict(c) => (c.key.as_str(), None),
+        Decision::InFlight(i) => (i.key.as_str(), None),
+        Decision::Unknown(u) => (u.key.as_str(), None),
+        Decision::Blocked(_) | Decision::Direct => ("", None),
+    };
+    tracing::info!(target: "once", export, scope, key, tool, decision = decision.name(), attempt, "decision");
+}

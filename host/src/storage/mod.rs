@@ -1,0 +1,96 @@
+//! Ledger storage: a transactional compare-and-swap row store.
+//!
+//! The engine (the guest) decides every write; a backend only applies a
+//! batch atomically, checks versions, and reads rows back. Backends:
+//! [`memory::MemoryStorage`] and [`sqlite::SqliteStorage`].
+
+pub mod memory;
+pub mod sqlite;
+
+use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
+
+/// A storage failure: the operation did not happen, or its outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("storage: {0}")]
+pub struct StorageError(pub String);
+
+/// Why a batch did not apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    /// A put's expected version did not match (or a row to insert exists, or an
+    /// audit event already exists): nothing was applied.
+    #[error("version conflict")]
+    Conflict,
+    /// The store failed; nothing was applied, or the outcome is unknown.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Counts for `once ledger stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Operation records per state.
+    pub by_state: Vec<(State, u64)>,
+    /// Audit events per kind (e.g. `replay`, `conflict`, `lease-expired`).
+    pub events: Vec<(String, u64)>,
+}
+
+/// The record store behind the `ledger` import.
+pub trait Storage: Send + Sync {
+    /// Read one row.
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError>;
+    /// Apply every put and event of `batch` atomically, or nothing.
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
+    /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`, earliest due first.
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError>;
+    /// The audit trail of one operation, oldest first.
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError>;
+    /// Operation rows, optionally in one state, ordered by scope and key.
+    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError>;
+    /// Operation records per state and audit events per kind.
+    fn stats(&self) -> Result<Stats, StorageError>;
+}
+
+/// Every state, in WIT enum order (the order of [`Stats::by_state`]).
+pub(crate) const ALL_STATES: [State; 6] = [
+    State::InFlight,
+    State::Confirmed,
+    State::Failed,
+    State::Unknown,
+    State::Absent,
+    State::Superseded,
+];
+
+/// Position of `state` in [`ALL_STATES`].
+pub(crate) fn state_index(state: State) -> usize {
+    match state {
+        State::InFlight => 0,
+        State::Confirmed => 1,
+        State::Failed => 2,
+        State::Unknown => 3,
+        State::Absent => 4,
+        State::Superseded => 5,
+    }
+}
+
+/// Checks shared by every backend before a batch touches the store: a put's
+/// new row must name the put's own (table, scope, key).
+pub(crate) fn check_batch(batch: &Batch) -> Result<(), StorageError> {
+    for put in &batch.puts {
+        if let Some(row) = &put.row
+            && (row.table != put.table || row.scope != put.scope || row.key != put.key)
+        {
+            return Err(StorageError(format!(
+                "put on ({:?}, {:?}, {:?}) carries a row for ({:?}, {:?}, {:?})",
+                put.table, put.scope, put.key, row.table, row.scope, row.key
+            )));
+        }
+    }
+    Ok(())
+}

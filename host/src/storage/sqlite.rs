@@ -1,0 +1,757 @@
+//! SQLite storage: one database file, shared by threads and processes.
+//!
+//! # Durability and concurrency
+//!
+//! The file is in WAL mode. A batch is one `BEGIN IMMEDIATE` transaction:
+//! the write lock is taken first (waiting up to `busy_timeout` for another
+//! writer, in this process or another), every version check runs inside it,
+//! and `Ok` is reported only once `COMMIT` returned OK. With the default
+//! `synchronous=FULL`, a committed batch survives power loss; `NORMAL` may
+//! lose the last commits on power loss, but never corrupts the file (the
+//! trade-off in DESIGN.md "Durability budget").
+//!
+//! Each [`SqliteStorage`] holds one writer connection behind a mutex (writes
+//! in one file are serialised by SQLite anyway) and a small pool of reader
+//! connections, so reads see the last commit without waiting for a writer's
+//! fsync. Several `SqliteStorage`s, in one or many processes, may open the
+//! same file; SQLite's file locks arbitrate between them.
+//!
+//! # Schema (version [`SCHEMA_VERSION`])
+//!
+//! ```sql
+//! CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+//!   -- ('schema_version', '1')
+//! CREATE TABLE rows (
+//!   tbl TEXT NOT NULL,        -- 'operation' | 'tombstone' | 'quota'
+//!   scope TEXT NOT NULL, key TEXT NOT NULL,
+//!   version INTEGER NOT NULL,
+//!   state TEXT,               -- WIT name: 'in-flight', 'confirmed', ...
+//!   due_at INTEGER,           -- ms since the epoch
+//!   body TEXT NOT NULL,       -- the engine's JSON, never interpreted
+//!   PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
+//! CREATE INDEX rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
+//! CREATE INDEX rows_state ON rows (tbl, state);
+//! CREATE TABLE audit (
+//!   scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
+//!   at INTEGER NOT NULL, kind TEXT NOT NULL,
+//!   from_state TEXT, to_state TEXT, attempt INTEGER, detail TEXT NOT NULL,
+//!   PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
+//! CREATE INDEX audit_kind ON audit (kind);
+//! ```
+//!
+//! Integers are SQLite's signed 64-bit: a version or timestamp above
+//! `i64::MAX` is refused with a storage error.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+use super::{ALL_STATES, CommitError, Stats, Storage, StorageError, state_index};
+use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
+
+/// The schema version this code writes and understands.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Reader connections kept open between calls.
+const MAX_IDLE_READERS: usize = 4;
+
+/// SQLite's `synchronous` setting for the writer connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// Every commit is fsynced: durable across power loss (the default).
+    #[default]
+    Full,
+    /// WAL commits are not fsynced one by one: the last commits may be lost on
+    /// power loss (not on a process crash); the file stays consistent.
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+/// How [`SqliteStorage::open`] configures its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Durability of each commit (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+    /// How long to wait for another writer's lock before failing (default 5 s).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A [`Storage`] in one SQLite database file (WAL mode).
+pub struct SqliteStorage {
+    path: PathBuf,
+    options: SqliteOptions,
+    /// The writer; `None` after a connection was discarded in an unknown
+    /// transaction state (reopened on next use).
+    writer: Mutex<Option<Connection>>,
+    /// Idle reader connections.
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> StorageError {
+    StorageError(format!("sqlite: {what}: {e}"))
+}
+
+fn table_name(table: Table) -> &'static str {
+    match table {
+        Table::Operation => "operation",
+        Table::Tombstone => "tombstone",
+        Table::Quota => "quota",
+    }
+}
+
+fn parse_table(s: &str) -> Result<Table, StorageError> {
+    Ok(match s {
+        "operation" => Table::Operation,
+        "tombstone" => Table::Tombstone,
+        "quota" => Table::Quota,
+        other => {
+            return Err(StorageError(format!(
+                "sqlite: unknown table {other:?} in file"
+            )));
+        }
+    })
+}
+
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::InFlight => "in-flight",
+        State::Confirmed => "confirmed",
+        State::Failed => "failed",
+        State::Unknown => "unknown",
+        State::Absent => "absent",
+        State::Superseded => "superseded",
+    }
+}
+
+fn parse_state(s: &str) -> Result<State, StorageError> {
+    ALL_STATES
+        .into_iter()
+        .find(|st| state_name(*st) == s)
+        .ok_or_else(|| StorageError(format!("sqlite: unknown state {s:?} in file")))
+}
+
+fn parse_opt_state(s: Option<String>) -> Result<Option<State>, StorageError> {
+    s.as_deref().map(parse_state).transpose()
+}
+
+/// A u64 as SQLite's i64, refusing values it cannot hold.
+fn int(what: &str, v: u64) -> Result<i64, StorageError> {
+    i64::try_from(v).map_err(|_| StorageError(format!("sqlite: {what} {v} exceeds i64::MAX")))
+}
+
+fn uint(what: &str, v: i64) -> Result<u64, StorageError> {
+    u64::try_from(v).map_err(|_| StorageError(format!("sqlite: negative {what} {v} in file")))
+}
+
+const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body";
+
+/// A row as read from SQL, before its enums are parsed.
+type RawRow = (
+    String,
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    String,
+);
+
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn cook_row(raw: RawRow) -> Result<Row, StorageError> {
+    let (tbl, scope, key, version, state, due_at, body) = raw;
+    Ok(Row {
+        table: parse_table(&tbl)?,
+        scope,
+        key,
+        version: uint("version", version)?,
+        state: parse_opt_state(state)?,
+        due_at: due_at.map(|d| uint("due_at", d)).transpose()?,
+        body,
+    })
+}
+
+fn query_rows(
+    conn: &Connection,
+    what: &str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<Row>, StorageError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| err(what, e))?;
+    let raws = stmt
+        .query_map(params, raw_row)
+        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(|e| err(what, e))?;
+    raws.into_iter().map(cook_row).collect()
+}
+
+/// Why a batch stopped inside its transaction.
+enum Abort {
+    Conflict,
+    Storage(StorageError),
+}
+
+impl From<StorageError> for Abort {
+    fn from(e: StorageError) -> Self {
+        Abort::Storage(e)
+    }
+}
+
+impl SqliteStorage {
+    /// Open (creating if needed) the database at `path`, set WAL mode and
+    /// create or check the schema. Refuses a read-only file, a path that is
+    /// not a database, and a schema newer than [`SCHEMA_VERSION`].
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StorageError> {
+        let path = path.as_ref().to_path_buf();
+        let writer = open_writer(&path, &options)?;
+        Ok(Self {
+            path,
+            options,
+            writer: Mutex::new(Some(writer)),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> SqliteOptions {
+        self.options
+    }
+
+    fn writer(&self) -> Result<MutexGuard<'_, Option<Connection>>, StorageError> {
+        // A panic while holding the lock leaves the connection possibly inside
+        // a transaction: discard it and reopen.
+        let mut guard = self.writer.lock().unwrap_or_else(|poisoned| {
+            let mut guard = poisoned.into_inner();
+            *guard = None;
+            guard
+        });
+        self.writer.clear_poison();
+        if guard.is_none() {
+            *guard = Some(open_writer(&self.path, &self.options)?);
+        }
+        Ok(guard)
+    }
+
+    /// Run `f` on a reader connection; the connection goes back to the pool
+    /// only if `f` succeeded.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let idle = self
+            .readers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        let mut conn = match idle {
+            Some(conn) => conn,
+            None => open_reader(&self.path, &self.options)?,
+        };
+        let out = f(&mut conn)?;
+        if conn.is_autocommit() {
+            let mut idle = self
+                .readers
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn configure(conn: &Connection, path: &Path, options: &SqliteOptions) -> Result<(), StorageError> {
+    let at = path.display();
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| err(format_args!("{at}: set busy_timeout"), e))?;
+    conn.pragma_update(None, "synchronous", options.synchronous.pragma())
+        .map_err(|e| err(format_args!("{at}: set synchronous"), e))?;
+    Ok(())
+}
+
+fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StorageError> {
+    let at = path.display();
+    if path.is_dir() {
+        return Err(StorageError(format!("sqlite: {at}: is a directory")));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
+    configure(&conn, path, options)?;
+    // SQLite silently falls back to read-only for a write-protected file.
+    if conn
+        .is_readonly(rusqlite::MAIN_DB)
+        .map_err(|e| err(format_args!("{at}"), e))?
+    {
+        return Err(StorageError(format!(
+            "sqlite: {at}: the database file is read-only"
+        )));
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(|e| err(format_args!("{at}: set journal_mode=WAL"), e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StorageError(format!(
+            "sqlite: {at}: WAL journal mode unavailable (got {mode:?})"
+        )));
+    }
+    init_schema(&conn).map_err(|e| StorageError(format!("{}: {at}", e.0)))?;
+    Ok(conn)
+}
+
+fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, StorageError> {
+    let at = path.display();
+    // Read-write (not read-only) so the reader may use the WAL index; never
+    // created here: the writer made the file.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
+    configure(&conn, path, options)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|e| err(format_args!("{at}: set query_only"), e))?;
+    Ok(conn)
+}
+
+/// Check the schema version, then create what is missing, in one write
+/// transaction (so processes opening a new file at once do not race).
+fn init_schema(conn: &Connection) -> Result<(), StorageError> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| err("begin schema transaction", e))?;
+    let result = (|| {
+        let has_meta: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| err("read schema", e))?;
+        let found: Option<String> = if has_meta {
+            conn.query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| err("read schema version", e))?
+        } else {
+            None
+        };
+        if let Some(found) = &found {
+            let version: u32 = found.parse().map_err(|_| {
+                StorageError(format!("sqlite: unreadable schema version {found:?}"))
+            })?;
+            if version > SCHEMA_VERSION {
+                return Err(StorageError(format!(
+                    "sqlite: schema version {version} is newer than this build understands \
+                     ({SCHEMA_VERSION}); upgrade once"
+                )));
+            }
+        }
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS rows (
+               tbl TEXT NOT NULL,
+               scope TEXT NOT NULL,
+               key TEXT NOT NULL,
+               version INTEGER NOT NULL,
+               state TEXT,
+               due_at INTEGER,
+               body TEXT NOT NULL,
+               PRIMARY KEY (tbl, scope, key)
+             ) WITHOUT ROWID;
+             CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
+             CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
+             CREATE TABLE IF NOT EXISTS audit (
+               scope TEXT NOT NULL,
+               key TEXT NOT NULL,
+               version INTEGER NOT NULL,
+               at INTEGER NOT NULL,
+               kind TEXT NOT NULL,
+               from_state TEXT,
+               to_state TEXT,
+               attempt INTEGER,
+               detail TEXT NOT NULL,
+               PRIMARY KEY (scope, key, version)
+             ) WITHOUT ROWID;
+             CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);",
+        )
+        .map_err(|e| err("create schema", e))?;
+        if found.is_none() {
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                [SCHEMA_VERSION.to_string()],
+            )
+            .map_err(|e| err("write schema version", e))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| err("commit schema", e)),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Apply one put inside the open transaction.
+fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
+    let tbl = table_name(put.table);
+    let what = |op: &str| format!("{op} ({tbl}, {:?}, {:?})", put.scope, put.key);
+    let expected = put
+        .expected
+        .map(|v| int("expected version", v))
+        .transpose()?;
+    let changed = match (expected, &put.row) {
+        (None, Some(row)) => {
+            let version = int("version", row.version)?;
+            let due_at = row.due_at.map(|d| int("due_at", d)).transpose()?;
+            conn.prepare_cached(
+                "INSERT INTO rows (tbl, scope, key, version, state, due_at, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    tbl,
+                    put.scope,
+                    put.key,
+                    version,
+                    row.state.map(state_name),
+                    due_at,
+                    row.body,
+                ])
+            })
+            .map_err(|e| err(what("insert"), e))?
+        }
+        (Some(expected), Some(row)) => {
+            let version = int("version", row.version)?;
+            let due_at = row.due_at.map(|d| int("due_at", d)).transpose()?;
+            conn.prepare_cached(
+                "UPDATE rows SET version = ?5, state = ?6, due_at = ?7, body = ?8
+                 WHERE tbl = ?1 AND scope = ?2 AND key = ?3 AND version = ?4",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    tbl,
+                    put.scope,
+                    put.key,
+                    expected,
+                    version,
+                    row.state.map(state_name),
+                    due_at,
+                    row.body,
+                ])
+            })
+            .map_err(|e| err(what("update"), e))?
+        }
+        (Some(expected), None) => conn
+            .prepare_cached(
+                "DELETE FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3 AND version = ?4",
+            )
+            .and_then(|mut s| s.execute(params![tbl, put.scope, put.key, expected]))
+            .map_err(|e| err(what("delete"), e))?,
+        // "Must not exist, and stays absent": a pure check.
+        (None, None) => {
+            let exists: bool = conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3)",
+                )
+                .and_then(|mut s| s.query_row(params![tbl, put.scope, put.key], |r| r.get(0)))
+                .map_err(|e| err(what("check absent"), e))?;
+            usize::from(!exists)
+        }
+    };
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(Abort::Conflict)
+    }
+}
+
+/// Append one audit event inside the open transaction; an existing
+/// (scope, key, version) is a conflict.
+fn apply_event(conn: &Connection, event: &AuditEvent) -> Result<(), Abort> {
+    let what = format!(
+        "insert audit ({:?}, {:?}, {})",
+        event.scope, event.key, event.version
+    );
+    let version = int("audit version", event.version)?;
+    let at = int("audit at", event.at)?;
+    let changed = conn
+        .prepare_cached(
+            "INSERT INTO audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT DO NOTHING",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                event.scope,
+                event.key,
+                version,
+                at,
+                event.kind,
+                event.from_state.map(state_name),
+                event.to_state.map(state_name),
+                event.attempt,
+                event.detail,
+            ])
+        })
+        .map_err(|e| err(&what, e))?;
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(Abort::Conflict)
+    }
+}
+
+impl Storage for SqliteStorage {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
+        self.read(|conn| {
+            let raw = conn
+                .prepare_cached(&format!(
+                    "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3"
+                ))
+                .and_then(|mut s| {
+                    s.query_row(params![table_name(table), scope, key], raw_row)
+                        .optional()
+                })
+                .map_err(|e| err("get", e))?;
+            raw.map(cook_row).transpose()
+        })
+    }
+
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        super::check_batch(batch)?;
+        let mut guard = self.writer()?;
+        let Some(conn) = guard.as_ref() else {
+            unreachable!("writer() always leaves a connection")
+        };
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| err("begin transaction", e))?;
+        let applied = batch
+            .puts
+            .iter()
+            .try_for_each(|put| apply_put(conn, put))
+            .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)));
+        let outcome = match applied {
+            Ok(()) => match conn.execute_batch("COMMIT") {
+                Ok(()) => return Ok(()),
+                Err(e) => Err(CommitError::Storage(err(
+                    "COMMIT failed (the batch is not known to be durable)",
+                    e,
+                ))),
+            },
+            Err(Abort::Conflict) => Err(CommitError::Conflict),
+            Err(Abort::Storage(e)) => Err(CommitError::Storage(e)),
+        };
+        // Undo; SQLite may already have rolled back on its own (I/O error, full disk).
+        if !conn.is_autocommit() {
+            let rolled_back = conn.execute_batch("ROLLBACK");
+            if rolled_back.is_err() || !conn.is_autocommit() {
+                // Closing the connection rolls back whatever is left open.
+                *guard = None;
+            }
+        }
+        outcome
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError> {
+        // Stored values never exceed i64::MAX, so clamping the bound is exact.
+        let due_before = i64::try_from(due_before).unwrap_or(i64::MAX);
+        self.read(|conn| {
+            if states.is_empty() {
+                return query_rows(
+                    conn,
+                    "scan",
+                    &format!(
+                        "SELECT {ROW_COLUMNS} FROM rows
+                         WHERE tbl = ?1 AND due_at IS NOT NULL AND due_at <= ?2
+                         ORDER BY due_at, scope, key LIMIT ?3"
+                    ),
+                    params![table_name(table), due_before, limit],
+                );
+            }
+            // States as a JSON array bound to one parameter keeps the statement cacheable.
+            let names: Vec<&str> = states.iter().map(|s| state_name(*s)).collect();
+            let names = serde_json::to_string(&names).map_err(|e| err("scan", e))?;
+            query_rows(
+                conn,
+                "scan",
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM rows
+                     WHERE tbl = ?1 AND due_at IS NOT NULL AND due_at <= ?2
+                       AND state IN (SELECT value FROM json_each(?4))
+                     ORDER BY due_at, scope, key LIMIT ?3"
+                ),
+                params![table_name(table), due_before, limit, names],
+            )
+        })
+    }
+
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
+        type RawEvent = (
+            String,
+            String,
+            i64,
+            i64,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<u32>,
+            String,
+        );
+        self.read(|conn| {
+            let raws: Vec<RawEvent> = conn
+                .prepare_cached(
+                    "SELECT scope, key, version, at, kind, from_state, to_state, attempt, detail
+                     FROM audit WHERE scope = ?1 AND key = ?2 ORDER BY version",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![scope, key], |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                            r.get(7)?,
+                            r.get(8)?,
+                        ))
+                    })?
+                    .collect()
+                })
+                .map_err(|e| err("audit", e))?;
+            raws.into_iter()
+                .map(
+                    |(scope, key, version, at, kind, from_state, to_state, attempt, detail)| {
+                        Ok(AuditEvent {
+                            scope,
+                            key,
+                            version: uint("audit version", version)?,
+                            at: uint("audit at", at)?,
+                            kind,
+                            from_state: parse_opt_state(from_state)?,
+                            to_state: parse_opt_state(to_state)?,
+                            attempt,
+                            detail,
+                        })
+                    },
+                )
+                .collect()
+        })
+    }
+
+    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
+        let tbl = table_name(Table::Operation);
+        self.read(|conn| match state {
+            None => query_rows(
+                conn,
+                "list",
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 ORDER BY scope, key LIMIT ?2"
+                ),
+                params![tbl, limit],
+            ),
+            Some(state) => query_rows(
+                conn,
+                "list",
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 AND state = ?2
+                     ORDER BY scope, key LIMIT ?3"
+                ),
+                params![tbl, state_name(state), limit],
+            ),
+        })
+    }
+
+    fn stats(&self) -> Result<Stats, StorageError> {
+        self.read(|conn| {
+            // One read transaction: both counts from the same snapshot.
+            let tx = conn.transaction().map_err(|e| err("stats", e))?;
+            let by_state: Vec<(String, i64)> = tx
+                .prepare_cached(
+                    "SELECT state, count(*) FROM rows
+                     WHERE tbl = ?1 AND state IS NOT NULL GROUP BY state",
+                )
+                .and_then(|mut s| {
+                    s.query_map([table_name(Table::Operation)], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?
+                    .collect()
+                })
+                .map_err(|e| err("stats", e))?;
+            let events: Vec<(String, i64)> = tx
+                .prepare_cached("SELECT kind, count(*) FROM audit GROUP BY kind ORDER BY kind")
+                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .map_err(|e| err("stats", e))?;
+            tx.finish().map_err(|e| err("stats", e))?;
+            let mut by_state = by_state
+                .into_iter()
+                .map(|(s, n)| Ok((parse_state(&s)?, uint("count", n)?)))
+                .collect::<Result<Vec<_>, StorageError>>()?;
+            by_state.sort_by_key(|(s, _)| state_index(*s));
+            let events = events
+                .into_iter()
+                .map(|(k, n)| Ok((k, uint("count", n)?)))
+                .collect::<Result<_, StorageError>>()?;
+            Ok(Stats { by_state, events })
+        })
+    }
+}
