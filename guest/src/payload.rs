@@ -93,9 +93,7 @@ impl Payload {
 
 /// `sha256(JCS({"tool": tool, "args": args}))`.
 pub fn fingerprint_of(tool: &str, args: Value) -> String {
-    let mut members: Vec<(String, Value)> = Vec::with_capacity(2);
-    members.push(("tool".to_string(), Value::String(tool.to_string())));
-    members.push(("args".to_string(), args));
+    let members = alloc::vec![("tool".to_string(), Value::String(tool.to_string())), ("args".to_string(), args)];
     sha256_jcs(&Value::Object(members))
 }
 

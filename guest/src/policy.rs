@@ -2,7 +2,6 @@
 
 use alloc::format;
 use alloc::string::{String, ToString};
-use alloc::vec::Vec;
 
 use crate::amount::parse_minor_units;
 use crate::canon::{self, Value};
@@ -77,10 +76,8 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
     if policy.tombstone_retention_ms < policy.retention_ms {
         return bad("tombstone_retention_ms must be at least retention_ms".to_string());
     }
-    if let Some(name) = &policy.key_argument {
-        if name.is_empty() {
-            return bad("key_argument is empty".to_string());
-        }
+    if policy.key_argument.as_ref().is_some_and(String::is_empty) {
+        return bad("key_argument is empty".to_string());
     }
     if let Some(fields) = &policy.effect_fields {
         if fields.is_empty() {
@@ -105,10 +102,10 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
         if quota.spend_field.is_empty() {
             return bad("spend field must point inside the args".to_string());
         }
-        if let Some(fields) = &policy.effect_fields {
-            if !fields.contains(&quota.spend_field) {
-                return bad(format!("spend field {:?} must be one of the effect fields", quota.spend_field));
-            }
+        if let Some(fields) = &policy.effect_fields
+            && !fields.contains(&quota.spend_field)
+        {
+            return bad(format!("spend field {:?} must be one of the effect fields", quota.spend_field));
         }
         if quota.decimals > 18 {
             return bad(format!("quota decimals {} is above 18", quota.decimals));
@@ -119,10 +116,10 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
             return bad("quota window_ms must be positive".to_string());
         }
     }
-    if let Some(pin) = &policy.descriptor_pin {
-        if !is_sha256_hex(pin) {
-            return bad(format!("descriptor_pin {pin:?} is not a lower-case hex SHA-256"));
-        }
+    if let Some(pin) = &policy.descriptor_pin
+        && !is_sha256_hex(pin)
+    {
+        return bad(format!("descriptor_pin {pin:?} is not a lower-case hex SHA-256"));
     }
     Ok(())
 }
@@ -217,9 +214,10 @@ pub fn descriptor_fingerprint(descriptor: &ToolDescriptor, settings: &Settings) 
         Some(text) => canon::parse(text.as_bytes(), &limits).map_err(crate::input::json_error)?,
         None => Value::Null,
     };
-    let mut members: Vec<(String, Value)> = Vec::with_capacity(3);
-    members.push(("name".to_string(), Value::String(descriptor.name.clone())));
-    members.push(("inputSchema".to_string(), schema));
-    members.push(("annotations".to_string(), annotations));
+    let members = alloc::vec![
+        ("name".to_string(), Value::String(descriptor.name.clone())),
+        ("inputSchema".to_string(), schema),
+        ("annotations".to_string(), annotations),
+    ];
     Ok(sha256_jcs(&Value::Object(members)))
 }

@@ -231,7 +231,7 @@ impl Tx {
     fn bucket(&self, h: &impl Host, scope: &str, bucket: &str, window_start: u64) -> Result<Option<BucketState>, LedgerError> {
         let key = bucket_key(bucket, window_start);
         if let Some(put) = self.pending_bucket(scope, &key) {
-            let used = put.row.as_ref().map_or(Ok(0), |row| used_of(row))?;
+            let used = put.row.as_ref().map_or(Ok(0), used_of)?;
             return Ok(Some(BucketState { used, expected: put.expected }));
         }
         match h.get(Table::Quota, scope, &key).map_err(LedgerError::Storage)? {

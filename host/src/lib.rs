@@ -16,7 +16,7 @@
 pub mod bindings;
 mod display;
 pub mod io;
-mod once;
+pub(crate) mod once;
 pub mod runtime;
 pub mod storage;
 

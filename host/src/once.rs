@@ -434,7 +434,10 @@ impl Once {
                     self.reconcile(scope, &u.key)?
                 }
                 Decision::Unknown(u) => return Ok(Called::Unknown(u)),
-                Decision::InFlight(info) => return self.wait_for_holder(scope, info),
+                Decision::InFlight(info) => match self.wait_for_holder(scope, &info)? {
+                    Waited::Done(called) => return Ok(called),
+                    Waited::Reconcile => self.reconcile(scope, &info.key)?,
+                },
                 Decision::Conflict(summary) => return Ok(Called::Conflict(summary)),
                 Decision::Blocked(blocked) => return Ok(Called::Blocked(blocked)),
                 Decision::Direct => unreachable!("direct is answered before the protocol starts"),
@@ -482,43 +485,39 @@ impl Once {
         })
     }
 
-    /// Wait (bounded) for another attempt's holder and return what it ended with.
-    fn wait_for_holder(&self, scope: &str, info: InFlightInfo) -> Result<Called, OnceError> {
-        let deadline = Instant::now() + self.in_flight_wait;
+    /// Wait (bounded) for another attempt's holder. Returns its outcome, or,
+    /// once its lease has ended without one, what reconciliation decides.
+    fn wait_for_holder(&self, scope: &str, info: &InFlightInfo) -> Result<Waited, OnceError> {
+        let give_up = Instant::now() + self.in_flight_wait;
         let mut pause = Duration::from_millis(5);
         loop {
             let Some(view) = self.inspect(scope, &info.key)? else {
-                return Ok(Called::InFlight(info));
+                return Ok(Waited::Reconcile);
             };
             match view.state {
                 State::Confirmed => {
-                    return Ok(Called::Confirmed {
-                        receipt: view.receipt.unwrap_or_default(),
-                        replayed: true,
-                        via: Some(ReplayVia::Key),
-                    });
+                    let receipt = view.receipt.unwrap_or_default();
+                    return Ok(Waited::Done(Called::Confirmed { receipt, replayed: true, via: Some(ReplayVia::Key) }));
                 }
-                State::Failed => return Ok(Called::Rejected { error: view.error.unwrap_or_default() }),
-                State::InFlight if Instant::now() < deadline => {
+                State::Failed => return Ok(Waited::Done(Called::Rejected { error: view.error.unwrap_or_default() })),
+                State::InFlight if self.state.clock.now() < info.lease_until => {
+                    if Instant::now() >= give_up {
+                        return Ok(Waited::Done(Called::InFlight(info.clone())));
+                    }
                     std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(200));
+                    pause = (pause * 2).min(Duration::from_millis(100));
                 }
-                // Unknown, absent, superseded or still in flight: ask the engine.
-                _ => {
-                    return match self.reconcile(scope, &info.key)? {
-                        Decision::Replay(r) => {
-                            Ok(Called::Confirmed { receipt: r.receipt, replayed: true, via: Some(r.via) })
-                        }
-                        Decision::Unknown(u) => Ok(Called::Unknown(u)),
-                        Decision::Blocked(b) => Ok(Called::Blocked(b)),
-                        Decision::InFlight(i) => Ok(Called::InFlight(i)),
-                        // Reconcile may grant an owed dispatch; a waiter does not start attempts.
-                        _ => Ok(Called::InFlight(info)),
-                    };
-                }
+                // The holder's lease ended without an outcome, or the record moved on:
+                // the engine decides what happens next.
+                _ => return Ok(Waited::Reconcile),
             }
         }
     }
+}
+
+enum Waited {
+    Done(Called),
+    Reconcile,
 }
 
 enum Step {

@@ -60,6 +60,20 @@ impl Runtime {
         &self.engine
     }
 
+    /// Instantiate over an in-memory ledger once, to prove the runtime works.
+    pub fn instantiate_check(&self) -> anyhow::Result<()> {
+        let state = crate::io::HostState {
+            storage: std::sync::Arc::new(crate::storage::memory::MemoryStorage::new()),
+            clock: std::sync::Arc::new(crate::io::SystemClock::default()),
+            provider: std::sync::Arc::new(crate::io::NoProvider),
+            operator: std::sync::Arc::new(crate::io::LogOperator),
+            settings: crate::once::default_settings(),
+        };
+        let mut instance = self.instantiate(state)?;
+        instance.world.once_core_engine().call_default_policy(&mut instance.store)?;
+        Ok(())
+    }
+
     /// A fresh instance over the given host state.
     pub fn instantiate(&self, state: HostState) -> anyhow::Result<Instance> {
         let mut store = Store::new(&self.engine, state);

@@ -107,10 +107,10 @@ impl Claim<'_> {
                     format!("key {} was pruned after {} with another payload", self.key, state_name(stone.outcome)),
                 ));
             }
-            if req.policy.verify_first {
-                if let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args) {
-                    return Ok(replay(receipt, ReplayVia::Provider, &self.key));
-                }
+            if req.policy.verify_first
+                && let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args)
+            {
+                return Ok(replay(receipt, ReplayVia::Provider, &self.key));
             }
             return Ok(blocked(
                 BlockReason::Expired,
@@ -150,10 +150,10 @@ impl Claim<'_> {
             }
         }
         let now = h.now();
-        if let Some(original) = &req.supersedes {
-            if let Some(answer) = self.supersede(h, &mut tx, original, now)? {
-                return Ok(answer);
-            }
+        if let Some(original) = &req.supersedes
+            && let Some(answer) = self.supersede(h, &mut tx, original, now)?
+        {
+            return Ok(answer);
         }
         let reservation = match (&req.policy.quota, self.payload.spend) {
             (Some(quota), Some(units)) => match tx.reserve(h, &req.scope, &req.tool, quota, units, now, true)? {
