@@ -12,7 +12,7 @@ use crate::types::{
 
 /// Slack added to a tool's dispatch timeout (plus twice the declared clock skew)
 /// that its lease must cover: the host re-checks the lease just before sending.
-pub const LEASE_MARGIN_MS: u64 = 1_000;
+pub const LEASE_MARGIN_MS: u64 = 200;
 
 /// Argument names recognised as the provider's idempotency key when a
 /// policy names none.

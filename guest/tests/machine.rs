@@ -4,7 +4,7 @@
 //! engine's answer and the record afterwards (state, attempts, receipt,
 //! audit trail).
 
-use once_guest::engine::{begin, finish, fingerprint, inspect, prune, reconcile, resolve, sweep};
+use once_guest::engine::{begin, fingerprint, finish, inspect, prune, reconcile, resolve, sweep};
 use once_guest::host::Host;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
@@ -40,7 +40,9 @@ fn policy() -> ToolPolicy {
 fn req(scope: &str, key: Option<&str>, tool: &str, args: &str, policy: ToolPolicy) -> BeginRequest {
     BeginRequest {
         scope: scope.to_string(),
-        keys: key.map(|k| vec![("api".to_string(), k.to_string())]).unwrap_or_default(),
+        keys: key
+            .map(|k| vec![("api".to_string(), k.to_string())])
+            .unwrap_or_default(),
         tool: tool.to_string(),
         args: args.to_string(),
         policy,
@@ -110,7 +112,9 @@ fn ambiguous() -> Outcome {
 
 /// The record, with its audit trail checked (see [`check_audit`]).
 fn view_in(h: &MemoryHost, scope: &str, key: &str) -> RecordView {
-    let v = inspect(h, scope, key).expect("inspect").unwrap_or_else(|| panic!("no record {scope}/{key}"));
+    let v = inspect(h, scope, key)
+        .expect("inspect")
+        .unwrap_or_else(|| panic!("no record {scope}/{key}"));
     check_audit(&v);
     v
 }
@@ -133,7 +137,11 @@ fn body(v: &RecordView) -> serde_json::Value {
 fn check_audit(v: &RecordView) {
     let versions: Vec<u64> = v.audit.iter().map(|e| e.version).collect();
     let expected: Vec<u64> = (1..=v.version).collect();
-    assert_eq!(versions, expected, "audit versions of {}/{} are not 1..=version", v.scope, v.key);
+    assert_eq!(
+        versions, expected,
+        "audit versions of {}/{} are not 1..=version",
+        v.scope, v.key
+    );
     for pair in v.audit.windows(2) {
         assert_eq!(
             pair[1].from_state, pair[0].to_state,
@@ -144,7 +152,11 @@ fn check_audit(v: &RecordView) {
     }
     let first = v.audit.first().expect("a record has at least one event");
     assert_eq!(first.from_state, None, "the first event creates the record");
-    assert_eq!(v.audit.last().unwrap().to_state, Some(v.state), "last event does not match the record state");
+    assert_eq!(
+        v.audit.last().unwrap().to_state,
+        Some(v.state),
+        "last event does not match the record state"
+    );
     for e in &v.audit {
         assert_eq!((e.scope.as_str(), e.key.as_str()), (v.scope.as_str(), v.key.as_str()));
         serde_json::from_str::<serde_json::Value>(&e.detail).expect("audit detail is JSON");
@@ -161,7 +173,11 @@ struct Tracker {
 
 impl Tracker {
     fn new(scope: &str, key: &str) -> Self {
-        Tracker { scope: scope.to_string(), key: key.to_string(), version: 0 }
+        Tracker {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            version: 0,
+        }
     }
 
     /// Asserts the number of writes since the last look, returns the record.
@@ -194,7 +210,13 @@ fn quota_policy(ceiling: &str) -> ToolPolicy {
 }
 
 fn pay(key: &str, amount: &str, policy: &ToolPolicy) -> BeginRequest {
-    req("s", Some(key), "pay", &format!(r#"{{"amount":{amount},"to":"acct-9"}}"#), policy.clone())
+    req(
+        "s",
+        Some(key),
+        "pay",
+        &format!(r#"{{"amount":{amount},"to":"acct-9"}}"#),
+        policy.clone(),
+    )
 }
 
 /// Sum of `used` over every quota bucket row, in minor units.
@@ -251,7 +273,10 @@ fn new_key_executes_confirms_then_replays() {
     assert_eq!(e.attempt, 1);
     assert!(!e.fence.is_empty());
     assert!(!e.provider_key.is_empty());
-    assert_ne!(e.provider_key, "k1", "the provider key is derived, not the raw operation key");
+    assert_ne!(
+        e.provider_key, "k1",
+        "the provider key is derived, not the raw operation key"
+    );
     assert_eq!(e.lease_until, T0 + LEASE);
     assert!(e.send_by <= e.lease_until);
     assert_eq!(e.key, "k1");
@@ -271,7 +296,10 @@ fn new_key_executes_confirms_then_replays() {
     assert_eq!(row.state, Some(State::InFlight));
 
     h.advance(500);
-    assert_eq!(fin(&h, "k1", &e.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "k1", &e.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
     let v = t.step(&h, 1);
     assert_eq!(v.state, State::Confirmed);
     assert_eq!(v.receipt.as_deref(), Some(RECEIPT));
@@ -284,7 +312,11 @@ fn new_key_executes_confirms_then_replays() {
         assert!(r.replayed);
         assert_eq!(r.via, ReplayVia::Key);
         assert_eq!(r.key, "k1");
-        assert_eq!(r.receipt.as_bytes(), RECEIPT.as_bytes(), "replay must be byte-for-byte the stored receipt");
+        assert_eq!(
+            r.receipt.as_bytes(),
+            RECEIPT.as_bytes(),
+            "replay must be byte-for-byte the stored receipt"
+        );
         let v = t.step(&h, 1);
         assert_eq!(v.state, State::Confirmed);
         assert_eq!(v.attempts, 1, "a replay is not an attempt");
@@ -294,7 +326,10 @@ fn new_key_executes_confirms_then_replays() {
     // The same operation written differently (key order, whitespace) is the same operation.
     let r = replay_of(go(&h, refund("k1", r#"{ "amount" : 200, "order" : 1234 }"#)));
     assert_eq!(r.receipt, RECEIPT);
-    assert_eq!(kinds(&view(&h, "k1")), ["begin", "finish-success", "replay", "replay", "replay"]);
+    assert_eq!(
+        kinds(&view(&h, "k1")),
+        ["begin", "finish-success", "replay", "replay", "replay"]
+    );
 }
 
 /// A receipt that is not canonical is stored canonically, and every replay
@@ -303,7 +338,12 @@ fn new_key_executes_confirms_then_replays() {
 fn receipts_are_stored_canonically_and_replayed_verbatim() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k1", ARGS)));
-    fin(&h, "k1", &e.fence, success(r#"{ "status" : "done", "refund_id" : "r-1" }"#));
+    fin(
+        &h,
+        "k1",
+        &e.fence,
+        success(r#"{ "status" : "done", "refund_id" : "r-1" }"#),
+    );
     let stored = view(&h, "k1").receipt.unwrap();
     assert_eq!(stored, RECEIPT);
     assert_eq!(replay_of(go(&h, refund("k1", ARGS))).receipt, stored);
@@ -322,7 +362,9 @@ fn conflict_on_changed_args_or_tool() {
     assert_eq!(before.fingerprint, fingerprint(&h, "refund", ARGS).unwrap());
 
     let changed = r#"{"order":1234,"amount":2000}"#;
-    let Decision::Conflict(s) = go(&h, refund("k1", changed)) else { panic!("expected conflict") };
+    let Decision::Conflict(s) = go(&h, refund("k1", changed)) else {
+        panic!("expected conflict")
+    };
     assert_eq!(s.key, "k1");
     assert_eq!(s.tool, "refund");
     assert_eq!(s.fingerprint, before.fingerprint);
@@ -355,11 +397,16 @@ fn conflict_on_changed_args_or_tool() {
 fn conflict_while_in_flight_leaves_the_attempt_alone() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k1", ARGS)));
-    let Decision::Conflict(s) = go(&h, refund("k1", r#"{"order":1,"amount":200}"#)) else { panic!("expected conflict") };
+    let Decision::Conflict(s) = go(&h, refund("k1", r#"{"order":1,"amount":200}"#)) else {
+        panic!("expected conflict")
+    };
     assert_eq!(s.state, State::InFlight);
     let v = view(&h, "k1");
     assert_eq!((v.state, v.attempts, v.conflicts), (State::InFlight, 1, 1));
-    assert_eq!(fin(&h, "k1", &e.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "k1", &e.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
 }
 
 // ---------------------------------------------------------------- identity
@@ -367,7 +414,10 @@ fn conflict_while_in_flight_leaves_the_attempt_alone() {
 #[test]
 fn identity_required_without_key_is_blocked_and_writes_nothing() {
     let h = MemoryHost::new();
-    blocked_of(go(&h, req("s", None, "refund", ARGS, policy())), BlockReason::IdentityRequired);
+    blocked_of(
+        go(&h, req("s", None, "refund", ARGS, policy())),
+        BlockReason::IdentityRequired,
+    );
     assert_nothing_written(&h);
 }
 
@@ -382,7 +432,10 @@ fn identity_derived_keys_and_replays_via_derived_args() {
     assert_eq!(v.key_source, KeySource::Derived);
     fin(&h, &e.key, &e.fence, success(RECEIPT));
 
-    let r = replay_of(go(&h, req("s", None, "refund", r#"{"amount":200, "order":1234}"#, p.clone())));
+    let r = replay_of(go(
+        &h,
+        req("s", None, "refund", r#"{"amount":200, "order":1234}"#, p.clone()),
+    ));
     assert_eq!(r.via, ReplayVia::DerivedArgs);
     assert_eq!(r.key, e.key);
     assert_eq!(r.receipt, RECEIPT);
@@ -397,7 +450,10 @@ fn identity_derived_keys_and_replays_via_derived_args() {
 fn disagreeing_carriers_are_an_identity_conflict() {
     let h = MemoryHost::new();
     let mut r = refund("k1", ARGS);
-    r.keys = vec![("api".to_string(), "k1".to_string()), ("mcp-meta".to_string(), "k2".to_string())];
+    r.keys = vec![
+        ("api".to_string(), "k1".to_string()),
+        ("mcp-meta".to_string(), "k2".to_string()),
+    ];
     blocked_of(go(&h, r.clone()), BlockReason::IdentityConflict);
     let mut derived = policy();
     derived.identity = IdentityMode::Derived;
@@ -405,7 +461,10 @@ fn disagreeing_carriers_are_an_identity_conflict() {
     assert_nothing_written(&h);
 
     // Carriers that agree are one key.
-    r.keys = vec![("api".to_string(), "k1".to_string()), ("mcp-meta".to_string(), "k1".to_string())];
+    r.keys = vec![
+        ("api".to_string(), "k1".to_string()),
+        ("mcp-meta".to_string(), "k1".to_string()),
+    ];
     assert_eq!(execute_of(go(&h, r)).key, "k1");
 }
 
@@ -440,16 +499,31 @@ fn key_argument_is_excluded_from_the_fingerprint_and_overwritten() {
     assert_eq!(dispatched["idempotencyKey"], e.provider_key.as_str());
     fin(&h, &e.key, &e.fence, success(RECEIPT2));
     let r = replay_of(go(&h, req("s", None, "charge", c2, p)));
-    assert_eq!((r.via, r.key.as_str(), r.receipt.as_str()), (ReplayVia::DerivedArgs, e.key.as_str(), RECEIPT2));
+    assert_eq!(
+        (r.via, r.key.as_str(), r.receipt.as_str()),
+        (ReplayVia::DerivedArgs, e.key.as_str(), RECEIPT2)
+    );
 
     // A configured key argument.
     let mut p = policy();
     p.key_argument = Some("request_token".to_string());
-    let e = execute_of(go(&h, req("s", Some("k3"), "charge", r#"{"amount":1,"request_token":"t-1"}"#, p.clone())));
+    let e = execute_of(go(
+        &h,
+        req(
+            "s",
+            Some("k3"),
+            "charge",
+            r#"{"amount":1,"request_token":"t-1"}"#,
+            p.clone(),
+        ),
+    ));
     let dispatched: serde_json::Value = serde_json::from_str(&e.args).unwrap();
     assert_eq!(dispatched["request_token"], e.provider_key.as_str());
     fin(&h, "k3", &e.fence, success(RECEIPT));
-    replay_of(go(&h, req("s", Some("k3"), "charge", r#"{"amount":1,"request_token":"t-2"}"#, p)));
+    replay_of(go(
+        &h,
+        req("s", Some("k3"), "charge", r#"{"amount":1,"request_token":"t-2"}"#, p),
+    ));
 }
 
 #[test]
@@ -461,13 +535,22 @@ fn effect_fields_bound_the_fingerprint_and_are_required() {
     let e = execute_of(go(&h, call("k1", r#"{"order":1,"amount":5,"note":"first"}"#)));
     fin(&h, "k1", &e.fence, success(RECEIPT));
     // A non-effect field changed: the same operation.
-    assert_eq!(replay_of(go(&h, call("k1", r#"{"order":1,"amount":5,"note":"second"}"#))).receipt, RECEIPT);
+    assert_eq!(
+        replay_of(go(&h, call("k1", r#"{"order":1,"amount":5,"note":"second"}"#))).receipt,
+        RECEIPT
+    );
     // An effect field changed: a conflict.
-    assert!(matches!(go(&h, call("k1", r#"{"order":1,"amount":6,"note":"first"}"#)), Decision::Conflict(_)));
+    assert!(matches!(
+        go(&h, call("k1", r#"{"order":1,"amount":6,"note":"first"}"#)),
+        Decision::Conflict(_)
+    ));
 
     let rows = h.rows();
     let events = h.event_count();
-    blocked_of(go(&h, call("k2", r#"{"order":1,"note":"no amount"}"#)), BlockReason::PayloadRequired);
+    blocked_of(
+        go(&h, call("k2", r#"{"order":1,"note":"no amount"}"#)),
+        BlockReason::PayloadRequired,
+    );
     assert_eq!(h.rows(), rows, "a payload-required call writes nothing");
     assert_eq!(h.event_count(), events);
     assert!(inspect(&h, "s", "k2").unwrap().is_none());
@@ -503,10 +586,20 @@ fn scopes_are_isolated() {
     assert!(inspect(&h, "B", "k").unwrap().is_none());
     assert_eq!(reconcile(&h, "B", "u"), Err(Error::NotFound));
     assert_eq!(
-        resolve(&h, "B", "u", Resolution::Confirmed(RECEIPT.to_string()), "operator note", true),
+        resolve(
+            &h,
+            "B",
+            "u",
+            Resolution::Confirmed(RECEIPT.to_string()),
+            "operator note",
+            true
+        ),
         Err(Error::NotFound)
     );
-    assert_eq!(resolve(&h, "B", "u", Resolution::Absent, "operator note", true), Err(Error::NotFound));
+    assert_eq!(
+        resolve(&h, "B", "u", Resolution::Absent, "operator note", true),
+        Err(Error::NotFound)
+    );
     assert_eq!(finish(&h, "B", "k", &ea.fence, success(RECEIPT2)), Err(Error::NotFound));
     assert!(h.lookups().is_empty(), "no lookup for another scope's record");
 
@@ -515,7 +608,10 @@ fn scopes_are_isolated() {
     blocked_of(go(&h, sup), BlockReason::SupersedesMissing);
 
     // Same key, other args, other scope: a new operation (no conflict, no replay).
-    let eb = execute_of(go(&h, req("B", Some("k"), "refund", r#"{"order":9,"amount":1}"#, policy())));
+    let eb = execute_of(go(
+        &h,
+        req("B", Some("k"), "refund", r#"{"order":9,"amount":1}"#, policy()),
+    ));
     assert_eq!(eb.attempt, 1);
     assert_ne!(eb.provider_key, ea.provider_key);
     // Same key, same args, other scope: still a new operation.
@@ -549,14 +645,23 @@ fn stale_fences_cannot_claim_failure_or_ambiguity() {
     let after = t.step(&h, 0);
     assert_eq!(after.body, v.body, "a stale fence changed nothing");
 
-    assert_eq!(fin(&h, "k", &e2.fence, ambiguous()), FinishAck::Recorded(State::Unknown));
+    assert_eq!(
+        fin(&h, "k", &e2.fence, ambiguous()),
+        FinishAck::Recorded(State::Unknown)
+    );
     t.step(&h, 1);
     for outcome in [rejected(), ambiguous(), Outcome::NotSent] {
         assert_eq!(fin(&h, "k", &e1.fence, outcome), FinishAck::Ignored(State::Unknown));
     }
     t.step(&h, 0);
-    assert_eq!(finish(&h, "s", "k", "no-such-fence", rejected()), Err(Error::FenceMismatch));
-    assert_eq!(finish(&h, "s", "k", "no-such-fence", success(RECEIPT)), Err(Error::FenceMismatch));
+    assert_eq!(
+        finish(&h, "s", "k", "no-such-fence", rejected()),
+        Err(Error::FenceMismatch)
+    );
+    assert_eq!(
+        finish(&h, "s", "k", "no-such-fence", success(RECEIPT)),
+        Err(Error::FenceMismatch)
+    );
     assert_eq!(finish(&h, "s", "nobody", &e1.fence, rejected()), Err(Error::NotFound));
     assert_eq!(t.step(&h, 0).state, State::Unknown);
 }
@@ -571,7 +676,10 @@ fn old_success_confirms_unknown_failed_and_absent() {
     fin(&h, "u", &e1.fence, rejected());
     let e2 = execute_of(go(&h, refund("u", ARGS)));
     fin(&h, "u", &e2.fence, ambiguous());
-    assert_eq!(fin(&h, "u", &e1.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "u", &e1.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
     let v = view(&h, "u");
     assert_eq!((v.state, v.receipt.as_deref()), (State::Confirmed, Some(RECEIPT)));
     assert_eq!(v.audit.last().unwrap().attempt, Some(1));
@@ -584,7 +692,10 @@ fn old_success_confirms_unknown_failed_and_absent() {
     let e2 = execute_of(reconcile(&h, "s", "f").unwrap());
     assert_eq!(e2.attempt, 2);
     assert_eq!(fin(&h, "f", &e2.fence, rejected()), FinishAck::Recorded(State::Failed));
-    assert_eq!(fin(&h, "f", &e1.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "f", &e1.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
     assert_eq!(view(&h, "f").receipt.as_deref(), Some(RECEIPT));
 
     // absent: attempt 1 expired and proven absent by a sweep; its success arrives before the redispatch.
@@ -594,7 +705,10 @@ fn old_success_confirms_unknown_failed_and_absent() {
     let report = sweep(&h, 10).unwrap();
     assert_eq!(report.owed, [("s".to_string(), "a".to_string())]);
     assert_eq!(view(&h, "a").state, State::Absent);
-    assert_eq!(fin(&h, "a", &e1.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "a", &e1.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
     assert_eq!(view(&h, "a").attempts, 1);
     assert_eq!(replay_of(go(&h, refund("a", ARGS))).receipt, RECEIPT);
     assert!(h.escalations().is_empty());
@@ -613,7 +727,10 @@ fn old_success_during_newer_attempt_is_a_possible_duplicate() {
     assert_eq!(e2.attempt, 2);
     t.step(&h, 4); // lease-expired, reconciled-absent, owed-dispatch
     h.advance(100);
-    assert_eq!(fin(&h, "k", &e1.fence, success(RECEIPT)), FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        fin(&h, "k", &e1.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
     let v = t.step(&h, 2); // the confirmation (with the mark) + the acknowledgement
     assert_eq!(v.state, State::Confirmed);
     assert!(v.possible_duplicate);
@@ -621,11 +738,17 @@ fn old_success_during_newer_attempt_is_a_possible_duplicate() {
     let esc = h.escalations();
     assert_eq!(esc.len(), 1);
     assert_eq!(esc[0].reason, "possible-duplicate");
-    assert_eq!((esc[0].scope.as_str(), esc[0].key.as_str(), esc[0].tool.as_str()), ("s", "k", "refund"));
+    assert_eq!(
+        (esc[0].scope.as_str(), esc[0].key.as_str(), esc[0].tool.as_str()),
+        ("s", "k", "refund")
+    );
     assert!(kinds(&v).contains(&"late-success-possible-duplicate"));
 
     // The newer attempt's own success changes nothing: the receipt never changes.
-    assert_eq!(fin(&h, "k", &e2.fence, success(RECEIPT2)), FinishAck::Ignored(State::Confirmed));
+    assert_eq!(
+        fin(&h, "k", &e2.fence, success(RECEIPT2)),
+        FinishAck::Ignored(State::Confirmed)
+    );
     assert_eq!(t.step(&h, 0).receipt.as_deref(), Some(RECEIPT));
     h.advance(10 * SECOND);
     sweep(&h, 10).unwrap();
@@ -644,7 +767,9 @@ fn lease_expiry_on_begin_gives_unknown_and_no_dispatch() {
     let e = execute_of(go(&h, refund("k", ARGS)));
     t.step(&h, 1);
     h.advance(LEASE - 1);
-    let Decision::InFlight(info) = go(&h, refund("k", ARGS)) else { panic!("expected in_flight") };
+    let Decision::InFlight(info) = go(&h, refund("k", ARGS)) else {
+        panic!("expected in_flight")
+    };
     assert_eq!(info.lease_until, e.lease_until);
     t.step(&h, 0);
     h.advance(1);
@@ -667,9 +792,14 @@ fn lease_expiry_on_reconcile() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k", ARGS)));
     h.advance(LEASE / 2);
-    let Decision::InFlight(info) = reconcile(&h, "s", "k").unwrap() else { panic!("expected in_flight") };
+    let Decision::InFlight(info) = reconcile(&h, "s", "k").unwrap() else {
+        panic!("expected in_flight")
+    };
     assert_eq!(info.lease_until, e.lease_until);
-    assert!(h.lookups().is_empty(), "reconcile on a live lease does not read the provider");
+    assert!(
+        h.lookups().is_empty(),
+        "reconcile on a live lease does not read the provider"
+    );
     assert_eq!(view(&h, "k").version, 1);
     h.advance(LEASE);
     // Default script: unknown evidence.
@@ -707,13 +837,24 @@ fn ambiguous_is_unknown_and_reconcile_confirms_via_provider() {
     let v = view(&h, "k");
     assert_eq!(v.state, State::Unknown);
     unknown_of(go(&h, refund("k", ARGS)));
-    h.script_lookup(Evidence::Confirmed(r#"{ "refund_id" : "r-1", "status" : "done" }"#.to_string()));
+    h.script_lookup(Evidence::Confirmed(
+        r#"{ "refund_id" : "r-1", "status" : "done" }"#.to_string(),
+    ));
     let r = replay_of(reconcile(&h, "s", "k").unwrap());
-    assert_eq!((r.via, r.receipt.as_str(), r.replayed), (ReplayVia::Provider, RECEIPT, true));
+    assert_eq!(
+        (r.via, r.receipt.as_str(), r.replayed),
+        (ReplayVia::Provider, RECEIPT, true)
+    );
     let lookups = h.lookups();
-    assert_eq!(lookups, [("refund".to_string(), e.provider_key.clone(), e.args.clone())]);
+    assert_eq!(
+        lookups,
+        [("refund".to_string(), e.provider_key.clone(), e.args.clone())]
+    );
     let v = view(&h, "k");
-    assert_eq!((v.state, v.receipt.as_deref(), v.attempts), (State::Confirmed, Some(RECEIPT), 1));
+    assert_eq!(
+        (v.state, v.receipt.as_deref(), v.attempts),
+        (State::Confirmed, Some(RECEIPT), 1)
+    );
     let r = replay_of(go(&h, refund("k", ARGS)));
     assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, RECEIPT));
 }
@@ -734,7 +875,11 @@ fn absent_evidence_respects_last_dispatch_and_max_in_flight() {
         h.script_lookup(Evidence::Absent(rp));
         unknown_of(reconcile(&h, "s", "k").unwrap());
         let v = t.step(&h, 1);
-        assert_eq!(v.state, State::Unknown, "absent at {rp} is not after the last dispatch {last_dispatch}");
+        assert_eq!(
+            v.state,
+            State::Unknown,
+            "absent at {rp} is not after the last dispatch {last_dispatch}"
+        );
     }
 
     h.advance(10);
@@ -742,7 +887,9 @@ fn absent_evidence_respects_last_dispatch_and_max_in_flight() {
     unknown_of(reconcile(&h, "s", "k").unwrap());
     let v = t.step(&h, 1);
     assert_eq!(v.state, State::Unknown, "an earlier request may still commit");
-    let next_check = body(&v)["next_check"].as_u64().expect("the record says when to read again");
+    let next_check = body(&v)["next_check"]
+        .as_u64()
+        .expect("the record says when to read again");
     assert!(next_check > settled, "next read {next_check} must be after {settled}");
     let detail: serde_json::Value = serde_json::from_str(&v.audit.last().unwrap().detail).unwrap();
     assert_eq!(detail["next_check"].as_u64(), Some(next_check));
@@ -762,12 +909,33 @@ fn absent_evidence_respects_last_dispatch_and_max_in_flight() {
     h.script_lookup(Evidence::Absent(settled + 1));
     let e2 = execute_of(reconcile(&h, "s", "k").unwrap());
     assert_eq!(e2.attempt, 2);
-    assert_eq!(e2.provider_key, e1.provider_key, "the owed dispatch uses the same provider key");
+    assert_eq!(
+        e2.provider_key, e1.provider_key,
+        "the owed dispatch uses the same provider key"
+    );
     assert_eq!(e2.args, e1.args, "the owed dispatch uses the stored args");
     assert_ne!(e2.fence, e1.fence);
     let v = t.step(&h, 2);
     assert_eq!((v.state, v.attempts), (State::InFlight, 2));
     assert_eq!(kinds(&v)[kinds(&v).len() - 2..], ["reconciled-absent", "owed-dispatch"]);
+}
+
+/// A read position is at or before the moment the lookup was sent: one in
+/// the future cannot prove that no earlier request will still commit.
+#[test]
+fn absent_read_position_in_the_future_cannot_skip_max_in_flight() {
+    let h = MemoryHost::new();
+    unknown_record(&h, "k", policy());
+    h.advance(10);
+    h.script_lookup(Evidence::Absent(h.now() + 3_600 * SECOND));
+    unknown_of(reconcile(&h, "s", "k").unwrap());
+    let v = view(&h, "k");
+    assert_eq!((v.state, v.attempts), (State::Unknown, 1));
+    assert!(body(&v)["next_check"].as_u64().unwrap() > T0 + SECOND + MAX_IN_FLIGHT);
+    // Once the time has really passed, the same answer settles it.
+    h.advance(MAX_IN_FLIGHT);
+    h.script_lookup(Evidence::Absent(h.now() + 3_600 * SECOND));
+    assert_eq!(execute_of(reconcile(&h, "s", "k").unwrap()).attempt, 2);
 }
 
 /// When the lease ended without a finish, the last dispatch is the lease end.
@@ -792,9 +960,13 @@ fn provider_claims_key_makes_absent_immediate() {
     let mut p = policy();
     p.provider_claims_key = true;
     let e1 = unknown_record(&h, "k", p);
+    h.advance(1);
     h.script_lookup(Evidence::Absent(T0 + SECOND + 1));
     let e2 = execute_of(reconcile(&h, "s", "k").unwrap());
-    assert_eq!((e2.attempt, e2.provider_key.as_str(), e2.args.as_str()), (2, e1.provider_key.as_str(), e1.args.as_str()));
+    assert_eq!(
+        (e2.attempt, e2.provider_key.as_str(), e2.args.as_str()),
+        (2, e1.provider_key.as_str(), e1.args.as_str())
+    );
 }
 
 /// absent: a dispatch is owed, taken by the next begin or reconcile.
@@ -811,15 +983,24 @@ fn absent_owes_a_dispatch_to_begin_or_reconcile() {
     assert_eq!(report.reconciled, 2);
     let mut owed = report.owed.clone();
     owed.sort();
-    assert_eq!(owed, [("s".to_string(), "k1".to_string()), ("s".to_string(), "k2".to_string())]);
+    assert_eq!(
+        owed,
+        [("s".to_string(), "k1".to_string()), ("s".to_string(), "k2".to_string())]
+    );
     for k in ["k1", "k2"] {
         let v = view(&h, k);
         assert_eq!((v.state, v.attempts), (State::Absent, 1));
     }
     let e2 = execute_of(go(&h, refund("k1", ARGS)));
-    assert_eq!((e2.attempt, e2.provider_key.as_str(), e2.args.as_str()), (2, e1.provider_key.as_str(), e1.args.as_str()));
+    assert_eq!(
+        (e2.attempt, e2.provider_key.as_str(), e2.args.as_str()),
+        (2, e1.provider_key.as_str(), e1.args.as_str())
+    );
     let f2 = execute_of(reconcile(&h, "s", "k2").unwrap());
-    assert_eq!((f2.attempt, f2.provider_key.as_str(), f2.args.as_str()), (2, f1.provider_key.as_str(), f1.args.as_str()));
+    assert_eq!(
+        (f2.attempt, f2.provider_key.as_str(), f2.args.as_str()),
+        (2, f1.provider_key.as_str(), f1.args.as_str())
+    );
     assert_eq!(view(&h, "k1").audit.last().unwrap().kind, "owed-dispatch");
 }
 
@@ -833,9 +1014,15 @@ fn failed_retries_with_the_same_key_within_the_budget() {
     assert_eq!(v.state, State::Failed);
     assert!(v.error.is_some());
     let e2 = execute_of(go(&h, refund("k", ARGS)));
-    assert_eq!((e2.attempt, e2.provider_key.as_str(), e2.args.as_str()), (2, e1.provider_key.as_str(), e1.args.as_str()));
+    assert_eq!(
+        (e2.attempt, e2.provider_key.as_str(), e2.args.as_str()),
+        (2, e1.provider_key.as_str(), e1.args.as_str())
+    );
     // not_sent ends the attempt as failed, and still counts against the budget.
-    assert_eq!(fin(&h, "k", &e2.fence, Outcome::NotSent), FinishAck::Recorded(State::Failed));
+    assert_eq!(
+        fin(&h, "k", &e2.fence, Outcome::NotSent),
+        FinishAck::Recorded(State::Failed)
+    );
     let e3 = execute_of(go(&h, refund("k", ARGS)));
     assert_eq!(e3.attempt, 3);
     fin(&h, "k", &e3.fence, rejected());
@@ -850,7 +1037,10 @@ fn not_sent_and_expired_attempts_spend_the_budget() {
     let h = MemoryHost::new();
     for _ in 0..3 {
         let e = execute_of(go(&h, refund("ns", ARGS)));
-        assert_eq!(fin(&h, "ns", &e.fence, Outcome::NotSent), FinishAck::Recorded(State::Failed));
+        assert_eq!(
+            fin(&h, "ns", &e.fence, Outcome::NotSent),
+            FinishAck::Recorded(State::Failed)
+        );
     }
     blocked_of(go(&h, refund("ns", ARGS)), BlockReason::AttemptBudget);
     assert_eq!(view(&h, "ns").attempts, 3);
@@ -888,8 +1078,14 @@ fn deadline_escalates_exactly_once_when_acknowledged() {
     assert_eq!(report.escalated, 1);
     let esc = h.escalations();
     assert_eq!(esc.len(), 1);
-    assert_eq!((esc[0].scope.as_str(), esc[0].key.as_str(), esc[0].tool.as_str()), ("s", "k", "refund"));
-    assert_eq!((esc[0].state, esc[0].reason.as_str(), esc[0].deadline), (State::Unknown, "deadline", deadline));
+    assert_eq!(
+        (esc[0].scope.as_str(), esc[0].key.as_str(), esc[0].tool.as_str()),
+        ("s", "k", "refund")
+    );
+    assert_eq!(
+        (esc[0].state, esc[0].reason.as_str(), esc[0].deadline),
+        (State::Unknown, "deadline", deadline)
+    );
     let v = view(&h, "k");
     assert!(v.escalated);
     assert_eq!(v.state, State::Unknown, "escalated is a flag, not a state");
@@ -959,8 +1155,14 @@ fn unacknowledged_possible_duplicate_is_redelivered() {
     h.advance(10 * SECOND);
     sweep(&h, 10).unwrap();
     let esc = h.escalations();
-    assert!(esc.len() >= 2, "sweep must re-deliver an unacknowledged possible-duplicate escalation");
-    assert!(esc.iter().all(|e| e.id == esc[0].id && e.reason == "possible-duplicate"));
+    assert!(
+        esc.len() >= 2,
+        "sweep must re-deliver an unacknowledged possible-duplicate escalation"
+    );
+    assert!(
+        esc.iter()
+            .all(|e| e.id == esc[0].id && e.reason == "possible-duplicate")
+    );
     h.set_ack_escalations(true);
     h.advance(10 * SECOND);
     sweep(&h, 10).unwrap();
@@ -1003,7 +1205,10 @@ fn prune_never_removes_open_records() {
     execute_of(go(&h, refund("in-flight", ARGS)));
     unknown_record(&h, "unknown", policy());
     let before: Vec<RecordView> = ["absent", "in-flight", "unknown"].iter().map(|k| view(&h, k)).collect();
-    assert_eq!(before.iter().map(|v| v.state).collect::<Vec<_>>(), [State::Absent, State::InFlight, State::Unknown]);
+    assert_eq!(
+        before.iter().map(|v| v.state).collect::<Vec<_>>(),
+        [State::Absent, State::InFlight, State::Unknown]
+    );
     h.advance(400 * DAY);
     let report = prune(&h, 100).unwrap();
     assert_eq!(report.pruned, 0);
@@ -1023,7 +1228,14 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
     unknown_record(&h, "late", policy());
     h.advance(3 * DAY);
     assert_eq!(
-        resolve(&h, "s", "late", Resolution::Confirmed(RECEIPT.to_string()), "bank statement", false),
+        resolve(
+            &h,
+            "s",
+            "late",
+            Resolution::Confirmed(RECEIPT.to_string()),
+            "bank statement",
+            false
+        ),
         Ok(State::Confirmed)
     );
     let late_at = h.now();
@@ -1035,10 +1247,17 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
     assert_eq!(prune(&h, 100).unwrap().pruned, 2);
     assert!(inspect(&h, "s", "confirmed").unwrap().is_none());
     assert!(inspect(&h, "s", "failed").unwrap().is_none());
-    assert_eq!(view(&h, "late").state, State::Confirmed, "retention counts from the last transition");
+    assert_eq!(
+        view(&h, "late").state,
+        State::Confirmed,
+        "retention counts from the last transition"
+    );
     let trail = h.audit("s", "confirmed").unwrap();
     let pruned = trail.last().unwrap();
-    assert_eq!((pruned.kind.as_str(), pruned.version, pruned.to_state), ("pruned", last_version + 1, None));
+    assert_eq!(
+        (pruned.kind.as_str(), pruned.version, pruned.to_state),
+        ("pruned", last_version + 1, None)
+    );
     assert_eq!(h.rows().iter().filter(|r| r.table == Table::Tombstone).count(), 2);
 
     h.advance(late_at + RETENTION - h.now());
@@ -1048,7 +1267,10 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
     // A tombstoned key is expired, never silently a new operation.
     let events = h.event_count();
     blocked_of(go(&h, refund("confirmed", ARGS)), BlockReason::Expired);
-    blocked_of(go(&h, refund("confirmed", r#"{"order":1,"amount":1}"#)), BlockReason::Expired);
+    blocked_of(
+        go(&h, refund("confirmed", r#"{"order":1,"amount":1}"#)),
+        BlockReason::Expired,
+    );
     blocked_of(go(&h, refund("failed", ARGS)), BlockReason::Expired);
     assert_eq!(operation_rows(&h), 0);
     assert_eq!(h.event_count(), events);
@@ -1062,7 +1284,10 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
     assert_eq!(h.lookups().last().unwrap().1, c.provider_key);
     // ... and evidence that does not confirm stays expired.
     h.script_lookup(Evidence::Unknown("down".to_string()));
-    blocked_of(go(&h, with_policy(refund("confirmed", ARGS), vf.clone())), BlockReason::Expired);
+    blocked_of(
+        go(&h, with_policy(refund("confirmed", ARGS), vf.clone())),
+        BlockReason::Expired,
+    );
     h.script_lookup(Evidence::Absent(h.now()));
     blocked_of(go(&h, with_policy(refund("confirmed", ARGS), vf)), BlockReason::Expired);
     assert_eq!(operation_rows(&h), 0);
@@ -1081,12 +1306,21 @@ fn verify_first_confirmed_on_a_new_key_replays_without_dispatch() {
     let h = MemoryHost::new();
     h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
-    assert_eq!((r.via, r.receipt.as_str(), r.replayed), (ReplayVia::Provider, RECEIPT, true));
+    assert_eq!(
+        (r.via, r.receipt.as_str(), r.replayed),
+        (ReplayVia::Provider, RECEIPT, true)
+    );
     let lookups = h.lookups();
     assert_eq!(lookups.len(), 1);
     let v = view(&h, "k");
-    assert_eq!(lookups[0], ("refund".to_string(), v.provider_key.clone(), v.args.clone()));
-    assert_eq!((v.state, v.attempts, v.receipt.as_deref()), (State::Confirmed, 0, Some(RECEIPT)));
+    assert_eq!(
+        lookups[0],
+        ("refund".to_string(), v.provider_key.clone(), v.args.clone())
+    );
+    assert_eq!(
+        (v.state, v.attempts, v.receipt.as_deref()),
+        (State::Confirmed, 0, Some(RECEIPT))
+    );
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
     assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, RECEIPT));
     assert_eq!(h.lookups().len(), 1, "a key the ledger knows is not looked up again");
@@ -1103,7 +1337,10 @@ fn verify_first_after_a_lost_ledger_replays() {
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
     assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Provider, RECEIPT));
     let last = h.lookups().last().cloned().unwrap();
-    assert_eq!((last.1.as_str(), last.2.as_str()), (e.provider_key.as_str(), e.args.as_str()));
+    assert_eq!(
+        (last.1.as_str(), last.2.as_str()),
+        (e.provider_key.as_str(), e.args.as_str())
+    );
     assert_eq!(view(&h, "k").attempts, 0, "no second dispatch");
 }
 
@@ -1111,12 +1348,21 @@ fn verify_first_after_a_lost_ledger_replays() {
 fn verify_first_without_proof_is_unverified() {
     let h = MemoryHost::new();
     h.script_lookup(Evidence::Unknown("timeout".to_string()));
-    blocked_of(go(&h, with_policy(refund("k", ARGS), verify_first())), BlockReason::Unverified);
+    blocked_of(
+        go(&h, with_policy(refund("k", ARGS), verify_first())),
+        BlockReason::Unverified,
+    );
     h.script_lookup(Evidence::Absent(h.now() - 1));
-    blocked_of(go(&h, with_policy(refund("k", ARGS), verify_first())), BlockReason::Unverified);
+    blocked_of(
+        go(&h, with_policy(refund("k", ARGS), verify_first())),
+        BlockReason::Unverified,
+    );
     assert_nothing_written(&h);
     h.script_lookup(Evidence::Absent(h.now()));
-    assert_eq!(execute_of(go(&h, with_policy(refund("k", ARGS), verify_first()))).attempt, 1);
+    assert_eq!(
+        execute_of(go(&h, with_policy(refund("k", ARGS), verify_first()))).attempt,
+        1
+    );
 }
 
 // ---------------------------------------------------------------- quotas
@@ -1168,7 +1414,10 @@ fn rejected_call_releases_its_reservation_once() {
     assert_eq!(quota_used(&h), 50_000);
     // A stale finish must not release a second time.
     assert_eq!(fin(&h, "a", &e1.fence, rejected()), FinishAck::Ignored(State::InFlight));
-    assert_eq!(fin(&h, "a", &e1.fence, Outcome::NotSent), FinishAck::Ignored(State::InFlight));
+    assert_eq!(
+        fin(&h, "a", &e1.fence, Outcome::NotSent),
+        FinishAck::Ignored(State::InFlight)
+    );
     assert_eq!(quota_used(&h), 50_000);
     blocked_of(go(&h, pay("x", "0.01", &p)), BlockReason::Quota);
     // A repeated finish of the current attempt must not release twice either.
@@ -1244,6 +1493,47 @@ fn superseding_an_absent_original_releases_its_reservation() {
     blocked_of(go(&h, pay("x", "0.01", &p)), BlockReason::Quota);
 }
 
+/// The window is fixed when the amount is reserved: a release goes back to
+/// that window, and an owed redispatch in a later window reserves nothing new.
+#[test]
+fn quota_window_is_fixed_at_reservation() {
+    let h = MemoryHost::new();
+    let p = quota_policy("500.00");
+    let old = execute_of(go(&h, pay("old", "500", &p)));
+    h.advance(DAY);
+    execute_of(go(&h, pay("new", "500", &p)));
+    assert_eq!(quota_used(&h), 100_000);
+    fin(&h, "old", &old.fence, rejected());
+    assert_eq!(quota_used(&h), 50_000, "released from the window it was reserved in");
+    blocked_of(go(&h, pay("x", "0.01", &p)), BlockReason::Quota);
+
+    // A record reserved yesterday, proven absent today: the redispatch reuses yesterday's reservation.
+    let h = MemoryHost::new();
+    execute_of(go(&h, pay("a", "500", &p)));
+    h.advance(DAY);
+    execute_of(go(&h, pay("b", "500", &p)));
+    h.script_lookup(Evidence::Absent(h.now()));
+    assert_eq!(execute_of(reconcile(&h, "s", "a").unwrap()).attempt, 2);
+    assert_eq!(quota_used(&h), 100_000);
+}
+
+/// A success that arrives after the rejection released the reservation:
+/// the money moved after all, so it is counted again.
+#[test]
+fn late_success_after_release_counts_the_spend() {
+    let h = MemoryHost::new();
+    let p = quota_policy("500.00");
+    let e1 = execute_of(go(&h, pay("a", "300", &p)));
+    fin(&h, "a", &e1.fence, rejected());
+    assert_eq!(quota_used(&h), 0);
+    assert_eq!(
+        fin(&h, "a", &e1.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Confirmed)
+    );
+    assert_eq!(quota_used(&h), 30_000);
+    blocked_of(go(&h, pay("b", "200.01", &p)), BlockReason::Quota);
+}
+
 // ---------------------------------------------------------------- supersedes
 
 fn successor(key: &str, original: &str, args: &str) -> BeginRequest {
@@ -1258,14 +1548,23 @@ const NEW_ARGS: &str = r#"{"order":1234,"amount":150}"#;
 fn supersedes_an_unresolved_original_is_blocked() {
     let h = MemoryHost::new();
     execute_of(go(&h, refund("in-flight", ARGS)));
-    blocked_of(go(&h, successor("s1", "in-flight", NEW_ARGS)), BlockReason::SupersededUnresolved);
+    blocked_of(
+        go(&h, successor("s1", "in-flight", NEW_ARGS)),
+        BlockReason::SupersededUnresolved,
+    );
     unknown_record(&h, "unknown", policy());
-    blocked_of(go(&h, successor("s2", "unknown", NEW_ARGS)), BlockReason::SupersededUnresolved);
+    blocked_of(
+        go(&h, successor("s2", "unknown", NEW_ARGS)),
+        BlockReason::SupersededUnresolved,
+    );
     assert!(inspect(&h, "s", "s1").unwrap().is_none());
     assert!(inspect(&h, "s", "s2").unwrap().is_none());
     assert_eq!(view(&h, "in-flight").state, State::InFlight);
     assert_eq!(view(&h, "unknown").state, State::Unknown);
-    blocked_of(go(&h, successor("s3", "nothing", NEW_ARGS)), BlockReason::SupersedesMissing);
+    blocked_of(
+        go(&h, successor("s3", "nothing", NEW_ARGS)),
+        BlockReason::SupersedesMissing,
+    );
 }
 
 #[test]
@@ -1273,7 +1572,10 @@ fn supersedes_a_confirmed_original_needs_acknowledgement() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("orig", ARGS)));
     fin(&h, "orig", &e.fence, success(RECEIPT));
-    let b = blocked_of(go(&h, successor("succ", "orig", NEW_ARGS)), BlockReason::SupersededConfirmed);
+    let b = blocked_of(
+        go(&h, successor("succ", "orig", NEW_ARGS)),
+        BlockReason::SupersededConfirmed,
+    );
     assert_eq!(b.receipt.as_deref(), Some(RECEIPT));
     assert!(inspect(&h, "s", "succ").unwrap().is_none());
     let mut ack = successor("succ", "orig", NEW_ARGS);
@@ -1316,7 +1618,10 @@ fn supersedes_failed_or_absent_original_in_the_same_write() {
         assert_eq!((o.state, o.superseded_by.as_deref()), (State::Superseded, Some("succ")));
         assert_eq!(o.version, before.version + 1);
         let moved = o.audit.last().unwrap();
-        assert_eq!((moved.kind.as_str(), moved.from_state), ("superseded", Some(original_state)));
+        assert_eq!(
+            (moved.kind.as_str(), moved.from_state),
+            ("superseded", Some(original_state))
+        );
         let sv = view(&h, "succ");
         assert_eq!(sv.supersedes.as_deref(), Some("orig"));
         assert_eq!(moved.at, sv.audit[0].at, "one write, one time");
@@ -1378,7 +1683,10 @@ fn unrecorded_success_expires_into_unknown_and_reconciles() {
     let r = replay_of(reconcile(&h, "s", "k").unwrap());
     assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Provider, RECEIPT));
     let v = view(&h, "k");
-    assert_eq!((v.state, v.attempts, v.receipt.as_deref()), (State::Confirmed, 1, Some(RECEIPT)));
+    assert_eq!(
+        (v.state, v.attempts, v.receipt.as_deref()),
+        (State::Confirmed, 1, Some(RECEIPT))
+    );
     // Through sweep as well.
     let e = execute_of(go(&h, refund("k2", ARGS)));
     h.fail_next_commits(1);
@@ -1405,17 +1713,41 @@ fn bad_args_are_typed_errors_and_write_nothing() {
     let deep = format!(r#"{{"items":{}{}}}"#, "[".repeat(10_000), "]".repeat(10_000));
     let huge = format!(r#"{{"memo":"{}"}}"#, "a".repeat(16 << 20));
     let cases: Vec<(&str, String, JsonErrorKind, &str)> = vec![
-        ("malformed", r#"{"order":1234,"amount":}"#.to_string(), JsonErrorKind::Syntax, "/amount"),
-        ("duplicate", r#"{"order":{"id":1,"id":2}}"#.to_string(), JsonErrorKind::DuplicateKey, "/order"),
-        ("surrogate", r#"{"memo":"\ud800"}"#.to_string(), JsonErrorKind::LoneSurrogate, "/memo"),
-        ("nan", r#"{"amount":NaN}"#.to_string(), JsonErrorKind::NonFiniteNumber, "/amount"),
+        (
+            "malformed",
+            r#"{"order":1234,"amount":}"#.to_string(),
+            JsonErrorKind::Syntax,
+            "/amount",
+        ),
+        (
+            "duplicate",
+            r#"{"order":{"id":1,"id":2}}"#.to_string(),
+            JsonErrorKind::DuplicateKey,
+            "/order",
+        ),
+        (
+            "surrogate",
+            r#"{"memo":"\ud800"}"#.to_string(),
+            JsonErrorKind::LoneSurrogate,
+            "/memo",
+        ),
+        (
+            "nan",
+            r#"{"amount":NaN}"#.to_string(),
+            JsonErrorKind::NonFiniteNumber,
+            "/amount",
+        ),
         ("deep", deep, JsonErrorKind::TooDeep, "/items"),
         ("huge", huge, JsonErrorKind::TooLarge, ""),
     ];
     for (name, args, kind, pointer) in cases {
         let e = json_error_of(begin(&h, refund("k", &args)));
         assert_eq!(e.kind, kind, "{name}: {e:?}");
-        assert!(e.pointer.starts_with(pointer), "{name}: pointer {:?} should name {pointer:?}", e.pointer);
+        assert!(
+            e.pointer.starts_with(pointer),
+            "{name}: pointer {:?} should name {pointer:?}",
+            e.pointer
+        );
         if !pointer.is_empty() {
             assert!(!e.pointer.is_empty(), "{name}: the error names a pointer");
         }
@@ -1431,7 +1763,10 @@ fn bad_args_are_typed_errors_and_write_nothing() {
 fn bad_receipts_are_refused_without_a_write() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k", ARGS)));
-    assert!(matches!(finish(&h, "s", "k", &e.fence, success(r#"{"a":1,"a":2}"#)), Err(Error::InvalidJson(_))));
+    assert!(matches!(
+        finish(&h, "s", "k", &e.fence, success(r#"{"a":1,"a":2}"#)),
+        Err(Error::InvalidJson(_))
+    ));
     assert!(matches!(
         resolve(&h, "s", "k", Resolution::Confirmed("{".to_string()), "note", true),
         Err(Error::InvalidJson(_))
@@ -1447,13 +1782,30 @@ fn resolve_absent_before_max_in_flight_needs_force_and_is_audited() {
     unknown_record(&h, "k", policy());
     let v = view(&h, "k");
     assert!(matches!(
-        resolve(&h, "s", "k", Resolution::Absent, "provider support says no charge", false),
+        resolve(
+            &h,
+            "s",
+            "k",
+            Resolution::Absent,
+            "provider support says no charge",
+            false
+        ),
         Err(Error::InvalidTransition(_))
     ));
     assert_eq!(view(&h, "k"), v, "a refused resolution writes nothing");
-    assert!(matches!(resolve(&h, "s", "k", Resolution::Absent, "  ", true), Err(Error::InvalidRequest(_))));
+    assert!(matches!(
+        resolve(&h, "s", "k", Resolution::Absent, "  ", true),
+        Err(Error::InvalidRequest(_))
+    ));
     assert_eq!(
-        resolve(&h, "s", "k", Resolution::Absent, "provider support says no charge", true),
+        resolve(
+            &h,
+            "s",
+            "k",
+            Resolution::Absent,
+            "provider support says no charge",
+            true
+        ),
         Ok(State::Absent)
     );
     let v = view(&h, "k");
@@ -1469,7 +1821,10 @@ fn resolve_absent_before_max_in_flight_needs_force_and_is_audited() {
     // After max_in_flight, no force is needed.
     unknown_record(&h, "k2", policy());
     h.advance(MAX_IN_FLIGHT + 1);
-    assert_eq!(resolve(&h, "s", "k2", Resolution::Absent, "checked the statement", false), Ok(State::Absent));
+    assert_eq!(
+        resolve(&h, "s", "k2", Resolution::Absent, "checked the statement", false),
+        Ok(State::Absent)
+    );
 }
 
 #[test]
@@ -1477,7 +1832,14 @@ fn resolve_confirmed_stores_the_receipt() {
     let h = MemoryHost::new();
     unknown_record(&h, "k", policy());
     assert_eq!(
-        resolve(&h, "s", "k", Resolution::Confirmed(r#"{ "refund_id":"r-1", "status":"done" }"#.to_string()), "seen", false),
+        resolve(
+            &h,
+            "s",
+            "k",
+            Resolution::Confirmed(r#"{ "refund_id":"r-1", "status":"done" }"#.to_string()),
+            "seen",
+            false
+        ),
         Ok(State::Confirmed)
     );
     let v = view(&h, "k");
@@ -1491,7 +1853,10 @@ fn resolve_confirmed_stores_the_receipt() {
         resolve(&h, "s", "k", Resolution::Confirmed(RECEIPT2.to_string()), "again", true),
         Err(Error::InvalidTransition(_))
     ));
-    assert!(matches!(resolve(&h, "s", "k", Resolution::Absent, "again", true), Err(Error::InvalidTransition(_))));
+    assert!(matches!(
+        resolve(&h, "s", "k", Resolution::Absent, "again", true),
+        Err(Error::InvalidTransition(_))
+    ));
     assert_eq!(view(&h, "k").receipt.as_deref(), Some(RECEIPT));
     // A live lease cannot be resolved.
     execute_of(go(&h, refund("live", ARGS)));
@@ -1499,6 +1864,28 @@ fn resolve_confirmed_stores_the_receipt() {
         resolve(&h, "s", "live", Resolution::Absent, "n", true),
         Err(Error::InvalidTransition(_))
     ));
+}
+
+// ---------------------------------------------------------------- policy
+
+/// A lease is at least the dispatch timeout plus a margin, checked when the
+/// policy is loaded; a bad policy writes nothing.
+#[test]
+fn lease_below_dispatch_timeout_is_an_invalid_policy() {
+    let h = MemoryHost::new();
+    let mut p = policy();
+    p.lease_ms = p.dispatch_timeout_ms;
+    assert!(matches!(
+        begin(&h, with_policy(refund("k", ARGS), p)),
+        Err(Error::InvalidPolicy(_))
+    ));
+    let mut p = policy();
+    p.attempt_budget = 0;
+    assert!(matches!(
+        begin(&h, with_policy(refund("k", ARGS), p)),
+        Err(Error::InvalidPolicy(_))
+    ));
+    assert_nothing_written(&h);
 }
 
 // ---------------------------------------------------------------- routing
@@ -1513,6 +1900,73 @@ fn direct_route_records_nothing_unless_a_record_exists() {
     let e = execute_of(go(&h, refund("k", ARGS)));
     fin(&h, "k", &e.fence, success(RECEIPT));
     assert_eq!(replay_of(go(&h, with_policy(refund("k", ARGS), p))).receipt, RECEIPT);
+}
+
+fn described(annotations: Option<&str>) -> once_guest::types::ToolDescriptor {
+    once_guest::types::ToolDescriptor {
+        name: "refund".to_string(),
+        input_schema: r#"{"type":"object"}"#.to_string(),
+        annotations: annotations.map(str::to_string),
+    }
+}
+
+/// Explicit policy first, then MCP annotations; an unclassified tool never
+/// becomes direct; contradictory hints block; a pinned descriptor that
+/// changed blocks until the pin is updated.
+#[test]
+fn routing_from_annotations_and_pins() {
+    let h = MemoryHost::new();
+    let call = |key: &str, ann: Option<&str>| {
+        let mut r = refund(key, ARGS);
+        r.descriptor = Some(described(ann));
+        r
+    };
+    assert_eq!(go(&h, call("ro", Some(r#"{"readOnlyHint":true}"#))), Decision::Direct);
+    assert!(inspect(&h, "s", "ro").unwrap().is_none());
+    execute_of(go(&h, call("d", Some(r#"{"destructiveHint":true}"#))));
+    execute_of(go(&h, call("none", Some("{}"))));
+    execute_of(go(&h, call("absent", None)));
+    execute_of(go(&h, refund("no-descriptor", ARGS)));
+    blocked_of(
+        go(
+            &h,
+            call("both", Some(r#"{"readOnlyHint":true,"destructiveHint":true}"#)),
+        ),
+        BlockReason::RouteBlocked,
+    );
+    let mut blocked = policy();
+    blocked.route = Some(Route::Block);
+    blocked_of(
+        go(&h, with_policy(call("b", Some(r#"{"readOnlyHint":true}"#)), blocked)),
+        BlockReason::RouteBlocked,
+    );
+    // Explicit policy beats annotations.
+    let mut protect = policy();
+    protect.route = Some(Route::Protect);
+    execute_of(go(
+        &h,
+        with_policy(call("p", Some(r#"{"readOnlyHint":true}"#)), protect),
+    ));
+
+    let pin = once_guest::policy::descriptor_fingerprint(&described(Some("{}")), &h.settings()).unwrap();
+    let mut pinned = policy();
+    pinned.descriptor_pin = Some(pin);
+    execute_of(go(&h, with_policy(call("pin-ok", Some("{}")), pinned.clone())));
+    blocked_of(
+        go(
+            &h,
+            with_policy(
+                call("pin-changed", Some(r#"{"destructiveHint":false}"#)),
+                pinned.clone(),
+            ),
+        ),
+        BlockReason::DescriptorChanged,
+    );
+    blocked_of(
+        go(&h, with_policy(refund("pin-missing", ARGS), pinned)),
+        BlockReason::DescriptorChanged,
+    );
+    assert!(inspect(&h, "s", "pin-changed").unwrap().is_none());
 }
 
 // ---------------------------------------------------------------- audit
@@ -1547,4 +2001,221 @@ fn every_transition_writes_exactly_one_audit_event() {
     let tos: Vec<Option<State>> = v.audit.iter().map(|e| e.to_state).collect();
     assert_eq!(tos.last(), Some(&Some(State::Confirmed)));
     assert_eq!(h.event_count() as u64, v.version);
+}
+
+// ---------------------------------------------------------------- races
+
+type Hook = Box<dyn FnOnce(&MemoryHost)>;
+
+/// A host whose next commit first lets a concurrent writer in (the hook runs
+/// against the same ledger), or applies and then reports a storage failure
+/// (a connection lost mid-commit).
+struct RacyHost {
+    inner: MemoryHost,
+    before_commit: std::cell::RefCell<Option<Hook>>,
+    applied_but_failed: std::cell::Cell<u32>,
+}
+
+impl RacyHost {
+    fn new() -> Self {
+        RacyHost {
+            inner: MemoryHost::new(),
+            before_commit: std::cell::RefCell::new(None),
+            applied_but_failed: std::cell::Cell::new(0),
+        }
+    }
+    fn race(&self, hook: impl FnOnce(&MemoryHost) + 'static) {
+        *self.before_commit.borrow_mut() = Some(Box::new(hook));
+    }
+}
+
+impl Host for RacyHost {
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+    fn settings(&self) -> once_guest::types::Settings {
+        self.inner.settings()
+    }
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<once_guest::types::Row>, String> {
+        self.inner.get(table, scope, key)
+    }
+    fn commit(&self, batch: &once_guest::types::Batch) -> Result<(), once_guest::types::CommitError> {
+        let hook = self.before_commit.borrow_mut().take();
+        if let Some(hook) = hook {
+            hook(&self.inner);
+        }
+        let result = self.inner.commit(batch);
+        if result.is_ok() && self.applied_but_failed.get() > 0 {
+            self.applied_but_failed.set(self.applied_but_failed.get() - 1);
+            return Err(once_guest::types::CommitError::Storage(
+                "connection lost mid-commit".to_string(),
+            ));
+        }
+        result
+    }
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        limit: u32,
+    ) -> Result<Vec<once_guest::types::Row>, String> {
+        self.inner.scan(table, states, due_before, limit)
+    }
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
+        self.inner.audit(scope, key)
+    }
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
+        self.inner.lookup(tool, provider_key, args)
+    }
+    fn escalate(&self, escalation: &once_guest::types::Escalation) -> bool {
+        self.inner.escalate(escalation)
+    }
+}
+
+#[test]
+fn concurrent_begins_grant_one_execute() {
+    let h = RacyHost::new();
+    h.race(|inner| {
+        execute_of(begin(inner, refund("k", ARGS)).unwrap());
+    });
+    let Decision::InFlight(_) = begin(&h, refund("k", ARGS)).unwrap() else {
+        panic!("the loser must wait in flight")
+    };
+    let v = view(&h.inner, "k");
+    assert_eq!((v.state, v.attempts, v.version), (State::InFlight, 1, 1));
+
+    // Two grants racing from failed: one execute.
+    let e1 = execute_of(begin(&h, refund("f", ARGS)).unwrap());
+    finish(&h, "s", "f", &e1.fence, rejected()).unwrap();
+    h.race(|inner| {
+        execute_of(begin(inner, refund("f", ARGS)).unwrap());
+    });
+    assert!(matches!(begin(&h, refund("f", ARGS)).unwrap(), Decision::InFlight(_)));
+    assert_eq!(view(&h.inner, "f").attempts, 2);
+
+    // An owed dispatch taken by begin and reconcile at once: one execute.
+    execute_of(begin(&h, refund("a", ARGS)).unwrap());
+    h.inner.advance(LEASE + MAX_IN_FLIGHT + 10);
+    h.inner.script_lookup(Evidence::Absent(h.now()));
+    sweep(&h, 10).unwrap();
+    assert_eq!(view(&h.inner, "a").state, State::Absent);
+    h.race(|inner| {
+        execute_of(reconcile(inner, "s", "a").unwrap());
+    });
+    assert!(matches!(begin(&h, refund("a", ARGS)).unwrap(), Decision::InFlight(_)));
+    assert_eq!(view(&h.inner, "a").attempts, 2);
+}
+
+#[test]
+fn concurrent_reservations_respect_the_ceiling() {
+    let h = RacyHost::new();
+    let p = quota_policy("500.00");
+    let p2 = p.clone();
+    h.race(move |inner| {
+        execute_of(begin(inner, pay("b", "300", &p2)).unwrap());
+    });
+    blocked_of(begin(&h, pay("a", "300", &p)).unwrap(), BlockReason::Quota);
+    assert_eq!(quota_used(&h.inner), 30_000);
+    assert!(inspect(&h.inner, "s", "a").unwrap().is_none());
+}
+
+#[test]
+fn finish_racing_a_sweep_keeps_the_success() {
+    let h = RacyHost::new();
+    let e = execute_of(begin(&h, refund("k", ARGS)).unwrap());
+    h.inner.advance(LEASE);
+    // The holder's success lands while the sweep is expiring the lease.
+    let fence = e.fence.clone();
+    h.race(move |inner| {
+        assert_eq!(
+            finish(inner, "s", "k", &fence, success(RECEIPT)),
+            Ok(FinishAck::Recorded(State::Confirmed))
+        );
+    });
+    sweep(&h, 10).unwrap();
+    let v = view(&h.inner, "k");
+    assert_eq!((v.state, v.receipt.as_deref()), (State::Confirmed, Some(RECEIPT)));
+}
+
+#[test]
+fn original_retried_while_being_superseded() {
+    let h = RacyHost::new();
+    let e = execute_of(begin(&h, refund("orig", ARGS)).unwrap());
+    finish(&h, "s", "orig", &e.fence, rejected()).unwrap();
+    h.race(|inner| {
+        assert_eq!(execute_of(begin(inner, refund("orig", ARGS)).unwrap()).attempt, 2);
+    });
+    blocked_of(
+        begin(&h, successor("succ", "orig", NEW_ARGS)).unwrap(),
+        BlockReason::SupersededUnresolved,
+    );
+    assert!(inspect(&h.inner, "s", "succ").unwrap().is_none());
+    assert_eq!(view(&h.inner, "orig").state, State::InFlight);
+}
+
+/// A claim whose commit outcome is unknown is blocked(storage): the caller
+/// never dispatches, and a repeat does not hand out a second execute for
+/// the claim that did land.
+#[test]
+fn claim_with_unknown_commit_outcome_is_blocked_and_never_doubled() {
+    let h = RacyHost::new();
+    h.applied_but_failed.set(1);
+    blocked_of(begin(&h, refund("k", ARGS)).unwrap(), BlockReason::Storage);
+    let v = view(&h.inner, "k");
+    assert_eq!((v.state, v.attempts), (State::InFlight, 1));
+    assert!(matches!(begin(&h, refund("k", ARGS)).unwrap(), Decision::InFlight(_)));
+    // The landed claim expires into unknown and is reconciled like any other.
+    h.inner.advance(LEASE + MAX_IN_FLIGHT + 1);
+    h.inner.script_lookup(Evidence::Absent(h.now()));
+    let e = execute_of(reconcile(&h, "s", "k").unwrap());
+    assert_eq!(e.attempt, 2);
+}
+
+/// A success on a superseded original: the effect happened after all. The
+/// receipt is kept, the record flagged and escalated (at least once).
+#[test]
+fn success_on_a_superseded_original_is_escalated() {
+    let h = MemoryHost::new();
+    h.set_ack_escalations(false);
+    let e = execute_of(go(&h, refund("orig", ARGS)));
+    fin(&h, "orig", &e.fence, rejected());
+    execute_of(go(&h, successor("succ", "orig", NEW_ARGS)));
+    assert_eq!(
+        fin(&h, "orig", &e.fence, success(RECEIPT)),
+        FinishAck::Recorded(State::Superseded)
+    );
+    let v = view(&h, "orig");
+    assert!(v.possible_duplicate);
+    assert_eq!(v.receipt.as_deref(), Some(RECEIPT));
+    assert_eq!(h.escalations().len(), 1);
+    h.advance(10 * SECOND);
+    sweep(&h, 10).unwrap();
+    assert!(h.escalations().len() >= 2, "re-delivered while unacknowledged");
+    let ids: Vec<String> = h.escalations().iter().map(|e| e.id.clone()).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]));
+}
+
+/// Once a tombstone's own retention has passed, the key's audit trail (keyed
+/// by scope, key, version and never rewritten) is still there, so a new
+/// record at version 1 collides with it and every begin loses the race 16
+/// times and answers blocked(storage), on a healthy ledger, forever.
+/// DESIGN.md does not say whether such a key may be reused (execute) or stays
+/// expired; either needs a decision (and, for reuse, a host or WIT change to
+/// retire the old trail), so this is reported rather than fixed.
+#[test]
+#[ignore = "contract gap: key reuse after tombstone retention collides with the old audit trail"]
+fn key_after_tombstone_retention_is_not_a_storage_failure() {
+    let h = MemoryHost::new();
+    let e = execute_of(go(&h, refund("k", ARGS)));
+    fin(&h, "k", &e.fence, success(RECEIPT));
+    h.advance(RETENTION);
+    assert_eq!(prune(&h, 10).unwrap().pruned, 1);
+    h.advance(default_policy().tombstone_retention_ms);
+    assert_eq!(prune(&h, 10).unwrap().tombstones_removed, 1);
+    let d = go(&h, refund("k", ARGS));
+    assert!(
+        matches!(&d, Decision::Execute(_)) || matches!(&d, Decision::Blocked(b) if b.reason == BlockReason::Expired),
+        "a healthy ledger answered {d:?}"
+    );
 }

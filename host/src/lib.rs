@@ -1,6 +1,6 @@
 //! once host: runs the once component under wasmtime and supplies its I/O.
 //!
-//! ```no_run
+//! ```ignore
 //! use once::{Called, Once, Sent};
 //!
 //! let once = Once::sqlite("once.db")?.build()?;
@@ -23,3 +23,4 @@ pub mod storage;
 pub use crate::bindings::types;
 pub use crate::io::{Clock, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock};
 pub use crate::once::{Builder, Called, Dispatch, Once, OnceError, Sent, default_settings};
+

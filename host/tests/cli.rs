@@ -132,3 +132,11 @@ fn every_command_has_help() {
         assert!(text(&out.stdout).contains("Usage"), "{args:?}");
     }
 }
+
+#[test]
+fn the_readme_example_is_the_compiled_one() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/embed.rs")).unwrap();
+    let code = example.split_once("\n\n").unwrap().1;
+    assert!(readme.contains(code), "README.md's Rust example and host/examples/embed.rs differ");
+}

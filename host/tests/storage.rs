@@ -79,15 +79,11 @@ fn get(s: &dyn Storage, table: Table, scope: &str, key: &str) -> Option<Row> {
 }
 
 fn keys(rows: &[Row]) -> Vec<(String, String)> {
-    rows.iter()
-        .map(|r| (r.scope.clone(), r.key.clone()))
-        .collect()
+    rows.iter().map(|r| (r.scope.clone(), r.key.clone())).collect()
 }
 
 fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
-    v.iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
+    v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
 }
 
 fn open(path: &Path) -> SqliteStorage {
@@ -106,10 +102,7 @@ fn insert_if_absent(s: &dyn Storage) {
         body: "other".into(),
         ..first.clone()
     };
-    assert_eq!(
-        s.commit(&puts(vec![put(None, second)])),
-        Err(CommitError::Conflict)
-    );
+    assert_eq!(s.commit(&puts(vec![put(None, second)])), Err(CommitError::Conflict));
     assert_eq!(get(s, Table::Operation, "s", "k"), Some(first));
 
     // The same (scope, key) in another table is another row.
@@ -124,11 +117,8 @@ fn insert_if_absent(s: &dyn Storage) {
 }
 
 fn compare_and_swap(s: &dyn Storage) {
-    s.commit(&puts(vec![put(
-        None,
-        op("s", "k", 1, State::InFlight, Some(5)),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, Some(5)))]))
+        .unwrap();
 
     // Wrong version: too old, too new, or expecting a row that is absent.
     for expected in [0, 2, 7] {
@@ -140,10 +130,7 @@ fn compare_and_swap(s: &dyn Storage) {
         );
     }
     assert_eq!(
-        s.commit(&puts(vec![put(
-            Some(1),
-            op("s", "missing", 2, State::Confirmed, None)
-        )])),
+        s.commit(&puts(vec![put(Some(1), op("s", "missing", 2, State::Confirmed, None))])),
         Err(CommitError::Conflict)
     );
     assert_eq!(get(s, Table::Operation, "s", "k").unwrap().version, 1);
@@ -156,10 +143,7 @@ fn compare_and_swap(s: &dyn Storage) {
 
     // The old version no longer matches.
     assert_eq!(
-        s.commit(&puts(vec![put(
-            Some(1),
-            op("s", "k", 2, State::Failed, None)
-        )])),
+        s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Failed, None))])),
         Err(CommitError::Conflict)
     );
     let v3 = Row {
@@ -174,11 +158,8 @@ fn compare_and_swap(s: &dyn Storage) {
 fn delete_with_version(s: &dyn Storage) {
     s.commit(&puts(vec![put(None, row(Table::Tombstone, "s", "k", 1))]))
         .unwrap();
-    s.commit(&puts(vec![put(
-        Some(1),
-        row(Table::Tombstone, "s", "k", 2),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(Some(1), row(Table::Tombstone, "s", "k", 2))]))
+        .unwrap();
 
     for expected in [None, Some(1), Some(3)] {
         assert_eq!(
@@ -198,8 +179,7 @@ fn delete_with_version(s: &dyn Storage) {
         Err(CommitError::Conflict)
     );
     // A delete with expected None asserts absence.
-    s.commit(&puts(vec![delete(Table::Tombstone, "s", "k", None)]))
-        .unwrap();
+    s.commit(&puts(vec![delete(Table::Tombstone, "s", "k", None)])).unwrap();
     assert_eq!(get(s, Table::Tombstone, "s", "k"), None);
 
     // After a delete the row may be inserted afresh.
@@ -209,11 +189,8 @@ fn delete_with_version(s: &dyn Storage) {
 }
 
 fn batch_is_atomic(s: &dyn Storage) {
-    s.commit(&puts(vec![put(
-        None,
-        op("s", "b", 1, State::InFlight, None),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(None, op("s", "b", 1, State::InFlight, None))]))
+        .unwrap();
 
     // First put would apply, second conflicts: nothing applied.
     let r = s.commit(&batch(
@@ -251,10 +228,7 @@ fn batch_is_atomic(s: &dyn Storage) {
             put(Some(1), op("s", "b", 2, State::Superseded, None)),
             put(None, row(Table::Quota, "s", "bucket", 1)),
         ],
-        vec![
-            event("s", "a", 1, "begin"),
-            event("s", "b", 2, "superseded"),
-        ],
+        vec![event("s", "a", 1, "begin"), event("s", "b", 2, "superseded")],
     ))
     .unwrap();
     assert_eq!(get(s, Table::Operation, "s", "a").unwrap().version, 1);
@@ -293,10 +267,7 @@ fn mismatched_row_is_refused(s: &dyn Storage) {
     assert!(matches!(r, Err(CommitError::Storage(_))), "{r:?}");
     let mut p = put(None, op("s", "k", 1, State::InFlight, None));
     p.table = Table::Quota;
-    assert!(matches!(
-        s.commit(&puts(vec![p])),
-        Err(CommitError::Storage(_))
-    ));
+    assert!(matches!(s.commit(&puts(vec![p])), Err(CommitError::Storage(_))));
     assert_eq!(get(s, Table::Operation, "s", "first"), None);
     assert_eq!(get(s, Table::Operation, "s", "k"), None);
     assert_eq!(get(s, Table::Operation, "s", "other"), None);
@@ -316,10 +287,7 @@ fn audit_is_append_only(s: &dyn Storage) {
     ));
     assert_eq!(r, Err(CommitError::Conflict));
     assert_eq!(get(s, Table::Operation, "s", "k").unwrap().version, 1);
-    assert_eq!(
-        s.audit("s", "k").unwrap(),
-        vec![event("s", "k", 1, "begin")]
-    );
+    assert_eq!(s.audit("s", "k").unwrap(), vec![event("s", "k", 1, "begin")]);
 
     // Twice the same event in one batch.
     let r = s.commit(&batch(
@@ -339,15 +307,11 @@ fn audit_is_append_only(s: &dyn Storage) {
     let mut e10 = event("s", "k", 10, "prune");
     e10.to_state = None;
     e10.at = 1 << 50;
-    s.commit(&batch(vec![], vec![e10.clone(), e3.clone()]))
-        .unwrap();
+    s.commit(&batch(vec![], vec![e10.clone(), e3.clone()])).unwrap();
     s.commit(&batch(vec![], vec![event("s", "k", 2, "finish-success")]))
         .unwrap();
     let trail = s.audit("s", "k").unwrap();
-    assert_eq!(
-        trail.iter().map(|e| e.version).collect::<Vec<_>>(),
-        vec![1, 2, 3, 10]
-    );
+    assert_eq!(trail.iter().map(|e| e.version).collect::<Vec<_>>(), vec![1, 2, 3, 10]);
     assert_eq!(trail[2], e3);
     assert_eq!(trail[3], e10);
 
@@ -389,20 +353,12 @@ fn scan_filters_and_orders(s: &dyn Storage) {
     ]))
     .unwrap();
 
-    let scan = |states: &[State], before: u64, limit: u32| {
-        keys(&s.scan(Table::Operation, states, before, limit).unwrap())
-    };
+    let scan =
+        |states: &[State], before: u64, limit: u32| keys(&s.scan(Table::Operation, states, before, limit).unwrap());
     // Any state (including none), ordered by due_at, then scope, then key.
     assert_eq!(
         scan(&[], u64::MAX, 100),
-        pairs(&[
-            ("c", "1"),
-            ("d", "1"),
-            ("a", "1"),
-            ("a", "2"),
-            ("b", "1"),
-            ("c", "2")
-        ])
+        pairs(&[("c", "1"), ("d", "1"), ("a", "1"), ("a", "2"), ("b", "1"), ("c", "2")])
     );
     // due_before is inclusive.
     assert_eq!(
@@ -412,10 +368,7 @@ fn scan_filters_and_orders(s: &dyn Storage) {
     assert_eq!(scan(&[], 19, 100), pairs(&[("c", "1"), ("d", "1")]));
     assert_eq!(scan(&[], 9, 100), pairs(&[]));
     // Limit.
-    assert_eq!(
-        scan(&[], u64::MAX, 3),
-        pairs(&[("c", "1"), ("d", "1"), ("a", "1")])
-    );
+    assert_eq!(scan(&[], u64::MAX, 3), pairs(&[("c", "1"), ("d", "1"), ("a", "1")]));
     assert_eq!(scan(&[], u64::MAX, 0), pairs(&[]));
     // States.
     assert_eq!(
@@ -426,10 +379,7 @@ fn scan_filters_and_orders(s: &dyn Storage) {
         scan(&[State::Unknown, State::Absent], u64::MAX, 100),
         pairs(&[("c", "1"), ("a", "2")])
     );
-    assert_eq!(
-        scan(&[State::Confirmed, State::InFlight], 35, 1),
-        pairs(&[("a", "1")])
-    );
+    assert_eq!(scan(&[State::Confirmed, State::InFlight], 35, 1), pairs(&[("a", "1")]));
     assert_eq!(scan(&[State::Superseded], u64::MAX, 100), pairs(&[]));
     // Other tables.
     assert_eq!(
@@ -471,10 +421,7 @@ fn list_and_stats(s: &dyn Storage) {
         keys(&s.list(None, 10).unwrap()),
         pairs(&[("a", "1"), ("a", "2"), ("a", "3"), ("b", "1")])
     );
-    assert_eq!(
-        keys(&s.list(None, 2).unwrap()),
-        pairs(&[("a", "1"), ("a", "2")])
-    );
+    assert_eq!(keys(&s.list(None, 2).unwrap()), pairs(&[("a", "1"), ("a", "2")]));
     assert_eq!(
         keys(&s.list(Some(State::Confirmed), 10).unwrap()),
         pairs(&[("a", "2"), ("a", "3")])
@@ -488,16 +435,8 @@ fn list_and_stats(s: &dyn Storage) {
     assert_eq!(
         s.stats().unwrap(),
         Stats {
-            by_state: vec![
-                (State::InFlight, 1),
-                (State::Confirmed, 2),
-                (State::Unknown, 1)
-            ],
-            events: vec![
-                ("begin".into(), 2),
-                ("lease-expired".into(), 1),
-                ("replay".into(), 2)
-            ],
+            by_state: vec![(State::InFlight, 1), (State::Confirmed, 2), (State::Unknown, 1)],
+            events: vec![("begin".into(), 2), ("lease-expired".into(), 1), ("replay".into(), 2)],
         }
     );
 }
@@ -538,11 +477,8 @@ fn sqlite_survives_reopen() {
     let r = op("s", "k", 1, State::InFlight, Some(42));
     {
         let s = open(&path);
-        s.commit(&batch(
-            vec![put(None, r.clone())],
-            vec![event("s", "k", 1, "begin")],
-        ))
-        .unwrap();
+        s.commit(&batch(vec![put(None, r.clone())], vec![event("s", "k", 1, "begin")]))
+            .unwrap();
     }
     let s = SqliteStorage::open(
         &path,
@@ -553,10 +489,7 @@ fn sqlite_survives_reopen() {
     )
     .unwrap();
     assert_eq!(get(&s, Table::Operation, "s", "k"), Some(r));
-    assert_eq!(
-        s.audit("s", "k").unwrap(),
-        vec![event("s", "k", 1, "begin")]
-    );
+    assert_eq!(s.audit("s", "k").unwrap(), vec![event("s", "k", 1, "begin")]);
     assert_eq!(
         s.commit(&puts(vec![put(None, op("s", "k", 1, State::Failed, None))])),
         Err(CommitError::Conflict)
@@ -565,22 +498,14 @@ fn sqlite_survives_reopen() {
 
     // The file is WAL, the schema is recorded, states are readable names.
     let raw = rusqlite::Connection::open(&path).unwrap();
-    let mode: String = raw
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-        .unwrap();
+    let mode: String = raw.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
     assert_eq!(mode, "wal");
     let version: String = raw
-        .query_row(
-            "SELECT value FROM meta WHERE key = 'schema_version'",
-            [],
-            |r| r.get(0),
-        )
+        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, SCHEMA_VERSION.to_string());
     let (tbl, state): (String, String) = raw
-        .query_row("SELECT tbl, state FROM rows", [], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+        .query_row("SELECT tbl, state FROM rows", [], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap();
     assert_eq!((tbl.as_str(), state.as_str()), ("operation", "in-flight"));
 }
@@ -591,23 +516,14 @@ fn sqlite_writes_are_visible_across_handles() {
     let path = dir.path().join("ledger.db");
     let a = open(&path);
     let b = open(&path);
-    a.commit(&puts(vec![put(
-        None,
-        op("s", "k", 1, State::InFlight, None),
-    )]))
-    .unwrap();
+    a.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
     assert_eq!(get(&b, Table::Operation, "s", "k").unwrap().version, 1);
-    b.commit(&puts(vec![put(
-        Some(1),
-        op("s", "k", 2, State::Confirmed, None),
-    )]))
-    .unwrap();
+    b.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
+        .unwrap();
     assert_eq!(get(&a, Table::Operation, "s", "k").unwrap().version, 2);
     assert_eq!(
-        a.commit(&puts(vec![put(
-            Some(1),
-            op("s", "k", 2, State::Failed, None)
-        )])),
+        a.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Failed, None))])),
         Err(CommitError::Conflict)
     );
 }
@@ -628,20 +544,15 @@ fn sqlite_racing_inserts_one_wins() {
                     barrier.wait();
                     let mut r = op("s", "k", 1, State::InFlight, Some(1));
                     r.body = format!("thread {i}");
-                    let out = s.commit(&batch(
-                        vec![put(None, r)],
-                        vec![event("s", "k", 1, "begin")],
-                    ));
+                    let out = s.commit(&batch(vec![put(None, r)], vec![event("s", "k", 1, "begin")]));
                     (i, out)
                 })
             })
+            .collect::<Vec<_>>()
+            .into_iter()
             .map(|h| h.join().unwrap())
             .collect();
-        let winners: Vec<usize> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|(i, _)| *i)
-            .collect();
+        let winners: Vec<usize> = results.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
         assert_eq!(winners.len(), 1, "round {round}: {results:?}");
         for (_, r) in &results {
             assert!(matches!(r, Ok(()) | Err(CommitError::Conflict)), "{r:?}");
@@ -698,10 +609,7 @@ fn sqlite_concurrent_compare_and_swap_loses_nothing() {
         h.join().unwrap();
     }
     let total = (THREADS * EACH) as u64;
-    assert_eq!(
-        get(&*shared, Table::Quota, "s", "counter").unwrap().version,
-        total
-    );
+    assert_eq!(get(&*shared, Table::Quota, "s", "counter").unwrap().version, total);
     let trail = shared.audit("s", "counter").unwrap();
     assert_eq!(
         trail.iter().map(|e| e.version).collect::<Vec<_>>(),
@@ -758,10 +666,7 @@ fn sqlite_processes_share_one_file() {
     }
     let s = open(&path);
     let total = (PROCESSES * CHILD_BUMPS) as u64;
-    assert_eq!(
-        get(&s, Table::Quota, "s", "counter").unwrap().version,
-        total
-    );
+    assert_eq!(get(&s, Table::Quota, "s", "counter").unwrap().version, total);
     assert_eq!(s.audit("s", "counter").unwrap().len() as u64, total);
 }
 
@@ -777,30 +682,21 @@ fn sqlite_busy_beyond_timeout_is_a_storage_error() {
         },
     )
     .unwrap();
-    s.commit(&puts(vec![put(
-        None,
-        op("s", "k", 1, State::InFlight, None),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
 
     // Another connection holds the write lock.
     let blocker = rusqlite::Connection::open(&path).unwrap();
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let r = s.commit(&puts(vec![put(
-        Some(1),
-        op("s", "k", 2, State::Confirmed, None),
-    )]));
+    let r = s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]));
     assert!(matches!(r, Err(CommitError::Storage(_))), "{r:?}");
     // Readers are not blocked by a writer.
     assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, 1);
     blocker.execute_batch("ROLLBACK").unwrap();
 
     // The store recovers once the lock is released.
-    s.commit(&puts(vec![put(
-        Some(1),
-        op("s", "k", 2, State::Confirmed, None),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
+        .unwrap();
     assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, 2);
 }
 
@@ -810,20 +706,14 @@ fn sqlite_values_beyond_i64_are_refused() {
     let s = open(&dir.path().join("ledger.db"));
     let r = op("s", "k", 1, State::InFlight, Some(u64::MAX));
     let out = s.commit(&batch(
-        vec![
-            put(None, op("s", "ok", 1, State::InFlight, None)),
-            put(None, r),
-        ],
+        vec![put(None, op("s", "ok", 1, State::InFlight, None)), put(None, r)],
         vec![],
     ));
     assert!(matches!(out, Err(CommitError::Storage(_))), "{out:?}");
     assert_eq!(get(&s, Table::Operation, "s", "ok"), None);
     // The store still works after the rollback.
-    s.commit(&puts(vec![put(
-        None,
-        op("s", "ok", 1, State::InFlight, None),
-    )]))
-    .unwrap();
+    s.commit(&puts(vec![put(None, op("s", "ok", 1, State::InFlight, None))]))
+        .unwrap();
 }
 
 #[test]
@@ -831,11 +721,7 @@ fn sqlite_directory_path_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let e = SqliteStorage::open(dir.path(), SqliteOptions::default()).unwrap_err();
     assert!(e.0.contains("directory"), "{e}");
-    let e = SqliteStorage::open(
-        dir.path().join("missing/ledger.db"),
-        SqliteOptions::default(),
-    )
-    .unwrap_err();
+    let e = SqliteStorage::open(dir.path().join("missing/ledger.db"), SqliteOptions::default()).unwrap_err();
     assert!(e.0.contains("open"), "{e}");
 }
 
@@ -843,11 +729,7 @@ fn sqlite_directory_path_is_an_error() {
 fn sqlite_not_a_database_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.db");
-    std::fs::write(
-        &path,
-        b"this is not an sqlite database, just some text\n".repeat(100),
-    )
-    .unwrap();
+    std::fs::write(&path, b"this is not an sqlite database, just some text\n".repeat(100)).unwrap();
     let e = SqliteStorage::open(&path, SqliteOptions::default()).unwrap_err();
     assert!(e.0.contains("ledger.db"), "{e}");
 }
@@ -859,11 +741,8 @@ fn sqlite_read_only_file_is_an_error() {
     let path = dir.path().join("ledger.db");
     {
         let s = open(&path);
-        s.commit(&puts(vec![put(
-            None,
-            op("s", "k", 1, State::InFlight, None),
-        )]))
-        .unwrap();
+        s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+            .unwrap();
     }
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
     if std::fs::OpenOptions::new().write(true).open(&path).is_ok() {

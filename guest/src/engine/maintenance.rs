@@ -14,9 +14,20 @@ use crate::types::{Error, PruneReport, Row, State, SweepReport, Table};
 pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     let now = h.now();
     let rows = h
-        .scan(Table::Operation, &[State::InFlight, State::Unknown, State::Absent], now, limit)
+        .scan(
+            Table::Operation,
+            &[State::InFlight, State::Unknown, State::Absent],
+            now,
+            limit,
+        )
         .map_err(Error::Storage)?;
-    let mut report = SweepReport { expired: 0, reconciled: 0, confirmed: 0, owed: Vec::new(), escalated: 0 };
+    let mut report = SweepReport {
+        expired: 0,
+        reconciled: 0,
+        confirmed: 0,
+        owed: Vec::new(),
+        escalated: 0,
+    };
     for row in rows {
         let mut loaded = match decode(&row) {
             Ok(loaded) => loaded,
@@ -32,6 +43,18 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
                 },
                 Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
             }
+        }
+    }
+    // A possible-duplicate escalation lives on a confirmed (or superseded)
+    // record: it is delivered at least once too, so re-deliver it while the
+    // sink has not acknowledged it.
+    let rows = h
+        .scan(Table::Operation, &[State::Confirmed, State::Superseded], now, limit)
+        .map_err(Error::Storage)?;
+    for row in rows {
+        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        if escalation::deliver(h, loaded).1 {
+            report.escalated += 1;
         }
     }
     Ok(report)
@@ -68,9 +91,17 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
 /// absent records are never touched.
 pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
     let now = h.now();
-    let mut report = PruneReport { pruned: 0, tombstones_removed: 0 };
+    let mut report = PruneReport {
+        pruned: 0,
+        tombstones_removed: 0,
+    };
     let rows = h
-        .scan(Table::Operation, &[State::Confirmed, State::Failed, State::Superseded], now, limit)
+        .scan(
+            Table::Operation,
+            &[State::Confirmed, State::Failed, State::Superseded],
+            now,
+            limit,
+        )
         .map_err(Error::Storage)?;
     for row in rows {
         let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;

@@ -36,7 +36,11 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
     let rec = &loaded.rec;
     match rec.state {
         State::Confirmed => {
-            let via = if rec.key_source == KeySource::Derived { ReplayVia::DerivedArgs } else { ReplayVia::Key };
+            let via = if rec.key_source == KeySource::Derived {
+                ReplayVia::DerivedArgs
+            } else {
+                ReplayVia::Key
+            };
             Ok(replay(rec.receipt.clone().unwrap_or_default(), via, &rec.key))
         }
         State::InFlight if !rec.lease_ended(now) => Ok(Decision::InFlight(InFlightInfo {
@@ -51,11 +55,18 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
         State::Absent => grant(h, loaded.rec, loaded.version, now),
         State::Failed => Ok(blocked(
             BlockReason::Failed,
-            format!("{} failed (the provider rejected it); begin again to retry within the attempt budget", rec.key),
+            format!(
+                "{} failed (the provider rejected it); begin again to retry within the attempt budget",
+                rec.key
+            ),
         )),
         State::Superseded => Ok(blocked(
             BlockReason::Superseded,
-            format!("{} was superseded by {}", rec.key, rec.superseded_by.clone().unwrap_or_default()),
+            format!(
+                "{} was superseded by {}",
+                rec.key,
+                rec.superseded_by.clone().unwrap_or_default()
+            ),
         )),
     }
 }
@@ -85,7 +96,10 @@ pub(super) fn expire(h: &impl Host, loaded: Loaded, now: u64) -> Result<Loaded, 
     let mut tx = Tx::new();
     tx.record(&mut rec, Some(version), event, now);
     tx.commit(h)?;
-    Ok(Loaded { rec, version: version + 1 })
+    Ok(Loaded {
+        rec,
+        version: version + 1,
+    })
 }
 
 /// What one provider read established.
@@ -106,16 +120,33 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
     let backoff = now.saturating_add(backoff(&rec));
     let (event, read) = match evidence {
         Evidence::Confirmed(receipt) => match canonical_text(&receipt, &h.settings()) {
-            Ok(receipt) => (rec.confirm(receipt.clone(), None, now, "reconciled-confirmed"), Read::Confirmed(receipt)),
-            Err(_) => (rec.still_unknown("the provider's receipt is not valid JSON", None, backoff), Read::Unknown),
+            Ok(receipt) => (
+                rec.confirm(receipt.clone(), None, now, "reconciled-confirmed"),
+                Read::Confirmed(receipt),
+            ),
+            Err(_) => (
+                rec.still_unknown("the provider's receipt is not valid JSON", None, backoff),
+                Read::Unknown,
+            ),
         },
-        Evidence::Absent(read_position) => absent(&mut rec, read_position, now, backoff),
-        Evidence::Unknown(why) => (rec.still_unknown(&format!("lookup could not tell: {why}"), None, backoff), Read::Unknown),
+        // A read cannot reflect commits later than the moment it returned: a
+        // read position in the future must not skip max_in_flight.
+        Evidence::Absent(read_position) => absent(&mut rec, read_position.min(now), now, backoff),
+        Evidence::Unknown(why) => (
+            rec.still_unknown(&format!("lookup could not tell: {why}"), None, backoff),
+            Read::Unknown,
+        ),
     };
     let mut tx = Tx::new();
     tx.record(&mut rec, Some(version), event, now);
     tx.commit(h)?;
-    Ok((Loaded { rec, version: version + 1 }, read))
+    Ok((
+        Loaded {
+            rec,
+            version: version + 1,
+        },
+        read,
+    ))
 }
 
 /// ABSENT counts only after the last dispatch, and becomes `absent` only when
@@ -140,6 +171,3 @@ fn backoff(rec: &OpRecord) -> u64 {
     let doubled = interval.saturating_mul(1u64 << rec.checks.min(16));
     doubled.min(MAX_RECONCILE_BACKOFF_MS.max(interval))
 }
-
-
-
