@@ -104,10 +104,18 @@ impl Tx {
         Tx { batch: Batch { puts: Vec::new(), events: Vec::new() } }
     }
 
-    /// Write `rec` (insert when `expected` is none) with the event of its transition.
-    pub fn record(&mut self, rec: &mut OpRecord, expected: Option<u64>, event: Event, now: u64) {
+    /// Update `rec` from version `expected` with the event of its transition.
+    pub fn record(&mut self, rec: &mut OpRecord, expected: u64, event: Event, now: u64) {
+        self.write(rec, Some(expected), expected + 1, event, now);
+    }
+
+    /// Insert a new record at `version` (1, or after an old key's audit trail).
+    pub fn insert(&mut self, rec: &mut OpRecord, version: u64, event: Event, now: u64) {
+        self.write(rec, None, version, event, now);
+    }
+
+    fn write(&mut self, rec: &mut OpRecord, expected: Option<u64>, version: u64, event: Event, now: u64) {
         rec.updated_at = now;
-        let version = expected.map_or(1, |v| v + 1);
         let body = serde_json::to_string(rec).expect("records always serialize");
         self.batch.puts.push(Put {
             table: Table::Operation,
@@ -214,6 +222,16 @@ impl Tx {
         let expected = current.and_then(|b| b.expected);
         self.put_bucket(scope, bucket_key(&bucket, window_start), total, expected, window_start.saturating_add(quota.window_ms));
         Ok(Some(Reservation { bucket, window_start, window_ms: quota.window_ms, units: units.to_string() }))
+    }
+
+    /// An effect happened after its reservation was released (a late success,
+    /// an operator's confirmation): the money moved, so count it, ceiling or not.
+    pub fn count_spend(&mut self, h: &impl Host, rec: &mut OpRecord, now: u64) -> Result<(), LedgerError> {
+        if let (Some(quota), Some(spend), None) = (&rec.policy.quota, &rec.spend, &rec.reservation) {
+            let units = spend.parse().unwrap_or(0);
+            rec.reservation = self.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)?;
+        }
+        Ok(())
     }
 
     /// Give a reservation back to its window (a window already pruned has nothing to give back to).

@@ -969,6 +969,27 @@ fn provider_claims_key_makes_absent_immediate() {
     );
 }
 
+/// A read position may come from a host's clock: the declared skew is added
+/// to the comparisons with the last dispatch and with max_in_flight.
+#[test]
+fn declared_clock_skew_widens_the_absent_rules() {
+    let h = MemoryHost::new();
+    h.settings.borrow_mut().clock_skew_ms = 500;
+    // Finished at T0 + 1 s: the last dispatch.
+    let _ = unknown_record(&h, "k", policy());
+    let last_dispatch = T0 + SECOND;
+    h.advance(MAX_IN_FLIGHT + SECOND);
+    // After the last dispatch, but not by more than the skew: still unknown.
+    h.script_lookup(Evidence::Absent(last_dispatch + 400));
+    assert!(matches!(reconcile(&h, "s", "k").unwrap(), Decision::Unknown(_)));
+    // Past max_in_flight, but not by more than the skew: still unknown.
+    h.script_lookup(Evidence::Absent(last_dispatch + MAX_IN_FLIGHT + 400));
+    assert!(matches!(reconcile(&h, "s", "k").unwrap(), Decision::Unknown(_)));
+    // Past max_in_flight plus the skew: proven absent, the dispatch is owed.
+    h.script_lookup(Evidence::Absent(last_dispatch + MAX_IN_FLIGHT + 501));
+    assert_eq!(execute_of(reconcile(&h, "s", "k").unwrap()).attempt, 2);
+}
+
 /// absent: a dispatch is owed, taken by the next begin or reconcile.
 #[test]
 fn absent_owes_a_dispatch_to_begin_or_reconcile() {
@@ -2196,16 +2217,11 @@ fn success_on_a_superseded_original_is_escalated() {
     assert!(ids.iter().all(|id| *id == ids[0]));
 }
 
-/// Once a tombstone's own retention has passed, the key's audit trail (keyed
-/// by scope, key, version and never rewritten) is still there, so a new
-/// record at version 1 collides with it and every begin loses the race 16
-/// times and answers blocked(storage), on a healthy ledger, forever.
-/// DESIGN.md does not say whether such a key may be reused (execute) or stays
-/// expired; either needs a decision (and, for reuse, a host or WIT change to
-/// retire the old trail), so this is reported rather than fixed.
+/// After its tombstone's own retention the key is forgotten: a new record
+/// continues the old audit trail (events are never rewritten) instead of
+/// colliding with it.
 #[test]
-#[ignore = "contract gap: key reuse after tombstone retention collides with the old audit trail"]
-fn key_after_tombstone_retention_is_not_a_storage_failure() {
+fn key_after_tombstone_retention_starts_a_new_operation_after_the_old_trail() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k", ARGS)));
     fin(&h, "k", &e.fence, success(RECEIPT));
@@ -2213,9 +2229,15 @@ fn key_after_tombstone_retention_is_not_a_storage_failure() {
     assert_eq!(prune(&h, 10).unwrap().pruned, 1);
     h.advance(default_policy().tombstone_retention_ms);
     assert_eq!(prune(&h, 10).unwrap().tombstones_removed, 1);
+    let old_trail = h.audit("s", "k").unwrap();
+    let last_old = old_trail.last().unwrap().version;
     let d = go(&h, refund("k", ARGS));
-    assert!(
-        matches!(&d, Decision::Execute(_)) || matches!(&d, Decision::Blocked(b) if b.reason == BlockReason::Expired),
-        "a healthy ledger answered {d:?}"
-    );
+    let e2 = execute_of(d);
+    assert_eq!(e2.attempt, 1);
+    let trail = h.audit("s", "k").unwrap();
+    assert_eq!(trail.len(), old_trail.len() + 1, "the old events are kept");
+    assert_eq!(trail.last().unwrap().version, last_old + 1);
+    assert_eq!(trail.last().unwrap().kind, "begin");
+    fin(&h, "k", &e2.fence, success(RECEIPT));
+    assert_eq!(view(&h, "k").state, State::Confirmed);
 }

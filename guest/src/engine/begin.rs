@@ -64,7 +64,7 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
     if req.supersedes.as_deref() == Some(key.as_str()) {
         return Err(Error::InvalidRequest("an operation cannot supersede itself".to_string()));
     }
-    let claim = Claim { req: &req, payload: &payload, key, key_source };
+    let claim = Claim { req: &req, payload: &payload, key, key_source, audit_base: core::cell::Cell::new(0) };
     for _ in 0..MAX_RACES {
         match claim.decide(h) {
             Ok(decision) => return Ok(decision),
@@ -81,6 +81,10 @@ struct Claim<'a> {
     payload: &'a Payload,
     key: String,
     key_source: KeySource,
+    /// Last audit version left by an earlier record of this key whose
+    /// tombstone has since been removed: a new record continues after it,
+    /// because audit events are never rewritten.
+    audit_base: core::cell::Cell<u64>,
 }
 
 impl Claim<'_> {
@@ -127,20 +131,28 @@ impl Claim<'_> {
                         Err(_) => return Ok(blocked(BlockReason::Unverified, "the provider's receipt is not valid JSON".to_string())),
                     };
                     let now = h.now();
-                    let (mut rec, event) =
-                        OpRecord::create(self.new_record(provider_key, args, None), Origin::Verified { receipt: receipt.clone() }, now);
-                    tx.record(&mut rec, None, event, now);
+                    // The money moved: count it, ceiling or not.
+                    let reservation = match (&req.policy.quota, self.payload.spend) {
+                        (Some(quota), Some(units)) => tx.reserve(h, &req.scope, &req.tool, quota, units, now, false)?,
+                        _ => None,
+                    };
+                    let origin = Origin::Verified { receipt: receipt.clone() };
+                    let (mut rec, event) = OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
+                    self.insert(&mut tx, &mut rec, event, now);
                     // The receipt is the answer even if recording it fails; a conflict means
                     // someone else recorded this key meanwhile, so decide again.
                     if let Err(LedgerError::Conflict) = tx.commit(h) {
-                        return Err(LedgerError::Conflict);
+                        return Err(self.after_insert_conflict(h));
                     }
                     return Ok(replay(receipt, ReplayVia::Provider, &self.key));
                 }
                 Evidence::Unknown(why) => {
                     return Ok(blocked(BlockReason::Unverified, format!("verify-first lookup could not tell: {why}")));
                 }
-                Evidence::Absent(read_position) if read_position < lookup_started => {
+                // The read must cover the moment the lookup started, give or take the skew.
+                Evidence::Absent(read_position)
+                    if read_position < lookup_started.saturating_add(h.settings().clock_skew_ms) =>
+                {
                     return Ok(blocked(
                         BlockReason::Unverified,
                         format!("verify-first read position {read_position} is before the lookup started ({lookup_started})"),
@@ -166,9 +178,31 @@ impl Claim<'_> {
         let lease_until = now.saturating_add(req.policy.lease_ms);
         let origin = Origin::Claimed { fence, lease_until };
         let (mut rec, event) = OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
-        tx.record(&mut rec, None, event, now);
-        tx.commit(h)?;
-        Ok(execute(&rec, &h.settings()))
+        self.insert(&mut tx, &mut rec, event, now);
+        match tx.commit(h) {
+            Ok(()) => Ok(execute(&rec, &h.settings())),
+            Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn insert(&self, tx: &mut Tx, rec: &mut OpRecord, event: crate::record::Event, now: u64) {
+        tx.insert(rec, self.audit_base.get() + 1, event, now);
+    }
+
+    /// An insert lost: usually to a concurrent writer (decide again). When no
+    /// record and no tombstone exist, it collided with the audit trail of an
+    /// earlier record whose tombstone expired; continue that trail.
+    fn after_insert_conflict(&self, h: &impl Host) -> LedgerError {
+        let gone = matches!(load(h, &self.req.scope, &self.key), Ok(None))
+            && matches!(load_tombstone(h, &self.req.scope, &self.key), Ok(None));
+        if gone {
+            match h.audit(&self.req.scope, &self.key) {
+                Ok(trail) => self.audit_base.set(trail.last().map_or(0, |e| e.version)),
+                Err(e) => return LedgerError::Storage(e),
+            }
+        }
+        LedgerError::Conflict
     }
 
     fn new_record(&self, provider_key: String, args: String, reservation: Option<crate::record::Reservation>) -> NewRecord {
@@ -208,7 +242,7 @@ impl Claim<'_> {
             ))),
             State::Confirmed if self.req.acknowledge_confirmed => {
                 let event = orig.link_successor(&self.key);
-                tx.record(&mut orig, Some(version), event, now);
+                tx.record(&mut orig, version, event, now);
                 Ok(None)
             }
             State::Confirmed => Ok(Some(Decision::Blocked(Blocked {
@@ -221,7 +255,7 @@ impl Claim<'_> {
                 if let Some(reservation) = released {
                     tx.release(h, &self.req.scope, &reservation)?;
                 }
-                tx.record(&mut orig, Some(version), event, now);
+                tx.record(&mut orig, version, event, now);
                 Ok(None)
             }
         }
@@ -251,7 +285,7 @@ impl Claim<'_> {
             State::InFlight if rec.lease_ended(now) => {
                 let event = rec.expire_lease(now);
                 let mut tx = Tx::new();
-                tx.record(&mut rec, Some(version), event, now);
+                tx.record(&mut rec, version, event, now);
                 tx.commit(h)?;
                 Ok(unknown(&rec))
             }
@@ -291,7 +325,7 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
     };
     let fence = fence(&rec.scope, &rec.key, rec.attempts.len() as u32 + 1, rec.created_at, now);
     let event = rec.grant(fence, now, reservation);
-    tx.record(&mut rec, Some(version), event, now);
+    tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok(execute(&rec, &h.settings()))
 }
@@ -306,7 +340,7 @@ fn record_observation(
     now: u64,
 ) -> Result<(), LedgerError> {
     let mut tx = Tx::new();
-    tx.record(rec, Some(version), event, now);
+    tx.record(rec, version, event, now);
     match tx.commit(h) {
         Err(LedgerError::Conflict) => Err(LedgerError::Conflict),
         _ => Ok(()),

@@ -34,7 +34,7 @@ pub fn escalate_if_due(h: &impl Host, loaded: Loaded, now: u64) -> Result<(Loade
         let Loaded { mut rec, version } = loaded;
         let event = mark(&mut rec);
         let mut tx = Tx::new();
-        tx.record(&mut rec, Some(version), event, now);
+        tx.record(&mut rec, version, event, now);
         tx.commit(h)?;
         Loaded { rec, version: version + 1 }
     } else {
@@ -65,7 +65,7 @@ pub fn deliver(h: &impl Host, loaded: Loaded) -> (Loaded, bool) {
         let now = super::now_for(h, Some(rec));
         let event = acked.acknowledge_escalation();
         let mut tx = Tx::new();
-        tx.record(&mut acked, Some(loaded.version), event, now);
+        tx.record(&mut acked, loaded.version, event, now);
         // Losing this write only means a re-delivery, which the sink dedupes.
         if tx.commit(h).is_ok() {
             return (Loaded { rec: acked, version: loaded.version + 1 }, true);

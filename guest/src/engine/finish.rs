@@ -49,14 +49,11 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
             rec.confirm_possible_duplicate(receipt, fence, id, now)
         }
         (Outcome::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
-            if let (Some(quota), Some(spend), None) = (&rec.policy.quota, &rec.spend, &rec.reservation) {
-                // The money moved after all: count it, ceiling or not.
-                let units = spend.parse().unwrap_or(0);
-                rec.reservation = tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)?;
-            }
+            tx.count_spend(h, &mut rec, now)?;
             rec.confirm(receipt, Some(fence), now, "late-success")
         }
         (Outcome::Success(receipt), State::Superseded) if rec.receipt.is_none() => {
+            tx.count_spend(h, &mut rec, now)?;
             let id = escalation::duplicate_id(&rec, now);
             rec.flag_superseded_effect(receipt, fence, id, now)
         }
@@ -67,7 +64,7 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
         (Outcome::NotSent, _) => release(h, &mut tx, &mut rec, fence, None, now)?,
         (Outcome::Ambiguous(reason), _) => rec.ambiguous(fence, reason, now),
     };
-    tx.record(&mut rec, Some(version), event, now);
+    tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     let state = rec.state;
     let _ = escalation::deliver(h, Loaded { rec, version: version + 1 });

@@ -83,10 +83,7 @@ fn apply(h: &impl Host, loaded: Loaded, resolution: Resolution, note: &str, forc
     let mut event = match resolution {
         Resolution::Confirmed(receipt) => match rec.state {
             State::Unknown | State::Absent | State::Failed | State::InFlight => {
-                if let (Some(quota), Some(spend), None) = (&rec.policy.quota, &rec.spend, &rec.reservation) {
-                    let units = spend.parse().unwrap_or(0);
-                    rec.reservation = tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)?;
-                }
+                tx.count_spend(h, &mut rec, now)?;
                 rec.confirm(receipt, None, now, "operator-confirmed")
             }
             other => return refuse(&format!("a {} record cannot be resolved as confirmed", state_name(other))),
@@ -106,7 +103,7 @@ fn apply(h: &impl Host, loaded: Loaded, resolution: Resolution, note: &str, forc
         },
     };
     event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
-    tx.record(&mut rec, Some(version), event, now);
+    tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok(Ok(rec.state))
 }

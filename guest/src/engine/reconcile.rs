@@ -94,7 +94,7 @@ pub(super) fn expire(h: &impl Host, loaded: Loaded, now: u64) -> Result<Loaded, 
     let Loaded { mut rec, version } = loaded;
     let event = rec.expire_lease(now);
     let mut tx = Tx::new();
-    tx.record(&mut rec, Some(version), event, now);
+    tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok(Loaded {
         rec,
@@ -131,14 +131,14 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
         },
         // A read cannot reflect commits later than the moment it returned: a
         // read position in the future must not skip max_in_flight.
-        Evidence::Absent(read_position) => absent(&mut rec, read_position.min(now), now, backoff),
+        Evidence::Absent(read_position) => absent(&mut rec, read_position.min(now), h.settings().clock_skew_ms, now, backoff),
         Evidence::Unknown(why) => (
             rec.still_unknown(&format!("lookup could not tell: {why}"), None, backoff),
             Read::Unknown,
         ),
     };
     let mut tx = Tx::new();
-    tx.record(&mut rec, Some(version), event, now);
+    tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok((
         Loaded {
@@ -151,17 +151,20 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
 
 /// ABSENT counts only after the last dispatch, and becomes `absent` only when
 /// no late arrival can make a second effect.
-fn absent(rec: &mut OpRecord, read_position: u64, now: u64, backoff: u64) -> (crate::record::Event, Read) {
+///
+/// The read position may come from a host's clock, so the declared skew is
+/// added to every comparison with the ledger's times.
+fn absent(rec: &mut OpRecord, read_position: u64, skew: u64, now: u64, backoff: u64) -> (crate::record::Event, Read) {
     let last_dispatch = rec.last_dispatch().unwrap_or(0);
     let settled_at = last_dispatch.saturating_add(rec.policy.max_in_flight_ms);
-    if read_position <= last_dispatch {
+    if read_position <= last_dispatch.saturating_add(skew) {
         let why = format!("absent as of {read_position}, not after the last dispatch {last_dispatch}");
         (rec.still_unknown(&why, Some(read_position), backoff), Read::Unknown)
-    } else if rec.policy.provider_claims_key || read_position > settled_at {
+    } else if rec.policy.provider_claims_key || read_position > settled_at.saturating_add(skew) {
         (rec.prove_absent(read_position, now, "reconciled-absent"), Read::Absent)
     } else {
         let why = format!("absent as of {read_position}, but an earlier request may still commit until {settled_at}");
-        let next = settled_at.saturating_add(1).max(now.saturating_add(1));
+        let next = settled_at.saturating_add(skew).saturating_add(1).max(now.saturating_add(1));
         (rec.still_unknown(&why, Some(read_position), next), Read::Unknown)
     }
 }
