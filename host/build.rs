@@ -13,7 +13,10 @@ const TARGET: &str = "wasm32-wasip2";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir.parent().expect("host/ lives in the workspace root").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .expect("host/ lives in the workspace root")
+        .to_path_buf();
     for path in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
@@ -22,7 +25,10 @@ fn main() {
     // A prebuilt component (e.g. one built once per CI run and shared by
     // several runners) may be supplied instead.
     if let Some(prebuilt) = env::var_os("ONCE_COMPONENT") {
-        println!("cargo:rustc-env=ONCE_COMPONENT_PATH={}", PathBuf::from(prebuilt).display());
+        println!(
+            "cargo:rustc-env=ONCE_COMPONENT_PATH={}",
+            PathBuf::from(prebuilt).display()
+        );
         return;
     }
 
@@ -39,7 +45,16 @@ fn main() {
 
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&root)
-        .args(["build", "--locked", "--release", "-p", "once-guest", "--lib", "--target", TARGET])
+        .args([
+            "build",
+            "--locked",
+            "--release",
+            "-p",
+            "once-guest",
+            "--lib",
+            "--target",
+            TARGET,
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         // The component is small and called often: optimise it whatever the host profile.
@@ -77,5 +92,9 @@ fn target_installed(rustc: &std::ffi::OsStr) -> bool {
         return true; // Let cargo report whatever is wrong.
     };
     let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Path::new(&sysroot).join("lib/rustlib").join(TARGET).join("lib").is_dir()
+    Path::new(&sysroot)
+        .join("lib/rustlib")
+        .join(TARGET)
+        .join("lib")
+        .is_dir()
 }

@@ -79,5 +79,8 @@ pub fn escalation_id(scope: &str, key: &str, deadline: u64, reason: &str) -> Str
 
 fn number(n: u64) -> Value {
     // Timestamps and counters stay far below 2^53, so the f64 is exact.
-    Value::Number(Number { value: n as f64, raw: n.to_string() })
+    Value::Number(Number {
+        value: n as f64,
+        raw: n.to_string(),
+    })
 }

@@ -33,7 +33,12 @@ pub fn to_wit_json_error(e: canon::Error) -> JsonError {
         K::TooDeep => JsonErrorKind::TooDeep,
         K::TooLarge => JsonErrorKind::TooLarge,
     };
-    JsonError { kind, pointer: e.pointer, offset: e.offset as u64, message: e.message }
+    JsonError {
+        kind,
+        pointer: e.pointer,
+        offset: e.offset as u64,
+        message: e.message,
+    }
 }
 
 /// A scope or operation key: non-empty, within the length limit, no control characters.
@@ -62,7 +67,9 @@ pub fn canonical_text(text: &str, settings: &Settings) -> Result<alloc::string::
 /// A note for an operator command: required.
 pub fn check_note(note: &str) -> Result<(), Error> {
     if note.trim().is_empty() {
-        return Err(Error::InvalidRequest("an operator resolution needs a --note".to_string()));
+        return Err(Error::InvalidRequest(
+            "an operator resolution needs a --note".to_string(),
+        ));
     }
     Ok(())
 }

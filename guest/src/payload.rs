@@ -30,14 +30,21 @@ pub type Refusal = (BlockReason, String);
 
 impl Payload {
     /// Parse `args` (a JSON object) under `policy`.
-    pub fn build(tool: &str, args: &str, policy: &ToolPolicy, settings: &Settings) -> Result<Result<Self, Refusal>, Error> {
+    pub fn build(
+        tool: &str,
+        args: &str,
+        policy: &ToolPolicy,
+        settings: &Settings,
+    ) -> Result<Result<Self, Refusal>, Error> {
         let args = canon::parse(args.as_bytes(), &limits(settings)).map_err(json_error)?;
         if !matches!(args, Value::Object(_)) {
             return Err(Error::InvalidRequest("args must be a JSON object".to_string()));
         }
         let key_argument = match &policy.key_argument {
             Some(name) => Some(name.clone()),
-            None => key_argument_names(policy).find(|n| args.get(n).is_some()).map(str::to_string),
+            None => key_argument_names(policy)
+                .find(|n| args.get(n).is_some())
+                .map(str::to_string),
         };
         let effect = match &policy.effect_fields {
             None => {
@@ -76,7 +83,12 @@ impl Payload {
             },
         };
         let fingerprint = fingerprint_of(tool, effect);
-        Ok(Ok(Payload { fingerprint, args, key_argument, spend }))
+        Ok(Ok(Payload {
+            fingerprint,
+            args,
+            key_argument,
+            spend,
+        }))
     }
 
     /// The canonical args to dispatch: the key argument, if any, set to the provider key.
@@ -93,7 +105,10 @@ impl Payload {
 
 /// `sha256(JCS({"tool": tool, "args": args}))`.
 pub fn fingerprint_of(tool: &str, args: Value) -> String {
-    let members = alloc::vec![("tool".to_string(), Value::String(tool.to_string())), ("args".to_string(), args)];
+    let members = alloc::vec![
+        ("tool".to_string(), Value::String(tool.to_string())),
+        ("args".to_string(), args)
+    ];
     sha256_jcs(&Value::Object(members))
 }
 

@@ -6,9 +6,7 @@ use alloc::string::{String, ToString};
 use crate::amount::parse_minor_units;
 use crate::canon::{self, Value};
 use crate::digest::{is_sha256_hex, sha256_jcs};
-use crate::types::{
-    BlockReason, Error, IdentityMode, Route, Settings, ToolDescriptor, ToolPolicy,
-};
+use crate::types::{BlockReason, Error, IdentityMode, Route, Settings, ToolDescriptor, ToolPolicy};
 
 /// Slack added to a tool's dispatch timeout (plus twice the declared clock skew)
 /// that its lease must cover: the host re-checks the lease just before sending.
@@ -84,8 +82,7 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
             return bad("effect_fields is empty: omit it to make every argument effect-bearing".to_string());
         }
         for field in fields {
-            canon::check_pointer(field)
-                .map_err(|e| Error::InvalidPolicy(format!("effect field {field:?}: {e}")))?;
+            canon::check_pointer(field).map_err(|e| Error::InvalidPolicy(format!("effect field {field:?}: {e}")))?;
             if field.is_empty() {
                 return bad("effect field \"\" (the whole args) is the default; omit effect_fields".to_string());
             }
@@ -105,7 +102,10 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
         if let Some(fields) = &policy.effect_fields
             && !fields.contains(&quota.spend_field)
         {
-            return bad(format!("spend field {:?} must be one of the effect fields", quota.spend_field));
+            return bad(format!(
+                "spend field {:?} must be one of the effect fields",
+                quota.spend_field
+            ));
         }
         if quota.decimals > 18 {
             return bad(format!("quota decimals {} is above 18", quota.decimals));
@@ -133,7 +133,10 @@ pub fn key_argument_names(policy: &ToolPolicy) -> impl Iterator<Item = &str> {
 }
 
 fn pointer_names_member(pointer: &str, name: &str) -> bool {
-    pointer.strip_prefix('/').map(|rest| rest.replace("~1", "/").replace("~0", "~")) == Some(name.to_string())
+    pointer
+        .strip_prefix('/')
+        .map(|rest| rest.replace("~1", "/").replace("~0", "~"))
+        == Some(name.to_string())
 }
 
 /// How a tool routes, with the reason when it is blocked.
@@ -172,7 +175,10 @@ pub fn route(policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>, settings:
         if &actual != pin {
             return Ok(Routing::Block(
                 BlockReason::DescriptorChanged,
-                format!("tool {:?} changed: descriptor fingerprint {actual}, pinned {pin}", descriptor.name),
+                format!(
+                    "tool {:?} changed: descriptor fingerprint {actual}, pinned {pin}",
+                    descriptor.name
+                ),
             ));
         }
     }
@@ -186,7 +192,8 @@ pub fn route(policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>, settings:
     let Some(annotations) = descriptor.and_then(|d| d.annotations.as_deref()) else {
         return Ok(Routing::Protect);
     };
-    let annotations = canon::parse(annotations.as_bytes(), &crate::input::limits(settings)).map_err(crate::input::json_error)?;
+    let annotations =
+        canon::parse(annotations.as_bytes(), &crate::input::limits(settings)).map_err(crate::input::json_error)?;
     let hint = |name: &str| match annotations.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),

@@ -210,13 +210,30 @@ impl OpRecord {
         };
         let event = match origin {
             Origin::Claimed { fence, lease_until } => {
-                rec.attempts.push(Attempt { n: 1, fence, granted_at: now, lease_until, ended_at: None, outcome: None });
-                Event { kind: "begin", from: None, attempt: Some(1), detail: detail(&[("lease_until", num(lease_until))]) }
+                rec.attempts.push(Attempt {
+                    n: 1,
+                    fence,
+                    granted_at: now,
+                    lease_until,
+                    ended_at: None,
+                    outcome: None,
+                });
+                Event {
+                    kind: "begin",
+                    from: None,
+                    attempt: Some(1),
+                    detail: detail(&[("lease_until", num(lease_until))]),
+                }
             }
             Origin::Verified { receipt } => {
                 rec.state = State::Confirmed;
                 rec.receipt = Some(receipt);
-                Event { kind: "verified-confirmed", from: None, attempt: None, detail: "{}".to_string() }
+                Event {
+                    kind: "verified-confirmed",
+                    from: None,
+                    attempt: None,
+                    detail: "{}".to_string(),
+                }
             }
         };
         (rec, event)
@@ -261,7 +278,10 @@ impl OpRecord {
         let pending_deadline = if self.escalated { None } else { self.deadline };
         match self.state {
             State::InFlight => self.current().map(|a| a.lease_until),
-            State::Unknown => [self.next_check, pending_deadline, escalation_redelivery].into_iter().flatten().min(),
+            State::Unknown => [self.next_check, pending_deadline, escalation_redelivery]
+                .into_iter()
+                .flatten()
+                .min(),
             State::Absent => [pending_deadline, escalation_redelivery].into_iter().flatten().min(),
             State::Confirmed | State::Failed | State::Superseded => {
                 let prune_at = self.transitioned_at.saturating_add(self.policy.retention_ms);
@@ -290,7 +310,14 @@ impl OpRecord {
     pub fn grant(&mut self, fence: String, now: u64, reservation: Option<Reservation>) -> Event {
         let n = self.attempts.len() as u32 + 1;
         let lease_until = now.saturating_add(self.policy.lease_ms);
-        self.attempts.push(Attempt { n, fence, granted_at: now, lease_until, ended_at: None, outcome: None });
+        self.attempts.push(Attempt {
+            n,
+            fence,
+            granted_at: now,
+            lease_until,
+            ended_at: None,
+            outcome: None,
+        });
         if reservation.is_some() {
             self.reservation = reservation;
         }
@@ -311,13 +338,24 @@ impl OpRecord {
         let from = self.enter(State::Confirmed, now);
         self.receipt = Some(receipt);
         self.clear_pending();
-        Event { kind, from: Some(from), attempt, detail: "{}".to_string() }
+        Event {
+            kind,
+            from: Some(from),
+            attempt,
+            detail: "{}".to_string(),
+        }
     }
 
     /// A success from an old attempt while a newer one is in flight: keep the
     /// receipt, flag the possible duplicate. The state moves to confirmed.
     /// The escalation is marked in the same write.
-    pub fn confirm_possible_duplicate(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+    pub fn confirm_possible_duplicate(
+        &mut self,
+        receipt: String,
+        fence: &str,
+        escalation_id: String,
+        now: u64,
+    ) -> Event {
         let mut event = self.confirm(receipt, Some(fence), now, "late-success-possible-duplicate");
         self.possible_duplicate = true;
         self.escalated = true;
@@ -335,7 +373,12 @@ impl OpRecord {
         self.escalated = true;
         self.escalation_acked = false;
         self.escalation_id = Some(escalation_id);
-        Event { kind: "late-success-superseded", from: Some(self.state), attempt, detail: "{}".to_string() }
+        Event {
+            kind: "late-success-superseded",
+            from: Some(self.state),
+            attempt,
+            detail: "{}".to_string(),
+        }
     }
 
     /// in_flight -> failed: the provider answered and did nothing (or the host did not send).
@@ -346,8 +389,20 @@ impl OpRecord {
         let from = self.enter(State::Failed, now);
         self.error = error.clone().or_else(|| Some("not sent".to_string()));
         self.clear_pending();
-        let kind = if error.is_some() { "finish-rejected" } else { "finish-not-sent" };
-        (Event { kind, from: Some(from), attempt, detail: "{}".to_string() }, self.reservation.take())
+        let kind = if error.is_some() {
+            "finish-rejected"
+        } else {
+            "finish-not-sent"
+        };
+        (
+            Event {
+                kind,
+                from: Some(from),
+                attempt,
+                detail: "{}".to_string(),
+            },
+            self.reservation.take(),
+        )
     }
 
     /// in_flight -> unknown: the holder reported an ambiguous outcome.
@@ -355,7 +410,12 @@ impl OpRecord {
         let attempt = self.end_attempt(fence, now, "ambiguous");
         let event_detail = detail(&[("reason", string(&reason))]);
         self.become_unknown(reason, now, now);
-        Event { kind: "finish-ambiguous", from: Some(State::InFlight), attempt, detail: event_detail }
+        Event {
+            kind: "finish-ambiguous",
+            from: Some(State::InFlight),
+            attempt,
+            detail: event_detail,
+        }
     }
 
     /// in_flight -> unknown: the lease ended without a `finish`.
@@ -363,7 +423,12 @@ impl OpRecord {
         let attempt = self.current().map(|a| (a.n, a.lease_until));
         let since = attempt.map_or(now, |(_, until)| until);
         self.become_unknown("lease expired without a reported outcome".to_string(), since, now);
-        Event { kind: "lease-expired", from: Some(State::InFlight), attempt: attempt.map(|a| a.0), detail: "{}".to_string() }
+        Event {
+            kind: "lease-expired",
+            from: Some(State::InFlight),
+            attempt: attempt.map(|a| a.0),
+            detail: "{}".to_string(),
+        }
     }
 
     fn become_unknown(&mut self, reason: String, since: u64, now: u64) {
@@ -388,7 +453,12 @@ impl OpRecord {
         self.escalated = false;
         self.escalation_acked = false;
         self.escalation_id = None;
-        Event { kind, from: Some(from), attempt: None, detail: detail(&[("read_position", num(read_position))]) }
+        Event {
+            kind,
+            from: Some(from),
+            attempt: None,
+            detail: detail(&[("read_position", num(read_position))]),
+        }
     }
 
     /// unknown stays unknown: a provider read did not settle it. Records when to read again.
@@ -402,7 +472,12 @@ impl OpRecord {
         if let Some(rp) = read_position {
             fields.push(("read_position", num(rp)));
         }
-        Event { kind: "reconcile-inconclusive", from: Some(State::Unknown), attempt: None, detail: detail(&fields) }
+        Event {
+            kind: "reconcile-inconclusive",
+            from: Some(State::Unknown),
+            attempt: None,
+            detail: detail(&fields),
+        }
     }
 
     /// failed or absent -> superseded by a successor; returns the reservation to release.
@@ -410,13 +485,26 @@ impl OpRecord {
         let from = self.enter(State::Superseded, now);
         self.superseded_by = Some(by.to_string());
         self.clear_pending();
-        (Event { kind: "superseded", from: Some(from), attempt: None, detail: detail(&[("by", string(by))]) }, self.reservation.take())
+        (
+            Event {
+                kind: "superseded",
+                from: Some(from),
+                attempt: None,
+                detail: detail(&[("by", string(by))]),
+            },
+            self.reservation.take(),
+        )
     }
 
     /// A confirmed original gets a successor that acknowledged it: lineage only, no state change.
     pub fn link_successor(&mut self, by: &str) -> Event {
         self.superseded_by = Some(by.to_string());
-        Event { kind: "succeeded-by", from: Some(self.state), attempt: None, detail: detail(&[("by", string(by))]) }
+        Event {
+            kind: "succeeded-by",
+            from: Some(self.state),
+            attempt: None,
+            detail: detail(&[("by", string(by))]),
+        }
     }
 
     /// Mark the deadline passed and escalated (same write), with the escalation's id.
@@ -435,13 +523,23 @@ impl OpRecord {
     /// The sink acknowledged the escalation.
     pub fn acknowledge_escalation(&mut self) -> Event {
         self.escalation_acked = true;
-        Event { kind: "escalation-acknowledged", from: Some(self.state), attempt: None, detail: "{}".to_string() }
+        Event {
+            kind: "escalation-acknowledged",
+            from: Some(self.state),
+            attempt: None,
+            detail: "{}".to_string(),
+        }
     }
 
     /// A repeat of a confirmed operation was answered from the receipt.
     pub fn note_replay(&mut self) -> Event {
         self.replays = self.replays.saturating_add(1);
-        Event { kind: "replay", from: Some(self.state), attempt: None, detail: "{}".to_string() }
+        Event {
+            kind: "replay",
+            from: Some(self.state),
+            attempt: None,
+            detail: "{}".to_string(),
+        }
     }
 
     /// A call with the same key and a different payload was refused.

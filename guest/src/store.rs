@@ -57,10 +57,12 @@ pub fn load(h: &impl Host, scope: &str, key: &str) -> Result<Option<Loaded>, Led
 
 /// Decode an operation row.
 pub fn decode(row: &Row) -> Result<Loaded, LedgerError> {
-    let rec: OpRecord = serde_json::from_str(&row.body).map_err(|e| {
-        LedgerError::Storage(format!("record {:?}/{:?} is unreadable: {e}", row.scope, row.key))
-    })?;
-    Ok(Loaded { rec, version: row.version })
+    let rec: OpRecord = serde_json::from_str(&row.body)
+        .map_err(|e| LedgerError::Storage(format!("record {:?}/{:?} is unreadable: {e}", row.scope, row.key)))?;
+    Ok(Loaded {
+        rec,
+        version: row.version,
+    })
 }
 
 /// A tombstone: what is left of a pruned record.
@@ -101,7 +103,12 @@ impl Default for Tx {
 impl Tx {
     /// An empty transaction.
     pub fn new() -> Self {
-        Tx { batch: Batch { puts: Vec::new(), events: Vec::new() } }
+        Tx {
+            batch: Batch {
+                puts: Vec::new(),
+                events: Vec::new(),
+            },
+        }
     }
 
     /// Update `rec` from version `expected` with the event of its transition.
@@ -138,7 +145,12 @@ impl Tx {
     /// Delete a record (pruning) and leave its tombstone.
     pub fn prune(&mut self, loaded: &Loaded, now: u64) {
         let rec = &loaded.rec;
-        let tombstone = Tombstone { tool: rec.tool.clone(), fingerprint: rec.fingerprint.clone(), outcome: rec.state, pruned_at: now };
+        let tombstone = Tombstone {
+            tool: rec.tool.clone(),
+            fingerprint: rec.fingerprint.clone(),
+            outcome: rec.state,
+            pruned_at: now,
+        };
         self.batch.puts.push(Put {
             table: Table::Operation,
             scope: rec.scope.clone(),
@@ -161,7 +173,12 @@ impl Tx {
                 body: serde_json::to_string(&tombstone).expect("tombstones always serialize"),
             }),
         });
-        let event = Event { kind: "pruned", from: Some(rec.state), attempt: None, detail: "{}".to_string() };
+        let event = Event {
+            kind: "pruned",
+            from: Some(rec.state),
+            attempt: None,
+            detail: "{}".to_string(),
+        };
         self.event(&rec.scope, &rec.key, loaded.version + 1, event, None, now);
     }
 
@@ -220,8 +237,19 @@ impl Tx {
             return Ok(None);
         }
         let expected = current.and_then(|b| b.expected);
-        self.put_bucket(scope, bucket_key(&bucket, window_start), total, expected, window_start.saturating_add(quota.window_ms));
-        Ok(Some(Reservation { bucket, window_start, window_ms: quota.window_ms, units: units.to_string() }))
+        self.put_bucket(
+            scope,
+            bucket_key(&bucket, window_start),
+            total,
+            expected,
+            window_start.saturating_add(quota.window_ms),
+        );
+        Ok(Some(Reservation {
+            bucket,
+            window_start,
+            window_ms: quota.window_ms,
+            units: units.to_string(),
+        }))
     }
 
     /// An effect happened after its reservation was released (a late success,
@@ -240,31 +268,54 @@ impl Tx {
         if let Some(current) = self.bucket(h, scope, &reservation.bucket, reservation.window_start)? {
             let window_end = reservation.window_start.saturating_add(reservation.window_ms);
             let key = bucket_key(&reservation.bucket, reservation.window_start);
-            self.put_bucket(scope, key, current.used.saturating_sub(units), current.expected, window_end);
+            self.put_bucket(
+                scope,
+                key,
+                current.used.saturating_sub(units),
+                current.expected,
+                window_end,
+            );
         }
         Ok(())
     }
 
     /// The bucket as this batch would leave it, or as stored.
-    fn bucket(&self, h: &impl Host, scope: &str, bucket: &str, window_start: u64) -> Result<Option<BucketState>, LedgerError> {
+    fn bucket(
+        &self,
+        h: &impl Host,
+        scope: &str,
+        bucket: &str,
+        window_start: u64,
+    ) -> Result<Option<BucketState>, LedgerError> {
         let key = bucket_key(bucket, window_start);
         if let Some(put) = self.pending_bucket(scope, &key) {
             let used = put.row.as_ref().map_or(Ok(0), used_of)?;
-            return Ok(Some(BucketState { used, expected: put.expected }));
+            return Ok(Some(BucketState {
+                used,
+                expected: put.expected,
+            }));
         }
         match h.get(Table::Quota, scope, &key).map_err(LedgerError::Storage)? {
             None => Ok(None),
-            Some(row) => Ok(Some(BucketState { used: used_of(&row)?, expected: Some(row.version) })),
+            Some(row) => Ok(Some(BucketState {
+                used: used_of(&row)?,
+                expected: Some(row.version),
+            })),
         }
     }
 
     fn pending_bucket(&self, scope: &str, key: &str) -> Option<&Put> {
-        self.batch.puts.iter().find(|p| p.table == Table::Quota && p.scope == scope && p.key == key)
+        self.batch
+            .puts
+            .iter()
+            .find(|p| p.table == Table::Quota && p.scope == scope && p.key == key)
     }
 
     fn put_bucket(&mut self, scope: &str, key: String, used: u128, expected: Option<u64>, window_end: u64) {
         // One put per bucket per batch: a second touch replaces the first.
-        self.batch.puts.retain(|p| !(p.table == Table::Quota && p.scope == scope && p.key == key));
+        self.batch
+            .puts
+            .retain(|p| !(p.table == Table::Quota && p.scope == scope && p.key == key));
         let body = serde_json::to_string(&QuotaBucket { used: used.to_string() }).expect("buckets always serialize");
         self.batch.puts.push(Put {
             table: Table::Quota,

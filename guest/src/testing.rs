@@ -35,7 +35,12 @@ impl Default for MemoryHost {
 
 /// Default settings for tests: 1 MiB, depth 128, 256-byte keys, no skew.
 pub fn default_settings() -> Settings {
-    Settings { max_input_bytes: 1 << 20, max_depth: 128, max_key_bytes: 256, clock_skew_ms: 0 }
+    Settings {
+        max_input_bytes: 1 << 20,
+        max_depth: 128,
+        max_key_bytes: 256,
+        clock_skew_ms: 0,
+    }
 }
 
 fn table_id(t: Table) -> u8 {
@@ -118,7 +123,11 @@ impl Host for MemoryHost {
         if self.fail_reads.get() {
             return Err("injected read failure".to_string());
         }
-        Ok(self.rows.borrow().get(&(table_id(table), scope.to_string(), key.to_string())).cloned())
+        Ok(self
+            .rows
+            .borrow()
+            .get(&(table_id(table), scope.to_string(), key.to_string()))
+            .cloned())
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
@@ -176,7 +185,9 @@ impl Host for MemoryHost {
     }
 
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
-        self.lookups.borrow_mut().push((tool.to_string(), provider_key.to_string(), args.to_string()));
+        self.lookups
+            .borrow_mut()
+            .push((tool.to_string(), provider_key.to_string(), args.to_string()));
         self.evidence
             .borrow_mut()
             .pop_front()

@@ -41,10 +41,7 @@ fn canonical(input: &[u8], limits: &Limits) -> Result<String, Error> {
         canon::write_canonical(&v, &mut s);
         s
     });
-    assert_eq!(
-        direct, tree,
-        "canonicalize and parse+write_canonical differ"
-    );
+    assert_eq!(direct, tree, "canonicalize and parse+write_canonical differ");
     direct
 }
 
@@ -85,19 +82,13 @@ fn check_number_csv(rel: &str, header: bool) -> usize {
         }
         let mut cols = line.split(',');
         let hex = cols.next().unwrap();
-        let want = cols
-            .next()
-            .unwrap_or_else(|| panic!("{rel}: bad row {line:?}"));
+        let want = cols.next().unwrap_or_else(|| panic!("{rel}: bad row {line:?}"));
         let bits = u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("{rel}: bad hex {hex}"));
         assert_eq!(fmt_num(f64::from_bits(bits)), want, "{rel}: {hex}");
         // The number also round-trips through the parser to the same text.
         let v = f64::from_bits(bits);
         let raw = format!("{v:e}");
-        assert_eq!(
-            canon_ok(raw.as_bytes(), rel),
-            want,
-            "{rel}: {hex} via {raw}"
-        );
+        assert_eq!(canon_ok(raw.as_bytes(), rel), want, "{rel}: {hex} via {raw}");
         n += 1;
     }
     n
@@ -117,20 +108,13 @@ fn jcs_reference_pairs() {
         let hex = unhex(&read_str(&format!("jcs/outhex/{stem}.txt")));
         assert_eq!(out.as_bytes(), hex.as_slice(), "{name} (outhex)");
         // Canonical output is a fixed point.
-        assert_eq!(
-            canon_ok(&want, name).as_bytes(),
-            want.as_slice(),
-            "{name} again"
-        );
+        assert_eq!(canon_ok(&want, name).as_bytes(), want.as_slice(), "{name} again");
     }
 }
 
 #[test]
 fn jcs_es6_number_samples() {
-    assert_eq!(
-        check_number_csv("jcs/numbers/es6-number-samples.csv", true),
-        7
-    );
+    assert_eq!(check_number_csv("jcs/numbers/es6-number-samples.csv", true), 7);
 }
 
 // ---- the es6testfile generator (testdata/README.md upstream) ------------
@@ -369,11 +353,7 @@ fn es6_testfile(upto: usize) {
         .filter(|l| !l.is_empty())
         .map(|l| {
             let c: Vec<&str> = l.split(',').collect();
-            (
-                c[1].parse().unwrap(),
-                c[0].to_owned(),
-                c[2].parse().unwrap(),
-            )
+            (c[1].parse().unwrap(), c[0].to_owned(), c[2].parse().unwrap())
         })
         .filter(|c| c.0 <= upto)
         .collect();
@@ -394,12 +374,7 @@ fn es6_testfile(upto: usize) {
         if let Some((lines, sha, bytes)) = next.peek()
             && *lines == n + 1
         {
-            let got: String = hash
-                .clone()
-                .finalize()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let got: String = hash.clone().finalize().iter().map(|b| format!("{b:02x}")).collect();
             assert_eq!((&got, size), (sha, *bytes), "first {lines} lines");
             next.next();
         }
@@ -410,10 +385,7 @@ fn es6_testfile(upto: usize) {
 #[test]
 fn es6_testfile_generator_shape() {
     let v: Vec<u64> = Es6Numbers::new().take(2200).collect();
-    assert_eq!(
-        &v[..4],
-        &[0, 0x8000_0000_0000_0000, 1, 0x8000_0000_0000_0001]
-    );
+    assert_eq!(&v[..4], &[0, 0x8000_0000_0000_0000, 1, 0x8000_0000_0000_0001]);
     assert_eq!(v[167], 0x4314_3ff3_c1cb_0959);
     assert_eq!(v[168], 0x0010_0000_0000_0000);
     assert_eq!(v[2167], 0x0010_0000_0000_07cf);
@@ -456,11 +428,7 @@ fn pairs(dir: &str, input_suffix: &str, output_suffix: &str, output_dir: Option<
         let out = canon_ok(&read(&format!("{in_dir}/{name}")), &name);
         let want = expected(read(&format!("{out_dir}/{stem}{output_suffix}")));
         assert_eq!(out, want, "{dir}/{name}");
-        assert_eq!(
-            canon_ok(want.as_bytes(), &name),
-            want,
-            "{dir}/{name} fixed point"
-        );
+        assert_eq!(canon_ok(want.as_bytes(), &name), want, "{dir}/{name} fixed point");
         n += 1;
     }
     n
@@ -468,28 +436,17 @@ fn pairs(dir: &str, input_suffix: &str, output_suffix: &str, output_dir: Option<
 
 #[test]
 fn extra_gowebpki() {
-    assert_eq!(
-        pairs("jcs-extra/gowebpki-jcs", ".json", ".json", Some("output")),
-        4
-    );
+    assert_eq!(pairs("jcs-extra/gowebpki-jcs", ".json", ".json", Some("output")), 4);
     for stem in ["false", "null", "true"] {
-        let out = canon_ok(
-            &read(&format!("jcs-extra/gowebpki-jcs/input/{stem}.json")),
-            stem,
-        );
-        let hex = unhex(&read_str(&format!(
-            "jcs-extra/gowebpki-jcs/outhex/{stem}.txt"
-        )));
+        let out = canon_ok(&read(&format!("jcs-extra/gowebpki-jcs/input/{stem}.json")), stem);
+        let hex = unhex(&read_str(&format!("jcs-extra/gowebpki-jcs/outhex/{stem}.txt")));
         assert_eq!(out.as_bytes(), hex.as_slice(), "{stem} (outhex)");
     }
 }
 
 #[test]
 fn extra_serde_jcs() {
-    assert_eq!(
-        pairs("jcs-extra/serde_jcs", ".input.json", ".output.json", None),
-        2
-    );
+    assert_eq!(pairs("jcs-extra/serde_jcs", ".input.json", ".output.json", None), 2);
 }
 
 #[test]
@@ -507,21 +464,13 @@ fn extra_serde_json_canonicalizer() {
 
 #[test]
 fn extra_pzingg() {
-    assert_eq!(
-        pairs("jcs-extra/pzingg-jcs", ".json", ".json", Some("output")),
-        6
-    );
+    assert_eq!(pairs("jcs-extra/pzingg-jcs", ".json", ".json", Some("output")), 6);
 }
 
 #[test]
 fn extra_erdtman() {
     assert_eq!(
-        pairs(
-            "jcs-extra/erdtman-canonicalize",
-            ".json",
-            ".json",
-            Some("output")
-        ),
+        pairs("jcs-extra/erdtman-canonicalize", ".json", ".json", Some("output")),
         2
     );
 }
@@ -557,8 +506,7 @@ fn jsonl(rel: &str) -> Vec<Case> {
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| {
-            let v = canon::parse(l.as_bytes(), &Limits::default())
-                .unwrap_or_else(|e| panic!("{rel}: {e}"));
+            let v = canon::parse(l.as_bytes(), &Limits::default()).unwrap_or_else(|e| panic!("{rel}: {e}"));
             let s = |k: &str| match v.get(k) {
                 Some(Value::String(s)) => Some(s.clone()),
                 _ => None,
@@ -583,12 +531,7 @@ fn extra_lattice_core() {
     let cases = jsonl("jcs-extra/lattice-json-canon/core.jsonl");
     assert_eq!(cases.len(), 35);
     for c in cases {
-        assert_eq!(
-            (c.mode.as_deref(), c.exit),
-            (Some("canonicalize"), 0.0),
-            "{}",
-            c.id
-        );
+        assert_eq!((c.mode.as_deref(), c.exit), (Some("canonicalize"), 0.0), "{}", c.id);
         let want = c.stdout.as_deref().unwrap();
         assert_eq!(canon_ok(c.input.as_bytes(), &c.id), want, "{}", c.id);
     }
@@ -605,9 +548,7 @@ fn extra_lattice_reject() {
         let got = canonical(c.input.as_bytes(), &Limits::default());
         // Where that project's profile is stricter than RFC 8785 + I-JSON.
         let accepted = match c.id.as_str() {
-            "VEC-REJ-0001" | "VEC-REJ-0002" | "VEC-REJ-0003" | "VEC-REJ-0021" => {
-                Some("0".to_owned())
-            }
+            "VEC-REJ-0001" | "VEC-REJ-0002" | "VEC-REJ-0003" | "VEC-REJ-0021" => Some("0".to_owned()),
             "VEC-REJ-0016" => Some("\"\u{fdd0}\"".to_owned()),
             "VEC-REJ-0017" => Some("\"\u{fffe}\"".to_owned()),
             "VEC-REJ-0018" => Some("\"\u{ffff}\"".to_owned()),
@@ -653,11 +594,7 @@ fn extra_lattice_offsets() {
         let want = c.stderr_contains.unwrap();
         let byte: usize = want.strip_prefix("at byte ").unwrap().parse().unwrap();
         assert_eq!(e.offset, byte, "{}", c.id);
-        assert!(
-            e.message.ends_with(&format!("(byte {byte})")),
-            "{}",
-            e.message
-        );
+        assert!(e.message.ends_with(&format!("(byte {byte})")), "{}", e.message);
     }
 }
 
@@ -680,101 +617,53 @@ fn extra_jsontestsuite() {
         ("i_number_real_pos_overflow.json", E(NumberOutOfRange)),
         ("i_number_real_underflow.json", Out("[0]")),
         ("i_object_key_lone_2nd_surrogate.json", E(LoneSurrogate)),
-        (
-            "i_string_1st_surrogate_but_2nd_missing.json",
-            E(LoneSurrogate),
-        ),
-        (
-            "i_string_1st_valid_surrogate_2nd_invalid.json",
-            E(LoneSurrogate),
-        ),
+        ("i_string_1st_surrogate_but_2nd_missing.json", E(LoneSurrogate)),
+        ("i_string_1st_valid_surrogate_2nd_invalid.json", E(LoneSurrogate)),
         ("i_string_UTF8_surrogate_U+D800.json", E(InvalidUtf8)),
-        (
-            "i_string_incomplete_surrogate_and_escape_valid.json",
-            E(LoneSurrogate),
-        ),
+        ("i_string_incomplete_surrogate_and_escape_valid.json", E(LoneSurrogate)),
         ("i_string_incomplete_surrogate_pair.json", E(LoneSurrogate)),
-        (
-            "i_string_incomplete_surrogates_escape_valid.json",
-            E(LoneSurrogate),
-        ),
+        ("i_string_incomplete_surrogates_escape_valid.json", E(LoneSurrogate)),
         ("i_string_invalid_lonely_surrogate.json", E(LoneSurrogate)),
         ("i_string_invalid_surrogate.json", E(LoneSurrogate)),
-        (
-            "i_string_inverted_surrogates_U+1D11E.json",
-            E(LoneSurrogate),
-        ),
+        ("i_string_inverted_surrogates_U+1D11E.json", E(LoneSurrogate)),
         ("i_string_lone_second_surrogate.json", E(LoneSurrogate)),
         ("n_number_-NaN.json", E(NonFiniteNumber)),
         ("n_number_NaN.json", E(NonFiniteNumber)),
         ("n_number_infinity.json", E(NonFiniteNumber)),
         ("n_number_minus_infinity.json", E(NonFiniteNumber)),
-        (
-            "n_object_non_string_key_but_huge_number_instead.json",
-            E(Syntax),
-        ),
+        ("n_object_non_string_key_but_huge_number_instead.json", E(Syntax)),
         ("n_string_1_surrogate_then_escape.json", E(LoneSurrogate)),
         ("n_string_1_surrogate_then_escape_u.json", E(Syntax)),
         ("n_string_1_surrogate_then_escape_u1.json", E(Syntax)),
         ("n_string_1_surrogate_then_escape_u1x.json", E(Syntax)),
         ("n_string_incomplete_surrogate.json", E(Syntax)),
-        (
-            "n_string_incomplete_surrogate_escape_invalid.json",
-            E(LoneSurrogate),
-        ),
+        ("n_string_incomplete_surrogate_escape_invalid.json", E(LoneSurrogate)),
         ("y_number_minus_zero.json", Out("[0]")),
         ("y_object_duplicated_key.json", E(DuplicateKey)),
         ("y_object_duplicated_key_and_value.json", E(DuplicateKey)),
-        (
-            "y_string_accepted_surrogate_pair.json",
-            Out("[\"\u{10437}\"]"),
-        ),
+        ("y_string_accepted_surrogate_pair.json", Out("[\"\u{10437}\"]")),
         (
             "y_string_accepted_surrogate_pairs.json",
             Out("[\"\u{1f639}\u{1f48d}\"]"),
         ),
         ("y_string_escaped_noncharacter.json", Out("[\"\u{ffff}\"]")),
-        (
-            "y_string_last_surrogates_1_and_2.json",
-            Out("[\"\u{10ffff}\"]"),
-        ),
-        (
-            "y_string_nonCharacterInUTF-8_U+10FFFF.json",
-            Out("[\"\u{10ffff}\"]"),
-        ),
-        (
-            "y_string_nonCharacterInUTF-8_U+FFFF.json",
-            Out("[\"\u{ffff}\"]"),
-        ),
+        ("y_string_last_surrogates_1_and_2.json", Out("[\"\u{10ffff}\"]")),
+        ("y_string_nonCharacterInUTF-8_U+10FFFF.json", Out("[\"\u{10ffff}\"]")),
+        ("y_string_nonCharacterInUTF-8_U+FFFF.json", Out("[\"\u{ffff}\"]")),
         (
             "y_string_surrogates_U+1D11E_MUSICAL_SYMBOL_G_CLEF.json",
             Out("[\"\u{1d11e}\"]"),
         ),
-        (
-            "y_string_unicode_U+10FFFE_nonchar.json",
-            Out("[\"\u{10fffe}\"]"),
-        ),
-        (
-            "y_string_unicode_U+1FFFE_nonchar.json",
-            Out("[\"\u{1fffe}\"]"),
-        ),
-        (
-            "y_string_unicode_U+FDD0_nonchar.json",
-            Out("[\"\u{fdd0}\"]"),
-        ),
-        (
-            "y_string_unicode_U+FFFE_nonchar.json",
-            Out("[\"\u{fffe}\"]"),
-        ),
+        ("y_string_unicode_U+10FFFE_nonchar.json", Out("[\"\u{10fffe}\"]")),
+        ("y_string_unicode_U+1FFFE_nonchar.json", Out("[\"\u{1fffe}\"]")),
+        ("y_string_unicode_U+FDD0_nonchar.json", Out("[\"\u{fdd0}\"]")),
+        ("y_string_unicode_U+FFFE_nonchar.json", Out("[\"\u{fffe}\"]")),
     ];
     let files = names("jcs-extra/jsontestsuite");
     let listed: Vec<String> = table.iter().map(|(n, _)| (*n).to_owned()).collect();
     assert_eq!(files, listed, "every file has an expectation");
     for (name, want) in table {
-        let got = canonical(
-            &read(&format!("jcs-extra/jsontestsuite/{name}")),
-            &Limits::default(),
-        );
+        let got = canonical(&read(&format!("jcs-extra/jsontestsuite/{name}")), &Limits::default());
         match (want, &got) {
             (Out(o), Ok(s)) => assert_eq!(s, o, "{name}"),
             (E(k), Err(e)) => {
@@ -824,41 +713,25 @@ fn bad_malformed() {
 
 #[test]
 fn bad_duplicate_keys() {
-    let e = rejects(
-        b"{\"x\":{\"a\":1,\"b\":2,\"a\":3}}",
-        ErrorKind::DuplicateKey,
-        "/x",
-    );
+    let e = rejects(b"{\"x\":{\"a\":1,\"b\":2,\"a\":3}}", ErrorKind::DuplicateKey, "/x");
     assert_eq!(e.offset, 18);
     assert_eq!(e.message, "duplicate key \"a\" at /x (byte 18)");
     let e = rejects(b"{\"\\u0061\":1,\"a\":2}", ErrorKind::DuplicateKey, "");
     assert_eq!(e.message, "duplicate key \"a\" at root (byte 12)");
-    rejects(
-        b"[0,{\"k/~\":{},\"k/~\":[]}]",
-        ErrorKind::DuplicateKey,
-        "/1",
-    );
+    rejects(b"[0,{\"k/~\":{},\"k/~\":[]}]", ErrorKind::DuplicateKey, "/1");
     let e = rejects(
         b"{\"p\":[{\"k/~\":{\"z\":1,\"z\":1}}]}",
         ErrorKind::DuplicateKey,
         "/p/0/k~1~0",
     );
-    assert!(
-        e.message
-            .starts_with("duplicate key \"z\" at /p/0/k~1~0 (byte "),
-        "{e}"
-    );
+    assert!(e.message.starts_with("duplicate key \"z\" at /p/0/k~1~0 (byte "), "{e}");
 }
 
 #[test]
 fn bad_lone_surrogates() {
     rejects(b"\"\\uD800\"", ErrorKind::LoneSurrogate, "");
     rejects(b"[\"\\uDC00\"]", ErrorKind::LoneSurrogate, "/0");
-    rejects(
-        b"{\"a\":\"x\\uD83D\\u0041\"}",
-        ErrorKind::LoneSurrogate,
-        "/a",
-    );
+    rejects(b"{\"a\":\"x\\uD83D\\u0041\"}", ErrorKind::LoneSurrogate, "/a");
     rejects(b"{\"a\\uDE00\":1}", ErrorKind::LoneSurrogate, "");
 }
 
@@ -879,11 +752,7 @@ fn bad_non_finite() {
 
 #[test]
 fn bad_too_deep() {
-    let e = rejects(
-        "[".repeat(10_000).as_bytes(),
-        ErrorKind::TooDeep,
-        &"/0".repeat(128),
-    );
+    let e = rejects("[".repeat(10_000).as_bytes(), ErrorKind::TooDeep, &"/0".repeat(128));
     assert_eq!(e.offset, 128);
     let at_limit = format!("{}{}", "[".repeat(128), "]".repeat(128));
     assert_eq!(canon_ok(at_limit.as_bytes(), "depth 128"), at_limit);

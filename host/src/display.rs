@@ -33,8 +33,14 @@ impl State {
     }
 
     /// Every state, in WIT order.
-    pub const ALL: [State; 6] =
-        [State::InFlight, State::Confirmed, State::Failed, State::Unknown, State::Absent, State::Superseded];
+    pub const ALL: [State; 6] = [
+        State::InFlight,
+        State::Confirmed,
+        State::Failed,
+        State::Unknown,
+        State::Absent,
+        State::Superseded,
+    ];
 
     /// Parse a WIT name (underscores accepted).
     pub fn parse(name: &str) -> Option<State> {

@@ -25,7 +25,9 @@ pub struct SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let prev = self.last.fetch_max(wall, Ordering::SeqCst);
         prev.max(wall)
     }
@@ -140,8 +142,16 @@ impl ledger::Host for HostState {
         })
     }
 
-    fn scan(&mut self, table: Table, states: Vec<State>, due_before: Timestamp, limit: u32) -> Result<Vec<Row>, String> {
-        self.storage.scan(table, &states, due_before, limit).map_err(|e| e.to_string())
+    fn scan(
+        &mut self,
+        table: Table,
+        states: Vec<State>,
+        due_before: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<Row>, String> {
+        self.storage
+            .scan(table, &states, due_before, limit)
+            .map_err(|e| e.to_string())
     }
 
     fn audit(&mut self, scope: String, key: String) -> Result<Vec<AuditEvent>, String> {

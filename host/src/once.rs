@@ -39,7 +39,12 @@ pub enum OnceError {
 /// Default engine settings: 1 MiB JSON inputs, nesting depth 128, 512-byte
 /// scopes and keys, no declared clock skew (one host, one clock).
 pub fn default_settings() -> Settings {
-    Settings { max_input_bytes: 1 << 20, max_depth: 128, max_key_bytes: 512, clock_skew_ms: 0 }
+    Settings {
+        max_input_bytes: 1 << 20,
+        max_depth: 128,
+        max_key_bytes: 512,
+        clock_skew_ms: 0,
+    }
 }
 
 /// What the dispatcher is asked to send.
@@ -263,7 +268,10 @@ impl Once {
                 Error::InvalidPolicy(m) => Error::InvalidPolicy(format!("tool {tool}: {m}")),
                 other => other,
             })?;
-        self.policies.write().unwrap_or_else(|p| p.into_inner()).insert(tool, policy);
+        self.policies
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tool, policy);
         Ok(())
     }
 
@@ -326,7 +334,10 @@ impl Once {
         note: &str,
         force: bool,
     ) -> Result<State, OnceError> {
-        Ok(self.with_instance(|w, s| w.once_core_engine().call_resolve(s, scope, key, resolution, note, force))??)
+        Ok(self.with_instance(|w, s| {
+            w.once_core_engine()
+                .call_resolve(s, scope, key, resolution, note, force)
+        })??)
     }
 
     /// RFC 8785 canonical form of a JSON text, computed by the component.
@@ -343,7 +354,9 @@ impl Once {
     pub fn request(&self, scope: &str, key: Option<&str>, tool: &str, args: &str) -> Result<BeginRequest, OnceError> {
         Ok(BeginRequest {
             scope: scope.to_string(),
-            keys: key.map(|k| vec![("application".to_string(), k.to_string())]).unwrap_or_default(),
+            keys: key
+                .map(|k| vec![("application".to_string(), k.to_string())])
+                .unwrap_or_default(),
             tool: tool.to_string(),
             args: args.to_string(),
             policy: self.policy(tool)?,
@@ -388,7 +401,13 @@ impl Once {
             };
             return Ok(Called::Direct(dispatch(&direct)));
         }
-        self.drive(&request.scope, &request.tool, decision, request.policy.attempt_budget, &mut dispatch)
+        self.drive(
+            &request.scope,
+            &request.tool,
+            decision,
+            request.policy.attempt_budget,
+            &mut dispatch,
+        )
     }
 
     /// Continue an operation from the ledger (after a crash, or for an owed
@@ -426,7 +445,11 @@ impl Once {
                     }
                 },
                 Decision::Replay(r) => {
-                    return Ok(Called::Confirmed { receipt: r.receipt, replayed: true, via: Some(r.via) });
+                    return Ok(Called::Confirmed {
+                        receipt: r.receipt,
+                        replayed: true,
+                        via: Some(r.via),
+                    });
                 }
                 // A lost reply is reconciled before anything is sent again.
                 Decision::Unknown(u) if !reconciled => {
@@ -443,7 +466,9 @@ impl Once {
                 Decision::Direct => unreachable!("direct is answered before the protocol starts"),
             };
         }
-        Err(OnceError::Component("the engine kept granting attempts past the attempt budget".to_string()))
+        Err(OnceError::Component(
+            "the engine kept granting attempts past the attempt budget".to_string(),
+        ))
     }
 
     /// Dispatch one granted attempt and record its outcome.
@@ -477,7 +502,11 @@ impl Once {
         let ack = self.finish(scope, &grant.key, &grant.fence, &outcome)?;
         Ok(match (sent, ack) {
             (Sent::Success(response), FinishAck::Unrecorded) => Step::Done(Called::Unrecorded { response }),
-            (Sent::Success(receipt), _) => Step::Done(Called::Confirmed { receipt, replayed: false, via: None }),
+            (Sent::Success(receipt), _) => Step::Done(Called::Confirmed {
+                receipt,
+                replayed: false,
+                via: None,
+            }),
             (Sent::Rejected(error), _) => Step::Done(Called::Rejected { error }),
             // Not sent: nothing happened; ask again (a new attempt, within the budget).
             (Sent::NotSent, _) => Step::Again(self.reconcile(scope, &grant.key)?),
@@ -497,9 +526,17 @@ impl Once {
             match view.state {
                 State::Confirmed => {
                     let receipt = view.receipt.unwrap_or_default();
-                    return Ok(Waited::Done(Called::Confirmed { receipt, replayed: true, via: Some(ReplayVia::Key) }));
+                    return Ok(Waited::Done(Called::Confirmed {
+                        receipt,
+                        replayed: true,
+                        via: Some(ReplayVia::Key),
+                    }));
                 }
-                State::Failed => return Ok(Waited::Done(Called::Rejected { error: view.error.unwrap_or_default() })),
+                State::Failed => {
+                    return Ok(Waited::Done(Called::Rejected {
+                        error: view.error.unwrap_or_default(),
+                    }));
+                }
                 State::InFlight if self.state.clock.now() < info.lease_until => {
                     if Instant::now() >= give_up {
                         return Ok(Waited::Done(Called::InFlight(info.clone())));

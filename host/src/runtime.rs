@@ -47,7 +47,9 @@ impl Runtime {
         let engine = Engine::new(&config)?;
         let component = match cache {
             Some(dir) => cached_component(&engine, dir)?,
-            None => Component::new(&engine, COMPONENT).map_err(anyhow::Error::from).context("compiling the once component")?,
+            None => Component::new(&engine, COMPONENT)
+                .map_err(anyhow::Error::from)
+                .context("compiling the once component")?,
         };
         let mut linker = Linker::new(&engine);
         OnceWorld::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)?;
@@ -70,7 +72,10 @@ impl Runtime {
             settings: crate::once::default_settings(),
         };
         let mut instance = self.instantiate(state)?;
-        instance.world.once_core_engine().call_default_policy(&mut instance.store)?;
+        instance
+            .world
+            .once_core_engine()
+            .call_default_policy(&mut instance.store)?;
         Ok(())
     }
 
@@ -109,7 +114,9 @@ fn cached_component(engine: &Engine, dir: &Path) -> anyhow::Result<Component> {
             return Ok(component);
         }
     }
-    let component = Component::new(engine, COMPONENT).map_err(anyhow::Error::from).context("compiling the once component")?;
+    let component = Component::new(engine, COMPONENT)
+        .map_err(anyhow::Error::from)
+        .context("compiling the once component")?;
     // The cache is an optimisation: failing to write it is not an error.
     if let Ok(bytes) = component.serialize() {
         let _ = std::fs::create_dir_all(dir).and_then(|()| {

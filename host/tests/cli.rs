@@ -10,7 +10,10 @@ use once::{Once, Sent};
 
 fn once_cmd(args: &[&str], stdin: &[u8], db: Option<&Path>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
-    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     cmd.env_remove("ONCE_DB");
     if let Some(db) = db {
         cmd.env("ONCE_DB", db);
@@ -50,11 +53,21 @@ fn canon_names_the_pointer_of_a_nested_problem() {
 
 #[test]
 fn fingerprint_matches_the_library() {
-    let out = once_cmd(&["fingerprint", "--tool", "refund_order"], br#"{"order_id":1234,"amount":200}"#, None);
+    let out = once_cmd(
+        &["fingerprint", "--tool", "refund_order"],
+        br#"{"order_id":1234,"amount":200}"#,
+        None,
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let printed = text(&out.stdout).trim().to_string();
-    let once = Once::builder(once::storage::memory::MemoryStorage::new()).build().unwrap();
-    assert_eq!(printed, once.fingerprint("refund_order", r#"{"amount":200,"order_id":1234}"#).unwrap());
+    let once = Once::builder(once::storage::memory::MemoryStorage::new())
+        .build()
+        .unwrap();
+    assert_eq!(
+        printed,
+        once.fingerprint("refund_order", r#"{"amount":200,"order_id":1234}"#)
+            .unwrap()
+    );
 }
 
 #[test]
@@ -69,21 +82,42 @@ fn ledger_list_show_stats_resolve_sweep_and_prune() {
             .build()
             .unwrap();
         let args = r#"{"order_id":1,"amount":5}"#;
-        once.call("default", Some("paid"), "refund_order", args, |_| Sent::Success(r#"{"id":"r1"}"#.into())).unwrap();
-        once.call("default", Some("paid"), "refund_order", args, |_| Sent::Success("{}".into())).unwrap();
-        once.call("default", Some("lost"), "refund_order", args, |_| Sent::Ambiguous("timeout".into())).unwrap();
+        once.call("default", Some("paid"), "refund_order", args, |_| {
+            Sent::Success(r#"{"id":"r1"}"#.into())
+        })
+        .unwrap();
+        once.call("default", Some("paid"), "refund_order", args, |_| {
+            Sent::Success("{}".into())
+        })
+        .unwrap();
+        once.call("default", Some("lost"), "refund_order", args, |_| {
+            Sent::Ambiguous("timeout".into())
+        })
+        .unwrap();
     }
     let db = Some(db.as_path());
     let list = once_cmd(&["ledger", "list"], b"", db);
     assert!(list.status.success(), "{}", text(&list.stderr));
     let list = text(&list.stdout);
-    assert!(list.lines().any(|l| l.contains("paid") && l.contains("confirmed")), "{list}");
-    assert!(list.lines().any(|l| l.contains("lost") && l.contains("unknown")), "{list}");
+    assert!(
+        list.lines().any(|l| l.contains("paid") && l.contains("confirmed")),
+        "{list}"
+    );
+    assert!(
+        list.lines().any(|l| l.contains("lost") && l.contains("unknown")),
+        "{list}"
+    );
     let unknown_only = text(&once_cmd(&["ledger", "list", "--state", "unknown"], b"", db).stdout);
-    assert!(unknown_only.contains("lost") && !unknown_only.contains("paid"), "{unknown_only}");
+    assert!(
+        unknown_only.contains("lost") && !unknown_only.contains("paid"),
+        "{unknown_only}"
+    );
 
     let show = text(&once_cmd(&["ledger", "show", "paid"], b"", db).stdout);
-    assert!(show.contains("confirmed") && show.contains(r#"{"id":"r1"}"#) && show.contains("replay"), "{show}");
+    assert!(
+        show.contains("confirmed") && show.contains(r#"{"id":"r1"}"#) && show.contains("replay"),
+        "{show}"
+    );
 
     let stats = text(&once_cmd(&["ledger", "stats"], b"", db).stdout);
     assert!(stats.lines().any(|l| l.trim() == "confirmed   1"), "{stats}");
@@ -91,17 +125,32 @@ fn ledger_list_show_stats_resolve_sweep_and_prune() {
     assert!(stats.lines().any(|l| l.trim() == "unknowns     1"), "{stats}");
 
     // Absent before max_in_flight has passed needs --force.
-    let early = once_cmd(&["ledger", "resolve", "lost", "--absent", "--note", "checked the bank"], b"", db);
+    let early = once_cmd(
+        &["ledger", "resolve", "lost", "--absent", "--note", "checked the bank"],
+        b"",
+        db,
+    );
     assert_eq!(early.status.code(), Some(2), "{}", text(&early.stdout));
     assert!(text(&early.stderr).contains("force"), "{}", text(&early.stderr));
     let confirmed = once_cmd(
-        &["ledger", "resolve", "lost", "--confirmed", r#"{"id":"r2"}"#, "--note", "bank statement shows it"],
+        &[
+            "ledger",
+            "resolve",
+            "lost",
+            "--confirmed",
+            r#"{"id":"r2"}"#,
+            "--note",
+            "bank statement shows it",
+        ],
         b"",
         db,
     );
     assert!(confirmed.status.success(), "{}", text(&confirmed.stderr));
     let show = text(&once_cmd(&["ledger", "show", "lost"], b"", db).stdout);
-    assert!(show.contains("operator-confirmed") && show.contains("bank statement shows it"), "{show}");
+    assert!(
+        show.contains("operator-confirmed") && show.contains("bank statement shows it"),
+        "{show}"
+    );
 
     let no_note = once_cmd(&["ledger", "resolve", "paid", "--absent"], b"", db);
     assert_eq!(no_note.status.code(), Some(2));
@@ -110,7 +159,10 @@ fn ledger_list_show_stats_resolve_sweep_and_prune() {
     assert!(sweep.status.success(), "{}", text(&sweep.stderr));
     let prune = once_cmd(&["prune"], b"", db);
     assert!(prune.status.success(), "{}", text(&prune.stderr));
-    assert!(text(&prune.stdout).contains("pruned 0"), "nothing is past retention yet");
+    assert!(
+        text(&prune.stdout).contains("pruned 0"),
+        "nothing is past retention yet"
+    );
 }
 
 #[test]
@@ -138,5 +190,8 @@ fn the_readme_example_is_the_compiled_one() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/embed.rs")).unwrap();
     let code = example.split_once("\n\n").unwrap().1;
-    assert!(readme.contains(code), "README.md's Rust example and host/examples/embed.rs differ");
+    assert!(
+        readme.contains(code),
+        "README.md's Rust example and host/examples/embed.rs differ"
+    );
 }

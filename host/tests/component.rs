@@ -14,7 +14,9 @@ fn vectors() -> PathBuf {
 }
 
 fn engine_only() -> Once {
-    Once::builder(MemoryStorage::new()).build().expect("the component loads")
+    Once::builder(MemoryStorage::new())
+        .build()
+        .expect("the component loads")
 }
 
 /// The interfaces world `once` imports, read from the WIT file itself.
@@ -38,7 +40,11 @@ fn component_imports_exactly_the_once_world() {
     let component = Component::new(runtime.engine(), COMPONENT).unwrap();
     let ty = component.component_type();
     let imports: BTreeSet<String> = ty.imports(runtime.engine()).map(|(name, _)| name.to_string()).collect();
-    assert_eq!(imports, world_imports(), "the rules can reach nothing but the declared imports (no WASI)");
+    assert_eq!(
+        imports,
+        world_imports(),
+        "the rules can reach nothing but the declared imports (no WASI)"
+    );
     assert!(imports.iter().all(|i| !i.starts_with("wasi:")));
     let exports: BTreeSet<String> = ty.exports(runtime.engine()).map(|(name, _)| name.to_string()).collect();
     assert_eq!(exports, BTreeSet::from(["once:core/engine@0.1.0".to_string()]));
@@ -70,7 +76,11 @@ fn es6_number_samples_format_through_the_component() {
         let value = f64::from_bits(u64::from_str_radix(hex, 16).unwrap());
         // Rust's exponent form is valid JSON and differs from the canonical one.
         let input = format!("{value:e}");
-        assert_eq!(once.canonicalize(input.as_bytes()).unwrap(), expected, "{hex} written as {input}");
+        assert_eq!(
+            once.canonicalize(input.as_bytes()).unwrap(),
+            expected,
+            "{hex} written as {input}"
+        );
         checked += 1;
     }
     assert!(checked >= 7);
@@ -80,7 +90,9 @@ fn es6_number_samples_format_through_the_component() {
 fn bad_json_is_a_typed_error_naming_the_place() {
     let once = engine_only();
     let err = once.canonicalize(br#"{"a":{"b":1,"b":2}}"#).unwrap_err();
-    let once::OnceError::Json(e) = err else { panic!("expected a JSON error, got {err:?}") };
+    let once::OnceError::Json(e) = err else {
+        panic!("expected a JSON error, got {err:?}")
+    };
     assert_eq!(e.kind, once::types::JsonErrorKind::DuplicateKey);
     assert_eq!(e.pointer, "/a");
     for (input, kind) in [
@@ -110,27 +122,51 @@ fn bad_json_is_a_typed_error_naming_the_place() {
 #[test]
 fn fingerprint_is_sha256_of_the_canonical_call() {
     let once = engine_only();
-    let a = once.fingerprint("refund_order", r#"{"order_id":1234,"amount":200}"#).unwrap();
-    let b = once.fingerprint("refund_order", r#"{ "amount": 2e2, "order_id": 1234 }"#).unwrap();
+    let a = once
+        .fingerprint("refund_order", r#"{"order_id":1234,"amount":200}"#)
+        .unwrap();
+    let b = once
+        .fingerprint("refund_order", r#"{ "amount": 2e2, "order_id": 1234 }"#)
+        .unwrap();
     assert_eq!(a, b, "the fingerprint is over the canonical form");
     assert_eq!(a.len(), 64);
     assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
-    let canonical = once.canonicalize(br#"{"tool":"refund_order","args":{"order_id":1234,"amount":200}}"#).unwrap();
-    assert_eq!(canonical, r#"{"args":{"amount":200,"order_id":1234},"tool":"refund_order"}"#);
-    assert_ne!(a, once.fingerprint("refund_order", r#"{"order_id":1234,"amount":201}"#).unwrap());
-    assert_ne!(a, once.fingerprint("refund_orders", r#"{"order_id":1234,"amount":200}"#).unwrap());
+    let canonical = once
+        .canonicalize(br#"{"tool":"refund_order","args":{"order_id":1234,"amount":200}}"#)
+        .unwrap();
+    assert_eq!(
+        canonical,
+        r#"{"args":{"amount":200,"order_id":1234},"tool":"refund_order"}"#
+    );
+    assert_ne!(
+        a,
+        once.fingerprint("refund_order", r#"{"order_id":1234,"amount":201}"#)
+            .unwrap()
+    );
+    assert_ne!(
+        a,
+        once.fingerprint("refund_orders", r#"{"order_id":1234,"amount":200}"#)
+            .unwrap()
+    );
 }
 
 #[test]
 fn a_second_load_uses_the_compiled_cache() {
     let dir = tempfile::tempdir().unwrap();
     Runtime::load(Some(dir.path())).unwrap();
-    let cached: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(cached.len(), 1, "one compiled artifact: {cached:?}");
     assert!(cached[0].extension().is_some_and(|e| e == "cwasm"));
     let modified = std::fs::metadata(&cached[0]).unwrap().modified().unwrap();
     Runtime::load(Some(dir.path())).unwrap();
-    assert_eq!(std::fs::metadata(&cached[0]).unwrap().modified().unwrap(), modified, "not recompiled");
+    assert_eq!(
+        std::fs::metadata(&cached[0]).unwrap().modified().unwrap(),
+        modified,
+        "not recompiled"
+    );
     // A corrupt artifact is recompiled, never trusted.
     std::fs::write(&cached[0], b"not a compiled component").unwrap();
     let runtime = Runtime::load(Some(dir.path())).unwrap();

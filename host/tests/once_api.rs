@@ -30,16 +30,53 @@ fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
     let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
     let effects = AtomicU32::new(0);
     let receipt = r#"{"refund_id":"r_1","amount":200}"#;
-    let first = once.call("t1", Some("refund-1234"), TOOL, ARGS, counting(&effects, Sent::Success(receipt.into()))).unwrap();
-    assert_eq!(first, Called::Confirmed { receipt: receipt.into(), replayed: false, via: None });
-    let again = once.call("t1", Some("refund-1234"), TOOL, ARGS, counting(&effects, Sent::Success("{}".into()))).unwrap();
-    let Called::Confirmed { receipt: replayed_receipt, replayed: true, via: Some(ReplayVia::Key) } = again else {
+    let first = once
+        .call(
+            "t1",
+            Some("refund-1234"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success(receipt.into())),
+        )
+        .unwrap();
+    assert_eq!(
+        first,
+        Called::Confirmed {
+            receipt: receipt.into(),
+            replayed: false,
+            via: None
+        }
+    );
+    let again = once
+        .call(
+            "t1",
+            Some("refund-1234"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
+    let Called::Confirmed {
+        receipt: replayed_receipt,
+        replayed: true,
+        via: Some(ReplayVia::Key),
+    } = again
+    else {
         panic!("expected a replay, got {again:?}")
     };
-    assert_eq!(replayed_receipt, r#"{"amount":200,"refund_id":"r_1"}"#, "the stored (canonical) receipt");
+    assert_eq!(
+        replayed_receipt, r#"{"amount":200,"refund_id":"r_1"}"#,
+        "the stored (canonical) receipt"
+    );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // A changed payload under the same key is a conflict, never a retry.
-    let changed = once.call("t1", Some("refund-1234"), TOOL, r#"{"order_id":1234,"amount":300}"#, counting(&effects, Sent::NotSent));
+    let changed = once.call(
+        "t1",
+        Some("refund-1234"),
+        TOOL,
+        r#"{"order_id":1234,"amount":300}"#,
+        counting(&effects, Sent::NotSent),
+    );
     assert!(matches!(changed.unwrap(), Called::Conflict(s) if s.args == r#"{"amount":200,"order_id":1234}"#));
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
@@ -51,7 +88,9 @@ fn the_dispatcher_gets_the_provider_key_and_canonical_args() {
     let seen = Mutex::new(Vec::new());
     let args = r#"{"order_id":1234,"amount":200,"idempotency_key":"model-made-this-up"}"#;
     once.call("t1", Some("k"), TOOL, args, |d| {
-        seen.lock().unwrap().push((d.provider_key.to_string(), d.args.to_string(), d.attempt));
+        seen.lock()
+            .unwrap()
+            .push((d.provider_key.to_string(), d.args.to_string(), d.attempt));
         Sent::Success("{}".into())
     })
     .unwrap();
@@ -60,7 +99,10 @@ fn the_dispatcher_gets_the_provider_key_and_canonical_args() {
     let (provider_key, args, attempt) = &seen[0];
     assert_eq!(*attempt, 1);
     assert!(provider_key.starts_with("once-"));
-    assert_eq!(*args, format!(r#"{{"amount":200,"idempotency_key":"{provider_key}","order_id":1234}}"#));
+    assert_eq!(
+        *args,
+        format!(r#"{{"amount":200,"idempotency_key":"{provider_key}","order_id":1234}}"#)
+    );
 }
 
 #[test]
@@ -69,10 +111,12 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
     let effect_at_provider = Arc::new(Mutex::new(None::<String>));
     let lookup_view = effect_at_provider.clone();
     let once = Once::builder(sqlite(&dir.path().join("once.db")))
-        .provider(move |_: &str, _: &str, _: &str| match lookup_view.lock().unwrap().clone() {
-            Some(receipt) => Evidence::Confirmed(receipt),
-            None => Evidence::Unknown("provider unreachable".into()),
-        })
+        .provider(
+            move |_: &str, _: &str, _: &str| match lookup_view.lock().unwrap().clone() {
+                Some(receipt) => Evidence::Confirmed(receipt),
+                None => Evidence::Unknown("provider unreachable".into()),
+            },
+        )
         .build()
         .unwrap();
     let effects = AtomicU32::new(0);
@@ -85,15 +129,35 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
         .unwrap();
     assert!(matches!(lost, Called::Unknown(_)), "{lost:?}");
     // An agent retrying blind gets unknown again: nothing is sent.
-    let retry = once.call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::Success("{}".into()))).unwrap();
+    let retry = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
     assert!(matches!(retry, Called::Unknown(_)), "{retry:?}");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // The lookup comes back and finds the effect: the retry is a replay.
     *effect_at_provider.lock().unwrap() = Some(r#"{"refund_id":"r_9"}"#.into());
-    let settled = once.call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::Success("{}".into()))).unwrap();
+    let settled = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
     assert_eq!(
         settled,
-        Called::Confirmed { receipt: r#"{"refund_id":"r_9"}"#.into(), replayed: true, via: Some(ReplayVia::Provider) }
+        Called::Confirmed {
+            receipt: r#"{"refund_id":"r_9"}"#.into(),
+            replayed: true,
+            via: Some(ReplayVia::Provider)
+        }
     );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::Confirmed);
@@ -108,12 +172,12 @@ fn verify_first_survives_a_lost_ledger_file() {
     let build = |provider: Arc<Mutex<Vec<(String, String)>>>| {
         let lookup = provider.clone();
         let once = Once::builder(sqlite(&db))
-            .provider(move |_: &str, key: &str, _: &str| {
-                match lookup.lock().unwrap().iter().find(|(k, _)| k == key) {
+            .provider(
+                move |_: &str, key: &str, _: &str| match lookup.lock().unwrap().iter().find(|(k, _)| k == key) {
                     Some((_, receipt)) => Evidence::Confirmed(receipt.clone()),
                     None => Evidence::Absent(u64::MAX / 2),
-                }
-            })
+                },
+            )
             .build()
             .unwrap();
         let mut policy = once.default_policy().unwrap();
@@ -123,12 +187,17 @@ fn verify_first_survives_a_lost_ledger_file() {
     };
     let dispatch = |provider: Arc<Mutex<Vec<(String, String)>>>| {
         move |d: &once::Dispatch<'_>| {
-            provider.lock().unwrap().push((d.provider_key.to_string(), r#"{"refund_id":"r_1"}"#.to_string()));
+            provider
+                .lock()
+                .unwrap()
+                .push((d.provider_key.to_string(), r#"{"refund_id":"r_1"}"#.to_string()));
             Sent::Success(r#"{"refund_id":"r_1"}"#.into())
         }
     };
     let once = build(provider.clone());
-    let first = once.call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone())).unwrap();
+    let first = once
+        .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
+        .unwrap();
     assert!(matches!(first, Called::Confirmed { replayed: false, .. }));
     drop(once);
     for suffix in ["", "-wal", "-shm"] {
@@ -136,10 +205,16 @@ fn verify_first_survives_a_lost_ledger_file() {
     }
     assert!(!db.exists());
     let once = build(provider.clone());
-    let again = once.call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone())).unwrap();
+    let again = once
+        .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
+        .unwrap();
     assert_eq!(
         again,
-        Called::Confirmed { receipt: r#"{"refund_id":"r_1"}"#.into(), replayed: true, via: Some(ReplayVia::Provider) }
+        Called::Confirmed {
+            receipt: r#"{"refund_id":"r_1"}"#.into(),
+            replayed: true,
+            via: Some(ReplayVia::Provider)
+        }
     );
     assert_eq!(provider.lock().unwrap().len(), 1, "no second dispatch");
 }
@@ -150,8 +225,10 @@ fn records_and_audit_survive_close_and_reopen() {
     let db = dir.path().join("once.db");
     {
         let once = Once::builder(sqlite(&db)).build().unwrap();
-        once.call("t1", Some("k1"), TOOL, ARGS, |_| Sent::Success(r#"{"ok":true}"#.into())).unwrap();
-        once.call("t1", Some("k2"), TOOL, ARGS, |_| Sent::Rejected("card declined".into())).unwrap();
+        once.call("t1", Some("k1"), TOOL, ARGS, |_| Sent::Success(r#"{"ok":true}"#.into()))
+            .unwrap();
+        once.call("t1", Some("k2"), TOOL, ARGS, |_| Sent::Rejected("card declined".into()))
+            .unwrap();
     }
     let once = Once::builder(sqlite(&db)).build().unwrap();
     let k1 = once.inspect("t1", "k1").unwrap().unwrap();
@@ -187,7 +264,12 @@ fn eight_threads_racing_begin_on_one_key_get_one_execute() {
     let decisions: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let executes = decisions.iter().filter(|d| matches!(d, Decision::Execute(_))).count();
     assert_eq!(executes, 1, "{decisions:?}");
-    assert!(decisions.iter().all(|d| matches!(d, Decision::Execute(_) | Decision::InFlight(_))), "{decisions:?}");
+    assert!(
+        decisions
+            .iter()
+            .all(|d| matches!(d, Decision::Execute(_) | Decision::InFlight(_))),
+        "{decisions:?}"
+    );
 }
 
 #[test]
@@ -209,12 +291,27 @@ fn a_waiter_gets_the_holders_receipt_instead_of_an_error() {
         })
     };
     started_rx.recv().unwrap();
-    let waiter = once.call("t1", Some("slow"), TOOL, ARGS, counting(&effects, Sent::Success("{}".into()))).unwrap();
+    let waiter = once
+        .call(
+            "t1",
+            Some("slow"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
     assert_eq!(
         waiter,
-        Called::Confirmed { receipt: r#"{"refund_id":"r_slow"}"#.into(), replayed: true, via: Some(ReplayVia::Key) }
+        Called::Confirmed {
+            receipt: r#"{"refund_id":"r_slow"}"#.into(),
+            replayed: true,
+            via: Some(ReplayVia::Key)
+        }
     );
-    assert!(matches!(holder.join().unwrap().unwrap(), Called::Confirmed { replayed: false, .. }));
+    assert!(matches!(
+        holder.join().unwrap().unwrap(),
+        Called::Confirmed { replayed: false, .. }
+    ));
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
@@ -225,9 +322,22 @@ fn bad_input_is_a_typed_error_and_writes_nothing() {
     let once = Once::builder(SharedStorage(storage.clone())).build().unwrap();
     let huge = format!(r#"{{"note":"{}"}}"#, "x".repeat(16 << 20));
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-    for args in [r#"{"a":"#, r#"{"a":1,"a":2}"#, r#"{"a":"\udc00"}"#, r#"{"a":NaN}"#, deep.as_str(), huge.as_str()] {
+    for args in [
+        r#"{"a":"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"a":"\udc00"}"#,
+        r#"{"a":NaN}"#,
+        deep.as_str(),
+        huge.as_str(),
+    ] {
         let effects = AtomicU32::new(0);
-        let result = once.call("t1", Some("bad"), TOOL, args, counting(&effects, Sent::Success("{}".into())));
+        let result = once.call(
+            "t1",
+            Some("bad"),
+            TOOL,
+            args,
+            counting(&effects, Sent::Success("{}".into())),
+        );
         assert!(
             matches!(result, Err(once::OnceError::Engine(once::types::Error::InvalidJson(_)))),
             "{}: {result:?}",
@@ -245,32 +355,48 @@ fn the_intent_is_durable_before_execute_is_returned() {
     let db = dir.path().join("once.db");
     let once = Once::builder(sqlite(&db)).build().unwrap();
     let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
-    let Decision::Execute(grant) = once.begin(&request).unwrap() else { panic!("expected execute") };
+    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+        panic!("expected execute")
+    };
     // Another connection (as another process would) sees the claim already.
     let other = sqlite(&db);
-    let row = other.get(once::types::Table::Operation, "t1", "k").unwrap().expect("the intent row is committed");
+    let row = other
+        .get(once::types::Table::Operation, "t1", "k")
+        .unwrap()
+        .expect("the intent row is committed");
     assert_eq!(row.state, Some(State::InFlight));
-    assert_eq!(once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into())).unwrap(), once::types::FinishAck::Recorded(State::Confirmed));
+    assert_eq!(
+        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+            .unwrap(),
+        once::types::FinishAck::Recorded(State::Confirmed)
+    );
 }
 
 #[test]
 fn an_expired_lease_becomes_unknown_with_a_manual_clock() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000_000);
-    let once = Once::builder(sqlite(&dir.path().join("once.db"))).clock(clock.clone()).build().unwrap();
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
-    let Decision::Execute(grant) = once.begin(&request).unwrap() else { panic!("expected execute") };
+    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+        panic!("expected execute")
+    };
     assert!(matches!(once.begin(&request).unwrap(), Decision::InFlight(_)));
     clock.set(grant.lease_until);
     assert!(matches!(once.begin(&request).unwrap(), Decision::Unknown(_)));
     // The holder comes back late: a stale claim of failure changes nothing...
     assert_eq!(
-        once.finish("t1", "k", &grant.fence, &Outcome::Rejected("late".into())).unwrap(),
+        once.finish("t1", "k", &grant.fence, &Outcome::Rejected("late".into()))
+            .unwrap(),
         once::types::FinishAck::Ignored(State::Unknown)
     );
     // ...but its success is evidence.
     assert_eq!(
-        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into())).unwrap(),
+        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+            .unwrap(),
         once::types::FinishAck::Recorded(State::Confirmed)
     );
 }
@@ -280,15 +406,42 @@ fn identity_required_blocks_a_call_without_a_key_and_derived_dedupes() {
     let dir = tempfile::tempdir().unwrap();
     let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
     let effects = AtomicU32::new(0);
-    let blocked = once.call("t1", None, TOOL, ARGS, counting(&effects, Sent::Success("{}".into()))).unwrap();
+    let blocked = once
+        .call("t1", None, TOOL, ARGS, counting(&effects, Sent::Success("{}".into())))
+        .unwrap();
     assert!(matches!(blocked, Called::Blocked(b) if b.reason == BlockReason::IdentityRequired));
     let mut policy: ToolPolicy = once.default_policy().unwrap();
     policy.identity = IdentityMode::Derived;
     once.set_policy("send_message", policy).unwrap();
     let args = r#"{"to":"ana","text":"hi"}"#;
-    once.call("t1", None, "send_message", args, counting(&effects, Sent::Success(r#"{"id":1}"#.into()))).unwrap();
-    let again = once.call("t1", None, "send_message", args, counting(&effects, Sent::Success(r#"{"id":2}"#.into()))).unwrap();
-    assert!(matches!(again, Called::Confirmed { replayed: true, via: Some(ReplayVia::DerivedArgs), .. }), "{again:?}");
+    once.call(
+        "t1",
+        None,
+        "send_message",
+        args,
+        counting(&effects, Sent::Success(r#"{"id":1}"#.into())),
+    )
+    .unwrap();
+    let again = once
+        .call(
+            "t1",
+            None,
+            "send_message",
+            args,
+            counting(&effects, Sent::Success(r#"{"id":2}"#.into())),
+        )
+        .unwrap();
+    assert!(
+        matches!(
+            again,
+            Called::Confirmed {
+                replayed: true,
+                via: Some(ReplayVia::DerivedArgs),
+                ..
+            }
+        ),
+        "{again:?}"
+    );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
@@ -306,7 +459,12 @@ fn an_inconsistent_policy_is_refused_when_loaded() {
 struct SharedStorage(Arc<SqliteStorage>);
 
 impl Storage for SharedStorage {
-    fn get(&self, t: once::types::Table, s: &str, k: &str) -> Result<Option<once::types::Row>, once::storage::StorageError> {
+    fn get(
+        &self,
+        t: once::types::Table,
+        s: &str,
+        k: &str,
+    ) -> Result<Option<once::types::Row>, once::storage::StorageError> {
         self.0.get(t, s, k)
     }
     fn commit(&self, b: &once::types::Batch) -> Result<(), once::storage::CommitError> {

@@ -531,7 +531,7 @@ fn sqlite_writes_are_visible_across_handles() {
 #[test]
 fn sqlite_racing_inserts_one_wins() {
     const THREADS: usize = 8;
-    for round in 0..5 {
+    for round in 0..10 {
         let dir = tempfile::tempdir().unwrap();
         let path = Arc::new(dir.path().join("ledger.db"));
         let barrier = Arc::new(Barrier::new(THREADS));
@@ -540,8 +540,9 @@ fn sqlite_racing_inserts_one_wins() {
                 let (path, barrier) = (path.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     // Every thread also races to create the file and its schema.
-                    let s = open(&path);
+                    let s = SqliteStorage::open(&*path, SqliteOptions::default());
                     barrier.wait();
+                    let s = s.expect("open sqlite");
                     let mut r = op("s", "k", 1, State::InFlight, Some(1));
                     r.body = format!("thread {i}");
                     let out = s.commit(&batch(vec![put(None, r)], vec![event("s", "k", 1, "begin")]));

@@ -17,7 +17,7 @@ const WORKERS: usize = 8;
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What happens to the first `POST /refunds` through a [`FaultProxy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
     /// Passed through untouched.
     None,

@@ -266,9 +266,7 @@ impl Parser<'_> {
                     sink.null();
                 }
                 b'N' | b'I' => {
-                    return Err(self
-                        .non_finite()
-                        .unwrap_or_else(|| self.unexpected("a value")));
+                    return Err(self.non_finite().unwrap_or_else(|| self.unexpected("a value")));
                 }
                 _ => return Err(self.unexpected("a value")),
             }
@@ -304,11 +302,7 @@ impl Parser<'_> {
                         self.close_object(sink)?;
                     }
                     _ => {
-                        return Err(self.unexpected(if object {
-                            "',' or '}'"
-                        } else {
-                            "',' or ']'"
-                        }));
+                        return Err(self.unexpected(if object { "',' or '}'" } else { "',' or ']'" }));
                     }
                 }
             }
@@ -402,9 +396,9 @@ impl Parser<'_> {
                 let key = self.key_str(&keys[dup]).to_owned();
                 let offset = keys[dup].offset;
                 self.keys.truncate(frame.key_base);
-                return Err(self.earlier_duplicate(offset).unwrap_or_else(|| {
-                    self.duplicate(&key, offset, self.pointer(self.frames.len()))
-                }));
+                return Err(self
+                    .earlier_duplicate(offset)
+                    .unwrap_or_else(|| self.duplicate(&key, offset, self.pointer(self.frames.len()))));
             }
         }
         sink.end_object(&order);
@@ -464,10 +458,7 @@ impl Parser<'_> {
                 continue;
             }
             if f.object {
-                let end = self
-                    .frames
-                    .get(i + 1)
-                    .map_or(self.keys.len(), |n| n.key_base);
+                let end = self.frames.get(i + 1).map_or(self.keys.len(), |n| n.key_base);
                 if let Some(k) = end.checked_sub(1).and_then(|e| self.keys.get(e)) {
                     push_segment(&mut p, self.key_str(k));
                 }
@@ -500,10 +491,7 @@ impl Parser<'_> {
         let mut best: Option<(usize, usize, usize)> = None; // (offset, frame, key)
         let mut order = Vec::new();
         for (i, f) in self.frames.iter().enumerate() {
-            let end = self
-                .frames
-                .get(i + 1)
-                .map_or(self.keys.len(), |n| n.key_base);
+            let end = self.frames.get(i + 1).map_or(self.keys.len(), |n| n.key_base);
             if !f.object || end - f.key_base < 2 {
                 continue;
             }
@@ -518,11 +506,7 @@ impl Parser<'_> {
             }
         }
         let (dup_offset, frame, key) = best.filter(|b| b.0 < offset)?;
-        Some(self.duplicate(
-            self.key_str(&self.keys[key]),
-            dup_offset,
-            self.pointer(frame),
-        ))
+        Some(self.duplicate(self.key_str(&self.keys[key]), dup_offset, self.pointer(frame)))
     }
 
     /// Syntax error at `pos` (or InvalidUtf8 / end of input there).
@@ -582,11 +566,7 @@ impl Parser<'_> {
             Some(b'0') => {
                 self.pos += 1;
                 if let Some(b'0'..=b'9') = b.get(self.pos) {
-                    return Err(self.error(
-                        ErrorKind::Syntax,
-                        int_start,
-                        "number with a leading zero",
-                    ));
+                    return Err(self.error(ErrorKind::Syntax, int_start, "number with a leading zero"));
                 }
             }
             Some(b'1'..=b'9') => {
@@ -634,10 +614,7 @@ impl Parser<'_> {
             if neg { -(n as f64) } else { n as f64 }
         } else {
             let exp = &b[exp.clone()];
-            let exp_digits = exp
-                .iter()
-                .skip_while(|&&d| !matches!(d, b'1'..=b'9'))
-                .count();
+            let exp_digits = exp.iter().skip_while(|&&d| !matches!(d, b'1'..=b'9')).count();
             if exp_digits > 4 {
                 // core's parser saturates very long exponents, which is
                 // wrong when many digits offset them: normalize first.
@@ -850,18 +827,14 @@ fn scaled(neg: bool, int: &[u8], frac: &[u8], exp: &[u8]) -> f64 {
         Some((b'+', rest)) => (false, rest),
         _ => (false, exp),
     };
-    let e = exp.iter().fold(0i64, |e, &d| {
-        (e * 10 + i64::from(d - b'0')).min(1_000_000_000_000)
-    });
+    let e = exp
+        .iter()
+        .fold(0i64, |e, &d| (e * 10 + i64::from(d - b'0')).min(1_000_000_000_000));
     let e = if exp_neg { -e } else { e };
     // The value is 0.d(first)..d(last) x 10^n.
     let n = e.saturating_add(int.len() as i64 - first as i64);
     if n > 400 {
-        return if neg {
-            f64::NEG_INFINITY
-        } else {
-            f64::INFINITY
-        };
+        return if neg { f64::NEG_INFINITY } else { f64::INFINITY };
     }
     if n < -400 {
         return zero;

@@ -11,9 +11,7 @@ pub fn check_pointer(ptr: &str) -> Result<(), String> {
         return Ok(());
     }
     if !ptr.starts_with('/') {
-        return Err(format!(
-            "JSON pointer {ptr:?} must be empty or start with '/'"
-        ));
+        return Err(format!("JSON pointer {ptr:?} must be empty or start with '/'"));
     }
     let b = ptr.as_bytes();
     for (i, &c) in b.iter().enumerate() {
@@ -88,10 +86,7 @@ pub(crate) fn lookup<'v>(root: &'v Value, ptr: &str) -> Option<&'v Value> {
     let mut cur = root;
     for token in ptr[1..].split('/') {
         cur = match cur {
-            Value::Object(members) => members
-                .iter()
-                .find(|(k, _)| token_is(token, k))
-                .map(|(_, v)| v)?,
+            Value::Object(members) => members.iter().find(|(k, _)| token_is(token, k)).map(|(_, v)| v)?,
             Value::Array(items) => items.get(index(token)?)?,
             _ => return None,
         };

@@ -48,11 +48,7 @@ fn rejects(s: &str, kind: ErrorKind, pointer: &str, offset: usize) {
 
 #[track_caller]
 fn accepts(s: &str, want: &str) {
-    assert_eq!(
-        both(s.as_bytes(), &Limits::default()).as_deref(),
-        Ok(want),
-        "{s:?}"
-    );
+    assert_eq!(both(s.as_bytes(), &Limits::default()).as_deref(), Ok(want), "{s:?}");
 }
 
 #[test]
@@ -168,10 +164,7 @@ fn bad_numbers() {
     rejects("[123123e100000]", ErrorKind::NumberOutOfRange, "/0", 1);
     rejects("1.8e308", ErrorKind::NumberOutOfRange, "", 0);
     let e = err("{\"a\": NaN}");
-    assert_eq!(
-        e.message,
-        "non-finite number NaN is not allowed at /a (byte 6)"
-    );
+    assert_eq!(e.message, "non-finite number NaN is not allowed at /a (byte 6)");
 }
 
 #[test]
@@ -198,20 +191,12 @@ fn syntax_errors_with_pointers() {
     rejects("True", ErrorKind::Syntax, "", 0);
     rejects("nul", ErrorKind::Syntax, "", 3);
     rejects("[nulL]", ErrorKind::Syntax, "/0", 4);
-    rejects(
-        "{\"a/b\":{\"c~d\":[0,[x]]}}",
-        ErrorKind::Syntax,
-        "/a~1b/c~0d/1/0",
-        18,
-    );
+    rejects("{\"a/b\":{\"c~d\":[0,[x]]}}", ErrorKind::Syntax, "/a~1b/c~0d/1/0", 18);
     rejects("\u{feff}1", ErrorKind::Syntax, "", 0);
     rejects("\u{a0}1", ErrorKind::Syntax, "", 0);
     rejects("[1,\u{b}2]", ErrorKind::Syntax, "/1", 3);
     let e = err("{\"a\":[1,}");
-    assert_eq!(
-        e.message,
-        "unexpected '}', expected a value at /a/1 (byte 8)"
-    );
+    assert_eq!(e.message, "unexpected '}', expected a value at /a/1 (byte 8)");
     assert_eq!(e.to_string(), e.message);
 }
 
@@ -247,10 +232,7 @@ fn strings() {
     rejects("[\"\\uD800\\u12\"]", ErrorKind::Syntax, "/0", 12);
     rejects("{\"a\":{\"\\uDFAA\":0}}", ErrorKind::LoneSurrogate, "/a", 7);
     let e = err("{\"k\":\"\\udead\"}");
-    assert_eq!(
-        e.message,
-        "lone surrogate \\uDEAD in a string at /k (byte 6)"
-    );
+    assert_eq!(e.message, "lone surrogate \\uDEAD in a string at /k (byte 6)");
 }
 
 #[test]
@@ -267,15 +249,9 @@ fn invalid_utf8() {
         (ErrorKind::InvalidUtf8, "/a/1", 9)
     );
     let e = both(b"{\"\xc3\":1}", &l).unwrap_err();
-    assert_eq!(
-        (e.kind, e.pointer.as_str(), e.offset),
-        (ErrorKind::InvalidUtf8, "", 2)
-    );
+    assert_eq!((e.kind, e.pointer.as_str(), e.offset), (ErrorKind::InvalidUtf8, "", 2));
     let e = both(b"1 \x80", &l).unwrap_err();
-    assert_eq!(
-        (e.kind, e.pointer.as_str(), e.offset),
-        (ErrorKind::InvalidUtf8, "", 2)
-    );
+    assert_eq!((e.kind, e.pointer.as_str(), e.offset), (ErrorKind::InvalidUtf8, "", 2));
     let e = both(b"\xff", &l).unwrap_err();
     assert_eq!((e.kind, e.offset), (ErrorKind::InvalidUtf8, 0));
     // An earlier error wins.
@@ -302,12 +278,7 @@ fn duplicate_keys() {
     );
     assert_eq!(e.message, "duplicate key \"a\" at /x (byte 12)");
     // The earliest second occurrence is reported.
-    rejects(
-        "{\"b\":1,\"a\":1,\"a\":2,\"b\":2}",
-        ErrorKind::DuplicateKey,
-        "",
-        13,
-    );
+    rejects("{\"b\":1,\"a\":1,\"a\":2,\"b\":2}", ErrorKind::DuplicateKey, "", 13);
     rejects(
         "{\"a\":1,\"b\":1,\"c\":2,\"b\":2,\"a\":2}",
         ErrorKind::DuplicateKey,
@@ -316,24 +287,9 @@ fn duplicate_keys() {
     );
     // A duplicate before a later error is reported first, at any depth.
     rejects("{\"a\":1,\"a\":2,}", ErrorKind::DuplicateKey, "", 7);
-    rejects(
-        "{\"a\":1,\"a\":{\"c\":[x]}}",
-        ErrorKind::DuplicateKey,
-        "",
-        7,
-    );
-    rejects(
-        "{\"a\":1,\"a\":{\"c\":1,\"c\":2}}",
-        ErrorKind::DuplicateKey,
-        "",
-        7,
-    );
-    rejects(
-        "{\"a\":{\"k\":1,\"k\":2},\"a\":2}",
-        ErrorKind::DuplicateKey,
-        "/a",
-        12,
-    );
+    rejects("{\"a\":1,\"a\":{\"c\":[x]}}", ErrorKind::DuplicateKey, "", 7);
+    rejects("{\"a\":1,\"a\":{\"c\":1,\"c\":2}}", ErrorKind::DuplicateKey, "", 7);
+    rejects("{\"a\":{\"k\":1,\"k\":2},\"a\":2}", ErrorKind::DuplicateKey, "/a", 12);
     rejects(
         "[{\"a\":1,\"b\":[1e999],\"a\":0}]",
         ErrorKind::NumberOutOfRange,
@@ -434,10 +390,7 @@ fn size_limits() {
         ..Limits::default()
     };
     assert!(canonicalize(b"[1]", &exact).is_ok());
-    assert_eq!(
-        canonicalize(b"[1] ", &exact).unwrap_err().kind,
-        ErrorKind::TooLarge
-    );
+    assert_eq!(canonicalize(b"[1] ", &exact).unwrap_err().kind, ErrorKind::TooLarge);
 }
 
 #[test]
@@ -451,20 +404,13 @@ fn canonicalize_into_appends_and_restores() {
 
 #[test]
 fn value_helpers() {
-    let mut v = parse(
-        br#"{"b":1,"a":{"c":[true,null]},"d":"x"}"#,
-        &Limits::default(),
-    )
-    .unwrap();
+    let mut v = parse(br#"{"b":1,"a":{"c":[true,null]},"d":"x"}"#, &Limits::default()).unwrap();
     assert_eq!(v.get("d"), Some(&Value::String("x".into())));
     assert_eq!(v.get("zz"), None);
     assert_eq!(v.pointer("/a/c/1"), Some(&Value::Null));
     assert_eq!(v.pointer("/a/c/0"), Some(&Value::Bool(true)));
     assert_eq!(Value::Null.get("a"), None);
-    assert_eq!(
-        v.remove("b").map(|b| matches!(b, Value::Number(_))),
-        Some(true)
-    );
+    assert_eq!(v.remove("b").map(|b| matches!(b, Value::Number(_))), Some(true));
     assert_eq!(v.remove("b"), None);
     v.insert("d".into(), Value::Bool(false));
     v.insert("0".into(), Value::Null);
@@ -498,10 +444,7 @@ fn write_canonical_hand_built() {
     ]);
     let mut out = String::new();
     write_canonical(&v, &mut out);
-    assert_eq!(
-        out,
-        "{\"\":[[],{}],\"\u{1f600}\":\"\\u0001\\\"\",\"\u{fb33}\":0}"
-    );
+    assert_eq!(out, "{\"\":[[],{}],\"\u{1f600}\":\"\\u0001\\\"\",\"\u{fb33}\":0}");
 }
 
 #[test]

@@ -262,9 +262,7 @@ impl Sink for CanonSink<'_> {
                 }
                 let from = starts[i] - body;
                 // A member ends where the comma before the next one is.
-                let to = starts
-                    .get(i + 1)
-                    .map_or(self.scratch.len(), |&s| s - 1 - body);
+                let to = starts.get(i + 1).map_or(self.scratch.len(), |&s| s - 1 - body);
                 self.out.push_str(&self.scratch[from..to]);
             }
         }
@@ -281,15 +279,7 @@ mod tests {
     #[test]
     fn utf16_order_examples() {
         // RFC 8785 §3.2.3 sorting example, in expected order.
-        let keys = [
-            "\r",
-            "1",
-            "\u{80}",
-            "\u{f6}",
-            "\u{20ac}",
-            "\u{1f600}",
-            "\u{fb33}",
-        ];
+        let keys = ["\r", "1", "\u{80}", "\u{f6}", "\u{20ac}", "\u{1f600}", "\u{fb33}"];
         for w in keys.windows(2) {
             assert_eq!(cmp_utf16(w[0], w[1]), Ordering::Less, "{:?}", w);
             assert_eq!(cmp_utf16(w[1], w[0]), Ordering::Greater, "{:?}", w);
@@ -348,10 +338,7 @@ mod tests {
     #[test]
     fn string_escaping() {
         let mut s = String::new();
-        write_string(
-            "a\"b\\c\u{8}\u{c}\n\r\t\u{0}\u{1f}\u{7f}\u{80}\u{2028}/é😀",
-            &mut s,
-        );
+        write_string("a\"b\\c\u{8}\u{c}\n\r\t\u{0}\u{1f}\u{7f}\u{80}\u{2028}/é😀", &mut s);
         assert_eq!(
             s,
             "\"a\\\"b\\\\c\\b\\f\\n\\r\\t\\u0000\\u001f\u{7f}\u{80}\u{2028}/é😀\""

@@ -62,9 +62,17 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
         },
     };
     if req.supersedes.as_deref() == Some(key.as_str()) {
-        return Err(Error::InvalidRequest("an operation cannot supersede itself".to_string()));
+        return Err(Error::InvalidRequest(
+            "an operation cannot supersede itself".to_string(),
+        ));
     }
-    let claim = Claim { req: &req, payload: &payload, key, key_source, audit_base: core::cell::Cell::new(0) };
+    let claim = Claim {
+        req: &req,
+        payload: &payload,
+        key,
+        key_source,
+        audit_base: core::cell::Cell::new(0),
+    };
     for _ in 0..MAX_RACES {
         match claim.decide(h) {
             Ok(decision) => return Ok(decision),
@@ -108,7 +116,11 @@ impl Claim<'_> {
             if stone.tool != req.tool || stone.fingerprint != self.payload.fingerprint {
                 return Ok(blocked(
                     BlockReason::Expired,
-                    format!("key {} was pruned after {} with another payload", self.key, state_name(stone.outcome)),
+                    format!(
+                        "key {} was pruned after {} with another payload",
+                        self.key,
+                        state_name(stone.outcome)
+                    ),
                 ));
             }
             if req.policy.verify_first
@@ -118,7 +130,11 @@ impl Claim<'_> {
             }
             return Ok(blocked(
                 BlockReason::Expired,
-                format!("key {} was pruned after {}; mint a new key for a new operation", self.key, state_name(stone.outcome)),
+                format!(
+                    "key {} was pruned after {}; mint a new key for a new operation",
+                    self.key,
+                    state_name(stone.outcome)
+                ),
             ));
         }
         let mut tx = Tx::new();
@@ -128,7 +144,12 @@ impl Claim<'_> {
                 Evidence::Confirmed(receipt) => {
                     let receipt = match crate::input::canonical_text(&receipt, &h.settings()) {
                         Ok(receipt) => receipt,
-                        Err(_) => return Ok(blocked(BlockReason::Unverified, "the provider's receipt is not valid JSON".to_string())),
+                        Err(_) => {
+                            return Ok(blocked(
+                                BlockReason::Unverified,
+                                "the provider's receipt is not valid JSON".to_string(),
+                            ));
+                        }
                     };
                     let now = h.now();
                     // The money moved: count it, ceiling or not.
@@ -136,8 +157,11 @@ impl Claim<'_> {
                         (Some(quota), Some(units)) => tx.reserve(h, &req.scope, &req.tool, quota, units, now, false)?,
                         _ => None,
                     };
-                    let origin = Origin::Verified { receipt: receipt.clone() };
-                    let (mut rec, event) = OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
+                    let origin = Origin::Verified {
+                        receipt: receipt.clone(),
+                    };
+                    let (mut rec, event) =
+                        OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
                     self.insert(&mut tx, &mut rec, event, now);
                     // The receipt is the answer even if recording it fails; a conflict means
                     // someone else recorded this key meanwhile, so decide again.
@@ -147,7 +171,10 @@ impl Claim<'_> {
                     return Ok(replay(receipt, ReplayVia::Provider, &self.key));
                 }
                 Evidence::Unknown(why) => {
-                    return Ok(blocked(BlockReason::Unverified, format!("verify-first lookup could not tell: {why}")));
+                    return Ok(blocked(
+                        BlockReason::Unverified,
+                        format!("verify-first lookup could not tell: {why}"),
+                    ));
                 }
                 // The read must cover the moment the lookup started, give or take the skew.
                 Evidence::Absent(read_position)
@@ -155,7 +182,9 @@ impl Claim<'_> {
                 {
                     return Ok(blocked(
                         BlockReason::Unverified,
-                        format!("verify-first read position {read_position} is before the lookup started ({lookup_started})"),
+                        format!(
+                            "verify-first read position {read_position} is before the lookup started ({lookup_started})"
+                        ),
                     ));
                 }
                 Evidence::Absent(_) => {}
@@ -205,7 +234,12 @@ impl Claim<'_> {
         LedgerError::Conflict
     }
 
-    fn new_record(&self, provider_key: String, args: String, reservation: Option<crate::record::Reservation>) -> NewRecord {
+    fn new_record(
+        &self,
+        provider_key: String,
+        args: String,
+        reservation: Option<crate::record::Reservation>,
+    ) -> NewRecord {
         NewRecord {
             scope: self.req.scope.clone(),
             key: self.key.clone(),
@@ -234,11 +268,17 @@ impl Claim<'_> {
         match orig.state {
             State::InFlight | State::Unknown => Ok(Some(blocked(
                 BlockReason::SupersededUnresolved,
-                format!("the original {original} is {}: resolve it first", state_name(orig.state)),
+                format!(
+                    "the original {original} is {}: resolve it first",
+                    state_name(orig.state)
+                ),
             ))),
             State::Superseded => Ok(Some(blocked(
                 BlockReason::Superseded,
-                format!("the original {original} was already superseded by {}", orig.superseded_by.unwrap_or_default()),
+                format!(
+                    "the original {original} was already superseded by {}",
+                    orig.superseded_by.unwrap_or_default()
+                ),
             ))),
             State::Confirmed if self.req.acknowledge_confirmed => {
                 let event = orig.link_successor(&self.key);
@@ -296,7 +336,11 @@ impl Claim<'_> {
             State::Unknown => Ok(unknown(&rec)),
             State::Superseded => Ok(blocked(
                 BlockReason::Superseded,
-                format!("{} was superseded by {}", rec.key, rec.superseded_by.clone().unwrap_or_default()),
+                format!(
+                    "{} was superseded by {}",
+                    rec.key,
+                    rec.superseded_by.clone().unwrap_or_default()
+                ),
             )),
             State::Failed | State::Absent => grant(h, rec, version, now),
         }
@@ -369,11 +413,20 @@ pub(super) fn unknown(rec: &OpRecord) -> Decision {
 }
 
 pub(super) fn replay(receipt: String, via: ReplayVia, key: &str) -> Decision {
-    Decision::Replay(Replay { receipt, replayed: true, via, key: key.to_string() })
+    Decision::Replay(Replay {
+        receipt,
+        replayed: true,
+        via,
+        key: key.to_string(),
+    })
 }
 
 pub(super) fn blocked(reason: BlockReason, detail: String) -> Decision {
-    Decision::Blocked(Blocked { reason, detail, receipt: None })
+    Decision::Blocked(Blocked {
+        reason,
+        detail,
+        receipt: None,
+    })
 }
 
 fn over_quota(quota: &crate::types::QuotaPolicy, units: u128) -> Decision {

@@ -36,7 +36,10 @@ pub fn escalate_if_due(h: &impl Host, loaded: Loaded, now: u64) -> Result<(Loade
         let mut tx = Tx::new();
         tx.record(&mut rec, version, event, now);
         tx.commit(h)?;
-        Loaded { rec, version: version + 1 }
+        Loaded {
+            rec,
+            version: version + 1,
+        }
     } else {
         loaded
     };
@@ -50,7 +53,11 @@ pub fn deliver(h: &impl Host, loaded: Loaded) -> (Loaded, bool) {
     if !rec.escalated || rec.escalation_acked {
         return (loaded, false);
     }
-    let reason = if rec.possible_duplicate { "possible-duplicate" } else { "deadline" };
+    let reason = if rec.possible_duplicate {
+        "possible-duplicate"
+    } else {
+        "deadline"
+    };
     let escalation = Escalation {
         id: rec.escalation_id.clone().unwrap_or_default(),
         scope: rec.scope.clone(),
@@ -68,7 +75,13 @@ pub fn deliver(h: &impl Host, loaded: Loaded) -> (Loaded, bool) {
         tx.record(&mut acked, loaded.version, event, now);
         // Losing this write only means a re-delivery, which the sink dedupes.
         if tx.commit(h).is_ok() {
-            return (Loaded { rec: acked, version: loaded.version + 1 }, true);
+            return (
+                Loaded {
+                    rec: acked,
+                    version: loaded.version + 1,
+                },
+                true,
+            );
         }
     }
     (loaded, true)

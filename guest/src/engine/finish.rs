@@ -43,7 +43,9 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
     let mut tx = Tx::new();
     let event = match (outcome, rec.state) {
         // Evidence beats fences: a success from any attempt means the effect happened.
-        (Outcome::Success(receipt), State::InFlight) if current => rec.confirm(receipt, Some(fence), now, "finish-success"),
+        (Outcome::Success(receipt), State::InFlight) if current => {
+            rec.confirm(receipt, Some(fence), now, "finish-success")
+        }
         (Outcome::Success(receipt), State::InFlight) => {
             let id = escalation::duplicate_id(&rec, now);
             rec.confirm_possible_duplicate(receipt, fence, id, now)
@@ -67,7 +69,13 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     let state = rec.state;
-    let _ = escalation::deliver(h, Loaded { rec, version: version + 1 });
+    let _ = escalation::deliver(
+        h,
+        Loaded {
+            rec,
+            version: version + 1,
+        },
+    );
     Ok(FinishAck::Recorded(state))
 }
 

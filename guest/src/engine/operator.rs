@@ -51,7 +51,14 @@ pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordVie
 /// `confirmed` settles an unknown, absent, failed or lease-expired record;
 /// `absent` settles an unknown (or lease-expired) one, and before
 /// `max_in_flight` has passed since the last dispatch it needs `force`.
-pub fn resolve(h: &impl Host, scope: &str, key: &str, resolution: Resolution, note: &str, force: bool) -> Result<State, Error> {
+pub fn resolve(
+    h: &impl Host,
+    scope: &str,
+    key: &str,
+    resolution: Resolution,
+    note: &str,
+    force: bool,
+) -> Result<State, Error> {
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
@@ -71,7 +78,13 @@ pub fn resolve(h: &impl Host, scope: &str, key: &str, resolution: Resolution, no
     Err(storage_error(LedgerError::Conflict))
 }
 
-fn apply(h: &impl Host, loaded: Loaded, resolution: Resolution, note: &str, force: bool) -> Result<Result<State, Error>, LedgerError> {
+fn apply(
+    h: &impl Host,
+    loaded: Loaded,
+    resolution: Resolution,
+    note: &str,
+    force: bool,
+) -> Result<Result<State, Error>, LedgerError> {
     let Loaded { mut rec, version } = loaded;
     let now = now_for(h, Some(&rec));
     let live = rec.state == State::InFlight && !rec.lease_ended(now);
@@ -86,11 +99,19 @@ fn apply(h: &impl Host, loaded: Loaded, resolution: Resolution, note: &str, forc
                 tx.count_spend(h, &mut rec, now)?;
                 rec.confirm(receipt, None, now, "operator-confirmed")
             }
-            other => return refuse(&format!("a {} record cannot be resolved as confirmed", state_name(other))),
+            other => {
+                return refuse(&format!(
+                    "a {} record cannot be resolved as confirmed",
+                    state_name(other)
+                ));
+            }
         },
         Resolution::Absent => match rec.state {
             State::Unknown | State::InFlight => {
-                let settled_at = rec.last_dispatch().unwrap_or(0).saturating_add(rec.policy.max_in_flight_ms);
+                let settled_at = rec
+                    .last_dispatch()
+                    .unwrap_or(0)
+                    .saturating_add(rec.policy.max_in_flight_ms);
                 if !rec.policy.provider_claims_key && now <= settled_at && !force {
                     return refuse(&format!(
                         "an earlier request may still commit until {settled_at} (max_in_flight after the last dispatch); \

@@ -131,7 +131,13 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
         },
         // A read cannot reflect commits later than the moment it returned: a
         // read position in the future must not skip max_in_flight.
-        Evidence::Absent(read_position) => absent(&mut rec, read_position.min(now), h.settings().clock_skew_ms, now, backoff),
+        Evidence::Absent(read_position) => absent(
+            &mut rec,
+            read_position.min(now),
+            h.settings().clock_skew_ms,
+            now,
+            backoff,
+        ),
         Evidence::Unknown(why) => (
             rec.still_unknown(&format!("lookup could not tell: {why}"), None, backoff),
             Read::Unknown,
@@ -164,7 +170,10 @@ fn absent(rec: &mut OpRecord, read_position: u64, skew: u64, now: u64, backoff: 
         (rec.prove_absent(read_position, now, "reconciled-absent"), Read::Absent)
     } else {
         let why = format!("absent as of {read_position}, but an earlier request may still commit until {settled_at}");
-        let next = settled_at.saturating_add(skew).saturating_add(1).max(now.saturating_add(1));
+        let next = settled_at
+            .saturating_add(skew)
+            .saturating_add(1)
+            .max(now.saturating_add(1));
         (rec.still_unknown(&why, Some(read_position), next), Read::Unknown)
     }
 }

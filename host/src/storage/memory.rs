@@ -36,9 +36,7 @@ impl MemoryStorage {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A commit validates everything before it mutates, so a panic while
         // the lock was held cannot have left a half-applied batch behind.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -128,11 +126,7 @@ impl Storage for MemoryStorage {
         let inner = self.lock();
         let from = (scope.to_owned(), key.to_owned(), 0);
         let to = (scope.to_owned(), key.to_owned(), u64::MAX);
-        Ok(inner
-            .audit
-            .range(from..=to)
-            .map(|(_, e)| e.clone())
-            .collect())
+        Ok(inner.audit.range(from..=to).map(|(_, e)| e.clone()).collect())
     }
 
     fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {

@@ -42,13 +42,8 @@ pub trait Storage: Send + Sync {
     /// Apply every put and event of `batch` atomically, or nothing.
     fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
     /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`, earliest due first.
-    fn scan(
-        &self,
-        table: Table,
-        states: &[State],
-        due_before: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<Row>, StorageError>;
+    fn scan(&self, table: Table, states: &[State], due_before: Timestamp, limit: u32)
+    -> Result<Vec<Row>, StorageError>;
     /// The audit trail of one operation, oldest first.
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError>;
     /// Operation rows, optionally in one state, ordered by scope and key.

@@ -44,7 +44,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
@@ -133,9 +133,7 @@ fn parse_table(s: &str) -> Result<Table, StorageError> {
         "tombstone" => Table::Tombstone,
         "quota" => Table::Quota,
         other => {
-            return Err(StorageError(format!(
-                "sqlite: unknown table {other:?} in file"
-            )));
+            return Err(StorageError(format!("sqlite: unknown table {other:?} in file")));
         }
     })
 }
@@ -174,15 +172,7 @@ fn uint(what: &str, v: i64) -> Result<u64, StorageError> {
 const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body";
 
 /// A row as read from SQL, before its enums are parsed.
-type RawRow = (
-    String,
-    String,
-    String,
-    i64,
-    Option<String>,
-    Option<i64>,
-    String,
-);
+type RawRow = (String, String, String, i64, Option<String>, Option<i64>, String);
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
     Ok((
@@ -277,10 +267,7 @@ impl SqliteStorage {
 
     /// Run `f` on a reader connection; the connection goes back to the pool
     /// only if `f` succeeded.
-    fn read<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StorageError>,
-    ) -> Result<T, StorageError> {
+    fn read<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StorageError>) -> Result<T, StorageError> {
         let idle = self
             .readers
             .lock()
@@ -292,10 +279,7 @@ impl SqliteStorage {
         };
         let out = f(&mut conn)?;
         if conn.is_autocommit() {
-            let mut idle = self
-                .readers
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut idle = self.readers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if idle.len() < MAX_IDLE_READERS {
                 idle.push(conn);
             }
@@ -318,31 +302,57 @@ fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, Stora
     if path.is_dir() {
         return Err(StorageError(format!("sqlite: {at}: is a directory")));
     }
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn =
-        Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
     configure(&conn, path, options)?;
     // SQLite silently falls back to read-only for a write-protected file.
     if conn
         .is_readonly(rusqlite::MAIN_DB)
         .map_err(|e| err(format_args!("{at}"), e))?
     {
-        return Err(StorageError(format!(
-            "sqlite: {at}: the database file is read-only"
-        )));
+        return Err(StorageError(format!("sqlite: {at}: the database file is read-only")));
     }
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(|e| err(format_args!("{at}: set journal_mode=WAL"), e))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StorageError(format!(
-            "sqlite: {at}: WAL journal mode unavailable (got {mode:?})"
-        )));
-    }
-    init_schema(&conn).map_err(|e| StorageError(format!("{}: {at}", e.0)))?;
+    enable_wal(&conn, path, options.busy_timeout)?;
+    init_schema(&conn).map_err(|e| StorageError(format!("{} ({at})", e.0)))?;
     Ok(conn)
+}
+
+/// Switch the file to WAL (a no-op when it already is). Changing the journal
+/// mode does not wait on SQLite's busy handler, so a file being created by
+/// several connections at once is retried here until `timeout`.
+fn enable_wal(conn: &Connection, path: &Path, timeout: Duration) -> Result<(), StorageError> {
+    let at = path.display();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mode = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+            .and_then(|mode| {
+                if mode.eq_ignore_ascii_case("wal") {
+                    Ok(mode)
+                } else {
+                    conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+                }
+            });
+        match mode {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(StorageError(format!(
+                    "sqlite: {at}: WAL journal mode unavailable (got {mode:?})"
+                )));
+            }
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(err(format_args!("{at}: set journal_mode=WAL"), e)),
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, StorageError> {
@@ -350,8 +360,7 @@ fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, Stora
     // Read-write (not read-only) so the reader may use the WAL index; never
     // created here: the writer made the file.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn =
-        Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
     configure(&conn, path, options)?;
     conn.pragma_update(None, "query_only", true)
         .map_err(|e| err(format_args!("{at}: set query_only"), e))?;
@@ -372,20 +381,16 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
             )
             .map_err(|e| err("read schema", e))?;
         let found: Option<String> = if has_meta {
-            conn.query_row(
-                "SELECT value FROM meta WHERE key = 'schema_version'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| err("read schema version", e))?
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+                .optional()
+                .map_err(|e| err("read schema version", e))?
         } else {
             None
         };
         if let Some(found) = &found {
-            let version: u32 = found.parse().map_err(|_| {
-                StorageError(format!("sqlite: unreadable schema version {found:?}"))
-            })?;
+            let version: u32 = found
+                .parse()
+                .map_err(|_| StorageError(format!("sqlite: unreadable schema version {found:?}")))?;
             if version > SCHEMA_VERSION {
                 return Err(StorageError(format!(
                     "sqlite: schema version {version} is newer than this build understands \
@@ -432,9 +437,7 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
         Ok(())
     })();
     match result {
-        Ok(()) => conn
-            .execute_batch("COMMIT")
-            .map_err(|e| err("commit schema", e)),
+        Ok(()) => conn.execute_batch("COMMIT").map_err(|e| err("commit schema", e)),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
@@ -446,10 +449,7 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
 fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
     let tbl = table_name(put.table);
     let what = |op: &str| format!("{op} ({tbl}, {:?}, {:?})", put.scope, put.key);
-    let expected = put
-        .expected
-        .map(|v| int("expected version", v))
-        .transpose()?;
+    let expected = put.expected.map(|v| int("expected version", v)).transpose()?;
     let changed = match (expected, &put.row) {
         (None, Some(row)) => {
             let version = int("version", row.version)?;
@@ -494,36 +494,25 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
             .map_err(|e| err(what("update"), e))?
         }
         (Some(expected), None) => conn
-            .prepare_cached(
-                "DELETE FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3 AND version = ?4",
-            )
+            .prepare_cached("DELETE FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3 AND version = ?4")
             .and_then(|mut s| s.execute(params![tbl, put.scope, put.key, expected]))
             .map_err(|e| err(what("delete"), e))?,
         // "Must not exist, and stays absent": a pure check.
         (None, None) => {
             let exists: bool = conn
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3)",
-                )
+                .prepare_cached("SELECT EXISTS (SELECT 1 FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3)")
                 .and_then(|mut s| s.query_row(params![tbl, put.scope, put.key], |r| r.get(0)))
                 .map_err(|e| err(what("check absent"), e))?;
             usize::from(!exists)
         }
     };
-    if changed == 1 {
-        Ok(())
-    } else {
-        Err(Abort::Conflict)
-    }
+    if changed == 1 { Ok(()) } else { Err(Abort::Conflict) }
 }
 
 /// Append one audit event inside the open transaction; an existing
 /// (scope, key, version) is a conflict.
 fn apply_event(conn: &Connection, event: &AuditEvent) -> Result<(), Abort> {
-    let what = format!(
-        "insert audit ({:?}, {:?}, {})",
-        event.scope, event.key, event.version
-    );
+    let what = format!("insert audit ({:?}, {:?}, {})", event.scope, event.key, event.version);
     let version = int("audit version", event.version)?;
     let at = int("audit at", event.at)?;
     let changed = conn
@@ -546,11 +535,7 @@ fn apply_event(conn: &Connection, event: &AuditEvent) -> Result<(), Abort> {
             ])
         })
         .map_err(|e| err(&what, e))?;
-    if changed == 1 {
-        Ok(())
-    } else {
-        Err(Abort::Conflict)
-    }
+    if changed == 1 { Ok(()) } else { Err(Abort::Conflict) }
 }
 
 impl Storage for SqliteStorage {
@@ -560,10 +545,7 @@ impl Storage for SqliteStorage {
                 .prepare_cached(&format!(
                     "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 AND scope = ?2 AND key = ?3"
                 ))
-                .and_then(|mut s| {
-                    s.query_row(params![table_name(table), scope, key], raw_row)
-                        .optional()
-                })
+                .and_then(|mut s| s.query_row(params![table_name(table), scope, key], raw_row).optional())
                 .map_err(|e| err("get", e))?;
             raw.map(cook_row).transpose()
         })
@@ -704,9 +686,7 @@ impl Storage for SqliteStorage {
             None => query_rows(
                 conn,
                 "list",
-                &format!(
-                    "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 ORDER BY scope, key LIMIT ?2"
-                ),
+                &format!("SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 ORDER BY scope, key LIMIT ?2"),
                 params![tbl, limit],
             ),
             Some(state) => query_rows(
@@ -731,10 +711,8 @@ impl Storage for SqliteStorage {
                      WHERE tbl = ?1 AND state IS NOT NULL GROUP BY state",
                 )
                 .and_then(|mut s| {
-                    s.query_map([table_name(Table::Operation)], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })?
-                    .collect()
+                    s.query_map([table_name(Table::Operation)], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect()
                 })
                 .map_err(|e| err("stats", e))?;
             let events: Vec<(String, i64)> = tx

@@ -57,7 +57,10 @@ fn parse_state(s: &str) -> Result<State, String> {
 }
 
 fn storage_failure(e: once::storage::StorageError) -> Failure {
-    Failure { code: 1, message: e.to_string() }
+    Failure {
+        code: 1,
+        message: e.to_string(),
+    }
 }
 
 pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
@@ -73,12 +76,19 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
         }
         LedgerCommand::Show { key, scope } => {
             let Some(view) = once.inspect(&scope, &key)? else {
-                return Err(Failure { code: 2, message: format!("no record for key {key:?} in scope {scope:?}") });
+                return Err(Failure {
+                    code: 2,
+                    message: format!("no record for key {key:?} in scope {scope:?}"),
+                });
             };
             println!("scope        {}", view.scope);
             println!("key          {} ({:?})", view.key, view.key_source);
             println!("tool         {}", view.tool);
-            println!("state        {}{}", view.state, if view.escalated { " (escalated)" } else { "" });
+            println!(
+                "state        {}{}",
+                view.state,
+                if view.escalated { " (escalated)" } else { "" }
+            );
             println!("version      {}", view.version);
             println!("attempts     {}", view.attempts);
             println!("fingerprint  {}", view.fingerprint);
@@ -105,11 +115,21 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 let from = e.from_state.map_or("-", State::name);
                 let to = e.to_state.map_or("-", State::name);
                 let attempt = e.attempt.map_or(String::new(), |a| format!(" attempt {a}"));
-                println!("  v{:<4} {} {:<32} {from} -> {to}{attempt} {}", e.version, e.at, e.kind, e.detail);
+                println!(
+                    "  v{:<4} {} {:<32} {from} -> {to}{attempt} {}",
+                    e.version, e.at, e.kind, e.detail
+                );
             }
             Ok(())
         }
-        LedgerCommand::Resolve { key, scope, confirmed, absent, note, force } => {
+        LedgerCommand::Resolve {
+            key,
+            scope,
+            confirmed,
+            absent,
+            note,
+            force,
+        } => {
             let resolution = match (confirmed, absent) {
                 (Some(receipt), false) => Resolution::Confirmed(receipt),
                 _ => Resolution::Absent,
@@ -126,7 +146,12 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 println!("  {:<11} {n}", state.name());
             }
             let count = |kinds: &[&str]| -> u64 {
-                stats.events.iter().filter(|(k, _)| kinds.contains(&k.as_str())).map(|(_, n)| n).sum()
+                stats
+                    .events
+                    .iter()
+                    .filter(|(k, _)| kinds.contains(&k.as_str()))
+                    .map(|(_, n)| n)
+                    .sum()
             };
             println!("replays      {}", count(&["replay"]));
             println!("conflicts    {}", count(&["conflict"]));

@@ -1,5 +1,6 @@
 //! `once`: the command line over the once component and its ledger.
 
+mod demo;
 mod ledger;
 
 use std::io::{Read, Write};
@@ -28,6 +29,11 @@ struct Db {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The refund fault matrix: every agent policy, unprotected and through once, under every fault.
+    Demo(demo::DemoArgs),
+    /// One demo agent as its own process (used by `once demo`).
+    #[command(hide = true)]
+    DemoAgent(demo::AgentArgs),
     /// Read JSON on stdin, print its RFC 8785 canonical form (no trailing newline).
     Canon,
     /// Read a tool's args (JSON) on stdin, print sha256(JCS({"tool":…,"args":…})) in hex.
@@ -80,7 +86,10 @@ impl From<OnceError> for Failure {
             ) => 2,
             _ => 1,
         };
-        Failure { code, message: e.to_string() }
+        Failure {
+            code,
+            message: e.to_string(),
+        }
     }
 }
 
@@ -101,6 +110,8 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
+        Command::Demo(args) => demo::run(args),
+        Command::DemoAgent(args) => demo::run_agent(args),
         Command::Canon => {
             let input = read_stdin()?;
             let canonical = engine_only()?.canonicalize(&input)?;
@@ -108,8 +119,10 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Fingerprint { tool } => {
             let input = read_stdin()?;
-            let args = String::from_utf8(input)
-                .map_err(|e| Failure { code: 2, message: format!("stdin is not UTF-8 (byte {})", e.utf8_error().valid_up_to()) })?;
+            let args = String::from_utf8(input).map_err(|e| Failure {
+                code: 2,
+                message: format!("stdin is not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+            })?;
             let fingerprint = engine_only()?.fingerprint(&tool, &args)?;
             print_raw(&format!("{fingerprint}\n"))
         }
@@ -131,7 +144,10 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Prune { db, limit } => {
             let report = open(&db)?.prune(limit)?;
-            println!("pruned {}  tombstones removed {}", report.pruned, report.tombstones_removed);
+            println!(
+                "pruned {}  tombstones removed {}",
+                report.pruned, report.tombstones_removed
+            );
             Ok(())
         }
     }
@@ -148,9 +164,10 @@ fn open(db: &Db) -> Result<Once, Failure> {
 
 fn read_stdin() -> Result<Vec<u8>, Failure> {
     let mut input = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut input)
-        .map_err(|e| Failure { code: 1, message: format!("reading stdin: {e}") })?;
+    std::io::stdin().read_to_end(&mut input).map_err(|e| Failure {
+        code: 1,
+        message: format!("reading stdin: {e}"),
+    })?;
     Ok(input)
 }
 
@@ -158,5 +175,8 @@ fn print_raw(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| Failure { code: 1, message: format!("writing stdout: {e}") })
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("writing stdout: {e}"),
+        })
 }
