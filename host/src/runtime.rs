@@ -18,6 +18,7 @@ pub const COMPONENT: &[u8] = include_bytes!(env!("ONCE_COMPONENT_PATH"));
 /// A compiled, pre-linked once component; cheap to instantiate.
 pub struct Runtime {
     engine: Engine,
+    component: Component,
     pre: OncePre<HostState>,
 }
 
@@ -54,12 +55,17 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         OnceWorld::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)?;
         let pre = OncePre::new(linker.instantiate_pre(&component)?)?;
-        Ok(Runtime { engine, pre })
+        Ok(Runtime { engine, component, pre })
     }
 
     /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The compiled component.
+    pub fn component(&self) -> &Component {
+        &self.component
     }
 
     /// Instantiate over an in-memory ledger once, to prove the runtime works.

@@ -5,9 +5,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use once::Once;
-use once::runtime::{COMPONENT, Runtime};
+use once::runtime::Runtime;
 use once::storage::memory::MemoryStorage;
-use wasmtime::component::Component;
 
 fn vectors() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors/jcs")
@@ -36,9 +35,8 @@ fn world_imports() -> BTreeSet<String> {
 
 #[test]
 fn component_imports_exactly_the_once_world() {
-    let runtime = Runtime::load(None).unwrap();
-    let component = Component::new(runtime.engine(), COMPONENT).unwrap();
-    let ty = component.component_type();
+    let runtime = Runtime::shared().unwrap();
+    let ty = runtime.component().component_type();
     let imports: BTreeSet<String> = ty.imports(runtime.engine()).map(|(name, _)| name.to_string()).collect();
     assert_eq!(
         imports,

@@ -334,14 +334,7 @@ impl Claim<'_> {
                 lease_until: rec.current().map_or(now, |a| a.lease_until),
             })),
             State::Unknown => Ok(unknown(&rec)),
-            State::Superseded => Ok(blocked(
-                BlockReason::Superseded,
-                format!(
-                    "{} was superseded by {}",
-                    rec.key,
-                    rec.superseded_by.clone().unwrap_or_default()
-                ),
-            )),
+            State::Superseded => Ok(superseded(&rec)),
             State::Failed | State::Absent => grant(h, rec, version, now),
         }
     }
@@ -419,6 +412,12 @@ pub(super) fn replay(receipt: String, via: ReplayVia, key: &str) -> Decision {
         via,
         key: key.to_string(),
     })
+}
+
+/// A superseded record refuses every later begin.
+pub(super) fn superseded(rec: &OpRecord) -> Decision {
+    let by = rec.superseded_by.as_deref().unwrap_or_default();
+    blocked(BlockReason::Superseded, format!("{} was superseded by {by}", rec.key))
 }
 
 pub(super) fn blocked(reason: BlockReason, detail: String) -> Decision {

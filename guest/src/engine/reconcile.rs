@@ -3,7 +3,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use super::begin::{blocked, grant, replay, unknown};
+use super::begin::{blocked, grant, replay, superseded, unknown};
 use super::escalation;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
@@ -60,14 +60,7 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
                 rec.key
             ),
         )),
-        State::Superseded => Ok(blocked(
-            BlockReason::Superseded,
-            format!(
-                "{} was superseded by {}",
-                rec.key,
-                rec.superseded_by.clone().unwrap_or_default()
-            ),
-        )),
+        State::Superseded => Ok(superseded(rec)),
     }
 }
 

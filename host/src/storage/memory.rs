@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{ALL_STATES, CommitError, Stats, Storage, StorageError, state_index};
+use super::{CommitError, Stats, Storage, StorageError};
 use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
 
 /// Row key: (table index, scope, key).
@@ -144,13 +144,13 @@ impl Storage for MemoryStorage {
     fn stats(&self) -> Result<Stats, StorageError> {
         let inner = self.lock();
         let t = table_index(Table::Operation);
-        let mut counts = [0u64; ALL_STATES.len()];
+        let mut counts = [0u64; State::ALL.len()];
         for ((tbl, _, _), row) in &inner.rows {
             if let (true, Some(state)) = (*tbl == t, row.state) {
-                counts[state_index(state)] += 1;
+                counts[state as usize] += 1;
             }
         }
-        let by_state = ALL_STATES
+        let by_state = State::ALL
             .iter()
             .zip(counts)
             .filter(|(_, n)| *n > 0)

@@ -52,28 +52,6 @@ pub trait Storage: Send + Sync {
     fn stats(&self) -> Result<Stats, StorageError>;
 }
 
-/// Every state, in WIT enum order (the order of [`Stats::by_state`]).
-pub(crate) const ALL_STATES: [State; 6] = [
-    State::InFlight,
-    State::Confirmed,
-    State::Failed,
-    State::Unknown,
-    State::Absent,
-    State::Superseded,
-];
-
-/// Position of `state` in [`ALL_STATES`].
-pub(crate) fn state_index(state: State) -> usize {
-    match state {
-        State::InFlight => 0,
-        State::Confirmed => 1,
-        State::Failed => 2,
-        State::Unknown => 3,
-        State::Absent => 4,
-        State::Superseded => 5,
-    }
-}
-
 /// Checks shared by every backend before a batch touches the store: a put's
 /// new row must name the put's own (table, scope, key).
 pub(crate) fn check_batch(batch: &Batch) -> Result<(), StorageError> {

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use super::{ALL_STATES, CommitError, Stats, Storage, StorageError, state_index};
+use super::{CommitError, Stats, Storage, StorageError};
 use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
 
 /// The schema version this code writes and understands.
@@ -138,22 +138,8 @@ fn parse_table(s: &str) -> Result<Table, StorageError> {
     })
 }
 
-fn state_name(state: State) -> &'static str {
-    match state {
-        State::InFlight => "in-flight",
-        State::Confirmed => "confirmed",
-        State::Failed => "failed",
-        State::Unknown => "unknown",
-        State::Absent => "absent",
-        State::Superseded => "superseded",
-    }
-}
-
 fn parse_state(s: &str) -> Result<State, StorageError> {
-    ALL_STATES
-        .into_iter()
-        .find(|st| state_name(*st) == s)
-        .ok_or_else(|| StorageError(format!("sqlite: unknown state {s:?} in file")))
+    State::parse(s).ok_or_else(|| StorageError(format!("sqlite: unknown state {s:?} in file")))
 }
 
 fn parse_opt_state(s: Option<String>) -> Result<Option<State>, StorageError> {
@@ -465,7 +451,7 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
                     put.scope,
                     put.key,
                     version,
-                    row.state.map(state_name),
+                    row.state.map(State::name),
                     due_at,
                     row.body,
                 ])
@@ -486,7 +472,7 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
                     put.key,
                     expected,
                     version,
-                    row.state.map(state_name),
+                    row.state.map(State::name),
                     due_at,
                     row.body,
                 ])
@@ -528,8 +514,8 @@ fn apply_event(conn: &Connection, event: &AuditEvent) -> Result<(), Abort> {
                 version,
                 at,
                 event.kind,
-                event.from_state.map(state_name),
-                event.to_state.map(state_name),
+                event.from_state.map(State::name),
+                event.to_state.map(State::name),
                 event.attempt,
                 event.detail,
             ])
@@ -609,7 +595,7 @@ impl Storage for SqliteStorage {
                 );
             }
             // States as a JSON array bound to one parameter keeps the statement cacheable.
-            let names: Vec<&str> = states.iter().map(|s| state_name(*s)).collect();
+            let names: Vec<&str> = states.iter().map(|s| s.name()).collect();
             let names = serde_json::to_string(&names).map_err(|e| err("scan", e))?;
             query_rows(
                 conn,
@@ -696,7 +682,7 @@ impl Storage for SqliteStorage {
                     "SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ?1 AND state = ?2
                      ORDER BY scope, key LIMIT ?3"
                 ),
-                params![tbl, state_name(state), limit],
+                params![tbl, state.name(), limit],
             ),
         })
     }
@@ -724,7 +710,7 @@ impl Storage for SqliteStorage {
                 .into_iter()
                 .map(|(s, n)| Ok((parse_state(&s)?, uint("count", n)?)))
                 .collect::<Result<Vec<_>, StorageError>>()?;
-            by_state.sort_by_key(|(s, _)| state_index(*s));
+            by_state.sort_by_key(|(s, _)| *s as usize);
             let events = events
                 .into_iter()
                 .map(|(k, n)| Ok((k, uint("count", n)?)))
