@@ -1920,7 +1920,18 @@ fn direct_route_records_nothing_unless_a_record_exists() {
     assert_nothing_written(&h);
     let e = execute_of(go(&h, refund("k", ARGS)));
     fin(&h, "k", &e.fence, success(RECEIPT));
-    assert_eq!(replay_of(go(&h, with_policy(refund("k", ARGS), p))).receipt, RECEIPT);
+    assert_eq!(
+        replay_of(go(&h, with_policy(refund("k", ARGS), p.clone()))).receipt,
+        RECEIPT
+    );
+    // A read-only call is not refused for a payload only protected calls need,
+    // but malformed args are still an error.
+    p.effect_fields = Some(vec!["/not_there".to_string()]);
+    assert_eq!(go(&h, with_policy(refund("k2", ARGS), p.clone())), Decision::Direct);
+    assert!(matches!(
+        begin(&h, with_policy(refund("k3", "{"), p)),
+        Err(Error::InvalidJson(_))
+    ));
 }
 
 fn described(annotations: Option<&str>) -> once_guest::types::ToolDescriptor {

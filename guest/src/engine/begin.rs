@@ -29,26 +29,29 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
     if let Some(original) = &req.supersedes {
         check_name("supersedes", original, &settings)?;
     }
-    let payload = match Payload::build(&req.tool, &req.args, &req.policy, &settings)? {
+    let routing = route(&req.policy, req.descriptor.as_ref(), &settings)?;
+    if let Routing::Block(reason, detail) = routing {
+        return Ok(blocked(reason, detail));
+    }
+    // Malformed args are an error on every route; a refusal of the payload
+    // (a missing effect field) only matters where a record is kept.
+    let payload = Payload::build(&req.tool, &req.args, &req.policy, &settings)?;
+    if routing == Routing::Direct {
+        // Nothing is recorded for a read-only tool, but an existing record wins.
+        let existing = match &app_key {
+            Some(key) => h.get(crate::types::Table::Operation, &req.scope, key),
+            None => Ok(None),
+        };
+        match existing {
+            Ok(None) => return Ok(Decision::Direct),
+            Ok(Some(_)) => {}
+            Err(e) => return Ok(blocked(BlockReason::Storage, e)),
+        }
+    }
+    let payload = match payload {
         Ok(payload) => payload,
         Err((reason, detail)) => return Ok(blocked(reason, detail)),
     };
-    match route(&req.policy, req.descriptor.as_ref(), &settings)? {
-        Routing::Block(reason, detail) => return Ok(blocked(reason, detail)),
-        Routing::Direct => {
-            // Nothing is recorded for a read-only tool, but an existing record wins.
-            let existing = match &app_key {
-                Some(key) => h.get(crate::types::Table::Operation, &req.scope, key),
-                None => Ok(None),
-            };
-            match existing {
-                Ok(None) => return Ok(Decision::Direct),
-                Ok(Some(_)) => {}
-                Err(e) => return Ok(blocked(BlockReason::Storage, e)),
-            }
-        }
-        Routing::Protect => {}
-    }
     let (key, key_source) = match app_key {
         Some(key) => (key, KeySource::Application),
         None => match req.policy.identity {
