@@ -121,24 +121,26 @@ impl Report {
     fn draw_svg(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         let rows: Vec<(Policy, bool)> = Policy::ALL.into_iter().flat_map(|p| [(p, false), (p, true)]).collect();
         let faults = Fault::ALL.len();
-        let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+        let root = SVGBackend::new(path, (1600, 560)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
             .caption("exactly one $200 refund, per fault (% of trials)", ("sans-serif", 22))
             .margin(16)
             .x_label_area_size(60)
             .y_label_area_size(50)
-            .build_cartesian_2d(0f64..faults as f64, 0f64..100f64)?;
+            // Categories sit on integers; headroom above 100 % keeps the legend off the bars.
+            .build_cartesian_2d(-0.5f64..faults as f64 - 0.5, 0f64..135f64)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(faults)
             .x_label_formatter(&|x| {
-                Fault::ALL
-                    .get(x.floor() as usize)
-                    .map(|f| f.name().to_string())
-                    .unwrap_or_default()
+                let i = x.round();
+                let on_category = (x - i).abs() < 1e-6 && i >= 0.0;
+                let fault = on_category.then(|| Fault::ALL.get(i as usize)).flatten();
+                fault.map(|f| f.name().to_string()).unwrap_or_default()
             })
+            .y_label_formatter(&|y| if *y <= 100.0 { format!("{y:.0}") } else { String::new() })
             .y_desc("%")
             .draw()?;
         let width = 0.8 / rows.len() as f64;
@@ -152,7 +154,7 @@ impl Report {
             let bars = Fault::ALL.iter().enumerate().filter_map(|(f, fault)| {
                 let cell = self.cell(*policy, *protected, *fault)?;
                 let pct = 100.0 * cell.exactly_once as f64 / cell.trials.max(1) as f64;
-                let x0 = f as f64 + 0.1 + i as f64 * width;
+                let x0 = f as f64 - 0.4 + i as f64 * width;
                 Some(Rectangle::new([(x0, 0.0), (x0 + width * 0.9, pct)], style))
             });
             let label = format!(
@@ -167,6 +169,7 @@ impl Report {
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperMiddle)
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK)
             .draw()?;
