@@ -18,7 +18,7 @@ use crate::bindings::types::{
     UnknownInfo,
 };
 use crate::io::{Clock, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock};
-use crate::runtime::{Instance, Runtime};
+use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime, StoreData};
 use crate::storage::Storage;
 use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
 
@@ -34,6 +34,9 @@ pub enum OnceError {
     /// The component trapped or could not be instantiated; nothing was half-written.
     #[error("the once component failed: {0}")]
     Component(String),
+    /// The component ran past a per-call limit and was stopped; nothing was half-written.
+    #[error("the once component exceeded its {0}")]
+    Limit(GuestLimit),
 }
 
 /// Default engine settings: 1 MiB JSON inputs, nesting depth 128, 512-byte
@@ -123,6 +126,7 @@ pub struct Builder {
     policies: Vec<(String, ToolPolicy)>,
     in_flight_wait: Duration,
     runtime: Option<Arc<Runtime>>,
+    limits: GuestLimits,
 }
 
 impl Builder {
@@ -161,6 +165,16 @@ impl Builder {
         self.runtime = Some(runtime);
         self
     }
+    /// Fuel one export call may burn before it is stopped (default [`GuestLimits::DEFAULT`]).
+    pub fn fuel_per_call(mut self, fuel: u64) -> Self {
+        self.limits.fuel = fuel;
+        self
+    }
+    /// Largest linear memory of one component instance, in bytes (default [`GuestLimits::DEFAULT`]).
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.limits.memory_bytes = bytes;
+        self
+    }
 
     /// Load the component (once per process) and check every policy.
     pub fn build(self) -> Result<Once, OnceError> {
@@ -182,6 +196,7 @@ impl Builder {
             policies: RwLock::new(HashMap::new()),
             default_policy: RwLock::new(None),
             in_flight_wait: self.in_flight_wait,
+            limits: self.limits,
         };
         for (tool, policy) in self.policies {
             once.set_policy(tool, policy)?;
@@ -198,20 +213,34 @@ pub struct Once {
     policies: RwLock<HashMap<String, ToolPolicy>>,
     default_policy: RwLock<Option<ToolPolicy>>,
     in_flight_wait: Duration,
+    limits: GuestLimits,
 }
 
 impl Once {
     /// Start building a handle over `storage`.
     pub fn builder(storage: impl Storage + 'static) -> Builder {
+        Once::builder_over(Arc::new(storage), Arc::new(SystemClock::default()))
+    }
+
+    /// Start building a handle over the ledger at `location`: a PostgreSQL URL
+    /// (`postgres://…`, with the database's clock as the ledger clock) or an
+    /// SQLite file path (created if missing).
+    pub fn open(location: &str) -> Result<Builder, OnceError> {
+        let opened = crate::storage::open(location).map_err(|e| Error::Storage(e.0))?;
+        Ok(Once::builder_over(opened.storage, opened.clock))
+    }
+
+    fn builder_over(storage: Arc<dyn Storage>, clock: Arc<dyn Clock>) -> Builder {
         Builder {
-            storage: Arc::new(storage),
-            clock: Arc::new(SystemClock::default()),
+            storage,
+            clock,
             provider: Arc::new(NoProvider),
             operator: Arc::new(LogOperator),
             settings: default_settings(),
             policies: Vec::new(),
             in_flight_wait: Duration::from_secs(10),
             runtime: None,
+            limits: GuestLimits::DEFAULT,
         }
     }
 
@@ -231,21 +260,32 @@ impl Once {
         self.state.clock.now()
     }
 
-    /// Run `f` on a pooled instance. A trap discards the instance, so no
-    /// half-finished guest state is ever reused.
+    /// The per-call limits of the component.
+    pub fn guest_limits(&self) -> GuestLimits {
+        self.limits
+    }
+
+    /// Run `f` on a pooled instance with a full fuel budget. A trap or an
+    /// exhausted limit discards the instance (it is dropped, not pooled), so
+    /// no half-finished guest state is ever reused.
     fn with_instance<R>(
         &self,
-        f: impl FnOnce(&OnceWorld, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&OnceWorld, &mut Store<StoreData>) -> wasmtime::Result<R>,
     ) -> Result<R, OnceError> {
+        let failed = |e: wasmtime::Error| match GuestLimit::of(&e, &self.limits) {
+            Some(limit) => OnceError::Limit(limit),
+            None => OnceError::Component(format!("{e:#}")),
+        };
         let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut instance = match pooled {
             Some(instance) => instance,
             None => self
                 .runtime
-                .instantiate(self.state.clone())
-                .map_err(|e| OnceError::Component(format!("{e:#}")))?,
+                .instantiate_limited(self.state.clone(), &self.limits)
+                .map_err(failed)?,
         };
-        let result = f(&instance.world, &mut instance.store).map_err(|e| OnceError::Component(format!("{e:#}")))?;
+        instance.store.set_fuel(self.limits.fuel).map_err(failed)?;
+        let result = f(&instance.world, &mut instance.store).map_err(failed)?;
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
         Ok(result)
     }
@@ -386,8 +426,18 @@ impl Once {
     pub fn call_with(
         &self,
         request: &BeginRequest,
-        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
+        dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
     ) -> Result<Called, OnceError> {
+        Ok(self.call_keyed(request, dispatch)?.1)
+    }
+
+    /// [`Once::call_with`], also naming the operation key the engine used (a
+    /// derived one included); none for a direct or refused call.
+    pub fn call_keyed(
+        &self,
+        request: &BeginRequest,
+        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<(Option<String>, Called), OnceError> {
         let decision = self.begin(request)?;
         if decision == Decision::Direct {
             let direct = Dispatch {
@@ -399,15 +449,17 @@ impl Once {
                 args: &request.args,
                 send_by: u64::MAX,
             };
-            return Ok(Called::Direct(dispatch(&direct)));
+            return Ok((None, Called::Direct(dispatch(&direct))));
         }
-        self.drive(
+        let key = key_of(&decision).map(str::to_string);
+        let called = self.drive(
             &request.scope,
             &request.tool,
             decision,
             request.policy.attempt_budget,
             &mut dispatch,
-        )
+        )?;
+        Ok((key, called))
     }
 
     /// Continue an operation from the ledger (after a crash, or for an owed
@@ -562,14 +614,23 @@ enum Step {
     Again(Decision),
 }
 
+/// The operation key a decision names, if any.
+fn key_of(decision: &Decision) -> Option<&str> {
+    match decision {
+        Decision::Execute(e) => Some(&e.key),
+        Decision::Replay(r) => Some(&r.key),
+        Decision::Conflict(c) => Some(&c.key),
+        Decision::InFlight(i) => Some(&i.key),
+        Decision::Unknown(u) => Some(&u.key),
+        Decision::Blocked(_) | Decision::Direct => None,
+    }
+}
+
 fn trace_decision(export: &str, scope: &str, tool: &str, decision: &Decision) {
-    let (key, attempt) = match decision {
-        Decision::Execute(e) => (e.key.as_str(), Some(e.attempt)),
-        Decision::Replay(r) => (r.key.as_str(), None),
-        Decision::Conflict(c) => (c.key.as_str(), None),
-        Decision::InFlight(i) => (i.key.as_str(), None),
-        Decision::Unknown(u) => (u.key.as_str(), None),
-        Decision::Blocked(_) | Decision::Direct => ("", None),
+    let key = key_of(decision).unwrap_or_default();
+    let attempt = match decision {
+        Decision::Execute(e) => Some(e.attempt),
+        _ => None,
     };
     tracing::info!(target: "once", export, scope, key, tool, decision = decision.name(), attempt, "decision");
 }

@@ -1,13 +1,23 @@
-//! Storage backends: the compare-and-swap contract, on memory and on SQLite files.
+//! Storage backends: the compare-and-swap contract.
+//!
+//! One conformance suite (every behaviour the engine relies on) runs on
+//! memory, on SQLite files and on PostgreSQL (a schema of its own per test on
+//! the server named by `ONCE_TEST_DATABASE_URL`; without it the PostgreSQL
+//! cases print "skipped: no database" and pass). Backend-specific checks follow.
 
-use std::path::Path;
+mod postgres_common;
+
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use once::bindings::types::{AuditEvent, Batch, Put, Row, State, Table};
 use once::storage::memory::MemoryStorage;
+use once::storage::postgres::{self as pg, PostgresOptions, PostgresStorage};
 use once::storage::sqlite::{SCHEMA_VERSION, SqliteOptions, SqliteStorage, Synchronous};
-use once::storage::{CommitError, Stats, Storage};
+use once::storage::{CommitError, Stats, Storage, StorageError};
+use once::{Clock, Once};
+use postgres_common::TestSchema;
 
 // ---------------------------------------------------------------- helpers
 
@@ -441,11 +451,199 @@ fn list_and_stats(s: &dyn Storage) {
     );
 }
 
-/// Runs one behaviour on a fresh memory store and a fresh SQLite file.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
+/// Names sort by their UTF-8 bytes on every backend (upper case before lower,
+/// ASCII before everything else), whatever the database's collation says.
+fn names_order_by_bytes(s: &dyn Storage) {
+    let names = ["b", "B", "a", "é", "Z", "a b", "ab", "_", "1"];
+    s.commit(&puts(
+        names
+            .iter()
+            .map(|k| put(None, op("s", k, 1, State::Unknown, Some(7))))
+            .collect(),
+    ))
+    .unwrap();
+    let mut sorted: Vec<&str> = names.to_vec();
+    sorted.sort_unstable();
+    let listed: Vec<String> = s.list(None, 100).unwrap().into_iter().map(|r| r.key).collect();
+    assert_eq!(listed, sorted);
+    let scanned: Vec<String> = s
+        .scan(Table::Operation, &[State::Unknown], 7, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(scanned, sorted);
+}
+
+fn writes_are_visible_across_handles(f: &dyn Fresh) {
+    let (a, b) = (f.handle(), f.handle());
+    a.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
+    assert_eq!(get(&*b, Table::Operation, "s", "k").unwrap().version, 1);
+    b.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
+        .unwrap();
+    assert_eq!(get(&*a, Table::Operation, "s", "k").unwrap().version, 2);
+    assert_eq!(
+        a.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Failed, None))])),
+        Err(CommitError::Conflict)
+    );
+}
+
+/// One fresh, empty store of some backend; [`Fresh::handle`] opens another
+/// handle on that same store (a new connection, as another process would).
+trait Fresh: Sync {
+    fn handle(&self) -> Arc<dyn Storage>;
+}
+
+struct FreshMemory(Arc<MemoryStorage>);
+
+impl Fresh for FreshMemory {
+    fn handle(&self) -> Arc<dyn Storage> {
+        // Memory is not shared between processes: every handle is the one store.
+        self.0.clone()
+    }
+}
+
+struct FreshSqlite {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl FreshSqlite {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        drop(open(&path));
+        FreshSqlite { _dir: dir, path }
+    }
+}
+
+impl Fresh for FreshSqlite {
+    fn handle(&self) -> Arc<dyn Storage> {
+        Arc::new(open(&self.path))
+    }
+}
+
+impl Fresh for TestSchema {
+    fn handle(&self) -> Arc<dyn Storage> {
+        Arc::new(self.open())
+    }
+}
+
+// ------------------------------------------------- concurrency, every backend
+
+fn racing_inserts_one_wins(f: &dyn Fresh) {
+    const THREADS: usize = 8;
+    for round in 0..5 {
+        let key = format!("k{round}");
+        let barrier = Barrier::new(THREADS);
+        let results: Vec<(usize, Result<(), CommitError>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (barrier, key) = (&barrier, &key);
+                    scope.spawn(move || {
+                        let s = f.handle();
+                        let mut r = op("s", key, 1, State::InFlight, Some(1));
+                        r.body = format!("thread {i}");
+                        barrier.wait();
+                        (
+                            i,
+                            s.commit(&batch(vec![put(None, r)], vec![event("s", key, 1, "begin")])),
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners: Vec<usize> = results.iter().filter(|(_, r)| r.is_ok()).map(|(i, _)| *i).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        for (_, r) in &results {
+            assert!(matches!(r, Ok(()) | Err(CommitError::Conflict)), "{r:?}");
+        }
+        let s = f.handle();
+        assert_eq!(
+            get(&*s, Table::Operation, "s", &key).unwrap().body,
+            format!("thread {}", winners[0])
+        );
+        assert_eq!(s.audit("s", &key).unwrap().len(), 1);
+    }
+}
+
+fn concurrent_compare_and_swap_loses_nothing(f: &dyn Fresh) {
+    const THREADS: usize = 6;
+    const EACH: usize = 25;
+    let shared = f.handle();
+    std::thread::scope(|scope| {
+        for i in 0..THREADS {
+            let shared = shared.clone();
+            scope.spawn(move || {
+                // Half the threads share one handle, half have their own.
+                if i % 2 == 0 {
+                    increment(&*shared, EACH);
+                } else {
+                    increment(&*f.handle(), EACH);
+                }
+            });
+        }
+    });
+    let total = (THREADS * EACH) as u64;
+    assert_eq!(get(&*shared, Table::Quota, "s", "counter").unwrap().version, total);
+    let trail = shared.audit("s", "counter").unwrap();
+    assert_eq!(
+        trail.iter().map(|e| e.version).collect::<Vec<_>>(),
+        (1..=total).collect::<Vec<_>>()
+    );
+}
+
+/// A multi-row batch and its mirror image, racing: they touch the same rows
+/// in opposite orders, so a backend that locks rows as it goes must not
+/// deadlock, and each commit is all or nothing.
+fn crossing_batches_stay_atomic(f: &dyn Fresh) {
+    const ROUNDS: u64 = 20;
+    let s = f.handle();
+    s.commit(&puts(vec![
+        put(None, row(Table::Quota, "s", "a", 1)),
+        put(None, row(Table::Quota, "s", "b", 1)),
+    ]))
+    .unwrap();
+    std::thread::scope(|scope| {
+        for forward in [true, false] {
+            scope.spawn(move || {
+                let s = f.handle();
+                let mut applied = 0;
+                while applied < ROUNDS {
+                    let a = get(&*s, Table::Quota, "s", "a").unwrap().version;
+                    let b = get(&*s, Table::Quota, "s", "b").unwrap().version;
+                    let mut both = vec![
+                        put(Some(a), row(Table::Quota, "s", "a", a + 1)),
+                        put(Some(b), row(Table::Quota, "s", "b", b + 1)),
+                    ];
+                    if !forward {
+                        both.reverse();
+                    }
+                    match s.commit(&puts(both)) {
+                        Ok(()) => applied += 1,
+                        Err(CommitError::Conflict) => {}
+                        Err(e) => panic!("crossing batch: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    let a = get(&*s, Table::Quota, "s", "a").unwrap().version;
+    let b = get(&*s, Table::Quota, "s", "b").unwrap().version;
+    assert_eq!((a, b), (1 + 2 * ROUNDS, 1 + 2 * ROUNDS));
+}
+
+/// Runs each behaviour on a fresh memory store, a fresh SQLite file and a fresh
+/// PostgreSQL schema: `store` behaviours get one handle, `shared` ones open more.
+macro_rules! conformance {
+    (store: [$($name:ident),* $(,)?], shared: [$($shared:ident),* $(,)?] $(,)?) => {
         mod memory {
             $(#[test] fn $name() { super::$name(&super::MemoryStorage::new()); })*
+            $(#[test] fn $shared() {
+                super::$shared(&super::FreshMemory(std::sync::Arc::new(super::MemoryStorage::new())));
+            })*
         }
         mod sqlite {
             $(#[test] fn $name() {
@@ -453,19 +651,41 @@ macro_rules! on_both {
                 let s = super::open(&dir.path().join("ledger.db"));
                 super::$name(&s);
             })*
+            $(#[test] fn $shared() { super::$shared(&super::FreshSqlite::new()); })*
+        }
+        mod postgres {
+            $(#[test] fn $name() {
+                if let Some(schema) = super::TestSchema::new() {
+                    super::$name(&schema.open());
+                }
+            })*
+            $(#[test] fn $shared() {
+                if let Some(schema) = super::TestSchema::new() {
+                    super::$shared(&schema);
+                }
+            })*
         }
     };
 }
 
-on_both!(
-    insert_if_absent,
-    compare_and_swap,
-    delete_with_version,
-    batch_is_atomic,
-    mismatched_row_is_refused,
-    audit_is_append_only,
-    scan_filters_and_orders,
-    list_and_stats,
+conformance!(
+    store: [
+        insert_if_absent,
+        compare_and_swap,
+        delete_with_version,
+        batch_is_atomic,
+        mismatched_row_is_refused,
+        audit_is_append_only,
+        scan_filters_and_orders,
+        list_and_stats,
+        names_order_by_bytes,
+    ],
+    shared: [
+        racing_inserts_one_wins,
+        concurrent_compare_and_swap_loses_nothing,
+        crossing_batches_stay_atomic,
+        writes_are_visible_across_handles,
+    ],
 );
 
 // ----------------------------------------------------------- SQLite only
@@ -508,24 +728,6 @@ fn sqlite_survives_reopen() {
         .query_row("SELECT tbl, state FROM rows", [], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap();
     assert_eq!((tbl.as_str(), state.as_str()), ("operation", "in-flight"));
-}
-
-#[test]
-fn sqlite_writes_are_visible_across_handles() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
-    let a = open(&path);
-    let b = open(&path);
-    a.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
-        .unwrap();
-    assert_eq!(get(&b, Table::Operation, "s", "k").unwrap().version, 1);
-    b.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
-        .unwrap();
-    assert_eq!(get(&a, Table::Operation, "s", "k").unwrap().version, 2);
-    assert_eq!(
-        a.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Failed, None))])),
-        Err(CommitError::Conflict)
-    );
 }
 
 #[test]
@@ -585,58 +787,24 @@ fn increment(s: &dyn Storage, n: usize) {
     }
 }
 
-#[test]
-fn sqlite_concurrent_compare_and_swap_loses_nothing() {
-    const THREADS: usize = 6;
-    const EACH: usize = 25;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
-    let shared = Arc::new(open(&path));
-    let handles: Vec<_> = (0..THREADS)
-        .map(|i| {
-            let shared = shared.clone();
-            let path = path.clone();
-            std::thread::spawn(move || {
-                // Half the threads share one handle, half have their own.
-                if i % 2 == 0 {
-                    increment(&*shared, EACH);
-                } else {
-                    increment(&open(&path), EACH);
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
-    let total = (THREADS * EACH) as u64;
-    assert_eq!(get(&*shared, Table::Quota, "s", "counter").unwrap().version, total);
-    let trail = shared.audit("s", "counter").unwrap();
-    assert_eq!(
-        trail.iter().map(|e| e.version).collect::<Vec<_>>(),
-        (1..=total).collect::<Vec<_>>()
-    );
-}
-
 const CHILD_DB: &str = "ONCE_STORAGE_TEST_CHILD_DB";
 const CHILD_BUMPS: usize = 20;
 
 /// Not a test on its own: the body of each child process of
-/// `sqlite_processes_share_one_file`.
+/// `sqlite_processes_share_one_file` and `postgres_processes_share_one_schema`.
 #[test]
-#[ignore = "run by sqlite_processes_share_one_file in child processes"]
-fn sqlite_child_process_increments() {
-    let Some(path) = std::env::var_os(CHILD_DB) else {
+#[ignore = "run by *_processes_share_one_* in child processes"]
+fn child_process_increments() {
+    let Some(location) = std::env::var_os(CHILD_DB) else {
         return;
     };
-    increment(&open(Path::new(&path)), CHILD_BUMPS);
+    let opened = once::storage::open(location.to_str().unwrap()).expect("open the shared store");
+    increment(&*opened.storage, CHILD_BUMPS);
 }
 
-#[test]
-fn sqlite_processes_share_one_file() {
+/// Four OS processes bump one counter by compare-and-swap: none is lost.
+fn processes_share_one_store(location: &str) {
     const PROCESSES: usize = 4;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
     let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
@@ -644,11 +812,11 @@ fn sqlite_processes_share_one_file() {
                 .args([
                     "--ignored",
                     "--exact",
-                    "sqlite_child_process_increments",
+                    "child_process_increments",
                     "--test-threads=1",
                     "--quiet",
                 ])
-                .env(CHILD_DB, &path)
+                .env(CHILD_DB, location)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -665,10 +833,23 @@ fn sqlite_processes_share_one_file() {
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
     }
-    let s = open(&path);
+    let s = once::storage::open(location).unwrap().storage;
     let total = (PROCESSES * CHILD_BUMPS) as u64;
-    assert_eq!(get(&s, Table::Quota, "s", "counter").unwrap().version, total);
+    assert_eq!(get(&*s, Table::Quota, "s", "counter").unwrap().version, total);
     assert_eq!(s.audit("s", "counter").unwrap().len() as u64, total);
+}
+
+#[test]
+fn sqlite_processes_share_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    processes_share_one_store(dir.path().join("ledger.db").to_str().unwrap());
+}
+
+#[test]
+fn postgres_processes_share_one_schema() {
+    if let Some(schema) = TestSchema::new() {
+        processes_share_one_store(&schema.location());
+    }
 }
 
 #[test]
@@ -771,4 +952,347 @@ fn sqlite_newer_schema_is_refused() {
     drop(raw);
     let e = SqliteStorage::open(&path, SqliteOptions::default()).unwrap_err();
     assert!(e.0.contains("newer"), "{e}");
+}
+
+// ------------------------------------------------------- PostgreSQL only
+
+/// Options for a store whose sessions a test can find in `pg_stat_activity`.
+fn named(schema: &TestSchema, app: &str) -> PostgresOptions {
+    PostgresOptions {
+        application_name: Some(app.to_string()),
+        ..schema.options()
+    }
+}
+
+#[test]
+fn postgres_migrations_are_idempotent_and_race_free() {
+    let Some(schema) = TestSchema::new() else { return };
+    // Eight processes' worth of stores opening a schema that does not exist yet.
+    let barrier = Barrier::new(8);
+    let opened: Vec<Result<PostgresStorage, StorageError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    PostgresStorage::open_with(&schema.url, schema.options())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for s in &opened {
+        assert!(s.is_ok(), "{s:?}");
+    }
+    let s = schema.open();
+    s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
+    drop(schema.open());
+    assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, 1);
+
+    let mut c = schema.client();
+    let version: String = c
+        .query_one("SELECT value FROM meta WHERE key = 'schema_version'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    // The scan and list indexes exist.
+    let indexes: Vec<String> = c
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+            &[&schema.name],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for wanted in ["audit_kind", "rows_due", "rows_state"] {
+        assert!(indexes.iter().any(|i| i == wanted), "{indexes:?}");
+    }
+    // The schema is named by the URL, as `--db` and ONCE_DB give it.
+    let by_url = PostgresStorage::open(&schema.location()).unwrap();
+    assert_eq!(by_url.schema(), schema.name);
+    assert_eq!(get(&by_url, Table::Operation, "s", "k").unwrap().version, 1);
+}
+
+#[test]
+fn postgres_newer_schema_is_refused() {
+    let Some(schema) = TestSchema::new() else { return };
+    drop(schema.open());
+    schema
+        .client()
+        .execute(
+            "UPDATE meta SET value = $1 WHERE key = 'schema_version'",
+            &[&(pg::SCHEMA_VERSION + 1).to_string()],
+        )
+        .unwrap();
+    let e = PostgresStorage::open_with(&schema.url, schema.options()).unwrap_err();
+    assert!(e.0.contains("newer"), "{e}");
+}
+
+#[test]
+fn postgres_bad_locations_are_typed_errors() {
+    for bad in ["Once", "1abc", "pg_catalog", "a-b", "x;drop", ""] {
+        let e = PostgresStorage::open(&format!("postgres://u@127.0.0.1:1/db?schema={bad}")).unwrap_err();
+        assert!(e.0.contains("schema name"), "{bad}: {e}");
+    }
+    let e = PostgresStorage::open("postgres://u@127.0.0.1:1/db?schema=a&schema=b").unwrap_err();
+    assert!(e.0.contains("twice"), "{e}");
+    let e = PostgresStorage::open("postgres://u@127.0.0.1:1/db?no_such_option=1").unwrap_err();
+    assert!(e.0.contains("invalid URL"), "{e}");
+    let e = PostgresStorage::open("mysql://u@127.0.0.1/db").unwrap_err();
+    assert!(e.0.contains("postgres://"), "{e}");
+    // Nothing listens on port 1: an error naming the server, never the password.
+    let started = Instant::now();
+    let e = PostgresStorage::open("postgres://u:sekrit@127.0.0.1:1/db").unwrap_err();
+    assert!(e.0.contains("127.0.0.1:1/db"), "{e}");
+    assert!(!e.0.contains("sekrit"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let e = PostgresStorage::open_with(
+        "postgres://u@127.0.0.1:1/db",
+        PostgresOptions {
+            max_connections: 0,
+            ..PostgresOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.0.contains("max_connections"), "{e}");
+    // `open` picks the backend from the location.
+    assert!(matches!(
+        once::storage::Location::parse("postgresql://h/db"),
+        once::storage::Location::Postgres(_)
+    ));
+    assert!(matches!(
+        once::storage::Location::parse("./postgres.db"),
+        once::storage::Location::Sqlite(_)
+    ));
+}
+
+#[test]
+fn postgres_values_it_cannot_hold_are_refused() {
+    let Some(schema) = TestSchema::new() else { return };
+    let s = schema.open();
+    let too_big = op("s", "k", 1, State::InFlight, Some(u64::MAX));
+    let mut nul = op("s", "n", 1, State::InFlight, None);
+    nul.body = "a\u{0}b".into();
+    for bad in [too_big, nul] {
+        let out = s.commit(&puts(vec![
+            put(None, op("s", "ok", 1, State::InFlight, None)),
+            put(None, bad),
+        ]));
+        assert!(matches!(out, Err(CommitError::Storage(_))), "{out:?}");
+        assert_eq!(get(&s, Table::Operation, "s", "ok"), None);
+    }
+    let mut e = event("s", "ok", 1, "begin");
+    e.at = u64::MAX;
+    assert!(matches!(
+        s.commit(&batch(vec![], vec![e])),
+        Err(CommitError::Storage(_))
+    ));
+    assert!(s.get(Table::Operation, "s\u{0}", "k").is_err());
+    // The store still works.
+    s.commit(&puts(vec![put(None, op("s", "ok", 1, State::InFlight, None))]))
+        .unwrap();
+}
+
+#[test]
+fn postgres_audit_is_append_only_in_the_database() {
+    let Some(schema) = TestSchema::new() else { return };
+    let s = schema.open();
+    s.commit(&batch(vec![], vec![event("s", "k", 1, "begin")])).unwrap();
+    let mut c = schema.client();
+    for sql in ["UPDATE audit SET kind = 'forged'", "DELETE FROM audit"] {
+        let e = c.batch_execute(sql).unwrap_err();
+        assert!(format!("{:?}", e).contains("append-only"), "{sql}: {e:?}");
+    }
+    assert_eq!(s.audit("s", "k").unwrap(), vec![event("s", "k", 1, "begin")]);
+}
+
+#[test]
+fn postgres_clock_is_the_database_clock() {
+    let Some(schema) = TestSchema::new() else { return };
+    let s = PostgresStorage::open_with(
+        &schema.url,
+        PostgresOptions {
+            clock_resample: Duration::from_millis(50),
+            ..schema.options()
+        },
+    )
+    .unwrap();
+    let clock = s.clock().unwrap();
+    let mut previous = 0;
+    for _ in 0..40 {
+        let before = s.database_now().unwrap();
+        let now = clock.now();
+        let after = s.database_now().unwrap();
+        // Within the readings around it, give or take the rounding of ms and
+        // the carry between resamples.
+        assert!(now + 2 >= before && now <= after + 2, "{before} <= {now} <= {after}");
+        assert!(now >= previous, "the clock ran backwards: {previous} -> {now}");
+        previous = now;
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    // A handle over a PostgreSQL location measures leases in the database's clock.
+    let once = Once::open(&schema.location()).unwrap().build().unwrap();
+    let (before, now, after) = (s.database_now().unwrap(), once.now(), s.database_now().unwrap());
+    assert!(now + 2 >= before && now <= after + 2, "{before} <= {now} <= {after}");
+}
+
+/// A batch's connection is terminated while it waits on a row lock: the
+/// commit is a storage error, nothing of it applied, and the store goes on.
+#[test]
+fn postgres_connection_lost_mid_commit_is_a_storage_error() {
+    let Some(schema) = TestSchema::new() else { return };
+    let app = postgres_common::unique_name("once_kill");
+    let s = PostgresStorage::open_with(&schema.url, named(&schema, &app)).unwrap();
+    s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
+
+    // Another session holds the row: the commit below waits for it.
+    let mut blocker = schema.client();
+    let mut tx = blocker.transaction().unwrap();
+    tx.execute(
+        "SELECT 1 FROM rows WHERE tbl = 'operation' AND scope = 's' AND key = 'k' FOR UPDATE",
+        &[],
+    )
+    .unwrap();
+    let out = std::thread::scope(|scope| {
+        let commit = scope.spawn(|| {
+            s.commit(&batch(
+                vec![
+                    put(None, op("s", "other", 1, State::InFlight, None)),
+                    put(Some(1), op("s", "k", 2, State::Confirmed, None)),
+                ],
+                vec![event("s", "k", 2, "finish-success")],
+            ))
+        });
+        let killed = postgres_common::terminate_when_waiting(&schema.url, &app, Duration::from_secs(10));
+        assert_eq!(killed, 1);
+        commit.join().unwrap()
+    });
+    tx.rollback().unwrap();
+    assert!(matches!(out, Err(CommitError::Storage(_))), "{out:?}");
+    assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, 1);
+    assert_eq!(get(&s, Table::Operation, "s", "other"), None);
+    assert!(s.audit("s", "k").unwrap().is_empty());
+    s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
+        .unwrap();
+}
+
+/// Every session of a store is terminated while idle (as a server restart
+/// does): the next read and the next commit reconnect, nothing is reported lost.
+#[test]
+fn postgres_idle_connections_killed_are_replaced() {
+    let Some(schema) = TestSchema::new() else { return };
+    let app = postgres_common::unique_name("once_idle");
+    let s = PostgresStorage::open_with(&schema.url, named(&schema, &app)).unwrap();
+    let mut admin = postgres_common::client(&schema.url);
+    for round in 1..=3u64 {
+        s.commit(&puts(vec![put(
+            round.checked_sub(1).filter(|v| *v > 0),
+            op("s", "k", round, State::InFlight, None),
+        )]))
+        .unwrap();
+        assert!(postgres_common::terminate(&mut admin, &app, false) >= 1);
+        // Give the server a moment to end the sessions.
+        std::thread::sleep(Duration::from_millis(50));
+        if round % 2 == 1 {
+            assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, round);
+        }
+    }
+    assert!(postgres_common::terminate(&mut admin, &app, false) >= 1);
+    std::thread::sleep(Duration::from_millis(50));
+    s.commit(&puts(vec![put(Some(3), op("s", "k", 4, State::Confirmed, None))]))
+        .unwrap();
+    assert_eq!(s.list(None, 10).unwrap().len(), 1);
+}
+
+#[test]
+fn postgres_lock_held_beyond_timeout_is_a_storage_error() {
+    let Some(schema) = TestSchema::new() else { return };
+    let s = PostgresStorage::open_with(
+        &schema.url,
+        PostgresOptions {
+            lock_timeout: Duration::from_millis(100),
+            ..schema.options()
+        },
+    )
+    .unwrap();
+    s.commit(&puts(vec![put(None, op("s", "k", 1, State::InFlight, None))]))
+        .unwrap();
+    let mut blocker = schema.client();
+    let mut tx = blocker.transaction().unwrap();
+    tx.execute("UPDATE rows SET body = body WHERE key = 'k'", &[]).unwrap();
+    let r = s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]));
+    assert!(matches!(r, Err(CommitError::Storage(_))), "{r:?}");
+    // Readers are not blocked by a writer.
+    assert_eq!(get(&s, Table::Operation, "s", "k").unwrap().version, 1);
+    tx.rollback().unwrap();
+    s.commit(&puts(vec![put(Some(1), op("s", "k", 2, State::Confirmed, None))]))
+        .unwrap();
+}
+
+/// "Must not exist" waits for a concurrent, uncommitted insert of the key and
+/// then conflicts: absence is checked at commit, not on a stale snapshot.
+#[test]
+fn postgres_absence_check_sees_a_concurrent_insert() {
+    let Some(schema) = TestSchema::new() else { return };
+    let s = schema.open();
+    let mut other = schema.client();
+    let mut tx = other.transaction().unwrap();
+    tx.execute(
+        "INSERT INTO rows (tbl, scope, key, version, body) VALUES ('tombstone', 's', 'k', 1, '{}')",
+        &[],
+    )
+    .unwrap();
+    let out = std::thread::scope(|scope| {
+        let check = scope.spawn(|| {
+            s.commit(&puts(vec![
+                delete(Table::Tombstone, "s", "k", None),
+                put(None, op("s", "k", 1, State::InFlight, None)),
+            ]))
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!check.is_finished(), "the check must wait for the other insert");
+        tx.commit().unwrap();
+        check.join().unwrap()
+    });
+    assert_eq!(out, Err(CommitError::Conflict));
+    assert_eq!(get(&s, Table::Operation, "s", "k"), None);
+}
+
+#[test]
+fn postgres_pool_is_bounded() {
+    let Some(schema) = TestSchema::new() else { return };
+    let app = postgres_common::unique_name("once_pool");
+    let s = PostgresStorage::open_with(
+        &schema.url,
+        PostgresOptions {
+            max_connections: 2,
+            ..named(&schema, &app)
+        },
+    )
+    .unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..6 {
+            let s = &s;
+            scope.spawn(move || {
+                for i in 0..20 {
+                    let key = format!("{t}-{i}");
+                    s.commit(&puts(vec![put(None, op("s", &key, 1, State::InFlight, None))]))
+                        .unwrap();
+                    assert!(get(s, Table::Operation, "s", &key).is_some());
+                }
+            });
+        }
+    });
+    let mut admin = postgres_common::client(&schema.url);
+    let sessions: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .unwrap()
+        .get(0);
+    assert!(sessions <= 2, "{sessions} sessions");
+    assert_eq!(s.list(None, 1000).unwrap().len(), 120);
 }

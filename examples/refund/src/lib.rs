@@ -10,6 +10,7 @@
 mod client;
 mod http;
 mod ledger;
+pub mod mcp;
 mod money;
 mod proxy;
 mod server;

@@ -2,12 +2,18 @@
 //!
 //! The engine (the guest) decides every write; a backend only applies a
 //! batch atomically, checks versions, and reads rows back. Backends:
-//! [`memory::MemoryStorage`] and [`sqlite::SqliteStorage`].
+//! [`memory::MemoryStorage`], [`sqlite::SqliteStorage`] and
+//! [`postgres::PostgresStorage`]; [`open`] picks one from a location.
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
+use crate::io::{Clock, SystemClock};
 
 /// A storage failure: the operation did not happen, or its outcome is unknown.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,4 +72,51 @@ pub(crate) fn check_batch(batch: &Batch) -> Result<(), StorageError> {
         }
     }
     Ok(())
+}
+
+/// Where a ledger lives, as a user writes it (`--db`, `ONCE_DB`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// An SQLite file (any location that is not a PostgreSQL URL).
+    Sqlite(PathBuf),
+    /// A PostgreSQL URL, `postgres://…` or `postgresql://…`, optionally `?schema=NAME`.
+    Postgres(String),
+}
+
+impl Location {
+    /// Read a location: a PostgreSQL URL, else a file path.
+    pub fn parse(location: &str) -> Location {
+        if postgres::is_url(location) {
+            Location::Postgres(location.to_string())
+        } else {
+            Location::Sqlite(PathBuf::from(location))
+        }
+    }
+}
+
+/// A store and the clock its leases are measured in.
+pub struct Opened {
+    /// The store.
+    pub storage: Arc<dyn Storage>,
+    /// The ledger clock: the database's for PostgreSQL, this host's for SQLite.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Open the ledger at `location` with default options: an SQLite file
+/// (created if missing), or a PostgreSQL database (migrated on open).
+pub fn open(location: &str) -> Result<Opened, StorageError> {
+    match Location::parse(location) {
+        Location::Sqlite(path) => Ok(Opened {
+            storage: Arc::new(sqlite::SqliteStorage::open(path, sqlite::SqliteOptions::default())?),
+            clock: Arc::new(SystemClock::default()),
+        }),
+        Location::Postgres(url) => {
+            let store = postgres::PostgresStorage::open(&url)?;
+            let clock = store.clock()?;
+            Ok(Opened {
+                storage: Arc::new(store),
+                clock: Arc::new(clock),
+            })
+        }
+    }
 }

@@ -104,6 +104,22 @@ pub struct SqliteStorage {
     writer: Mutex<Option<Connection>>,
     /// Idle reader connections.
     readers: Mutex<Vec<Connection>>,
+    /// The file's identity when opened: writes stop if the path stops naming it.
+    file: Option<FileId>,
+}
+
+/// A file's (device, inode).
+type FileId = (u64, u64);
+
+#[cfg(unix)]
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_id(_path: &Path) -> Option<FileId> {
+    None
 }
 
 impl std::fmt::Debug for SqliteStorage {
@@ -218,12 +234,35 @@ impl SqliteStorage {
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StorageError> {
         let path = path.as_ref().to_path_buf();
         let writer = open_writer(&path, &options)?;
+        let file = file_id(&path);
         Ok(Self {
             path,
             options,
             writer: Mutex::new(Some(writer)),
             readers: Mutex::new(Vec::new()),
+            file,
         })
+    }
+
+    /// Refuse to write unless the path still names the file we opened. An
+    /// open connection keeps writing into a deleted or replaced file, and
+    /// those commits would be lost to every later reader of the path (a
+    /// new ledger there would dispatch again what this one recorded).
+    fn check_file(&self) -> Result<(), StorageError> {
+        let Some(opened) = self.file else {
+            return Ok(());
+        };
+        match file_id(&self.path) {
+            Some(now) if now == opened => Ok(()),
+            Some(_) => Err(StorageError(format!(
+                "sqlite: {}: the ledger file was replaced since it was opened; refusing to write",
+                self.path.display()
+            ))),
+            None => Err(StorageError(format!(
+                "sqlite: {}: the ledger file was deleted since it was opened; refusing to write",
+                self.path.display()
+            ))),
+        }
     }
 
     /// The database file.
@@ -246,6 +285,8 @@ impl SqliteStorage {
         });
         self.writer.clear_poison();
         if guard.is_none() {
+            // Reopening a deleted path would create an empty ledger there.
+            self.check_file()?;
             *guard = Some(open_writer(&self.path, &self.options)?);
         }
         Ok(guard)
@@ -545,10 +586,11 @@ impl Storage for SqliteStorage {
         };
         conn.execute_batch("BEGIN IMMEDIATE")
             .map_err(|e| err("begin transaction", e))?;
-        let applied = batch
-            .puts
-            .iter()
-            .try_for_each(|put| apply_put(conn, put))
+        // Under the write lock: no other once writer is mid-batch while we look.
+        let applied = self
+            .check_file()
+            .map_err(Abort::from)
+            .and_then(|()| batch.puts.iter().try_for_each(|put| apply_put(conn, put)))
             .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)));
         let outcome = match applied {
             Ok(()) => match conn.execute_batch("COMMIT") {

@@ -1,10 +1,10 @@
 //! `once`: the command line over the once component and its ledger.
 
 mod demo;
+mod gateway;
 mod ledger;
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -22,9 +22,9 @@ struct Cli {
 /// Where the ledger lives.
 #[derive(clap::Args, Clone)]
 struct Db {
-    /// SQLite ledger file.
+    /// The ledger: an SQLite file, or a PostgreSQL URL (postgres://user@host:5432/db, optionally ?schema=NAME).
     #[arg(long, env = "ONCE_DB", default_value = "once.db", global = true)]
-    db: PathBuf,
+    db: String,
 }
 
 #[derive(Subcommand)]
@@ -57,6 +57,8 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
+    /// An MCP proxy: serve an upstream MCP server's tools over stdio, protected by once.
+    Gateway(gateway::GatewayArgs),
     /// Prune confirmed, failed and superseded records past retention to tombstones.
     Prune {
         #[command(flatten)]
@@ -112,6 +114,7 @@ fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Demo(args) => demo::run(args),
         Command::DemoAgent(args) => demo::run_agent(args),
+        Command::Gateway(args) => gateway::run(args),
         Command::Canon => {
             let input = read_stdin()?;
             let canonical = engine_only()?.canonicalize(&input)?;
@@ -159,7 +162,7 @@ fn engine_only() -> Result<Once, Failure> {
 }
 
 fn open(db: &Db) -> Result<Once, Failure> {
-    Ok(Once::sqlite(&db.db)?.build()?)
+    Ok(Once::open(&db.db)?.build()?)
 }
 
 fn read_stdin() -> Result<Vec<u8>, Failure> {

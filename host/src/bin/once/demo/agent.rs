@@ -2,7 +2,6 @@
 //! (direct calls, a fresh request id per attempt) or protected (through once
 //! with an app-minted key, reconciling via the service's lookup by key).
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use once::types::{Evidence, State};
@@ -85,8 +84,8 @@ impl Report {
 pub struct Env {
     /// Base URL of the refund service, through the fault proxy.
     pub target: String,
-    /// The once ledger (protected agents).
-    pub ledger: PathBuf,
+    /// The once ledger (protected agents): an SQLite file or a PostgreSQL URL.
+    pub ledger: String,
     /// once scope of this trial.
     pub scope: String,
     /// The operation key the application minted before the first attempt.
@@ -165,9 +164,14 @@ pub fn run_protected(policy: Policy, env: &Env) -> Result<Report, OnceError> {
     }
 }
 
-/// once's own background work for a trial (what a gateway or worker runs):
+/// once's own background work for a trial (what a gateway or worker does):
 /// reconcile the operation and, on proven absence, dispatch the owed refund
 /// with the same key, so even an agent that never retries ends with one effect.
+///
+/// It reconciles this trial's key rather than sweeping the whole ledger: every
+/// trial has a refund service of its own, so this trial's lookup can answer for
+/// this trial's key only, and on a PostgreSQL ledger the trials share one
+/// schema. (A real deployment's sweep has one lookup that answers for every key.)
 pub fn settle(env: &Env, within: Duration) -> Result<(), OnceError> {
     let client = Client::new(env.target.clone(), CLIENT_TIMEOUT);
     let once = protected_once(&env.ledger, &client)?;
@@ -180,22 +184,22 @@ pub fn settle(env: &Env, within: Duration) -> Result<(), OnceError> {
             Some(State::Absent) => {
                 once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
             }
+            // In flight, unknown: reconcile (on a live lease this waits for the
+            // holder; the engine decides whether a lookup counts), and dispatch
+            // only a refund the engine says is owed.
             Some(_) => {
-                let report = once.sweep(100)?;
-                for (scope, key) in report.owed {
-                    once.resume(&scope, &key, TOOL, |d| dispatch(&client, d))?;
-                }
+                once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
 }
 
-/// The demo's once handle: an SQLite ledger, the service's lookup by key as
-/// the authoritative read, and the refund tool's policy.
-fn protected_once(ledger: &Path, client: &Client) -> Result<Once, OnceError> {
+/// The demo's once handle: the trial's ledger (SQLite or PostgreSQL), the
+/// service's lookup by key as the authoritative read, and the refund tool's policy.
+fn protected_once(ledger: &str, client: &Client) -> Result<Once, OnceError> {
     let lookup = client.clone();
-    let once = Once::sqlite(ledger)?
+    let once = Once::open(ledger)?
         .provider(
             move |_tool: &str, provider_key: &str, _args: &str| match lookup.find_refund_by_key(provider_key) {
                 Ok(found) => match found.refund {

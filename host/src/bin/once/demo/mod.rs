@@ -6,6 +6,7 @@
 //! study's server), a fresh fault proxy and a fresh once ledger.
 
 mod agent;
+mod ledger;
 mod report;
 mod trial;
 
@@ -46,6 +47,11 @@ pub struct DemoArgs {
     /// Only this fault.
     #[arg(long)]
     fault: Option<Fault>,
+    /// once's ledger for protected agents: a postgres:// URL puts every trial in one
+    /// schema made for this run (dropped afterwards), each trial in its own scope.
+    /// Default: a fresh SQLite file per trial.
+    #[arg(long)]
+    db: Option<String>,
 }
 
 /// `once demo-agent`: one agent as its own process (crash and concurrency trials).
@@ -60,9 +66,9 @@ pub struct AgentArgs {
     /// Refund service base URL.
     #[arg(long)]
     target: String,
-    /// once ledger file.
+    /// once ledger: an SQLite file or a PostgreSQL URL.
     #[arg(long)]
-    ledger: PathBuf,
+    ledger: String,
     /// once scope.
     #[arg(long)]
     scope: String,
@@ -102,6 +108,9 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
             message: "--trials must be at least 1".to_string(),
         });
     }
+    if let Some(url) = &args.db {
+        ledger::RunSchema::check(url).map_err(|message| Failure { code: 2, message })?;
+    }
     let exe = std::env::current_exe().map_err(|e| fail(format!("locating this binary: {e}")))?;
     let cells: Vec<Cell> = Policy::ALL
         .into_iter()
@@ -121,11 +130,21 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         .flat_map(|c| (0..args.trials).map(move |t| (*c, t)))
         .collect();
     shuffle(&mut work, args.seed);
-
     let workdir = tempfile::Builder::new()
         .prefix("once-demo-")
         .tempdir()
         .map_err(|e| fail(e.to_string()))?;
+    let shared_ledger = match &args.db {
+        Some(url) => {
+            let run = ledger::RunSchema::create(url).map_err(fail)?;
+            println!(
+                "once ledger: PostgreSQL schema {} for this run, a scope per trial (dropped when the run ends)",
+                run.schema()
+            );
+            Some(run)
+        }
+        None => None,
+    };
     let progress = ProgressBar::new(work.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} trials {elapsed} (eta {eta}) {msg}")
             .expect("a valid template"),
@@ -143,9 +162,13 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
                     let Some(&(cell, _)) = work.get(i) else { break };
                     let dir = workdir.path().join(format!("trial-{i}"));
                     let trial_started = Instant::now();
-                    let outcome = std::fs::create_dir(&dir)
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| trial::run(cell, i as u64, &dir, &exe));
+                    let outcome = std::fs::create_dir(&dir).map_err(|e| e.to_string()).and_then(|()| {
+                        let ledger = match &shared_ledger {
+                            Some(run) => run.location().to_string(),
+                            None => dir.join("once.db").to_string_lossy().into_owned(),
+                        };
+                        trial::run(cell, i as u64, &dir, &ledger, &exe)
+                    });
                     let _ = std::fs::remove_dir_all(&dir);
                     busy_ms.fetch_add(trial_started.elapsed().as_millis() as u64, Ordering::Relaxed);
                     match outcome {
@@ -163,6 +186,9 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         }
     });
     progress.finish_and_clear();
+    if let Some(run) = shared_ledger {
+        run.drop_schema().map_err(fail)?;
+    }
     let errors = errors.into_inner().unwrap();
     if !errors.is_empty() {
         return Err(fail(format!(

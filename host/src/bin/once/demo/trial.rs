@@ -57,14 +57,16 @@ impl Verdict {
 /// How long once's background work may take to settle a trial.
 const SETTLE_WITHIN: Duration = Duration::from_secs(10);
 
-/// Run one trial in `dir` (fresh). `exe` is this binary, for agent processes.
-pub fn run(cell: Cell, trial: u64, dir: &Path, exe: &Path) -> Result<Verdict, String> {
+/// Run one trial in `dir` (fresh), with once's ledger at `ledger` (an SQLite
+/// file in `dir`, or a PostgreSQL schema shared by the run's trials). `exe` is
+/// this binary, for agent processes.
+pub fn run(cell: Cell, trial: u64, dir: &Path, ledger: &str, exe: &Path) -> Result<Verdict, String> {
     let service = Service::start(dir.join("effects.db"), Mode::Unsafe).map_err(|e| format!("service: {e}"))?;
     let proxy = FaultProxy::start(service.addr(), cell.fault, ProxyOptions::default())
         .map_err(|e| format!("fault proxy: {e}"))?;
     let env = Env {
         target: proxy.base_url(),
-        ledger: dir.join("once.db"),
+        ledger: ledger.to_string(),
         scope: format!("demo-trial-{trial}"),
         key: format!("refund-order-{ORDER_ID}-trial-{trial}"),
     };
@@ -116,8 +118,7 @@ fn spawn_agent(exe: &Path, cell: Cell, env: &Env) -> Result<Child, String> {
         .arg("demo-agent")
         .args(["--policy", cell.policy.name()])
         .args(["--target", &env.target])
-        .arg("--ledger")
-        .arg(&env.ledger)
+        .args(["--ledger", &env.ledger])
         .args(["--scope", &env.scope, "--key", &env.key])
         .args(cell.protected.then_some("--protected"))
         .stdin(Stdio::null())

@@ -1,0 +1,445 @@
+//! The MCP server the client talks to: `tools/list` passed through,
+//! `tools/call` run through the engine (begin, dispatch, finish, reconcile),
+//! the provider lookup over the upstream, and the background reconciler.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use once::types::{BeginRequest, Evidence, State, ToolDescriptor, ToolPolicy};
+use once::{Called, Dispatch, Once, OnceError, Provider, Sent};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::Value;
+use tokio::runtime::Handle;
+
+use super::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode, ToolPlan};
+use super::reply::{self, Capture, Context};
+use super::upstream::{Reply, Upstream};
+
+/// What the handler, the provider lookup and the reconciler share.
+pub struct Shared {
+    /// The configuration.
+    pub config: Config,
+    /// The upstream server.
+    pub upstream: Upstream,
+    /// The runtime the upstream lives on, for the engine's synchronous callbacks.
+    pub handle: Handle,
+    plans: RwLock<HashMap<String, ToolPlan>>,
+    engine_default: OnceLock<ToolPolicy>,
+    /// Operations this gateway answered as not yet settled: drained before exit.
+    pending: Mutex<HashSet<(String, String)>>,
+}
+
+impl Shared {
+    /// Shared state over a started upstream.
+    pub fn new(config: Config, upstream: Upstream, handle: Handle) -> Shared {
+        Shared {
+            config,
+            upstream,
+            handle,
+            plans: RwLock::new(HashMap::new()),
+            engine_default: OnceLock::new(),
+            pending: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The plan of `tool`, computing and registering its policy with the engine the first time.
+    pub fn plan(&self, once: &Once, tool: &str) -> Result<ToolPlan, String> {
+        if let Some(plan) = self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
+            return Ok(plan.clone());
+        }
+        let default = match self.engine_default.get() {
+            Some(p) => p.clone(),
+            None => {
+                let p = once.default_policy().map_err(|e| e.to_string())?;
+                self.engine_default.get_or_init(|| p).clone()
+            }
+        };
+        let plan = self.config.plan(tool, &default)?;
+        once.set_policy(tool, plan.policy.clone())
+            .map_err(|e| format!("{}: [tools.{tool}]: {e}", self.config.source))?;
+        self.plans
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tool.to_string(), plan.clone());
+        Ok(plan)
+    }
+
+    /// The plan of `tool` if one was made (the provider lookup never registers one).
+    fn known_plan(&self, tool: &str) -> Option<ToolPlan> {
+        self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool).cloned()
+    }
+
+    /// Whether any operation this gateway answered is still unsettled.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    fn track(&self, scope: &str, key: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((scope.to_string(), key.to_string()));
+    }
+}
+
+/// The tool's definition as the engine routes and pins it.
+pub fn descriptor_of(tool: &Tool) -> ToolDescriptor {
+    ToolDescriptor {
+        name: tool.name.to_string(),
+        input_schema: serde_json::to_string(&*tool.input_schema).unwrap_or_else(|_| "{}".to_string()),
+        annotations: tool.annotations.as_ref().and_then(|a| serde_json::to_string(a).ok()),
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The JSON a tool result carries: its structured content, else its first text parsed as JSON.
+fn payload(result: &CallToolResult) -> Option<Value> {
+    if let Some(v) = &result.structured_content {
+        return Some(v.clone());
+    }
+    result
+        .content
+        .iter()
+        .find_map(|c| c.as_text())
+        .and_then(|t| serde_json::from_str(&t.text).ok())
+}
+
+fn first_text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .find_map(|c| c.as_text())
+        .map_or_else(|| "(no text)".to_string(), |t| t.text.clone())
+}
+
+/// Reconciliation's authoritative read: the configured lookup tool on the upstream.
+pub struct LookupProvider(pub Arc<Shared>);
+
+impl Provider for LookupProvider {
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
+        let shared = &self.0;
+        let Some(lookup) = shared.known_plan(tool).and_then(|p| p.lookup) else {
+            return Evidence::Unknown(format!("no lookup is configured for {tool}"));
+        };
+        let call_args = match serde_json::from_str::<Value>(args).map(|a| lookup.render(provider_key, &a)) {
+            Ok(Ok(Value::Object(map))) => map,
+            Ok(Ok(_)) => return Evidence::Unknown(format!("the {} arguments are not an object", lookup.tool)),
+            Ok(Err(e)) => return Evidence::Unknown(format!("cannot build the {} arguments: {e}", lookup.tool)),
+            Err(e) => return Evidence::Unknown(format!("the stored args are not JSON: {e}")),
+        };
+        let params = CallToolRequestParams::new(lookup.tool.clone()).with_arguments(call_args);
+        // Taken before sending: every commit the answer reflects is at or before it, never after.
+        let sent_at = wall_ms();
+        let reply = shared
+            .handle
+            .block_on(shared.upstream.call(params, lookup.timeout, || true));
+        let answer = match reply {
+            Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
+                Some(answer) => answer,
+                None => return Evidence::Unknown(format!("{} answered no JSON", lookup.tool)),
+            },
+            Reply::Result(r) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, first_text(&r))),
+            Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
+            Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
+        };
+        match lookup.evidence(&answer, sent_at) {
+            Evidence::Confirmed(receipt) => {
+                // Stored as a tool result, so a replay shows it like any other; a tool with an output schema
+                // gets it as text only, since the lookup's shape need not match that schema.
+                let value: Value = serde_json::from_str(&receipt).unwrap_or(Value::Null);
+                let mut result = CallToolResult::success(vec![ContentBlock::text(receipt)]);
+                let schema = shared.upstream.tool(tool).and_then(|t| t.output_schema);
+                if schema.is_none() {
+                    result.structured_content = Some(value);
+                }
+                Evidence::Confirmed(serde_json::to_string(&result).unwrap_or_default())
+            }
+            other => other,
+        }
+    }
+}
+
+/// Map the upstream's reply to what the engine records.
+fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
+    match reply {
+        Reply::Result(r) if r.is_error == Some(true) => match on_tool_error {
+            OnToolError::Rejected => Sent::Rejected(serde_json::to_string(r).unwrap_or_default()),
+            OnToolError::Ambiguous => Sent::Ambiguous(format!(
+                "the upstream answered an error result, which may follow a partial effect: {}",
+                first_text(r)
+            )),
+        },
+        Reply::Result(r) => Sent::Success(serde_json::to_string(r).unwrap_or_default()),
+        Reply::Error(e) if Reply::refused_before_running(e) => {
+            Sent::Rejected(serde_json::to_string(e).unwrap_or_default())
+        }
+        Reply::Error(e) => Sent::Ambiguous(format!("the upstream answered a protocol error: {}", e.message)),
+        Reply::Lost(why) => Sent::Ambiguous(why.clone()),
+        Reply::NotSent(_) => Sent::NotSent,
+    }
+}
+
+/// Send one granted attempt (or a direct call) to the upstream.
+fn dispatch(shared: &Shared, once: &Once, plan: &ToolPlan, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
+    let arguments: JsonObject = match serde_json::from_str(d.args) {
+        Ok(Value::Object(map)) => map,
+        _ => JsonObject::new(),
+    };
+    let mut params = CallToolRequestParams::new(d.tool.to_string()).with_arguments(arguments);
+    if let ProviderKey::Meta(field) = &plan.provider_key
+        && !d.provider_key.is_empty()
+    {
+        params.meta = Some(reply::meta_of(field, d.provider_key).into());
+    }
+    let send_by = d.send_by;
+    let reply = shared
+        .handle
+        .block_on(shared.upstream.call(params, plan.timeout, || once.now() < send_by));
+    if d.attempt > 0 {
+        capture.attempt = Some(d.attempt);
+        capture.key = Some(d.key.to_string());
+    }
+    let sent = classify(&reply, plan.on_tool_error);
+    if let Sent::Ambiguous(why) = &sent {
+        capture.lost = Some(why.clone());
+    }
+    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = ?sent_name(&sent), "dispatched");
+    capture.last = Some(reply);
+    sent
+}
+
+fn sent_name(sent: &Sent) -> &'static str {
+    match sent {
+        Sent::Success(_) => "success",
+        Sent::Rejected(_) => "rejected",
+        Sent::Ambiguous(_) => "ambiguous",
+        Sent::NotSent => "not-sent",
+    }
+}
+
+/// begin, then dispatch / finish / reconcile as the engine decides; with the operation key it named.
+fn protect(
+    shared: &Shared,
+    once: &Once,
+    plan: &ToolPlan,
+    request: &BeginRequest,
+    capture: &mut Capture,
+) -> Result<(Option<String>, Called), OnceError> {
+    once.call_keyed(request, |d| dispatch(shared, once, plan, d, capture))
+}
+
+/// One round of background work: sweep, then send every owed dispatch with its original provider key.
+pub fn settle_round(shared: &Shared, once: &Once) {
+    let mut owed = match once.sweep(200) {
+        Ok(report) => report.owed,
+        Err(e) => {
+            tracing::warn!(target: "once::gateway", "sweep: {e}");
+            Vec::new()
+        }
+    };
+    // Absent records nobody took yet (a resume that failed, a gateway that died before sending).
+    match once.storage().list(Some(State::Absent), 200) {
+        Ok(rows) => owed.extend(rows.into_iter().map(|r| (r.scope, r.key))),
+        Err(e) => tracing::warn!(target: "once::gateway", "listing absent records: {e}"),
+    }
+    owed.sort();
+    owed.dedup();
+    for (scope, key) in owed {
+        let tool = match once.inspect(&scope, &key) {
+            Ok(Some(view)) => view.tool,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(target: "once::gateway", scope, key, "inspect: {e}");
+                continue;
+            }
+        };
+        let plan = match shared.plan(once, &tool) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::warn!(target: "once::gateway", tool, "{e}");
+                continue;
+            }
+        };
+        let mut capture = Capture::default();
+        let called = once.resume(&scope, &key, &tool, |d| dispatch(shared, once, &plan, d, &mut capture));
+        tracing::info!(target: "once::gateway", scope, key, tool, outcome = ?called.as_ref().map(called_name), "owed dispatch");
+    }
+    let pending: Vec<(String, String)> = shared
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    for (scope, key) in pending {
+        let open = matches!(
+            once.inspect(&scope, &key).map(|v| v.map(|v| v.state)),
+            Ok(Some(State::InFlight | State::Unknown | State::Absent))
+        );
+        if !open {
+            shared
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(scope, key));
+        }
+    }
+}
+
+fn called_name(called: &Called) -> &'static str {
+    match called {
+        Called::Confirmed { .. } => "confirmed",
+        Called::Rejected { .. } => "rejected",
+        Called::Unknown(_) => "unknown",
+        Called::InFlight(_) => "in-flight",
+        Called::Conflict(_) => "conflict",
+        Called::Blocked(_) => "blocked",
+        Called::Unrecorded { .. } => "unrecorded",
+        Called::Direct(_) => "direct",
+    }
+}
+
+/// The gateway's MCP server.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+    once: Arc<Once>,
+    session_scope: String,
+    instructions: String,
+}
+
+impl Gateway {
+    /// A server for one client connection.
+    pub fn new(shared: Arc<Shared>, once: Arc<Once>, session_scope: String, instructions: String) -> Gateway {
+        Gateway {
+            shared,
+            once,
+            session_scope,
+            instructions,
+        }
+    }
+
+    fn scope_of(&self, meta: &JsonObject) -> String {
+        match &self.shared.config.scope {
+            ScopeMode::Session => self.session_scope.clone(),
+            ScopeMode::Fixed(name) => name.clone(),
+            ScopeMode::Meta(field) => meta
+                .get(field)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| self.session_scope.clone(), str::to_string),
+        }
+    }
+
+    /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous).
+    fn call(&self, request: CallToolRequestParams, meta: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let (shared, once) = (&*self.shared, &*self.once);
+        let tool = request.name.to_string();
+        let scope = self.scope_of(&meta);
+        let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
+        let mut cx = Context {
+            tool: &tool,
+            key: None,
+            scope: &scope,
+            lookup: None,
+            key_meta,
+            capture: Capture::default(),
+        };
+        let plan = match shared.plan(once, &tool) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(reply::engine_error(&OnceError::Component(e), &cx)),
+        };
+        let lookup = plan.lookup.as_ref().map(|l| l.tool.clone());
+        cx.lookup = lookup.as_deref();
+        let mut keys = Vec::new();
+        for field in &shared.config.key_meta {
+            match meta.get(field) {
+                None => {}
+                Some(Value::String(k)) => keys.push((format!("_meta {field}"), k.clone())),
+                Some(other) => {
+                    let e = OnceError::Component(format!("_meta {field} must be a string, not {other}"));
+                    return Ok(reply::engine_error(&e, &cx));
+                }
+            }
+        }
+        let request = BeginRequest {
+            scope: scope.clone(),
+            keys,
+            tool: tool.clone(),
+            args: Value::Object(request.arguments.unwrap_or_default()).to_string(),
+            policy: plan.policy.clone(),
+            descriptor: shared.upstream.tool(&tool).as_ref().map(descriptor_of),
+            supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
+            acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
+        };
+        let mut capture = Capture::default();
+        let outcome = protect(shared, once, &plan, &request, &mut capture);
+        cx.capture = capture;
+        match outcome {
+            Ok((key, called)) => {
+                if let Some(key) = &key
+                    && matches!(
+                        called,
+                        Called::Unknown(_) | Called::InFlight(_) | Called::Unrecorded { .. }
+                    )
+                {
+                    shared.track(&scope, key);
+                }
+                cx.key = key.as_deref();
+                tracing::info!(target: "once::gateway", scope, tool, key = cx.key, outcome = called_name(&called), "call");
+                reply::render(called, &cx)
+            }
+            Err(e) => {
+                // Sent, then the engine failed: the record expires into unknown and is ours to settle.
+                if let Some(key) = &cx.capture.key {
+                    shared.track(&scope, key);
+                }
+                Ok(reply::engine_error(&e, &cx))
+            }
+        }
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("once-gateway", env!("CARGO_PKG_VERSION")))
+            .with_instructions(self.instructions.clone())
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.shared
+            .upstream
+            .list_tools(request)
+            .await
+            .map_err(|e| ErrorData::internal_error(e, None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let this = self.clone();
+        let meta: JsonObject = context.meta.0.0.clone();
+        let result = tokio::task::spawn_blocking(move || this.call(request, meta))
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        Ok(result.into())
+    }
+}

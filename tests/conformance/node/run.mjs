@@ -1,0 +1,941 @@
+// The conformance suite (tests/conformance/) through the once component, hosted by Node.js.
+//
+// The component file is transpiled by jco (`jco transpile --instantiation sync`)
+// into a temporary folder; this runner supplies only its imports: a
+// compare-and-swap record store (in memory, or SQLite via better-sqlite3), a
+// manual clock, scripted provider evidence and a recording escalation sink.
+// Every decision comes from the component.
+//
+//   node run.mjs --component once_guest.wasm [--store memory|sqlite|all]
+//                [--transcripts DIR] [--filter TEXT] [--negative]
+//
+// Exit status 0 only when every scenario passed on every store asked for
+// (and, with --negative, when the deliberately broken store was caught).
+
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import Database from "better-sqlite3";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const REPO = resolve(HERE, "../../..");
+
+// ---------------------------------------------------------------- neutral JSON
+
+function canonical(v) {
+  if (v === null || v === undefined) return "null";
+  if (Array.isArray(v)) return `[${v.map(canonical).join(",")}]`;
+  if (typeof v === "object") {
+    return `{${Object.keys(v)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonical(v[k])}`)
+      .join(",")}}`;
+  }
+  return JSON.stringify(v);
+}
+
+const kebab = (name) => name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
+const camel = (name) => name.replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+
+function isVariant(v) {
+  const keys = Object.keys(v);
+  return keys.includes("tag") && keys.every((k) => k === "tag" || k === "val");
+}
+
+/** A jco value as neutral JSON: records by WIT field name, variants as {case: payload}. */
+function render(v) {
+  if (v === undefined || v === null) return null;
+  if (typeof v === "bigint") {
+    const n = Number(v);
+    if (!Number.isSafeInteger(n)) throw new Error(`u64 ${v} is past 2^53`);
+    return n;
+  }
+  if (Array.isArray(v)) return v.map(render);
+  if (v instanceof Uint8Array) throw new Error("bytes in an export's answer");
+  if (typeof v === "object") {
+    if (isVariant(v)) return v.val === undefined ? v.tag : { [v.tag]: render(v.val) };
+    const out = {};
+    for (const [k, x] of Object.entries(v)) out[kebab(k)] = render(x);
+    return out;
+  }
+  return v;
+}
+
+/** Call an export whose WIT result is result<T, E>: T as is, an error as {"error": E}. */
+function exportResult(f) {
+  try {
+    return render(f());
+  } catch (e) {
+    if (e && Object.prototype.hasOwnProperty.call(e, "payload")) return { error: render(e.payload) };
+    throw e;
+  }
+}
+
+function caseOf(v) {
+  if (typeof v === "string") return [v, undefined];
+  if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1) return Object.entries(v)[0];
+  throw new StepError(`expected a variant case, got ${canonical(v)}`);
+}
+
+class StepError extends Error {}
+
+// ---------------------------------------------------------------- stores
+
+// The error texts of scripted failures, as the component sees them (the Rust
+// host shows its storage errors as "storage: ..."; every runner uses these).
+const READ_FAILURE = "storage: injected read failure";
+const COMMIT_FAILURE = "storage: injected commit failure";
+const LOST_REPLY = "storage: injected lost commit reply";
+const utf8cmp = (a, b) => Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
+const rowKey = (t, s, k) => JSON.stringify([t, s, k]);
+
+class MemoryStore {
+  constructor() {
+    this.rows = new Map();
+    this.events = new Map();
+  }
+  get(table, scope, key) {
+    const r = this.rows.get(rowKey(table, scope, key));
+    return r ? { ...r } : null;
+  }
+  commit(puts, events) {
+    const staged = new Map();
+    for (const p of puts) {
+      const k = rowKey(p.table, p.scope, p.key);
+      const current = staged.has(k) ? staged.get(k) : this.rows.get(k);
+      if ((current ? current.version : null) !== p.expected) return "conflict";
+      staged.set(k, p.row);
+    }
+    const fresh = new Map();
+    for (const e of events) {
+      const k = JSON.stringify([e.scope, e.key, e.version]);
+      if (this.events.has(k) || fresh.has(k)) return "conflict";
+      fresh.set(k, e);
+    }
+    for (const [k, row] of staged) {
+      if (row === null) this.rows.delete(k);
+      else this.rows.set(k, { ...row });
+    }
+    for (const [k, e] of fresh) this.events.set(k, e);
+    return null;
+  }
+  scan(table, states, dueBefore, limit) {
+    const rows = [...this.rows.values()].filter(
+      (r) =>
+        r.table === table &&
+        r["due-at"] !== null &&
+        r["due-at"] <= dueBefore &&
+        (states.length === 0 || states.includes(r.state)),
+    );
+    rows.sort((a, b) => a["due-at"] - b["due-at"] || utf8cmp(a.scope, b.scope) || utf8cmp(a.key, b.key));
+    return rows.slice(0, limit).map((r) => ({ ...r }));
+  }
+  audit(scope, key) {
+    return [...this.events.values()]
+      .filter((e) => e.scope === scope && e.key === key)
+      .sort((a, b) => a.version - b.version);
+  }
+  counts() {
+    const n = { operation: 0, tombstone: 0, quota: 0 };
+    for (const r of this.rows.values()) n[r.table] += 1;
+    return [n, this.events.size];
+  }
+}
+
+class SqliteStore {
+  constructor(path) {
+    this.db = new Database(path);
+    this.db.pragma("journal_mode = WAL");
+    this.db.exec(`
+      CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
+        version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL,
+        PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
+      CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
+        at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
+        detail TEXT NOT NULL, PRIMARY KEY (scope, key, version)) WITHOUT ROWID;`);
+    const cols = "tbl AS 'table', scope, key, version, state, due_at AS 'due-at', body";
+    this.q = {
+      get: this.db.prepare(`SELECT ${cols} FROM rows WHERE tbl = ? AND scope = ? AND key = ?`),
+      insert: this.db.prepare("INSERT INTO rows VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+      update: this.db.prepare(
+        "UPDATE rows SET version = ?, state = ?, due_at = ?, body = ? WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
+      ),
+      del: this.db.prepare("DELETE FROM rows WHERE tbl = ? AND scope = ? AND key = ? AND version = ?"),
+      event: this.db.prepare("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+      audit: this.db.prepare(
+        "SELECT scope, key, version, at, kind, from_state AS 'from-state', to_state AS 'to-state', attempt, detail " +
+          "FROM audit WHERE scope = ? AND key = ? ORDER BY version",
+      ),
+      scan: this.db.prepare(
+        `SELECT ${cols} FROM rows WHERE tbl = ? AND due_at IS NOT NULL AND due_at <= ? ` +
+          "AND (? = '[]' OR state IN (SELECT value FROM json_each(?))) ORDER BY due_at, scope, key LIMIT ?",
+      ),
+      rowCounts: this.db.prepare("SELECT tbl, count(*) AS n FROM rows GROUP BY tbl"),
+      eventCount: this.db.prepare("SELECT count(*) AS n FROM audit"),
+    };
+  }
+  get(table, scope, key) {
+    return this.q.get.get(table, scope, key) ?? null;
+  }
+  commit(puts, events) {
+    const q = this.q;
+    this.db.exec("BEGIN IMMEDIATE");
+    try {
+      for (const p of puts) {
+        const r = p.row;
+        let n;
+        if (p.expected === null && r !== null) {
+          n = q.insert.run(p.table, p.scope, p.key, r.version, r.state, r["due-at"], r.body).changes;
+        } else if (r !== null) {
+          n = q.update.run(r.version, r.state, r["due-at"], r.body, p.table, p.scope, p.key, p.expected).changes;
+        } else if (p.expected !== null) {
+          n = q.del.run(p.table, p.scope, p.key, p.expected).changes;
+        } else {
+          n = this.get(p.table, p.scope, p.key) ? 0 : 1;
+        }
+        if (n !== 1) {
+          this.db.exec("ROLLBACK");
+          return "conflict";
+        }
+      }
+      for (const e of events) {
+        const n = q.event.run(e.scope, e.key, e.version, e.at, e.kind, e["from-state"], e["to-state"], e.attempt, e.detail)
+          .changes;
+        if (n !== 1) {
+          this.db.exec("ROLLBACK");
+          return "conflict";
+        }
+      }
+      this.db.exec("COMMIT");
+      return null;
+    } catch (e) {
+      if (this.db.inTransaction) this.db.exec("ROLLBACK");
+      throw e;
+    }
+  }
+  scan(table, states, dueBefore, limit) {
+    const s = JSON.stringify(states);
+    return this.q.scan.all(table, dueBefore, s, s, limit);
+  }
+  audit(scope, key) {
+    return this.q.audit.all(scope, key);
+  }
+  counts() {
+    const n = { operation: 0, tombstone: 0, quota: 0 };
+    for (const { tbl, n: c } of this.q.rowCounts.all()) n[tbl] = c;
+    return [n, this.q.eventCount.get().n];
+  }
+  close() {
+    this.db.close();
+  }
+}
+
+/** A store plus what scenarios script: failures, lost replies, a racing writer, a lost ledger. */
+class Scripted {
+  constructor(kind, dir, broken) {
+    Object.assign(this, { kind, dir, broken, generation: 0, failCommits: 0, loseReplies: 0, failReads: false });
+    this.race = null;
+    this.inner = null;
+    this.wipe();
+  }
+  wipe() {
+    this.generation += 1;
+    this.inner = this.kind === "sqlite" ? new SqliteStore(join(this.dir, `ledger-${this.generation}.db`)) : new MemoryStore();
+  }
+  commit(puts, events) {
+    const hook = this.race;
+    this.race = null;
+    if (hook) hook();
+    if (this.failCommits > 0) {
+      this.failCommits -= 1;
+      return COMMIT_FAILURE;
+    }
+    if (this.broken) {
+      // A deliberately broken store (negative tests): every put applies whatever the version.
+      for (const p of puts) {
+        const current = this.inner.get(p.table, p.scope, p.key);
+        p.expected = current ? current.version : null;
+      }
+    }
+    if (this.broken === "no-conflicts") {
+      // ... and a repeated audit event is silently dropped.
+      events = events.filter((e) => !this.inner.audit(e.scope, e.key).some((a) => a.version === e.version));
+    }
+    const outcome = this.inner.commit(puts, events);
+    if (outcome === null && this.loseReplies > 0) {
+      this.loseReplies -= 1;
+      return LOST_REPLY;
+    }
+    return outcome;
+  }
+}
+
+// ---------------------------------------------------------------- the imports (jco shapes)
+
+const big = (n) => (n === null || n === undefined ? undefined : BigInt(n));
+const num = (b) => (b === undefined || b === null ? null : Number(b));
+const opt = (v) => (v === null ? undefined : v);
+
+const rowOut = (r) =>
+  r && {
+    table: r.table,
+    scope: r.scope,
+    key: r.key,
+    version: big(r.version),
+    state: opt(r.state),
+    dueAt: big(r["due-at"]),
+    body: r.body,
+  };
+const rowIn = (r) =>
+  r
+    ? {
+        table: r.table,
+        scope: r.scope,
+        key: r.key,
+        version: num(r.version),
+        state: r.state ?? null,
+        "due-at": num(r.dueAt),
+        body: r.body,
+      }
+    : null;
+const eventIn = (e) => ({
+  scope: e.scope,
+  key: e.key,
+  version: num(e.version),
+  at: num(e.at),
+  kind: e.kind,
+  "from-state": e.fromState ?? null,
+  "to-state": e.toState ?? null,
+  attempt: e.attempt ?? null,
+  detail: e.detail,
+});
+const eventOut = (e) => ({
+  scope: e.scope,
+  key: e.key,
+  version: big(e.version),
+  at: big(e.at),
+  kind: e.kind,
+  fromState: opt(e["from-state"]),
+  toState: opt(e["to-state"]),
+  attempt: opt(e.attempt),
+  detail: e.detail,
+});
+
+function imports(run) {
+  const reads = () => {
+    if (run.storage.failReads) throw { payload: READ_FAILURE };
+  };
+  const ifaces = {
+    "once:core/types@0.1.0": {},
+    "once:core/ledger@0.1.0": {
+      get(table, scope, key) {
+        reads();
+        return rowOut(run.storage.inner.get(table, scope, key)) ?? undefined;
+      },
+      commit(batch) {
+        const puts = batch.puts.map((p) => ({
+          table: p.table,
+          scope: p.scope,
+          key: p.key,
+          expected: num(p.expected),
+          row: rowIn(p.row),
+        }));
+        const outcome = run.storage.commit(puts, batch.events.map(eventIn));
+        if (outcome === "conflict") throw { payload: { tag: "conflict" } };
+        if (outcome !== null) throw { payload: { tag: "storage", val: outcome } };
+      },
+      scan(table, states, dueBefore, limit) {
+        reads();
+        return run.storage.inner.scan(table, states, Number(dueBefore), limit).map(rowOut);
+      },
+      audit(scope, key) {
+        reads();
+        return run.storage.inner.audit(scope, key).map(eventOut);
+      },
+    },
+    "once:core/clock@0.1.0": {
+      now: () => BigInt(run.now),
+      getSettings: () => ({
+        maxInputBytes: run.settings["max-input-bytes"],
+        maxDepth: run.settings["max-depth"],
+        maxKeyBytes: run.settings["max-key-bytes"],
+        clockSkewMs: BigInt(run.settings["clock-skew-ms"]),
+      }),
+    },
+    "once:core/provider@0.1.0": {
+      lookup(tool, providerKey, args) {
+        run.lookups.push({ tool, "provider-key": providerKey, args });
+        return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
+      },
+    },
+    "once:core/operator@0.1.0": {
+      escalate(e) {
+        run.escalations.push(render(e));
+        return run.ack;
+      },
+    },
+  };
+  // jco's generated code looks interfaces up without their version.
+  return Object.fromEntries(Object.entries(ifaces).map(([name, iface]) => [name.replace(/@[^@]*$/, ""), iface]));
+}
+
+// ---------------------------------------------------------------- the component
+
+function transpile(component) {
+  const out = mkdtempSync(join(tmpdir(), "once-jco-"));
+  const jco = join(HERE, "node_modules", "@bytecodealliance", "jco", "dist", "jco.js");
+  execFileSync(process.execPath, [jco, "transpile", component, "-o", out, "--name", "once", "--instantiation", "sync", "--quiet"], {
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  writeFileSync(join(out, "package.json"), '{"type":"module"}');
+  return out;
+}
+
+async function loadRuntime(component) {
+  const dir = transpile(component);
+  const mod = await import(pathToFileURL(join(dir, "once.js")).href);
+  const modules = new Map();
+  const getCoreModule = (path) => {
+    if (!modules.has(path)) modules.set(path, new WebAssembly.Module(readFileSync(join(dir, path))));
+    return modules.get(path);
+  };
+  return { dir, instantiate: (imp) => mod.instantiate(getCoreModule, imp).engine };
+}
+
+// ---------------------------------------------------------------- a scenario run
+
+const DEFAULT_SETTINGS = { "max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0 };
+
+function special(v) {
+  if (v && typeof v === "object" && !Array.isArray(v)) {
+    const keys = Object.keys(v);
+    if (keys.length === 1 && keys[0].startsWith("$")) return [keys[0], v[keys[0]]];
+  }
+  return null;
+}
+
+const isError = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && canonical(Object.keys(v)) === '["error"]';
+
+function hexBytes(text) {
+  const out = [];
+  for (const word of text.split(/\s+/).filter(Boolean)) {
+    for (let i = 0; i < word.length; i += 2) out.push(parseInt(word.slice(i, i + 2), 16));
+  }
+  return Uint8Array.from(out);
+}
+
+function deepEqual(a, b) {
+  return canonical(a) === canonical(b) && typeof a === typeof b;
+}
+
+class Run {
+  constructor(runtime, vectors, name, scenario, kind, dir, broken) {
+    Object.assign(this, { runtime, vectors, name, scenario });
+    this.start = scenario.start ?? 1000000;
+    this.now = this.start;
+    this.settings = { ...DEFAULT_SETTINGS, ...(scenario.settings ?? {}) };
+    this.evidence = [];
+    this.lookups = [];
+    this.escalations = [];
+    this.ack = true;
+    this.storage = new Scripted(kind, dir, broken);
+    this.vars = new Map();
+    this.transcript = [];
+    this.failures = [];
+    this.other = null;
+    this.defaultPolicy = this.agent().defaultPolicy();
+  }
+
+  agent() {
+    return this.runtime.instantiate(imports(this));
+  }
+
+  fail(label, msg) {
+    this.failures.push(`${this.name} step ${label}: ${msg}`);
+  }
+
+  dflt(step, field) {
+    if (field in step) return step[field];
+    return (this.scenario.defaults ?? {})[field] ?? null;
+  }
+
+  vector(path) {
+    return readFileSync(join(this.vectors, path));
+  }
+
+  csv(path, key) {
+    for (const line of this.vector(path).toString("utf8").split(/\r?\n/)) {
+      const i = line.indexOf(",");
+      if (i >= 0 && line.slice(0, i) === key) return line.slice(i + 1);
+    }
+    throw new StepError(`${path}: no row ${key}`);
+  }
+
+  variable(path) {
+    const [name, ...parts] = path.split("/");
+    if (!this.vars.has(name)) throw new StepError(`no saved result ${JSON.stringify(name)}`);
+    let cur = this.vars.get(name);
+    for (const p of parts) {
+      if (cur && typeof cur === "object" && !Array.isArray(cur) && p in cur) cur = cur[p];
+      else if (Array.isArray(cur) && /^\d+$/.test(p) && Number(p) < cur.length) cur = cur[Number(p)];
+      else throw new StepError(`${path}: nothing at ${JSON.stringify(p)}`);
+    }
+    return cur;
+  }
+
+  resolve(v, now) {
+    const sp = special(v);
+    if (sp) {
+      const [op, arg] = sp;
+      if (op === "$") return this.variable(arg);
+      if (op === "$t") return this.start + arg;
+      if (op === "$now") return now + arg;
+      if (op === "$file") return this.vector(arg).toString("utf8");
+      throw new StepError(`${op} is not allowed in an input`);
+    }
+    if (Array.isArray(v)) return v.map((x) => this.resolve(x, now));
+    if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, this.resolve(x, now)]));
+    return v;
+  }
+
+  policy(v) {
+    let overrides = {};
+    if (typeof v === "string") {
+      overrides = (this.scenario.policies ?? {})[v];
+      if (!overrides) throw new StepError(`no policy named ${v}`);
+    } else if (v) overrides = v;
+    const p = { ...this.defaultPolicy };
+    for (const [k, x] of Object.entries(overrides)) {
+      const field = camel(k);
+      if (!(field in p)) throw new StepError(`unknown policy field ${k}`);
+      if (k === "quota" && x !== null) {
+        p.quota = {
+          spendField: x["spend-field"],
+          ceiling: x.ceiling,
+          decimals: x.decimals,
+          windowMs: BigInt(x["window-ms"]),
+          bucket: x.bucket ?? undefined,
+        };
+      } else if (typeof x === "number" && typeof this.defaultPolicy[field] === "bigint") {
+        p[field] = BigInt(x);
+      } else {
+        p[field] = x === null ? undefined : x;
+      }
+    }
+    return p;
+  }
+
+  static descriptor(v) {
+    if (v === null || v === undefined) return undefined;
+    return { name: v.name, inputSchema: v["input-schema"], annotations: v.annotations ?? undefined };
+  }
+
+  execute() {
+    const agent = this.agent();
+    this.scenario.steps.forEach((step, i) => this.step(agent, step, String(i + 1)));
+    if (this.storage.race) {
+      this.storage.race = null;
+      this.fail("end", "a race was armed but no commit followed");
+    }
+  }
+
+  step(agent, step, label) {
+    const now = this.now;
+    const op = step.op ?? "";
+    const [lb, eb] = [this.lookups.length, this.escalations.length];
+    let result;
+    try {
+      result = this.exec(agent, op, step, label, now);
+    } catch (e) {
+      this.fail(label, `${op}: ${e instanceof StepError ? e.message : `trap: ${e && e.stack}`}`);
+      return;
+    }
+    const lookups = this.lookups.slice(lb);
+    const escalations = this.escalations.slice(eb);
+    if (step.as) {
+      this.vars.set(step.as, result);
+      this.vars.set(`${step.as}:lookups`, lookups);
+      this.vars.set(`${step.as}:escalations`, escalations);
+    }
+    const records = [];
+    const errs = [];
+    let checks = step.records ?? [];
+    if (!Array.isArray(checks)) checks = [checks];
+    for (const check of checks) {
+      const scope = this.dflt(check, "scope");
+      const key = check.key;
+      const view = orTrap(() => exportResult(() => agent.inspect(scope, key)));
+      records.push(view);
+      if (view && typeof view === "object" && "audit" in view) {
+        const problem = auditInvariants(view);
+        if (problem) this.fail(label, `record ${scope}/${key}: ${problem}`);
+      }
+      const pattern = Object.fromEntries(
+        Object.entries(check).filter(([k]) => !["scope", "key", "exists", "kinds"].includes(k)),
+      );
+      if (check.exists === false) {
+        if (view !== null) this.fail(label, `record ${scope}/${key} should not exist, got ${canonical(view)}`);
+        continue;
+      }
+      if (view === null || isError(view)) {
+        this.fail(label, `record ${scope}/${key}: expected a record, got ${canonical(view)}`);
+        continue;
+      }
+      if (!Array.isArray(view.audit)) {
+        this.fail(label, `record ${scope}/${key}: expected a record, got ${canonical(view)}`);
+        continue;
+      }
+      this.match(pattern, view, `record ${scope}/${key}`, now, errs);
+      if ("kinds" in check) {
+        this.match(check.kinds, view.audit.map((e) => e.kind), `record ${scope}/${key} kinds`, now, errs);
+      }
+    }
+    const [n, events] = this.storage.inner.counts();
+    const store = { ...n, events };
+    if ("expect" in step) this.match(step.expect, result, "result", now, errs);
+    if ("lookups" in step) this.match(step.lookups, lookups, "lookups", now, errs);
+    if ("escalations" in step) this.match(step.escalations, escalations, "escalations", now, errs);
+    if ("store" in step) this.match(step.store, store, "store", now, errs);
+    for (const e of errs) this.fail(label, e);
+    this.transcript.push(
+      canonical({ scenario: this.name, step: label, op, result, lookups, escalations, records, store }),
+    );
+  }
+
+  exec(agent, op, step, label, now) {
+    const inp = (field) => this.resolve(this.dflt(step, field), now);
+    switch (op) {
+      case "advance":
+        this.now += inp("ms");
+        return null;
+      case "lookup":
+        for (const e of inp("evidence")) {
+          const [tag, val] = caseOf(e);
+          if (!["confirmed", "absent", "unknown"].includes(tag)) throw new StepError(`evidence ${tag}`);
+          this.evidence.push({ tag, val: tag === "absent" ? BigInt(val) : val });
+        }
+        return null;
+      case "fail-commits":
+        this.storage.failCommits = inp("n");
+        return null;
+      case "lose-commit-replies":
+        this.storage.loseReplies = inp("n");
+        return null;
+      case "fail-reads":
+        this.storage.failReads = Boolean(inp("on"));
+        return null;
+      case "ack-escalations":
+        this.ack = Boolean(inp("ack"));
+        return null;
+      case "settings":
+        for (const [k, v] of Object.entries(inp("set"))) {
+          if (!(k in this.settings)) throw new StepError(`unknown setting ${k}`);
+          this.settings[k] = v;
+        }
+        return null;
+      case "wipe-ledger":
+        this.storage.wipe();
+        return null;
+      case "race": {
+        const steps = step.steps;
+        this.storage.race = () => {
+          this.other ??= this.agent();
+          steps.forEach((inner, i) => this.step(this.other, inner, `${label}.${i + 1}`));
+        };
+        return null;
+      }
+      case "begin": {
+        let keys;
+        if ("keys" in step) keys = this.resolve(step.keys, now).map(([c, k]) => [c, k]);
+        else {
+          const key = inp("key");
+          keys = key === null ? [] : [["api", key]];
+        }
+        const req = {
+          scope: inp("scope"),
+          keys,
+          tool: inp("tool"),
+          args: inp("args"),
+          policy: this.policy(inp("policy")),
+          descriptor: Run.descriptor(inp("descriptor")),
+          supersedes: inp("supersedes") ?? undefined,
+          acknowledgeConfirmed: Boolean(inp("acknowledge-confirmed")),
+        };
+        return exportResult(() => agent.begin(req));
+      }
+      case "finish": {
+        const [tag, val] = caseOf(inp("outcome"));
+        if (!["success", "rejected", "ambiguous", "not-sent"].includes(tag)) throw new StepError(`outcome ${tag}`);
+        return exportResult(() => agent.finish(inp("scope"), inp("key"), inp("fence"), val === undefined ? { tag } : { tag, val }));
+      }
+      case "reconcile":
+        return exportResult(() => agent.reconcile(inp("scope"), inp("key")));
+      case "sweep":
+        return exportResult(() => agent.sweep(inp("limit") ?? 100));
+      case "prune":
+        return exportResult(() => agent.prune(inp("limit") ?? 100));
+      case "inspect":
+        return exportResult(() => agent.inspect(inp("scope"), inp("key")));
+      case "resolve": {
+        const [tag, val] = caseOf(inp("resolution"));
+        if (!["confirmed", "absent"].includes(tag)) throw new StepError(`resolution ${tag}`);
+        const resolution = tag === "confirmed" ? { tag, val } : { tag };
+        return exportResult(() => agent.resolve(inp("scope"), inp("key"), resolution, inp("note"), Boolean(inp("force"))));
+      }
+      case "canonicalize": {
+        let data;
+        if ("text" in step) data = new TextEncoder().encode(this.resolve(step.text, now));
+        else if ("hex" in step) data = hexBytes(step.hex);
+        else if ("file" in step) data = new Uint8Array(this.vector(step.file));
+        else throw new StepError("canonicalize needs text, hex or file");
+        return exportResult(() => agent.canonicalize(data));
+      }
+      case "fingerprint":
+        return exportResult(() => agent.fingerprint(inp("tool"), inp("args")));
+      case "default-policy":
+        return render(agent.defaultPolicy());
+      case "check-policy":
+        return exportResult(() => agent.checkPolicy(this.policy(inp("policy"))));
+      case "route-of":
+        return render(agent.routeOf(this.policy(inp("policy")), Run.descriptor(inp("descriptor"))));
+      default:
+        throw new StepError(`unknown op ${JSON.stringify(op)}`);
+    }
+  }
+
+  match(pattern, actual, path, now, errs) {
+    const sp = special(pattern);
+    if (sp) {
+      const [op, arg] = sp;
+      const want = (value) => {
+        if (!deepEqual(value, actual)) errs.push(`${path}: expected ${canonical(value)}, got ${canonical(actual)}`);
+      };
+      try {
+        switch (op) {
+          case "$":
+            return want(this.variable(arg));
+          case "$t":
+            return want(this.start + arg);
+          case "$now":
+            return want(now + arg);
+          case "$file":
+            return want(this.vector(arg).toString("utf8"));
+          case "$hexfile":
+            return want(Buffer.from(hexBytes(this.vector(arg).toString("utf8"))).toString("utf8"));
+          case "$csv":
+            return want(this.csv(arg[0], arg[1]));
+        }
+      } catch (e) {
+        errs.push(`${path}: ${e.message}`);
+        return;
+      }
+      const ok = (p, x) => {
+        const inner = [];
+        this.match(p, x, path, now, inner);
+        return inner.length === 0;
+      };
+      switch (op) {
+        case "$not":
+          if (ok(arg, actual)) errs.push(`${path}: ${canonical(actual)} should not match ${canonical(arg)}`);
+          break;
+        case "$contains":
+          if (!(typeof actual === "string" && actual.includes(arg)))
+            errs.push(`${path}: ${canonical(actual)} does not contain ${canonical(arg)}`);
+          break;
+        case "$nonempty":
+          if (!(typeof actual === "string" && actual.length > 0))
+            errs.push(`${path}: expected a non-empty string, got ${canonical(actual)}`);
+          break;
+        case "$json": {
+          let parsed;
+          try {
+            parsed = JSON.parse(actual);
+          } catch {
+            errs.push(`${path}: expected JSON text, got ${canonical(actual)}`);
+            break;
+          }
+          this.match(arg, parsed, `${path} (JSON)`, now, errs);
+          break;
+        }
+        case "$len":
+          if (!(Array.isArray(actual) && actual.length === arg))
+            errs.push(`${path}: expected ${arg} elements, got ${canonical(actual)}`);
+          break;
+        case "$has":
+          if (!(Array.isArray(actual) && actual.some((x) => ok(arg, x))))
+            errs.push(`${path}: no element matches ${canonical(arg)} in ${canonical(actual)}`);
+          break;
+        case "$count": {
+          const n = Array.isArray(actual) ? actual.filter((x) => ok(arg[0], x)).length : 0;
+          if (n !== arg[1]) errs.push(`${path}: ${n} elements match ${canonical(arg[0])}, expected ${arg[1]}`);
+          break;
+        }
+        case "$tail":
+          if (Array.isArray(actual) && actual.length >= arg.length) this.match(arg, actual.slice(actual.length - arg.length), path, now, errs);
+          else errs.push(`${path}: ${canonical(actual)} does not end with ${canonical(arg)}`);
+          break;
+        case "$gt":
+        case "$ge":
+        case "$lt":
+        case "$le": {
+          let bound;
+          try {
+            bound = this.resolve(arg, now);
+          } catch (e) {
+            errs.push(`${path}: ${e.message}`);
+            break;
+          }
+          const cmp = { $gt: (a, b) => a > b, $ge: (a, b) => a >= b, $lt: (a, b) => a < b, $le: (a, b) => a <= b }[op];
+          if (!(Number.isInteger(actual) && cmp(actual, bound)))
+            errs.push(`${path}: ${canonical(actual)} is not ${op} ${canonical(arg)}`);
+          break;
+        }
+        default:
+          errs.push(`${path}: unknown matcher ${op}`);
+      }
+      return;
+    }
+    const isObj = (x) => x !== null && typeof x === "object" && !Array.isArray(x);
+    if (isObj(pattern) && isObj(actual)) {
+      for (const [k, pv] of Object.entries(pattern)) {
+        if (!(k in actual)) errs.push(`${path}: no field ${JSON.stringify(k)} in ${canonical(actual)}`);
+        else this.match(pv, actual[k], `${path}/${k}`, now, errs);
+      }
+    } else if (Array.isArray(pattern) && Array.isArray(actual)) {
+      if (pattern.length !== actual.length) {
+        errs.push(`${path}: expected ${pattern.length} elements, got ${actual.length}: ${canonical(actual)}`);
+        return;
+      }
+      pattern.forEach((pv, i) => this.match(pv, actual[i], `${path}/${i}`, now, errs));
+    } else if (!deepEqual(pattern, actual)) {
+      errs.push(`${path}: expected ${canonical(pattern)}, got ${canonical(actual)}`);
+    }
+  }
+}
+
+function orTrap(f) {
+  try {
+    return f();
+  } catch (e) {
+    return { trap: String(e) };
+  }
+}
+
+function auditInvariants(view) {
+  const audit = view.audit;
+  if (audit.length === 0) return "a record without an audit event";
+  const last = audit[audit.length - 1];
+  if (last.version !== view.version) return `last audit version ${last.version} != record version ${view.version}`;
+  if (last["to-state"] !== view.state) return `last audit event ends in ${last["to-state"]}, the record is ${view.state}`;
+  for (let i = 1; i < audit.length; i++) if (audit[i].version <= audit[i - 1].version) return "audit versions do not rise";
+  return null;
+}
+
+// ---------------------------------------------------------------- main
+
+function parseArgs(argv) {
+  const a = {
+    scenarios: join(REPO, "tests", "conformance", "scenarios"),
+    vectors: process.env.ONCE_VECTORS ?? join(REPO, "..", "shared", "vectors", "jcs"),
+    store: "all",
+    filter: "",
+    negative: false,
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i];
+    if (flag === "--negative") a.negative = true;
+    else if (["--component", "--scenarios", "--vectors", "--store", "--transcripts", "--filter"].includes(flag)) a[flag.slice(2)] = argv[++i];
+    else throw new Error(`unknown argument ${flag}`);
+  }
+  if (!a.component) throw new Error("--component is required");
+  return a;
+}
+
+function loadScenarios(dir, filter) {
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .sort()
+    .map((f) => {
+      const scenario = JSON.parse(readFileSync(join(dir, f), "utf8"));
+      const stem = f.slice(0, -5);
+      if (scenario.name !== stem) throw new Error(`${f}: "name" must be the file name`);
+      return [stem, scenario];
+    })
+    .filter(([stem]) => stem.includes(filter));
+}
+
+// The deliberately broken stores, and the scenarios that must catch each.
+const NEGATIVE = {
+  "cas-ignores-version": ["race-quota-reservations"],
+  "no-conflicts": [
+    "race-concurrent-begins",
+    "race-quota-reservations",
+    "race-finish-vs-sweep",
+    "race-original-retried-while-superseded",
+  ],
+};
+
+function runAll(runtime, vectors, scenarios, kind, broken) {
+  return scenarios.map(([name, scenario]) => {
+    const dir = mkdtempSync(join(tmpdir(), "once-conf-"));
+    try {
+      const run = new Run(runtime, vectors, name, scenario, kind, dir, broken);
+      run.execute();
+      if (run.storage.inner.close) run.storage.inner.close();
+      return [name, run.transcript, run.failures];
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+}
+
+async function main() {
+  const a = parseArgs(process.argv.slice(2));
+  const started = Date.now();
+  const digest = createHash("sha256").update(readFileSync(a.component)).digest("hex");
+  const runtime = await loadRuntime(a.component);
+  console.log(`node ${process.version}: component ${a.component} sha256 ${digest}`);
+  const scenarios = loadScenarios(a.scenarios, a.filter);
+  if (scenarios.length === 0) {
+    console.log("node: no scenarios found");
+    return 1;
+  }
+  let passed = 0;
+  let failed = 0;
+  for (const kind of a.store === "all" ? ["memory", "sqlite"] : [a.store]) {
+    const results = runAll(runtime, a.vectors, scenarios, kind, null);
+    const bad = results.filter(([, , f]) => f.length > 0);
+    for (const [, , failures] of bad) for (const line of failures) console.log(`  FAIL ${line}`);
+    console.log(`node (${kind}): ${results.length - bad.length} passed, ${bad.length} failed`);
+    passed += results.length - bad.length;
+    failed += bad.length;
+    if (a.transcripts) {
+      mkdirSync(a.transcripts, { recursive: true });
+      const text = results.map(([, lines]) => lines.map((l) => `${l}\n`).join("")).join("");
+      writeFileSync(join(a.transcripts, `node-${kind}.jsonl`), text);
+    }
+  }
+  if (a.negative) {
+    const names = new Set(scenarios.map(([n]) => n));
+    for (const [broken, must] of Object.entries(NEGATIVE)) {
+      const results = runAll(runtime, a.vectors, scenarios, "memory", broken);
+      const caught = results.filter(([, , f]) => f.length > 0).map(([n]) => n);
+      const missed = must.filter((m) => names.has(m) && !caught.includes(m));
+      if (missed.length > 0 || caught.length === 0) {
+        console.log(`node negative (${broken}): went unnoticed by ${missed.join(", ") || "every scenario"}`);
+        failed += 1;
+      } else {
+        console.log(`node negative (${broken}): caught by ${caught.length} scenario(s): ${caught.join(", ")}`);
+        passed += 1;
+      }
+    }
+  }
+  rmSync(runtime.dir, { recursive: true, force: true });
+  console.log(`node: ${passed} passed, ${failed} failed in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  return failed === 0 && passed > 0 ? 0 : 1;
+}
+
+process.exitCode = await main();

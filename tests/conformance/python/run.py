@@ -1,0 +1,911 @@
+"""The conformance suite (tests/conformance/) through the once component, hosted by Python.
+
+The `wasmtime` package (PyPI) loads the component file; this runner supplies
+only its imports: a compare-and-swap record store (in memory, or SQLite via
+the standard library's sqlite3), a manual clock, scripted provider evidence
+and a recording escalation sink. Every decision comes from the component.
+
+    python run.py --component once_guest.wasm [--store memory|sqlite|all]
+                  [--transcripts DIR] [--filter TEXT] [--negative]
+
+Exit status 0 only when every scenario passed on every store asked for (and,
+with --negative, when the deliberately broken store was caught).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from importlib import metadata
+
+import wasmtime
+import wasmtime.component as wc
+from wasmtime.component import Record, Variant
+from wasmtime.component import _types as _wc_types
+
+# wasmtime-py lifts and lowers a `result` whose cases hold different Python
+# classes "untagged" (the bare payload), and there an `ok` case that can hold
+# None swallows every value: `ledger.get` could never return its error. Make
+# every result tagged: Variant("ok", value) / Variant("err", error), both ways.
+_wc_types.ResultType._tagged = lambda self: True
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+ENGINE_IFACE = "once:core/engine@0.1.0"
+
+
+# ---------------------------------------------------------------- neutral JSON
+
+
+def canonical(value):
+    """The transcript's byte form: sorted keys, no whitespace, UTF-8 as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def render(v):
+    """A wasmtime-py value as neutral JSON (records by WIT field name, variants as {case: payload})."""
+    if isinstance(v, Record):
+        return {k: render(x) for k, x in vars(v).items()}
+    if isinstance(v, Variant):
+        return v.tag if v.payload is None else {v.tag: render(v.payload)}
+    if isinstance(v, (list, tuple)):
+        return [render(x) for x in v]
+    if isinstance(v, bytes):
+        raise TypeError("bytes in an export's answer")
+    return v
+
+
+def render_result(v):
+    """An export's result<T, E>: T as is, an error as {"error": E}."""
+    assert isinstance(v, Variant) and v.tag in ("ok", "err"), v
+    if v.tag == "ok":
+        return None if v.payload is None else render(v.payload)
+    return {"error": render(v.payload)}
+
+
+def record_from(d):
+    r = Record()
+    for k, v in d.items():
+        setattr(r, k, v)
+    return r
+
+
+def case(v):
+    if isinstance(v, str):
+        return v, None
+    if isinstance(v, dict) and len(v) == 1:
+        return next(iter(v.items()))
+    raise ValueError(f"expected a variant case, got {v!r}")
+
+
+# ---------------------------------------------------------------- stores
+
+TABLES = ("operation", "tombstone", "quota")
+# The error texts of scripted failures, as the component sees them (the Rust
+# host shows its storage errors as "storage: ..."; every runner uses these).
+READ_FAILURE = "storage: injected read failure"
+COMMIT_FAILURE = "storage: injected commit failure"
+LOST_REPLY = "storage: injected lost commit reply"
+
+
+class MemoryStore:
+    """Rows and audit events in dicts; one batch applies entirely or not at all."""
+
+    def __init__(self, path=None):
+        self.rows = {}
+        self.audit_events = {}
+
+    def get(self, table, scope, key):
+        row = self.rows.get((table, scope, key))
+        return dict(row) if row else None
+
+    def commit(self, puts, events):
+        staged = {}
+        for put in puts:
+            k = (put["table"], put["scope"], put["key"])
+            current = staged[k] if k in staged else self.rows.get(k)
+            if (current["version"] if current else None) != put["expected"]:
+                return "conflict"
+            staged[k] = put["row"]
+        new_events = {}
+        for e in events:
+            k = (e["scope"], e["key"], e["version"])
+            if k in self.audit_events or k in new_events:
+                return "conflict"
+            new_events[k] = e
+        for k, row in staged.items():
+            if row is None:
+                self.rows.pop(k, None)
+            else:
+                self.rows[k] = dict(row)
+        self.audit_events.update(new_events)
+        return None
+
+    def scan(self, table, states, due_before, limit):
+        rows = [
+            r
+            for (t, _, _), r in self.rows.items()
+            if t == table
+            and r["due-at"] is not None
+            and r["due-at"] <= due_before
+            and (not states or r["state"] in states)
+        ]
+        rows.sort(key=lambda r: (r["due-at"], r["scope"].encode(), r["key"].encode()))
+        return [dict(r) for r in rows[:limit]]
+
+    def audit(self, scope, key):
+        events = [e for (s, k, _), e in self.audit_events.items() if s == scope and k == key]
+        return sorted(events, key=lambda e: e["version"])
+
+    def counts(self):
+        n = {t: 0 for t in TABLES}
+        for t, _, _ in self.rows:
+            n[t] += 1
+        return n, len(self.audit_events)
+
+
+class SqliteStore:
+    """One SQLite file: a batch is one BEGIN IMMEDIATE transaction of version-checked writes."""
+
+    def __init__(self, path):
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
+              version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL,
+              PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
+              at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
+              detail TEXT NOT NULL, PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
+            """
+        )
+
+    @staticmethod
+    def _row(r):
+        return {"table": r[0], "scope": r[1], "key": r[2], "version": r[3], "state": r[4], "due-at": r[5], "body": r[6]}
+
+    def get(self, table, scope, key):
+        r = self.db.execute(
+            "SELECT tbl, scope, key, version, state, due_at, body FROM rows WHERE tbl=? AND scope=? AND key=?",
+            (table, scope, key),
+        ).fetchone()
+        return self._row(r) if r else None
+
+    def commit(self, puts, events):
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for put in puts:
+                t, s, k, exp, row = put["table"], put["scope"], put["key"], put["expected"], put["row"]
+                if exp is None and row is not None:
+                    n = db.execute(
+                        "INSERT INTO rows VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                        (t, s, k, row["version"], row["state"], row["due-at"], row["body"]),
+                    ).rowcount
+                elif row is not None:
+                    n = db.execute(
+                        "UPDATE rows SET version=?, state=?, due_at=?, body=? WHERE tbl=? AND scope=? AND key=? AND version=?",
+                        (row["version"], row["state"], row["due-at"], row["body"], t, s, k, exp),
+                    ).rowcount
+                elif exp is not None:
+                    n = db.execute(
+                        "DELETE FROM rows WHERE tbl=? AND scope=? AND key=? AND version=?", (t, s, k, exp)
+                    ).rowcount
+                else:
+                    n = 0 if self.get(t, s, k) else 1
+                if n != 1:
+                    db.execute("ROLLBACK")
+                    return "conflict"
+            for e in events:
+                n = db.execute(
+                    "INSERT INTO audit VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    (e["scope"], e["key"], e["version"], e["at"], e["kind"], e["from-state"], e["to-state"],
+                     e["attempt"], e["detail"]),
+                ).rowcount
+                if n != 1:
+                    db.execute("ROLLBACK")
+                    return "conflict"
+            db.execute("COMMIT")
+            return None
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def scan(self, table, states, due_before, limit):
+        q = "SELECT tbl, scope, key, version, state, due_at, body FROM rows WHERE tbl=? AND due_at IS NOT NULL AND due_at<=?"
+        args = [table, due_before]
+        if states:
+            q += " AND state IN (%s)" % ",".join("?" * len(states))
+            args += list(states)
+        q += " ORDER BY due_at, scope, key LIMIT ?"
+        args.append(limit)
+        return [self._row(r) for r in self.db.execute(q, args)]
+
+    def audit(self, scope, key):
+        cur = self.db.execute(
+            "SELECT scope, key, version, at, kind, from_state, to_state, attempt, detail FROM audit "
+            "WHERE scope=? AND key=? ORDER BY version",
+            (scope, key),
+        )
+        names = ("scope", "key", "version", "at", "kind", "from-state", "to-state", "attempt", "detail")
+        return [dict(zip(names, r)) for r in cur]
+
+    def counts(self):
+        n = {t: 0 for t in TABLES}
+        for t, c in self.db.execute("SELECT tbl, count(*) FROM rows GROUP BY tbl"):
+            n[t] = c
+        return n, self.db.execute("SELECT count(*) FROM audit").fetchone()[0]
+
+
+class Scripted:
+    """A store plus what scenarios script: failures, lost replies, a racing writer, a lost ledger."""
+
+    def __init__(self, kind, directory, broken):
+        self.kind, self.dir, self.broken = kind, directory, broken
+        self.generation = 0
+        self.fail_commits = 0
+        self.lose_replies = 0
+        self.fail_reads = False
+        self.race = None
+        self.wipe()
+
+    def wipe(self):
+        self.generation += 1
+        path = os.path.join(self.dir, f"ledger-{self.generation}.db")
+        self.inner = SqliteStore(path) if self.kind == "sqlite" else MemoryStore()
+
+    def commit(self, puts, events):
+        hook, self.race = self.race, None
+        if hook:
+            hook()
+        if self.fail_commits:
+            self.fail_commits -= 1
+            return COMMIT_FAILURE
+        if self.broken:
+            # A deliberately broken store (negative tests): every put applies whatever the version.
+            for put in puts:
+                current = self.inner.get(put["table"], put["scope"], put["key"])
+                put["expected"] = current["version"] if current else None
+        if self.broken == "no-conflicts":
+            # ... and a repeated audit event is silently dropped.
+            events = [e for e in events if not any(a["version"] == e["version"] for a in self.inner.audit(e["scope"], e["key"]))]
+        outcome = self.inner.commit(puts, events)
+        if outcome is None and self.lose_replies:
+            self.lose_replies -= 1
+            return LOST_REPLY
+        return outcome
+
+
+# ---------------------------------------------------------------- the component
+
+
+class Runtime:
+    def __init__(self, path):
+        self.engine = wasmtime.Engine()
+        self.component = wc.Component.from_file(self.engine, path)
+
+
+def to_row(r):
+    return None if r is None else record_from(dict(r))
+
+
+def from_row(r):
+    return None if r is None else dict(vars(r))
+
+
+class Host:
+    """The imports of world `once` for one scenario run."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def linker(self, engine):
+        run = self.run
+        linker = wc.Linker(engine)
+
+        def reads_fail():
+            return run.storage.fail_reads
+
+        def get(_, table, scope, key):
+            if reads_fail():
+                return Variant("err", READ_FAILURE)
+            return Variant("ok", to_row(run.storage.inner.get(table, scope, key)))
+
+        def commit(_, batch):
+            puts = [
+                {"table": p.table, "scope": p.scope, "key": p.key, "expected": p.expected, "row": from_row(p.row)}
+                for p in batch.puts
+            ]
+            events = [dict(vars(e)) for e in batch.events]
+            outcome = run.storage.commit(puts, events)
+            if outcome is None:
+                return Variant("ok", None)
+            # commit-error lowers untagged: conflict is None, storage is its message.
+            return Variant("err", None if outcome == "conflict" else outcome)
+
+        def scan(_, table, states, due_before, limit):
+            if reads_fail():
+                return Variant("err", READ_FAILURE)
+            return Variant("ok", [to_row(r) for r in run.storage.inner.scan(table, list(states), due_before, limit)])
+
+        def audit(_, scope, key):
+            if reads_fail():
+                return Variant("err", READ_FAILURE)
+            return Variant("ok", [record_from(e) for e in run.storage.inner.audit(scope, key)])
+
+        def lookup(_, tool, provider_key, args):
+            run.lookups.append({"tool": tool, "provider-key": provider_key, "args": args})
+            if run.evidence:
+                return run.evidence.pop(0)
+            return Variant("unknown", "no scripted evidence")
+
+        def escalate(_, e):
+            run.escalations.append(render(e))
+            return run.ack
+
+        with linker.root() as root:
+            with root.add_instance("once:core/ledger@0.1.0") as i:
+                i.add_func("get", get)
+                i.add_func("commit", commit)
+                i.add_func("scan", scan)
+                i.add_func("audit", audit)
+            with root.add_instance("once:core/clock@0.1.0") as i:
+                i.add_func("now", lambda _: run.now)
+                i.add_func("get-settings", lambda _: record_from(dict(run.settings)))
+            with root.add_instance("once:core/provider@0.1.0") as i:
+                i.add_func("lookup", lookup)
+            with root.add_instance("once:core/operator@0.1.0") as i:
+                i.add_func("escalate", escalate)
+        return linker
+
+
+class Agent:
+    """One instance of the component in its own wasmtime store."""
+
+    def __init__(self, runtime, linker):
+        self.store = wasmtime.Store(runtime.engine)
+        self.instance = linker.instantiate(self.store, runtime.component)
+        self.iface = self.instance.get_export_index(self.store, ENGINE_IFACE)
+        self.funcs = {}
+
+    def call(self, name, *args):
+        f = self.funcs.get(name)
+        if f is None:
+            f = self.instance.get_func(self.store, self.instance.get_export_index(self.store, name, self.iface))
+            self.funcs[name] = f
+        return f(self.store, *args)
+
+
+# ---------------------------------------------------------------- vectors
+
+
+class Vectors:
+    def __init__(self, directory):
+        self.dir = directory
+
+    def text(self, path):
+        with open(os.path.join(self.dir, path), "rb") as f:
+            return f.read().decode("utf-8")
+
+    def bytes(self, path):
+        with open(os.path.join(self.dir, path), "rb") as f:
+            return f.read()
+
+    def csv(self, path, key):
+        for line in self.text(path).splitlines():
+            k, _, v = line.partition(",")
+            if k == key:
+                return v
+        raise ValueError(f"{path}: no row {key!r}")
+
+
+def hex_bytes(text):
+    out = bytearray()
+    for word in text.split():
+        for i in range(0, len(word), 2):
+            out.append(int(word[i : i + 2], 16))
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- a scenario run
+
+DEFAULT_SETTINGS = {"max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0}
+
+
+class StepError(Exception):
+    pass
+
+
+def special(v):
+    if isinstance(v, dict) and len(v) == 1:
+        k = next(iter(v))
+        if k.startswith("$"):
+            return k, v[k]
+    return None
+
+
+def is_error(v):
+    return isinstance(v, dict) and list(v) == ["error"]
+
+
+class Run:
+    def __init__(self, runtime, vectors, name, scenario, kind, directory, broken):
+        self.runtime, self.vectors, self.name, self.scenario = runtime, vectors, name, scenario
+        self.start = scenario.get("start", 1_000_000)
+        self.now = self.start
+        self.settings = dict(DEFAULT_SETTINGS)
+        self.settings.update(scenario.get("settings", {}))
+        self.evidence = []
+        self.lookups = []
+        self.escalations = []
+        self.ack = True
+        self.storage = Scripted(kind, directory, broken)
+        self.vars = {}
+        self.transcript = []
+        self.failures = []
+        self.linker = Host(self).linker(runtime.engine)
+        self.other = None
+        agent = self.agent()
+        self.default_policy = agent.call("default-policy")
+
+    def agent(self):
+        return Agent(self.runtime, self.linker)
+
+    def fail(self, label, msg):
+        self.failures.append(f"{self.name} step {label}: {msg}")
+
+    def default(self, step, field):
+        if field in step:
+            return step[field]
+        return self.scenario.get("defaults", {}).get(field)
+
+    # -- inputs
+
+    def var(self, path):
+        name, *parts = path.split("/")
+        if name not in self.vars:
+            raise StepError(f"no saved result {name!r}")
+        cur = self.vars[name]
+        for p in parts:
+            if isinstance(cur, dict) and p in cur:
+                cur = cur[p]
+            elif isinstance(cur, list) and p.isdigit() and int(p) < len(cur):
+                cur = cur[int(p)]
+            else:
+                raise StepError(f"{path}: nothing at {p!r}")
+        return cur
+
+    def resolve(self, v, now):
+        sp = special(v)
+        if sp:
+            op, arg = sp
+            if op == "$":
+                return self.var(arg)
+            if op == "$t":
+                return self.start + arg
+            if op == "$now":
+                return now + arg
+            if op == "$file":
+                return self.vectors.text(arg)
+            raise StepError(f"{op} is not allowed in an input")
+        if isinstance(v, list):
+            return [self.resolve(x, now) for x in v]
+        if isinstance(v, dict):
+            return {k: self.resolve(x, now) for k, x in v.items()}
+        return v
+
+    def policy(self, v):
+        if v is None:
+            overrides = {}
+        elif isinstance(v, str):
+            if v not in self.scenario.get("policies", {}):
+                raise StepError(f"no policy named {v!r}")
+            overrides = self.scenario["policies"][v]
+        else:
+            overrides = v
+        fields = dict(vars(self.default_policy))
+        for k, x in overrides.items():
+            if k not in fields:
+                raise StepError(f"unknown policy field {k!r}")
+            if k == "quota" and x is not None:
+                x = record_from({"spend-field": x["spend-field"], "ceiling": x["ceiling"], "decimals": x["decimals"],
+                                 "window-ms": x["window-ms"], "bucket": x.get("bucket")})
+            fields[k] = x
+        return record_from(fields)
+
+    @staticmethod
+    def descriptor(v):
+        if v is None:
+            return None
+        return record_from({"name": v["name"], "input-schema": v["input-schema"], "annotations": v.get("annotations")})
+
+    # -- steps
+
+    def execute(self):
+        agent = self.agent()
+        for i, step in enumerate(self.scenario["steps"]):
+            self.step(agent, step, str(i + 1))
+        if self.storage.race is not None:
+            self.storage.race = None
+            self.fail("end", "a race was armed but no commit followed")
+
+    def step(self, agent, step, label):
+        now = self.now
+        op = step.get("op", "")
+        lookups_before, escalations_before = len(self.lookups), len(self.escalations)
+        try:
+            result = self.exec(agent, op, step, label, now)
+        except (StepError, ValueError, KeyError, TypeError) as e:
+            self.fail(label, f"{op}: {e}")
+            return
+        except wasmtime.WasmtimeError as e:
+            self.fail(label, f"{op}: trap: {e}")
+            return
+        lookups = self.lookups[lookups_before:]
+        escalations = self.escalations[escalations_before:]
+        if "as" in step:
+            self.vars[step["as"]] = result
+            self.vars[step["as"] + ":lookups"] = lookups
+            self.vars[step["as"] + ":escalations"] = escalations
+        records = []
+        checks = step.get("records", [])
+        if isinstance(checks, dict):
+            checks = [checks]
+        errs = []
+        for check in checks:
+            scope, key = self.default(check, "scope"), check.get("key")
+            view = self.inspect(agent, scope, key)
+            records.append(view)
+            if isinstance(view, dict) and "audit" in view:
+                problem = audit_invariants(view)
+                if problem:
+                    self.fail(label, f"record {scope}/{key}: {problem}")
+            pattern = {k: v for k, v in check.items() if k not in ("scope", "key", "exists", "kinds")}
+            if check.get("exists") is False:
+                if view is not None:
+                    self.fail(label, f"record {scope}/{key} should not exist, got {canonical(view)}")
+                continue
+            if view is None or is_error(view):
+                self.fail(label, f"record {scope}/{key}: expected a record, got {canonical(view)}")
+                continue
+            self.match(pattern, view, f"record {scope}/{key}", now, errs)
+            if "kinds" in check:
+                kinds = [e["kind"] for e in view["audit"]]
+                self.match(check["kinds"], kinds, f"record {scope}/{key} kinds", now, errs)
+        n, events = self.storage.inner.counts()
+        store = {"operation": n["operation"], "tombstone": n["tombstone"], "quota": n["quota"], "events": events}
+        if "expect" in step:
+            self.match(step["expect"], result, "result", now, errs)
+        if "lookups" in step:
+            self.match(step["lookups"], lookups, "lookups", now, errs)
+        if "escalations" in step:
+            self.match(step["escalations"], escalations, "escalations", now, errs)
+        if "store" in step:
+            self.match(step["store"], store, "store", now, errs)
+        for e in errs:
+            self.fail(label, e)
+        self.transcript.append(
+            canonical(
+                {"scenario": self.name, "step": label, "op": op, "result": result, "lookups": lookups,
+                 "escalations": escalations, "records": records, "store": store}
+            )
+        )
+
+    def inspect(self, agent, scope, key):
+        return render_result(agent.call("inspect", scope, key))
+
+    def exec(self, agent, op, step, label, now):
+        def inp(field):
+            return self.resolve(self.default(step, field), now)
+
+        if op == "advance":
+            self.now += inp("ms")
+            return None
+        if op == "lookup":
+            for e in inp("evidence"):
+                tag, payload = case(e)
+                if tag not in ("confirmed", "absent", "unknown"):
+                    raise StepError(f"evidence {tag!r}")
+                self.evidence.append(Variant(tag, payload))
+            return None
+        if op == "fail-commits":
+            self.storage.fail_commits = inp("n")
+            return None
+        if op == "lose-commit-replies":
+            self.storage.lose_replies = inp("n")
+            return None
+        if op == "fail-reads":
+            self.storage.fail_reads = bool(inp("on"))
+            return None
+        if op == "ack-escalations":
+            self.ack = bool(inp("ack"))
+            return None
+        if op == "settings":
+            for k, v in inp("set").items():
+                if k not in self.settings:
+                    raise StepError(f"unknown setting {k!r}")
+                self.settings[k] = v
+            return None
+        if op == "wipe-ledger":
+            self.storage.wipe()
+            return None
+        if op == "race":
+            steps = step["steps"]
+
+            def hook():
+                if self.other is None:
+                    self.other = self.agent()
+                for i, inner in enumerate(steps):
+                    self.step(self.other, inner, f"{label}.{i + 1}")
+
+            self.storage.race = hook
+            return None
+        if op == "begin":
+            if "keys" in step:
+                keys = [(c, k) for c, k in self.resolve(step["keys"], now)]
+            else:
+                key = inp("key")
+                keys = [] if key is None else [("api", key)]
+            req = record_from({
+                "scope": inp("scope"), "keys": keys, "tool": inp("tool"), "args": inp("args"),
+                "policy": self.policy(inp("policy")), "descriptor": self.descriptor(inp("descriptor")),
+                "supersedes": inp("supersedes"), "acknowledge-confirmed": bool(inp("acknowledge-confirmed")),
+            })
+            return render_result(agent.call("begin", req))
+        if op == "finish":
+            tag, payload = case(inp("outcome"))
+            if tag not in ("success", "rejected", "ambiguous", "not-sent"):
+                raise StepError(f"outcome {tag!r}")
+            return render_result(agent.call("finish", inp("scope"), inp("key"), inp("fence"), Variant(tag, payload)))
+        if op == "reconcile":
+            return render_result(agent.call("reconcile", inp("scope"), inp("key")))
+        if op == "sweep":
+            return render_result(agent.call("sweep", inp("limit") or 100))
+        if op == "prune":
+            return render_result(agent.call("prune", inp("limit") or 100))
+        if op == "inspect":
+            return render_result(agent.call("inspect", inp("scope"), inp("key")))
+        if op == "resolve":
+            tag, payload = case(inp("resolution"))
+            # resolution lowers untagged: confirmed is its receipt, absent is None.
+            resolution = payload if tag == "confirmed" else None
+            if tag not in ("confirmed", "absent"):
+                raise StepError(f"resolution {tag!r}")
+            return render_result(
+                agent.call("resolve", inp("scope"), inp("key"), resolution, inp("note"), bool(inp("force")))
+            )
+        if op == "canonicalize":
+            if "text" in step:
+                data = self.resolve(step["text"], now).encode("utf-8")
+            elif "hex" in step:
+                data = hex_bytes(step["hex"])
+            elif "file" in step:
+                data = self.vectors.bytes(step["file"])
+            else:
+                raise StepError("canonicalize needs text, hex or file")
+            return render_result(agent.call("canonicalize", data))
+        if op == "fingerprint":
+            return render_result(agent.call("fingerprint", inp("tool"), inp("args")))
+        if op == "default-policy":
+            return render(agent.call("default-policy"))
+        if op == "check-policy":
+            return render_result(agent.call("check-policy", self.policy(inp("policy"))))
+        if op == "route-of":
+            return render(agent.call("route-of", self.policy(inp("policy")), self.descriptor(inp("descriptor"))))
+        raise StepError(f"unknown op {op!r}")
+
+    # -- matching
+
+    def match(self, pattern, actual, path, now, errs):
+        sp = special(pattern)
+        if sp:
+            op, arg = sp
+
+            def want(value):
+                if value != actual or type(value) is bool and type(actual) is not bool:
+                    errs.append(f"{path}: expected {canonical(value)}, got {canonical(actual)}")
+
+            try:
+                if op == "$":
+                    return want(self.var(arg))
+                if op == "$t":
+                    return want(self.start + arg)
+                if op == "$now":
+                    return want(now + arg)
+                if op == "$file":
+                    return want(self.vectors.text(arg))
+                if op == "$hexfile":
+                    return want(hex_bytes(self.vectors.text(arg)).decode("utf-8"))
+                if op == "$csv":
+                    return want(self.vectors.csv(arg[0], arg[1]))
+            except (StepError, OSError, ValueError) as e:
+                errs.append(f"{path}: {e}")
+                return
+            if op == "$not":
+                inner = []
+                self.match(arg, actual, path, now, inner)
+                if not inner:
+                    errs.append(f"{path}: {canonical(actual)} should not match {canonical(arg)}")
+            elif op == "$contains":
+                if not (isinstance(actual, str) and arg in actual):
+                    errs.append(f"{path}: {canonical(actual)} does not contain {canonical(arg)}")
+            elif op == "$nonempty":
+                if not (isinstance(actual, str) and actual):
+                    errs.append(f"{path}: expected a non-empty string, got {canonical(actual)}")
+            elif op == "$json":
+                try:
+                    parsed = json.loads(actual)
+                except (TypeError, ValueError):
+                    errs.append(f"{path}: expected JSON text, got {canonical(actual)}")
+                    return
+                self.match(arg, parsed, f"{path} (JSON)", now, errs)
+            elif op == "$len":
+                if not (isinstance(actual, list) and len(actual) == arg):
+                    errs.append(f"{path}: expected {arg} elements, got {canonical(actual)}")
+            elif op == "$has":
+                if not (isinstance(actual, list) and any(self.matches(arg, x, now) for x in actual)):
+                    errs.append(f"{path}: no element matches {canonical(arg)} in {canonical(actual)}")
+            elif op == "$count":
+                n = sum(1 for x in actual if self.matches(arg[0], x, now)) if isinstance(actual, list) else 0
+                if n != arg[1]:
+                    errs.append(f"{path}: {n} elements match {canonical(arg[0])}, expected {arg[1]}")
+            elif op == "$tail":
+                if isinstance(actual, list) and len(actual) >= len(arg):
+                    self.match(arg, actual[len(actual) - len(arg):], path, now, errs)
+                else:
+                    errs.append(f"{path}: {canonical(actual)} does not end with {canonical(arg)}")
+            elif op in ("$gt", "$ge", "$lt", "$le"):
+                try:
+                    bound = self.resolve(arg, now)
+                except StepError as e:
+                    errs.append(f"{path}: {e}")
+                    return
+                ok = isinstance(actual, int) and not isinstance(actual, bool) and {
+                    "$gt": lambda a, b: a > b, "$ge": lambda a, b: a >= b,
+                    "$lt": lambda a, b: a < b, "$le": lambda a, b: a <= b,
+                }[op](actual, bound)
+                if not ok:
+                    errs.append(f"{path}: {canonical(actual)} is not {op} {canonical(arg)}")
+            else:
+                errs.append(f"{path}: unknown matcher {op}")
+            return
+        if isinstance(pattern, dict) and isinstance(actual, dict):
+            for k, pv in pattern.items():
+                if k not in actual:
+                    errs.append(f"{path}: no field {k!r} in {canonical(actual)}")
+                else:
+                    self.match(pv, actual[k], f"{path}/{k}", now, errs)
+        elif isinstance(pattern, list) and isinstance(actual, list):
+            if len(pattern) != len(actual):
+                errs.append(f"{path}: expected {len(pattern)} elements, got {len(actual)}: {canonical(actual)}")
+                return
+            for i, (pv, av) in enumerate(zip(pattern, actual)):
+                self.match(pv, av, f"{path}/{i}", now, errs)
+        elif pattern != actual or (type(pattern) is bool) != (type(actual) is bool):
+            errs.append(f"{path}: expected {canonical(pattern)}, got {canonical(actual)}")
+
+    def matches(self, pattern, actual, now):
+        errs = []
+        self.match(pattern, actual, "", now, errs)
+        return not errs
+
+
+def audit_invariants(view):
+    audit = view["audit"]
+    if not audit:
+        return "a record without an audit event"
+    last = audit[-1]
+    if last["version"] != view["version"]:
+        return f"last audit version {last['version']} != record version {view['version']}"
+    if last["to-state"] != view["state"]:
+        return f"last audit event ends in {last['to-state']}, the record is {view['state']}"
+    for a, b in zip(audit, audit[1:]):
+        if b["version"] <= a["version"]:
+            return "audit versions do not rise"
+    return None
+
+
+# ---------------------------------------------------------------- main
+
+
+def load_scenarios(directory, text_filter):
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            scenario = json.load(f)
+        stem = name[: -len(".json")]
+        if scenario.get("name") != stem:
+            raise SystemExit(f"{name}: \"name\" must be the file name")
+        if text_filter in stem:
+            out.append((stem, scenario))
+    return out
+
+
+# The deliberately broken stores, and the scenarios that must catch each.
+NEGATIVE = {
+    "cas-ignores-version": ["race-quota-reservations"],
+    "no-conflicts": [
+        "race-concurrent-begins",
+        "race-quota-reservations",
+        "race-finish-vs-sweep",
+        "race-original-retried-while-superseded",
+    ],
+}
+
+
+def run_all(runtime, vectors, scenarios, kind, broken):
+    results = []
+    for name, scenario in scenarios:
+        with tempfile.TemporaryDirectory() as d:
+            run = Run(runtime, vectors, name, scenario, kind, d, broken)
+            run.execute()
+            results.append((name, run.transcript, run.failures))
+            run.storage.inner = None
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--component", required=True)
+    ap.add_argument("--scenarios", default=os.path.join(REPO, "tests", "conformance", "scenarios"))
+    ap.add_argument("--vectors", default=os.environ.get("ONCE_VECTORS", os.path.join(REPO, "..", "shared", "vectors", "jcs")))
+    ap.add_argument("--store", choices=("memory", "sqlite", "all"), default="all")
+    ap.add_argument("--transcripts")
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--negative", action="store_true", help="also check that deliberately broken stores are caught")
+    a = ap.parse_args()
+
+    with open(a.component, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    started = time.time()
+    runtime = Runtime(a.component)
+    print(f"python {sys.version.split()[0]}, wasmtime {metadata.version('wasmtime')}: component {a.component} sha256 {digest}")
+    vectors = Vectors(a.vectors)
+    scenarios = load_scenarios(a.scenarios, a.filter)
+    if not scenarios:
+        print("python: no scenarios found")
+        return 1
+    kinds = ["memory", "sqlite"] if a.store == "all" else [a.store]
+    passed = failed = 0
+    for kind in kinds:
+        results = run_all(runtime, vectors, scenarios, kind, None)
+        bad = [(n, f) for n, _, f in results if f]
+        for _, failures in bad:
+            for line in failures:
+                print(f"  FAIL {line}")
+        ok = len(results) - len(bad)
+        print(f"python ({kind}): {ok} passed, {len(bad)} failed")
+        passed += ok
+        failed += len(bad)
+        if a.transcripts:
+            os.makedirs(a.transcripts, exist_ok=True)
+            with open(os.path.join(a.transcripts, f"python-{kind}.jsonl"), "w", encoding="utf-8", newline="\n") as f:
+                for _, lines, _ in results:
+                    for line in lines:
+                        f.write(line + "\n")
+    if a.negative:
+        names = {n for n, _ in scenarios}
+        for broken, must in NEGATIVE.items():
+            results = run_all(runtime, vectors, scenarios, "memory", broken)
+            caught = sorted(n for n, _, f in results if f)
+            missed = sorted(m for m in must if m in names and m not in caught)
+            if missed or not caught:
+                print(f"python negative ({broken}): went unnoticed by {', '.join(missed) or 'every scenario'}")
+                failed += 1
+            else:
+                print(f"python negative ({broken}): caught by {len(caught)} scenario(s): {', '.join(caught)}")
+                passed += 1
+    print(f"python: {passed} passed, {failed} failed in {time.time() - started:.1f} s")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
