@@ -358,7 +358,10 @@ async fn never_retry_gets_one_refund_under_stale_read() {
         "the stale read is in the audit trail and did not count: {trail:#?}\n{}",
         rig.logs()
     );
-    assert!(trail.iter().any(|e| e.starts_with("reconciled-confirmed")), "{trail:#?}");
+    assert!(
+        trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
+        "{trail:#?}"
+    );
     assert_exactly_one_refund(&rig);
 }
 
