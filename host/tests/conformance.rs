@@ -11,7 +11,8 @@
 //!
 //! Environment: `ONCE_CONFORMANCE_COMPONENT` (the `.wasm` to load; default:
 //! the one `host/build.rs` built), `ONCE_CONFORMANCE_TRANSCRIPTS` (a folder
-//! to write `rust-memory.jsonl` and `rust-sqlite.jsonl` into),
+//! to write `rust-memory.jsonl`, `rust-sqlite.jsonl` and `component.txt`, the
+//! path of the component file used, into),
 //! `ONCE_CONFORMANCE_FILTER` (run only scenarios whose name contains it),
 //! `ONCE_VECTORS` (the JCS vectors; default `../shared/vectors/jcs`).
 
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use once::bindings::{Once as World, OncePre};
 use once::io::{Clock, HostState, ManualClock, Operator, Provider};
 use once::storage::memory::MemoryStorage;
-use once::storage::sqlite::{SqliteOptions, SqliteStorage};
+use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
     AuditEvent, Batch, BeginRequest, BlockReason, Decision, Error, Escalation, Evidence, FinishAck, IdentityMode,
@@ -218,6 +219,14 @@ fn table_index(t: Table) -> u8 {
 
 const TABLES: [Table; 3] = [Table::Operation, Table::Tombstone, Table::Quota];
 
+/// The scenarios test semantics, not power loss: commits need not wait for an fsync each.
+fn sqlite_options() -> SqliteOptions {
+    SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..SqliteOptions::default()
+    }
+}
+
 impl Scripted {
     fn new(backend: Backend, dir: &Path, broken: Broken) -> Self {
         let s = Scripted {
@@ -242,11 +251,8 @@ impl Scripted {
         let store: Arc<dyn Storage> = match self.backend {
             Backend::Memory => Arc::new(MemoryStorage::new()),
             Backend::Sqlite => Arc::new(
-                SqliteStorage::open(
-                    self.dir.join(format!("ledger-{generation}.db")),
-                    SqliteOptions::default(),
-                )
-                .expect("opening a SQLite ledger"),
+                SqliteStorage::open(self.dir.join(format!("ledger-{generation}.db")), sqlite_options())
+                    .expect("opening a SQLite ledger"),
             ),
         };
         *lock(&self.inner) = store;

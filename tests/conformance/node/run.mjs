@@ -149,6 +149,7 @@ class SqliteStore {
   constructor(path) {
     this.db = new Database(path);
     this.db.pragma("journal_mode = WAL");
+    this.db.pragma("synchronous = NORMAL"); // semantics under test, not power loss
     this.db.exec(`
       CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
         version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL,

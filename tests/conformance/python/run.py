@@ -154,6 +154,7 @@ class SqliteStore:
     def __init__(self, path):
         self.db = sqlite3.connect(path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # semantics under test, not power loss
         self.db.executescript(
             """
             CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
