@@ -2045,6 +2045,8 @@ type Hook = Box<dyn FnOnce(&MemoryHost)>;
 struct RacyHost {
     inner: MemoryHost,
     before_commit: std::cell::RefCell<Option<Hook>>,
+    /// Runs before the next read of the given table.
+    before_get: std::cell::RefCell<Option<(Table, Hook)>>,
     applied_but_failed: std::cell::Cell<u32>,
 }
 
@@ -2053,11 +2055,15 @@ impl RacyHost {
         RacyHost {
             inner: MemoryHost::new(),
             before_commit: std::cell::RefCell::new(None),
+            before_get: std::cell::RefCell::new(None),
             applied_but_failed: std::cell::Cell::new(0),
         }
     }
     fn race(&self, hook: impl FnOnce(&MemoryHost) + 'static) {
         *self.before_commit.borrow_mut() = Some(Box::new(hook));
+    }
+    fn race_before_reading(&self, table: Table, hook: impl FnOnce(&MemoryHost) + 'static) {
+        *self.before_get.borrow_mut() = Some((table, Box::new(hook)));
     }
 }
 
@@ -2069,6 +2075,10 @@ impl Host for RacyHost {
         self.inner.settings()
     }
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<once_guest::types::Row>, String> {
+        let due = matches!(&*self.before_get.borrow(), Some((t, _)) if *t == table);
+        if due && let Some((_, hook)) = self.before_get.borrow_mut().take() {
+            hook(&self.inner);
+        }
         self.inner.get(table, scope, key)
     }
     fn commit(&self, batch: &once_guest::types::Batch) -> Result<(), once_guest::types::CommitError> {
@@ -2150,6 +2160,37 @@ fn concurrent_reservations_respect_the_ceiling() {
     blocked_of(begin(&h, pay("a", "300", &p)).unwrap(), BlockReason::Quota);
     assert_eq!(quota_used(&h.inner), 30_000);
     assert!(inspect(&h.inner, "s", "a").unwrap().is_none());
+}
+
+/// The duplicate reads "no record", then the quota bucket after the first
+/// claim of the same key committed: the bucket holds that claim's
+/// reservation, which must not make the duplicate look like new spend.
+#[test]
+fn a_duplicate_is_not_refused_for_its_own_reservation() {
+    let h = RacyHost::new();
+    let p = quota_policy("500.00");
+    let p2 = p.clone();
+    h.race_before_reading(Table::Quota, move |inner| {
+        execute_of(begin(inner, pay("k", "300", &p2)).unwrap());
+    });
+    let Decision::InFlight(_) = begin(&h, pay("k", "300", &p)).unwrap() else {
+        panic!("the duplicate must wait for the claim in flight")
+    };
+    assert_eq!(quota_used(&h.inner), 30_000);
+
+    // The same for a retry from failed: the retry that won reserved again.
+    let h = RacyHost::new();
+    let e = execute_of(begin(&h, pay("f", "300", &p)).unwrap());
+    finish(&h, "s", "f", &e.fence, rejected()).unwrap();
+    assert_eq!(quota_used(&h.inner), 0);
+    h.race_before_reading(Table::Quota, move |inner| {
+        assert_eq!(execute_of(begin(inner, pay("f", "300", &p)).unwrap()).attempt, 2);
+    });
+    let quota = quota_policy("500.00");
+    let Decision::InFlight(_) = begin(&h, pay("f", "300", &quota)).unwrap() else {
+        panic!("the duplicate retry must wait for the attempt in flight")
+    };
+    assert_eq!((view(&h.inner, "f").attempts, quota_used(&h.inner)), (2, 30_000));
 }
 
 #[test]

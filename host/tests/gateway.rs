@@ -410,7 +410,9 @@ async fn concurrent_duplicates_make_one_refund() {
     let decisions = [outcome(&a)["decision"].clone(), outcome(&b)["decision"].clone()];
     assert!(
         decisions.contains(&json!("executed")) && decisions.contains(&json!("replayed")),
-        "{decisions:?}"
+        "{decisions:?}\n{}\n{}",
+        text(&a),
+        text(&b)
     );
     let replay = if outcome(&a)["decision"] == "replayed" { &a } else { &b };
     assert!(

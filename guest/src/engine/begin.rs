@@ -202,7 +202,7 @@ impl Claim<'_> {
         let reservation = match (&req.policy.quota, self.payload.spend) {
             (Some(quota), Some(units)) => match tx.reserve(h, &req.scope, &req.tool, quota, units, now, true)? {
                 Some(reservation) => Some(reservation),
-                None => return Ok(over_quota(quota, units)),
+                None => return refuse_over_quota(h, &req.scope, &self.key, None, quota, units),
             },
             _ => None,
         };
@@ -358,7 +358,7 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
             let units: u128 = spend.parse().unwrap_or(0);
             match tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, true)? {
                 Some(reservation) => Some(reservation),
-                None => return Ok(over_quota(quota, units)),
+                None => return refuse_over_quota(h, &rec.scope, &rec.key, Some(version), quota, units),
             }
         }
         _ => None,
@@ -429,6 +429,29 @@ pub(super) fn blocked(reason: BlockReason, detail: String) -> Decision {
         detail,
         receipt: None,
     })
+}
+
+/// Refuse a spend over the ceiling, but only if the record it was decided from
+/// is still current. The record and the quota bucket are read at different
+/// moments: a concurrent claim of this same key may have committed in between,
+/// and its reservation must not make the duplicate look like new spend (the
+/// duplicate's answer is in-flight or a replay, decided again).
+fn refuse_over_quota(
+    h: &impl Host,
+    scope: &str,
+    key: &str,
+    seen_version: Option<u64>,
+    quota: &crate::types::QuotaPolicy,
+    units: u128,
+) -> Result<Decision, LedgerError> {
+    let now_version = h
+        .get(crate::types::Table::Operation, scope, key)
+        .map_err(LedgerError::Storage)?
+        .map(|row| row.version);
+    if now_version != seen_version {
+        return Err(LedgerError::Conflict);
+    }
+    Ok(over_quota(quota, units))
 }
 
 fn over_quota(quota: &crate::types::QuotaPolicy, units: u128) -> Decision {
