@@ -551,8 +551,17 @@ impl Once {
             Sent::Ambiguous(reason) => Outcome::Ambiguous(reason.clone()),
             Sent::NotSent => Outcome::NotSent,
         };
-        let ack = self.finish(scope, &grant.key, &grant.fence, &outcome)?;
-        Ok(match (sent, ack) {
+        let ack = match (self.finish(scope, &grant.key, &grant.fence, &outcome), sent) {
+            (Ok(ack), sent) => (sent, ack),
+            // The effect happened; an error here would make the caller believe it did not. The
+            // record stays in flight, expires into unknown and is reconciled.
+            (Err(e), Sent::Success(response)) => {
+                tracing::warn!(target: "once", scope, key = grant.key, "finish failed after a success: {e}");
+                return Ok(Step::Done(Called::Unrecorded { response }));
+            }
+            (Err(e), _) => return Err(e),
+        };
+        Ok(match ack {
             (Sent::Success(response), FinishAck::Unrecorded) => Step::Done(Called::Unrecorded { response }),
             (Sent::Success(receipt), _) => Step::Done(Called::Confirmed {
                 receipt,

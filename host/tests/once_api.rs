@@ -489,3 +489,38 @@ impl Storage for SharedStorage {
         self.0.stats()
     }
 }
+
+#[test]
+fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .clock(clock.clone())
+        .in_flight_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let effects = AtomicU32::new(0);
+    // The provider answered, but not with JSON: finish refuses to store it as a receipt.
+    let called = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("refunded, id r_1".into())),
+        )
+        .unwrap();
+    assert_eq!(
+        called,
+        Called::Unrecorded {
+            response: "refunded, id r_1".into()
+        }
+    );
+    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
+    // A repeat never dispatches again while the record is open.
+    let again = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::NotSent))
+        .unwrap();
+    assert!(matches!(again, Called::InFlight(_) | Called::Unknown(_)), "{again:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
