@@ -112,6 +112,21 @@ pub fn fingerprint_of(tool: &str, args: Value) -> String {
     sha256_jcs(&Value::Object(members))
 }
 
+/// [`fingerprint_of`] the parse of `args`, straight from the text: the
+/// canonical args are written while parsing (no tree, no buffer per value)
+/// inside `{"args":…,"tool":…}`, whose members are already in canonical
+/// order ("args" sorts before "tool"). Same bytes hashed, same errors as
+/// [`canon::parse`] then [`fingerprint_of`].
+pub fn fingerprint_of_text(tool: &str, args: &[u8], limits: &canon::Limits) -> Result<String, canon::Error> {
+    let mut text = String::with_capacity(args.len() + tool.len() + 20);
+    text.push_str("{\"args\":");
+    canon::canonicalize_into(args, limits, &mut text)?;
+    text.push_str(",\"tool\":");
+    canon::write_canonical(&Value::String(tool.to_string()), &mut text);
+    text.push('}');
+    Ok(crate::digest::sha256_hex(text.as_bytes()))
+}
+
 fn spend_of(value: &Value, field: &str, decimals: u8) -> Result<u128, Error> {
     let text = match value {
         Value::Number(n) => n.raw.as_str(),
@@ -119,4 +134,34 @@ fn spend_of(value: &Value, field: &str, decimals: u8) -> Result<u128, Error> {
         _ => return Err(Error::InvalidRequest(format!("spend field {field} is not a number"))),
     };
     parse_minor_units(text, decimals).map_err(|e| Error::InvalidRequest(format!("spend field {field}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass fingerprint hashes the same bytes as the tree path, and fails the same way.
+    #[test]
+    fn fingerprint_of_text_matches_the_tree_path() {
+        let limits = canon::Limits::default();
+        for args in [
+            r#"{"b":1,"a":[true,null,"x\u00e9\"y"],"c":{"z":1.50,"y":1e3}}"#,
+            r#"[]"#,
+            r#""tool""#,
+            r#"{"order":1234,"amount":200.5,"items":[{"sku":"A","qty":2}],"note":"caf\u00e9"}"#,
+            "{\"\u{1f600}\":1,\"\u{ffff}\":2}",
+        ] {
+            for tool in ["refund", "t\"\u{7}é"] {
+                let tree = fingerprint_of(tool, canon::parse(args.as_bytes(), &limits).unwrap());
+                assert_eq!(fingerprint_of_text(tool, args.as_bytes(), &limits), Ok(tree), "{args}");
+            }
+        }
+        for bad in [r#"{"a":1,"a":2}"#, "[1,", "\"\u{1}\"", "01"] {
+            assert_eq!(
+                fingerprint_of_text("t", bad.as_bytes(), &limits).unwrap_err(),
+                canon::parse(bad.as_bytes(), &limits).unwrap_err(),
+                "{bad}"
+            );
+        }
+    }
 }

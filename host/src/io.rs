@@ -9,7 +9,28 @@ use crate::bindings::once::core::{clock, ledger, operator, provider, types};
 use crate::bindings::types::{
     AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table, Timestamp,
 };
-use crate::storage::{self, Storage};
+use crate::storage::{self, Flush, Storage};
+
+std::thread_local! {
+    /// How durable the `ledger.commit`s of the export running on this thread
+    /// must be. Export calls are synchronous, so the import runs on the
+    /// caller's thread while [`deferring_commits`] is in scope.
+    static COMMIT_FLUSH: std::cell::Cell<Flush> = const { std::cell::Cell::new(Flush::Now) };
+}
+
+/// Run `f` (one `finish` export call) with its ledger commits marked
+/// [`Flush::Deferred`]; every other export commits with [`Flush::Now`].
+pub(crate) fn deferring_commits<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the previous mode even if `f` unwinds.
+    struct Restore(Flush);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMMIT_FLUSH.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COMMIT_FLUSH.with(|c| c.replace(Flush::Deferred)));
+    f()
+}
 
 /// The ledger's clock: milliseconds since the epoch, never running backwards.
 pub trait Clock: Send + Sync {
@@ -136,7 +157,8 @@ impl ledger::Host for HostState {
     }
 
     fn commit(&mut self, batch: Batch) -> Result<(), CommitError> {
-        self.storage.commit(&batch).map_err(|e| match e {
+        let flush = COMMIT_FLUSH.with(std::cell::Cell::get);
+        self.storage.commit_with(&batch, flush).map_err(|e| match e {
             storage::CommitError::Conflict => CommitError::Conflict,
             storage::CommitError::Storage(e) => CommitError::Storage(e.to_string()),
         })

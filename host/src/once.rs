@@ -338,7 +338,10 @@ impl Once {
 
     /// The `finish` export.
     pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
-        let ack = self.with_instance(|w, s| w.once_core_engine().call_finish(s, scope, key, fence, outcome))??;
+        // Only finish's commit may be deferred (DESIGN.md "Durability budget").
+        let ack = crate::io::deferring_commits(|| {
+            self.with_instance(|w, s| w.once_core_engine().call_finish(s, scope, key, fence, outcome))
+        })??;
         tracing::info!(target: "once", scope, key, ?ack, "finish");
         Ok(ack)
     }
@@ -551,7 +554,7 @@ impl Once {
             Sent::Ambiguous(reason) => Outcome::Ambiguous(reason.clone()),
             Sent::NotSent => Outcome::NotSent,
         };
-        let ack = match (self.finish(scope, &grant.key, &grant.fence, &outcome), sent) {
+        let (sent, ack) = match (self.finish(scope, &grant.key, &grant.fence, &outcome), sent) {
             (Ok(ack), sent) => (sent, ack),
             // The effect happened; an error here would make the caller believe it did not. The
             // record stays in flight, expires into unknown and is reconciled.
@@ -561,7 +564,7 @@ impl Once {
             }
             (Err(e), _) => return Err(e),
         };
-        Ok(match ack {
+        Ok(match (sent, ack) {
             (Sent::Success(response), FinishAck::Unrecorded) => Step::Done(Called::Unrecorded { response }),
             (Sent::Success(receipt), _) => Step::Done(Called::Confirmed {
                 receipt,

@@ -41,12 +41,32 @@ pub struct Stats {
     pub events: Vec<(String, u64)>,
 }
 
+/// How soon one commit must reach stable storage (DESIGN.md "Durability budget").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Flush {
+    /// Durable before `Ok` is returned: intents (`begin`), reconciliation,
+    /// sweeps, resolutions: every commit but `finish`'s.
+    #[default]
+    Now,
+    /// May become durable with the next `Now` commit: `finish`'s outcome. If
+    /// it is lost, the record stays in flight, expires into unknown and is
+    /// reconciled: slower, never a duplicate. A backend without a cheaper
+    /// mode treats it as `Now`.
+    Deferred,
+}
+
 /// The record store behind the `ledger` import.
 pub trait Storage: Send + Sync {
     /// Read one row.
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError>;
     /// Apply every put and event of `batch` atomically, or nothing.
     fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
+    /// [`Storage::commit`], told how soon the batch must be durable; the
+    /// default ignores the hint and commits durably.
+    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
+        let _ = flush;
+        self.commit(batch)
+    }
     /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`, earliest due first.
     fn scan(&self, table: Table, states: &[State], due_before: Timestamp, limit: u32)
     -> Result<Vec<Row>, StorageError>;

@@ -7,14 +7,25 @@
 //! writer, in this process or another), every version check runs inside it,
 //! and `Ok` is reported only once `COMMIT` returned OK. With the default
 //! `synchronous=FULL`, a committed batch survives power loss; `NORMAL` may
-//! lose the last commits on power loss, but never corrupts the file (the
+//! lose the last commits on power loss, but never corrupts the file;
+//! [`Synchronous::IntentOnly`] is FULL for every commit but `finish`'s (the
 //! trade-off in DESIGN.md "Durability budget").
 //!
-//! Each [`SqliteStorage`] holds one writer connection behind a mutex (writes
-//! in one file are serialised by SQLite anyway) and a small pool of reader
-//! connections, so reads see the last commit without waiting for a writer's
-//! fsync. Several `SqliteStorage`s, in one or many processes, may open the
-//! same file; SQLite's file locks arbitrate between them.
+//! # Group commit
+//!
+//! Each [`SqliteStorage`] has one writer connection and an in-process commit
+//! queue. A caller that finds no commit running leads: it takes every batch
+//! queued meanwhile (up to [`MAX_GROUP`]) and applies them, in arrival
+//! order, in one `BEGIN IMMEDIATE` transaction, each inside its own
+//! `SAVEPOINT`, so a batch whose version check fails is rolled back alone
+//! and only its caller sees [`CommitError::Conflict`]. One `COMMIT`, so one
+//! fsync, covers the group; each caller gets its own result, and a failed
+//! `COMMIT` is an error for every batch in the group, never a success.
+//! Concurrent callers thus share fsyncs instead of queueing for SQLite's
+//! write lock one by one. A small pool of reader connections lets reads see
+//! the last commit without waiting for a writer's fsync. Several
+//! `SqliteStorage`s, in one or many processes, may open the same file;
+//! SQLite's file locks arbitrate between them.
 //!
 //! # Schema (version [`SCHEMA_VERSION`])
 //!
@@ -42,13 +53,15 @@
 //! Integers are SQLite's signed 64-bit: a version or timestamp above
 //! `i64::MAX` is refused with a storage error.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use super::{CommitError, Stats, Storage, StorageError};
+use super::{CommitError, Flush, Stats, Storage, StorageError};
 use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
 
 /// The schema version this code writes and understands.
@@ -57,7 +70,11 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// Reader connections kept open between calls.
 const MAX_IDLE_READERS: usize = 4;
 
-/// SQLite's `synchronous` setting for the writer connection.
+/// Most batches applied in one group transaction; later ones wait for the next.
+pub const MAX_GROUP: usize = 64;
+
+/// SQLite's `synchronous` setting for the writer connection: how durable a
+/// commit is when `Ok` is returned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Synchronous {
     /// Every commit is fsynced: durable across power loss (the default).
@@ -66,15 +83,53 @@ pub enum Synchronous {
     /// WAL commits are not fsynced one by one: the last commits may be lost on
     /// power loss (not on a process crash); the file stays consistent.
     Normal,
+    /// Intent-only durability (DESIGN.md "Durability budget"): `finish`'s
+    /// commits ([`Flush::Deferred`]) run at `NORMAL`, every other commit
+    /// (`begin`'s intent, reconcile, sweep, resolve) at `FULL`. After power
+    /// loss every intent and every non-finish commit is kept, and so is every
+    /// finish followed by a later FULL commit (its fsync covers the WAL
+    /// frames before it); a finish after the last FULL commit may be lost:
+    /// its record is back in flight, its lease expires into unknown and
+    /// reconciliation restores the outcome. Slower to heal, never a second
+    /// dispatch. A process crash loses nothing.
+    IntentOnly,
 }
 
 impl Synchronous {
-    fn pragma(self) -> &'static str {
-        match self {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
+    /// The pragma value for a commit (or group) needing `flush`.
+    fn level(self, flush: Flush) -> Level {
+        match (self, flush) {
+            (Synchronous::Full, _) | (Synchronous::IntentOnly, Flush::Now) => Level::Full,
+            (Synchronous::Normal, _) | (Synchronous::IntentOnly, Flush::Deferred) => Level::Normal,
         }
     }
+}
+
+/// One value of `PRAGMA synchronous`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Full,
+    Normal,
+}
+
+impl Level {
+    fn pragma(self) -> &'static str {
+        match self {
+            Level::Full => "FULL",
+            Level::Normal => "NORMAL",
+        }
+    }
+}
+
+/// What the writer has committed since the store was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Transactions committed at `synchronous=FULL` (one fsync each).
+    pub full: u64,
+    /// Transactions committed at `synchronous=NORMAL` (no fsync of their own).
+    pub normal: u64,
+    /// Batches applied by those transactions (more than transactions when groups formed).
+    pub batches: u64,
 }
 
 /// How [`SqliteStorage::open`] configures its connections.
@@ -100,12 +155,48 @@ pub struct SqliteStorage {
     path: PathBuf,
     options: SqliteOptions,
     /// The writer; `None` after a connection was discarded in an unknown
-    /// transaction state (reopened on next use).
-    writer: Mutex<Option<Connection>>,
+    /// transaction state (reopened on next use). Only a group leader takes it.
+    writer: Mutex<Option<Writer>>,
+    /// Batches waiting for a group leader, and the results of finished ones.
+    queue: Mutex<Queue>,
+    /// Wakes waiting callers when a group finishes.
+    group_done: Condvar,
     /// Idle reader connections.
     readers: Mutex<Vec<Connection>>,
     /// The file's identity when opened: writes stop if the path stops naming it.
     file: Option<FileId>,
+    /// Transactions committed at FULL.
+    commits_full: AtomicU64,
+    /// Transactions committed at NORMAL.
+    commits_normal: AtomicU64,
+    /// Batches committed.
+    commits_batches: AtomicU64,
+}
+
+/// The writer connection and the `synchronous` level it is set to.
+struct Writer {
+    conn: Connection,
+    level: Level,
+}
+
+/// The commit queue: callers append, one leader at a time drains.
+#[derive(Default)]
+struct Queue {
+    /// Whether a leader is applying a group now.
+    leading: bool,
+    /// Batches waiting, oldest first.
+    pending: VecDeque<Pending>,
+    /// Results of applied batches, until their callers take them.
+    done: HashMap<u64, Result<(), CommitError>>,
+    /// The next ticket.
+    next: u64,
+}
+
+/// A queued batch: a caller is waiting for its result under `id`.
+struct Pending {
+    id: u64,
+    batch: Batch,
+    flush: Flush,
 }
 
 /// A file's (device, inode).
@@ -239,9 +330,24 @@ impl SqliteStorage {
             path,
             options,
             writer: Mutex::new(Some(writer)),
+            queue: Mutex::new(Queue::default()),
+            group_done: Condvar::new(),
             readers: Mutex::new(Vec::new()),
             file,
+            commits_full: AtomicU64::new(0),
+            commits_normal: AtomicU64::new(0),
+            commits_batches: AtomicU64::new(0),
         })
+    }
+
+    /// Transactions and batches the writer has committed, by `synchronous`
+    /// level (to observe intent-only durability and group commit).
+    pub fn commit_counts(&self) -> CommitCounts {
+        CommitCounts {
+            full: self.commits_full.load(Ordering::Relaxed),
+            normal: self.commits_normal.load(Ordering::Relaxed),
+            batches: self.commits_batches.load(Ordering::Relaxed),
+        }
     }
 
     /// Refuse to write unless the path still names the file we opened. An
@@ -275,7 +381,7 @@ impl SqliteStorage {
         self.options
     }
 
-    fn writer(&self) -> Result<MutexGuard<'_, Option<Connection>>, StorageError> {
+    fn writer(&self) -> Result<MutexGuard<'_, Option<Writer>>, StorageError> {
         // A panic while holding the lock leaves the connection possibly inside
         // a transaction: discard it and reopen.
         let mut guard = self.writer.lock().unwrap_or_else(|poisoned| {
@@ -315,23 +421,25 @@ impl SqliteStorage {
     }
 }
 
-fn configure(conn: &Connection, path: &Path, options: &SqliteOptions) -> Result<(), StorageError> {
+/// The busy timeout and the `synchronous` level every commit starts from.
+fn configure(conn: &Connection, path: &Path, options: &SqliteOptions) -> Result<Level, StorageError> {
     let at = path.display();
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| err(format_args!("{at}: set busy_timeout"), e))?;
-    conn.pragma_update(None, "synchronous", options.synchronous.pragma())
+    let level = options.synchronous.level(Flush::Now);
+    conn.pragma_update(None, "synchronous", level.pragma())
         .map_err(|e| err(format_args!("{at}: set synchronous"), e))?;
-    Ok(())
+    Ok(level)
 }
 
-fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, StorageError> {
+fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Writer, StorageError> {
     let at = path.display();
     if path.is_dir() {
         return Err(StorageError(format!("sqlite: {at}: is a directory")));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|e| err(format_args!("open {at}"), e))?;
-    configure(&conn, path, options)?;
+    let level = configure(&conn, path, options)?;
     // SQLite silently falls back to read-only for a write-protected file.
     if conn
         .is_readonly(rusqlite::MAIN_DB)
@@ -341,7 +449,7 @@ fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, Stora
     }
     enable_wal(&conn, path, options.busy_timeout)?;
     init_schema(&conn).map_err(|e| StorageError(format!("{} ({at})", e.0)))?;
-    Ok(conn)
+    Ok(Writer { conn, level })
 }
 
 /// Switch the file to WAL (a no-op when it already is). Changing the journal
@@ -565,6 +673,164 @@ fn apply_event(conn: &Connection, event: &AuditEvent) -> Result<(), Abort> {
     if changed == 1 { Ok(()) } else { Err(Abort::Conflict) }
 }
 
+/// Up to `max` of the oldest queued batches.
+fn take_group(queue: &mut Queue, max: usize) -> Vec<Pending> {
+    let n = queue.pending.len().min(max);
+    queue.pending.drain(..n).collect()
+}
+
+/// Hands a group's results to its waiting callers and ends the lead, also
+/// when the leader unwinds (those callers then get a storage error rather
+/// than waiting forever).
+struct Handoff<'a> {
+    store: &'a SqliteStorage,
+    ids: Vec<u64>,
+    results: Vec<Result<(), CommitError>>,
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        let mut results = std::mem::take(&mut self.results).into_iter();
+        let mut queue = self.store.lock_queue();
+        for id in self.ids.drain(..) {
+            let result = results.next().unwrap_or_else(|| {
+                Err(CommitError::Storage(StorageError(
+                    "sqlite: the group commit failed before this batch's outcome was known".to_string(),
+                )))
+            });
+            queue.done.insert(id, result);
+        }
+        queue.leading = false;
+        drop(queue);
+        self.store.group_done.notify_all();
+    }
+}
+
+impl SqliteStorage {
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        // The queue is only ever left consistent (see `Handoff`): a poisoned lock is usable.
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Apply `own` (the leader's batch, if it has one) and `group` as one
+    /// transaction; hand out the group's results, return `own`'s.
+    fn lead(&self, own: Option<(&Batch, Flush)>, group: Vec<Pending>) -> Option<Result<(), CommitError>> {
+        let mut handoff = Handoff {
+            store: self,
+            ids: group.iter().map(|p| p.id).collect(),
+            results: Vec::new(),
+        };
+        let batches: Vec<(&Batch, Flush)> = own
+            .into_iter()
+            .chain(group.iter().map(|p| (&p.batch, p.flush)))
+            .collect();
+        let mut results = self.apply_group(&batches);
+        let own_result = own.map(|_| results.remove(0));
+        handoff.results = results;
+        drop(handoff);
+        own_result
+    }
+
+    /// One transaction for every batch, in order; one result per batch.
+    fn apply_group(&self, batches: &[(&Batch, Flush)]) -> Vec<Result<(), CommitError>> {
+        let all = |e: StorageError| batches.iter().map(|_| Err(CommitError::Storage(e.clone()))).collect();
+        // The group is as durable as its most demanding batch.
+        let flush = if batches.iter().any(|(_, f)| *f == Flush::Now) {
+            Flush::Now
+        } else {
+            Flush::Deferred
+        };
+        let level = self.options.synchronous.level(flush);
+        let mut guard = match self.writer() {
+            Ok(guard) => guard,
+            Err(e) => return all(e),
+        };
+        let Some(writer) = guard.as_mut() else {
+            unreachable!("writer() always leaves a connection")
+        };
+        if writer.level != level {
+            // Outside any transaction, so it governs the COMMIT below.
+            if let Err(e) = writer.conn.pragma_update(None, "synchronous", level.pragma()) {
+                return all(err("set synchronous", e));
+            }
+            writer.level = level;
+        }
+        let conn = &writer.conn;
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            return all(err("begin transaction", e));
+        }
+        // Under the write lock: no other once writer is mid-batch while we look.
+        let outcome = self.check_file().and_then(|()| apply_each(conn, batches));
+        let results = match outcome {
+            Ok(results) if results.iter().any(Result::is_ok) => match conn.execute_batch("COMMIT") {
+                Ok(()) => {
+                    let counter = match level {
+                        Level::Full => &self.commits_full,
+                        Level::Normal => &self.commits_normal,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let applied = results.iter().filter(|r| r.is_ok()).count() as u64;
+                    self.commits_batches.fetch_add(applied, Ordering::Relaxed);
+                    return results;
+                }
+                Err(e) => all(err("COMMIT failed (the batch is not known to be durable)", e)),
+            },
+            // Nothing applied: the ROLLBACK below ends the transaction.
+            Ok(results) => results,
+            Err(e) => all(e),
+        };
+        // Undo; SQLite may already have rolled back on its own (I/O error, full disk).
+        if !conn.is_autocommit() {
+            let rolled_back = conn.execute_batch("ROLLBACK");
+            if rolled_back.is_err() || !conn.is_autocommit() {
+                // Closing the connection rolls back whatever is left open.
+                *guard = None;
+            }
+        }
+        results
+    }
+}
+
+/// Apply each batch inside the open transaction. A lone batch needs no
+/// savepoint (a failure rolls the transaction back); in a group each batch
+/// gets one, so a failed batch is undone alone. `Err` means the transaction
+/// itself is lost and no batch may be reported applied.
+fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Result<(), CommitError>>, StorageError> {
+    let apply = |batch: &Batch| {
+        batch
+            .puts
+            .iter()
+            .try_for_each(|put| apply_put(conn, put))
+            .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)))
+            .map_err(|abort| match abort {
+                Abort::Conflict => CommitError::Conflict,
+                Abort::Storage(e) => CommitError::Storage(e),
+            })
+    };
+    if let [(batch, _)] = batches {
+        return Ok(vec![apply(batch)]);
+    }
+    let mut results = Vec::with_capacity(batches.len());
+    for (batch, _) in batches {
+        conn.execute_batch("SAVEPOINT batch").map_err(|e| err("savepoint", e))?;
+        let result = apply(batch);
+        if result.is_err() {
+            conn.execute_batch("ROLLBACK TO batch")
+                .map_err(|e| err("roll back a failed batch of the group", e))?;
+        }
+        conn.execute_batch("RELEASE batch")
+            .map_err(|e| err("release savepoint", e))?;
+        if conn.is_autocommit() {
+            // SQLite ended the transaction on its own (I/O error, full disk).
+            return Err(StorageError(
+                "sqlite: the group transaction was rolled back by SQLite".to_string(),
+            ));
+        }
+        results.push(result);
+    }
+    Ok(results)
+}
+
 impl Storage for SqliteStorage {
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
         self.read(|conn| {
@@ -579,39 +845,49 @@ impl Storage for SqliteStorage {
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        self.commit_with(batch, Flush::Now)
+    }
+
+    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
         super::check_batch(batch)?;
-        let mut guard = self.writer()?;
-        let Some(conn) = guard.as_ref() else {
-            unreachable!("writer() always leaves a connection")
-        };
-        conn.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| err("begin transaction", e))?;
-        // Under the write lock: no other once writer is mid-batch while we look.
-        let applied = self
-            .check_file()
-            .map_err(Abort::from)
-            .and_then(|()| batch.puts.iter().try_for_each(|put| apply_put(conn, put)))
-            .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)));
-        let outcome = match applied {
-            Ok(()) => match conn.execute_batch("COMMIT") {
-                Ok(()) => return Ok(()),
-                Err(e) => Err(CommitError::Storage(err(
-                    "COMMIT failed (the batch is not known to be durable)",
-                    e,
-                ))),
-            },
-            Err(Abort::Conflict) => Err(CommitError::Conflict),
-            Err(Abort::Storage(e)) => Err(CommitError::Storage(e)),
-        };
-        // Undo; SQLite may already have rolled back on its own (I/O error, full disk).
-        if !conn.is_autocommit() {
-            let rolled_back = conn.execute_batch("ROLLBACK");
-            if rolled_back.is_err() || !conn.is_autocommit() {
-                // Closing the connection rolls back whatever is left open.
-                *guard = None;
-            }
+        let mut queue = self.lock_queue();
+        if !queue.leading {
+            // No commit running: lead a group of this batch and whatever is queued.
+            queue.leading = true;
+            let others = take_group(&mut queue, MAX_GROUP - 1);
+            drop(queue);
+            return self.lead(Some((batch, flush)), others).unwrap_or_else(|| {
+                Err(CommitError::Storage(StorageError(
+                    "sqlite: the group commit lost this batch's result".to_string(),
+                )))
+            });
         }
-        outcome
+        let id = queue.next;
+        queue.next += 1;
+        queue.pending.push_back(Pending {
+            id,
+            batch: batch.clone(),
+            flush,
+        });
+        loop {
+            if let Some(result) = queue.done.remove(&id) {
+                return result;
+            }
+            if !queue.leading {
+                // No group is running and this batch is still queued (it came after the last
+                // leader took its group, or that group was full): lead the next one.
+                queue.leading = true;
+                let group = take_group(&mut queue, MAX_GROUP);
+                drop(queue);
+                self.lead(None, group);
+                queue = self.lock_queue();
+                continue;
+            }
+            queue = self
+                .group_done
+                .wait(queue)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
     }
 
     fn scan(

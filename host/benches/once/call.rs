@@ -1,0 +1,182 @@
+//! Row 2: a warm protected call (`begin` + `finish`, memory store) through
+//! the component vs the same engine called natively.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use criterion::Criterion;
+use once::storage::memory::MemoryStorage;
+use once::{Called, Once, Sent};
+use once_guest::host::Host;
+use once_guest::types::{
+    AuditEvent, Batch, BeginRequest, CommitError, Decision, Escalation, Evidence, FinishAck, Outcome, Row, Settings,
+    State, Table,
+};
+
+/// The native core's ledger: the host's `MemoryStorage` semantics (ordered
+/// maps, a batch checked before it is applied), without the wasm boundary.
+/// (`once_guest::testing::MemoryHost` copies its maps on every commit: fine
+/// for tests, not a baseline.)
+#[derive(Default)]
+struct NativeHost {
+    rows: RefCell<BTreeMap<(u8, String, String), Row>>,
+    audit: RefCell<BTreeMap<(String, String, u64), AuditEvent>>,
+}
+
+fn table_id(t: Table) -> u8 {
+    match t {
+        Table::Operation => 0,
+        Table::Tombstone => 1,
+        Table::Quota => 2,
+    }
+}
+
+impl Host for NativeHost {
+    fn now(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+    fn settings(&self) -> Settings {
+        Settings {
+            max_input_bytes: 1 << 20,
+            max_depth: 128,
+            max_key_bytes: 512,
+            clock_skew_ms: 0,
+        }
+    }
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+        Ok(self
+            .rows
+            .borrow()
+            .get(&(table_id(table), scope.to_string(), key.to_string()))
+            .cloned())
+    }
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        let mut rows = self.rows.borrow_mut();
+        let mut audit = self.audit.borrow_mut();
+        let mut staged: BTreeMap<(u8, String, String), Option<Row>> = BTreeMap::new();
+        for put in &batch.puts {
+            let id = (table_id(put.table), put.scope.clone(), put.key.clone());
+            let current = match staged.get(&id) {
+                Some(row) => row.as_ref().map(|r| r.version),
+                None => rows.get(&id).map(|r| r.version),
+            };
+            if current != put.expected {
+                return Err(CommitError::Conflict);
+            }
+            staged.insert(id, put.row.clone());
+        }
+        for event in &batch.events {
+            if audit.contains_key(&(event.scope.clone(), event.key.clone(), event.version)) {
+                return Err(CommitError::Conflict);
+            }
+        }
+        for (id, row) in staged {
+            match row {
+                Some(row) => rows.insert(id, row),
+                None => rows.remove(&id),
+            };
+        }
+        for event in &batch.events {
+            audit.insert((event.scope.clone(), event.key.clone(), event.version), event.clone());
+        }
+        Ok(())
+    }
+    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
+        let mut due: Vec<Row> = self
+            .rows
+            .borrow()
+            .values()
+            .filter(|r| r.table == table && r.due_at.is_some_and(|d| d <= due_before))
+            .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
+            .cloned()
+            .collect();
+        due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));
+        due.truncate(limit as usize);
+        Ok(due)
+    }
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
+        Ok(self
+            .audit
+            .borrow()
+            .range((scope.to_string(), key.to_string(), 0)..=(scope.to_string(), key.to_string(), u64::MAX))
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+    fn lookup(&self, tool: &str, _: &str, _: &str) -> Evidence {
+        Evidence::Unknown(format!("no provider lookup is configured for {tool}"))
+    }
+    fn escalate(&self, _: &Escalation) -> bool {
+        true
+    }
+}
+
+use crate::record::{compare, timed};
+
+const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
+const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
+
+/// Register the row's group.
+pub fn bench(c: &mut Criterion) {
+    let once = Once::builder(MemoryStorage::new()).build().expect("the once component");
+    let host = NativeHost::default();
+    let policy = once_guest::policy::default_policy();
+    let mut next = 0u64;
+    let samples = 30;
+    let mut g = c.benchmark_group("call");
+    g.sample_size(samples)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    g.bench_function("component", |b| {
+        timed(b, "call/component", |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                next += 1;
+                let key = format!("op-{next}");
+                let called = once
+                    .call("tenant", Some(&key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
+                    .unwrap();
+                assert!(
+                    matches!(called, Called::Confirmed { replayed: false, .. }),
+                    "{called:?}"
+                );
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("native", |b| {
+        timed(b, "call/native", |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                next += 1;
+                let request = BeginRequest {
+                    scope: "tenant".into(),
+                    keys: vec![("application".into(), format!("op-{next}"))],
+                    tool: "refund".into(),
+                    args: ARGS.into(),
+                    policy: policy.clone(),
+                    descriptor: None,
+                    supersedes: None,
+                    acknowledge_confirmed: false,
+                };
+                let Ok(Decision::Execute(grant)) = once_guest::engine::begin(&host, request) else {
+                    panic!("begin did not grant an attempt");
+                };
+                let ack = once_guest::engine::finish(
+                    &host,
+                    "tenant",
+                    &grant.key,
+                    &grant.fence,
+                    Outcome::Success(RECEIPT.into()),
+                );
+                assert!(matches!(black_box(ack), Ok(FinishAck::Recorded(_))), "finish");
+            }
+            start.elapsed()
+        })
+    });
+    g.finish();
+    compare("2. warm protected call", "call/component", "call/native", samples);
+}
