@@ -7,8 +7,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use criterion::Criterion;
+use once::Once;
 use once::storage::memory::MemoryStorage;
-use once::{Called, Once, Sent};
 use once_guest::host::Host;
 use once_guest::types::{
     AuditEvent, Batch, BeginRequest, CommitError, Decision, Escalation, Evidence, FinishAck, Outcome, Row, Settings,
@@ -115,9 +115,7 @@ impl Host for NativeHost {
 }
 
 use crate::record::{compare, timed};
-
-const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
-const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
+use crate::{ARGS, RECEIPT};
 
 /// Register the row's group.
 pub fn bench(c: &mut Criterion) {
@@ -136,13 +134,7 @@ pub fn bench(c: &mut Criterion) {
             for _ in 0..iters {
                 next += 1;
                 let key = format!("op-{next}");
-                let called = once
-                    .call("tenant", Some(&key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
-                    .unwrap();
-                assert!(
-                    matches!(called, Called::Confirmed { replayed: false, .. }),
-                    "{called:?}"
-                );
+                crate::protected_call(&once, &key);
             }
             start.elapsed()
         })

@@ -15,6 +15,23 @@ mod record;
 mod sqlite;
 
 use criterion::Criterion;
+use once::{Called, Once, Sent};
+
+/// The arguments of every protected call the benches make.
+const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
+/// The provider's answer to each of them.
+const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
+
+/// One protected call under a fresh `key`: it must dispatch and confirm, or the figure would time something else.
+fn protected_call(once: &Once, key: &str) {
+    let called = once
+        .call("tenant", Some(key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
+        .unwrap();
+    assert!(
+        matches!(called, Called::Confirmed { replayed: false, .. }),
+        "{called:?}"
+    );
+}
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();

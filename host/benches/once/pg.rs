@@ -7,13 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
+use once::Once;
 use once::storage::postgres::{PostgresOptions, PostgresStorage};
-use once::{Called, Once, Sent};
 
+use crate::RECEIPT;
 use crate::record::{compare, timed};
 
-const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
-const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
 const WORKERS: [usize; 3] = [1, 4, 16];
 
 /// Drops the bench's schema when done.
@@ -93,13 +92,7 @@ pub fn bench(c: &mut Criterion) {
             timed(b, &id, |iters| {
                 crate::sqlite::spread_calls(&id, workers, iters, &|_, _| {
                     let key = format!("op-{}", next.fetch_add(1, Ordering::Relaxed));
-                    let called = once
-                        .call("tenant", Some(&key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
-                        .unwrap();
-                    assert!(
-                        matches!(called, Called::Confirmed { replayed: false, .. }),
-                        "{called:?}"
-                    );
+                    crate::protected_call(&once, &key);
                 })
             })
         });

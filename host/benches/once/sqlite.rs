@@ -13,15 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
+use once::Once;
 use once::storage::sqlite::{CommitCounts, SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{Flush, Stats, Storage, StorageError};
 use once::types::{AuditEvent, Batch, Row, State, Table};
-use once::{Called, Once, Sent};
 
+use crate::RECEIPT;
 use crate::record::{compare, latencies, note, timed};
 
-const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
-const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
 const CALLERS: [usize; 3] = [1, 2, 8];
 
 /// The bench files live under the workspace's target directory (a real
@@ -171,13 +170,7 @@ pub fn bench(c: &mut Criterion) {
                 timed(b, &id, |iters| {
                     spread_calls(&id, callers, iters, &|_, _| {
                         let key = format!("op-{}", next.fetch_add(1, Ordering::Relaxed));
-                        let called = once
-                            .call("tenant", Some(&key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
-                            .unwrap();
-                        assert!(
-                            matches!(called, Called::Confirmed { replayed: false, .. }),
-                            "{called:?}"
-                        );
+                        crate::protected_call(&once, &key);
                         calls.fetch_add(1, Ordering::Relaxed);
                     })
                 })
