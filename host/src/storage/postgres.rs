@@ -1154,6 +1154,8 @@ struct ClockState {
     read_at: Instant,
     /// What it said.
     read_ms: u64,
+    /// Half its round trip, rounded up: how far off the reading may be.
+    uncertainty_ms: u64,
     /// When to read the database again.
     next_read: Instant,
     /// The latest time handed out.
@@ -1178,25 +1180,35 @@ impl std::fmt::Debug for DatabaseClock {
 
 impl DatabaseClock {
     fn new(shared: Arc<Shared>) -> Result<Self, StorageError> {
-        let (read_at, read_ms) = Self::read(&shared)?;
+        let (read_at, read_ms, uncertainty_ms) = Self::read(&shared)?;
         let next_read = read_at + shared.options.clock_resample;
         Ok(DatabaseClock {
             shared,
             state: Mutex::new(ClockState {
                 read_at,
                 read_ms,
+                uncertainty_ms,
                 next_read,
                 last: read_ms,
             }),
         })
     }
 
-    /// One reading, stamped with the middle of its round trip.
-    fn read(shared: &Shared) -> Result<(Instant, u64), StorageError> {
+    /// One reading, stamped with the middle of its round trip, and half that
+    /// round trip (the most the stamp can be off).
+    fn read(shared: &Shared) -> Result<(Instant, u64, u64), StorageError> {
         let sent = Instant::now();
         let ms = shared.database_now()?;
         let answered = Instant::now();
-        Ok((sent + (answered - sent) / 2, ms))
+        let half = (answered - sent) / 2;
+        let uncertainty_ms = u64::try_from(half.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        Ok((sent + half, ms, uncertainty_ms))
+    }
+
+    /// How far the last reading may be off the database's clock: half its
+    /// round trip, in ms (rounded up). A loaded host or network stretches it.
+    pub fn uncertainty_ms(&self) -> u64 {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).uncertainty_ms
     }
 }
 
@@ -1207,9 +1219,8 @@ impl Clock for DatabaseClock {
             // Unreachable database: carry the last reading forward (and do not
             // wait on it again until the next resample); every write fails until
             // it is back, so no decision rests on the estimate alone.
-            if let Ok((read_at, read_ms)) = Self::read(&self.shared) {
-                state.read_at = read_at;
-                state.read_ms = read_ms;
+            if let Ok(reading) = Self::read(&self.shared) {
+                (state.read_at, state.read_ms, state.uncertainty_ms) = reading;
             }
             state.next_read = Instant::now() + self.shared.options.clock_resample;
         }
