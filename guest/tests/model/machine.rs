@@ -60,14 +60,7 @@ impl Host for PropHost {
         self.mem.get(table, scope, key)
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        match self.fail.take() {
-            None => self.mem.commit(batch),
-            Some(false) => Err(CommitError::Storage("injected: nothing applied".to_string())),
-            Some(true) => {
-                self.mem.commit(batch)?;
-                Err(CommitError::Storage("injected: applied, reply lost".to_string()))
-            }
-        }
+        super::commit_or_fail(&self.mem, &self.fail, batch)
     }
     fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
         self.mem.scan(table, states, due_before, limit)

@@ -37,3 +37,23 @@ macro_rules! ensure_eq {
 
 pub mod machine;
 pub mod truthful;
+
+use std::cell::Cell;
+
+use once_guest::host::Host;
+use once_guest::testing::MemoryHost;
+use once_guest::types::{Batch, CommitError};
+
+/// Commit `batch` to `mem`, unless a failure is armed in `fail`: `Some(false)`
+/// applies nothing, `Some(true)` applies it and then reports failure (the
+/// outcome is unknown to the caller, as when a connection drops mid-commit).
+pub fn commit_or_fail(mem: &MemoryHost, fail: &Cell<Option<bool>>, batch: &Batch) -> Result<(), CommitError> {
+    match fail.take() {
+        None => mem.commit(batch),
+        Some(false) => Err(CommitError::Storage("injected: nothing applied".to_string())),
+        Some(true) => {
+            mem.commit(batch)?;
+            Err(CommitError::Storage("injected: applied, reply lost".to_string()))
+        }
+    }
+}
