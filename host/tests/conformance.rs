@@ -19,11 +19,11 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use once::bindings::{Once as World, OncePre};
-use once::io::{Clock, HostState, ManualClock, Operator, Provider};
+use once::io::{Clock, HostState, Operator, Provider};
 use once::storage::memory::MemoryStorage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Stats, Storage, StorageError};
@@ -137,9 +137,30 @@ fn compile(engine: &Engine, bytes: &[u8]) -> Component {
 
 // ------------------------------------------------------------------ the imports
 
+/// The scenario's clock: it moves only by `advance`, backwards too (a clock
+/// stepped back, e.g. by NTP), so the component's own rule that time never
+/// runs backwards in a comparison can be tested.
+struct ScriptClock(AtomicU64);
+
+impl ScriptClock {
+    fn now(&self) -> Timestamp {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Move by `ms` (negative: backwards); never below 0.
+    fn advance(&self, ms: i64) -> Res<()> {
+        let now = self.now();
+        let next = now
+            .checked_add_signed(ms)
+            .ok_or_else(|| format!("advance {ms} from {now} leaves the clock's range"))?;
+        self.0.store(next, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
 /// Clock, settings, scripted evidence and the logs of lookups and escalations.
 struct Env {
-    clock: ManualClock,
+    clock: ScriptClock,
     settings: Mutex<Settings>,
     evidence: Mutex<VecDeque<Evidence>>,
     lookups: Mutex<Vec<Value>>,
@@ -877,6 +898,12 @@ impl Run {
     fn step(self: &Arc<Self>, agent: &mut Agent, step: &Value, label: &str) {
         let now = self.env.clock.now();
         let op = step["op"].as_str().unwrap_or("").to_string();
+        if EXPORTS.contains(&op.as_str()) && step.get("expect").is_none() {
+            self.fail(
+                label,
+                format!("{op}: a step that calls the component needs an \"expect\""),
+            );
+        }
         let lookups_before = lock(&self.env.lookups).len();
         let escalations_before = lock(&self.env.escalations).len();
         let result = match self.exec(agent, &op, step, label, now) {
@@ -901,8 +928,9 @@ impl Run {
             None => Vec::new(),
         };
         for check in &checks {
-            let scope = self.defaults(check, "scope");
-            let (Some(scope), Some(key)) = (scope.as_str(), check["key"].as_str()) else {
+            let scope = self.resolve(&self.defaults(check, "scope"), now).unwrap_or(Value::Null);
+            let key = self.resolve(&check["key"], now).unwrap_or(Value::Null);
+            let (Some(scope), Some(key)) = (scope.as_str(), key.as_str()) else {
                 self.fail(label, format!("a record check needs a scope and a key: {check}"));
                 continue;
             };
@@ -995,7 +1023,11 @@ impl Run {
         Ok(match op {
             // ---- host-side script
             "advance" => {
-                self.env.clock.advance(num(&input("ms")?, "ms")?);
+                let ms = input("ms")?;
+                let ms = ms
+                    .as_i64()
+                    .ok_or_else(|| format!("ms: expected an integer, got {ms}"))?;
+                self.env.clock.advance(ms)?;
                 Value::Null
             }
             "lookup" => {
@@ -1340,6 +1372,22 @@ fn audit_invariants(view: &Map<String, Value>) -> Res<()> {
     Ok(())
 }
 
+/// The ops that call an export of the component: each must say what it expects.
+const EXPORTS: [&str; 12] = [
+    "begin",
+    "finish",
+    "reconcile",
+    "sweep",
+    "prune",
+    "inspect",
+    "resolve",
+    "canonicalize",
+    "fingerprint",
+    "default-policy",
+    "check-policy",
+    "route-of",
+];
+
 struct ScenarioRun {
     transcript: Vec<String>,
     failures: Vec<String>,
@@ -1353,7 +1401,7 @@ fn run_scenario(name: &str, scenario: &Value, backend: Backend, broken: Broken) 
         apply_settings(&mut settings, s).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     let env = Arc::new(Env {
-        clock: ManualClock::new(start),
+        clock: ScriptClock(AtomicU64::new(start)),
         settings: Mutex::new(settings),
         evidence: Mutex::new(VecDeque::new()),
         lookups: Mutex::new(Vec::new()),
@@ -1679,14 +1727,15 @@ fn a_wrong_expectation_is_reported() {
             {"op": "begin", "key": "k", "expect": {"replay": {}}},
             {"op": "inspect", "key": "k", "expect": {"fingerprint": {"$": "e1/execute/provider-key"}}},
             {"op": "finish", "key": "k", "fence": {"$": "e1/execute/fence"}, "outcome": {"success": "{}"},
-             "records": [{"key": "k", "state": "failed"}]},
-            {"op": "sweep", "records": [{"key": "k", "kinds": ["begin"]}]},
-            {"op": "sweep", "records": [{"key": "k", "exists": false}]},
-            {"op": "sweep", "lookups": [{"tool": "refund"}]},
-            {"op": "sweep", "escalations": {"$len": 1}},
-            {"op": "sweep", "store": {"operation": 2}},
+             "expect": {"recorded": "confirmed"}, "records": [{"key": "k", "state": "failed"}]},
+            {"op": "sweep", "expect": {"expired": 0}, "records": [{"key": "k", "kinds": ["begin"]}]},
+            {"op": "sweep", "expect": {"expired": 0}, "records": [{"key": "k", "exists": false}]},
+            {"op": "sweep", "expect": {"expired": 0}, "lookups": [{"tool": "refund"}]},
+            {"op": "sweep", "expect": {"expired": 0}, "escalations": {"$len": 1}},
+            {"op": "sweep", "expect": {"expired": 0}, "store": {"operation": 2}},
             {"op": "canonicalize", "text": "{\"b\":1,\"a\":2}", "expect": {"$contains": "\"b\":2"}},
-            {"op": "fingerprint", "tool": "t", "args": "{}", "expect": {"$json": {"a": 1}}}
+            {"op": "fingerprint", "tool": "t", "args": "{}", "expect": {"$json": {"a": 1}}},
+            {"op": "sweep", "records": [{"key": "k", "state": "confirmed"}]}
         ]
     });
     let run = run_scenario("self-test", &scenario, Backend::Memory, Broken::No);
@@ -1695,5 +1744,12 @@ fn a_wrong_expectation_is_reported() {
         .iter()
         .map(|f| f.split(':').next().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(steps.len(), 13, "each wrong step is reported: {:#?}", run.failures);
+    assert_eq!(steps.len(), 14, "each wrong step is reported: {:#?}", run.failures);
+    assert!(
+        run.failures
+            .iter()
+            .any(|f| f.starts_with("self-test step 14: sweep: ") && f.contains("needs an \"expect\"")),
+        "a step that calls the component without an expect is reported: {:#?}",
+        run.failures
+    );
 }

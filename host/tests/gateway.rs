@@ -335,6 +335,53 @@ async fn never_retry_gets_one_refund_under_reject_502() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_under_a_key_from_meta_says_to_call_again_with_that_key() {
+    // With the key in _meta, the same arguments without it would be a different (derived) operation:
+    // the model must be told to reuse the key, not the arguments.
+    let rig = Rig::new(&fast_config(""));
+    let session = rig.connect("reject_502", 0).await;
+    let result = session.refund(200.0, Some("refund-1234-u")).await;
+    assert!(session.close().await.success());
+    let t = text(&result);
+    assert!(t.starts_with("UNKNOWN: refund_order (operation refund-1234-u)"), "{t}");
+    assert!(
+        t.contains(
+            r#"Calling refund_order again with operation key refund-1234-u in _meta "once/key" will not send it again"#
+        ),
+        "{t}"
+    );
+    assert!(!t.contains("same arguments"), "{t}");
+    assert_exactly_one_refund(&rig);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_params_from_the_upstream_is_a_rejection() {
+    // JSON-RPC's "invalid params" is answered before the tool runs: nothing happened, so the record is
+    // failed (not unknown) and nothing is reconciled or redispatched.
+    let rig = Rig::new(&fast_config(""));
+    let session = rig.connect("none", 0).await;
+    let result = session
+        .call(
+            "refund_order",
+            json!({"order_id": [ORDER_ID], "amount": 50}),
+            Some("refund-bad-args"),
+        )
+        .await;
+    assert!(session.close().await.success());
+    let t = text(&result);
+    assert_eq!(result.is_error, Some(true), "{t}");
+    assert!(
+        t.starts_with("Rejected: the upstream refused refund_order (operation refund-bad-args) and did nothing."),
+        "{t}"
+    );
+    assert!(t.contains("The upstream said: bad arguments"), "{t}");
+    assert_eq!(outcome(&result)["decision"], "rejected");
+    let trail = rig.audit(&result);
+    assert!(trail.iter().any(|e| e.starts_with("finish-rejected")), "{trail:#?}");
+    assert_eq!(rig.effects(), (0, 0), "no refund\n{}", rig.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_retry_gets_one_refund_under_late_reply() {
     let rig = Rig::new(&fast_config(""));
     let result = never_retry(&rig, "late_reply").await;
@@ -633,6 +680,40 @@ fn check_config_prints_each_tool_route() {
     assert!(refund.contains("provider key -> argument idempotency_key"), "{refund}");
     assert!(refund.contains("reconciles via find_refund_by_key"), "{refund}");
     assert!(refund.contains("quota 500.00"), "{refund}");
+}
+
+#[test]
+fn check_config_without_an_upstream_checks_the_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let path = dir.path().join("once.toml");
+        std::fs::write(&path, text).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_once"))
+            .args(["gateway", "--check-config", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = check(&fast_config(""));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains(": ok (give the upstream command after `--`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("refund_order: route from the upstream's annotations"),
+        "{stdout}"
+    );
+    // The policy goes through the component's own check even without an upstream.
+    let out = check("[tools.refund_order]\ntimeout = \"10s\"\nlease = \"5s\"\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("lease_ms 5000 is below dispatch_timeout_ms 10000"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]

@@ -82,6 +82,12 @@ function caseOf(v) {
 
 class StepError extends Error {}
 
+// The ops that call an export of the component: each must say what it expects.
+const EXPORTS = [
+  "begin", "finish", "reconcile", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
+  "default-policy", "check-policy", "route-of",
+];
+
 // ---------------------------------------------------------------- stores
 
 // The error texts of scripted failures, as the component sees them (the Rust
@@ -546,6 +552,9 @@ class Run {
   step(agent, step, label) {
     const now = this.now;
     const op = step.op ?? "";
+    if (EXPORTS.includes(op) && !("expect" in step)) {
+      this.fail(label, `${op}: a step that calls the component needs an "expect"`);
+    }
     const [lb, eb] = [this.lookups.length, this.escalations.length];
     let result;
     try {
@@ -566,8 +575,18 @@ class Run {
     let checks = step.records ?? [];
     if (!Array.isArray(checks)) checks = [checks];
     for (const check of checks) {
-      const scope = this.dflt(check, "scope");
-      const key = check.key;
+      let scope = null;
+      let key = null;
+      try {
+        scope = this.resolve(this.dflt(check, "scope"), now);
+        key = this.resolve(check.key ?? null, now);
+      } catch (e) {
+        if (!(e instanceof StepError)) throw e;
+      }
+      if (typeof scope !== "string" || typeof key !== "string") {
+        this.fail(label, `a record check needs a scope and a key: ${canonical(check)}`);
+        continue;
+      }
       const view = orTrap(() => exportResult(() => agent.inspect(scope, key)));
       records.push(view);
       if (view && typeof view === "object" && "audit" in view) {
@@ -609,9 +628,15 @@ class Run {
   exec(agent, op, step, label, now) {
     const inp = (field) => this.resolve(this.dflt(step, field), now);
     switch (op) {
-      case "advance":
-        this.now += inp("ms");
+      case "advance": {
+        const ms = inp("ms");
+        if (!Number.isInteger(ms)) throw new StepError(`ms: expected an integer, got ${canonical(ms)}`);
+        if (!Number.isSafeInteger(this.now + ms) || this.now + ms < 0) {
+          throw new StepError(`advance ${ms} from ${this.now} leaves the clock's range`);
+        }
+        this.now += ms;
         return null;
+      }
       case "lookup":
         for (const e of inp("evidence")) {
           const [tag, val] = caseOf(e);

@@ -423,6 +423,11 @@ class StepError(Exception):
     pass
 
 
+# The ops that call an export of the component: each must say what it expects.
+EXPORTS = ("begin", "finish", "reconcile", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
+           "default-policy", "check-policy", "route-of")
+
+
 def special(v):
     if isinstance(v, dict) and len(v) == 1:
         k = next(iter(v))
@@ -539,6 +544,8 @@ class Run:
     def step(self, agent, step, label):
         now = self.now
         op = step.get("op", "")
+        if op in EXPORTS and "expect" not in step:
+            self.fail(label, f'{op}: a step that calls the component needs an "expect"')
         lookups_before, escalations_before = len(self.lookups), len(self.escalations)
         try:
             result = self.exec(agent, op, step, label, now)
@@ -560,7 +567,13 @@ class Run:
             checks = [checks]
         errs = []
         for check in checks:
-            scope, key = self.default(check, "scope"), check.get("key")
+            try:
+                scope, key = self.resolve(self.default(check, "scope"), now), self.resolve(check.get("key"), now)
+            except StepError:
+                scope = key = None
+            if not (isinstance(scope, str) and isinstance(key, str)):
+                self.fail(label, f"a record check needs a scope and a key: {canonical(check)}")
+                continue
             view = self.inspect(agent, scope, key)
             records.append(view)
             if isinstance(view, dict) and "audit" in view:
@@ -606,7 +619,12 @@ class Run:
             return self.resolve(self.default(step, field), now)
 
         if op == "advance":
-            self.now += inp("ms")
+            ms = inp("ms")
+            if not isinstance(ms, int) or isinstance(ms, bool):
+                raise StepError(f"ms: expected an integer, got {canonical(ms)}")
+            if not 0 <= self.now + ms < 1 << 64:
+                raise StepError(f"advance {ms} from {self.now} leaves the clock's range")
+            self.now += ms
             return None
         if op == "lookup":
             for e in inp("evidence"):

@@ -752,6 +752,55 @@ mod tests {
         assert_eq!(pieces("{{x}}").unwrap(), vec![Piece::Text("{x}".to_string())]);
     }
 
+    /// The component's own default policy.
+    fn engine_default() -> ToolPolicy {
+        let once = once::Once::builder(once::storage::memory::MemoryStorage::new())
+            .build()
+            .unwrap();
+        once.default_policy().unwrap()
+    }
+
+    #[test]
+    fn a_tool_table_overrides_defaults_which_override_the_engine() {
+        let config = Config::parse(
+            r#"
+            [defaults]
+            retention = "2d"
+            attempts = 5
+            timeout = "4s"
+
+            [tools.refund]
+            retention = "3d"
+            tombstone_retention = "30d"
+            timeout = "2s"
+            verify_first = true
+            quota = { field = "/amount", ceiling = "500.00", window = "1d" }
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        let engine = engine_default();
+        let refund = config.plan("refund", &engine).unwrap().policy;
+        assert_eq!(refund.retention_ms, 3 * 86_400_000);
+        assert_eq!(refund.tombstone_retention_ms, 30 * 86_400_000);
+        assert_eq!(refund.attempt_budget, 5, "from [defaults]");
+        assert_eq!((refund.dispatch_timeout_ms, refund.lease_ms), (2_000, 3_000));
+        assert!(refund.verify_first);
+        assert_eq!(refund.quota.as_ref().map(|q| q.ceiling.as_str()), Some("500.00"));
+        assert_eq!(
+            refund.identity,
+            IdentityMode::Derived,
+            "the gateway derives keys by default"
+        );
+
+        let other = config.plan("other", &engine).unwrap().policy;
+        assert_eq!(other.retention_ms, 2 * 86_400_000, "from [defaults]");
+        // A retention past the engine's tombstone retention lifts it, so a pruned key stays refused.
+        assert_eq!(other.tombstone_retention_ms, engine.tombstone_retention_ms);
+        assert_eq!(other.max_in_flight_ms, engine.max_in_flight_ms, "unset: the engine's");
+        assert!(other.quota.is_none() && !other.verify_first);
+    }
+
     #[test]
     fn pointers() {
         assert!(check_pointer("").is_ok());

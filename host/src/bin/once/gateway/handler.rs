@@ -354,6 +354,8 @@ impl Gateway {
             scope: &scope,
             lookup: None,
             key_meta,
+            keyed: false,
+            output_schema: false,
             capture: Capture::default(),
         };
         let plan = match shared.plan(once, &tool) {
@@ -362,6 +364,8 @@ impl Gateway {
         };
         let lookup = plan.lookup.as_ref().map(|l| l.tool.clone());
         cx.lookup = lookup.as_deref();
+        let descriptor = shared.upstream.tool(&tool);
+        cx.output_schema = descriptor.as_ref().is_some_and(|t| t.output_schema.is_some());
         let mut keys = Vec::new();
         for field in &shared.config.key_meta {
             match meta.get(field) {
@@ -373,13 +377,14 @@ impl Gateway {
                 }
             }
         }
+        cx.keyed = !keys.is_empty();
         let request = BeginRequest {
             scope: scope.clone(),
             keys,
             tool: tool.clone(),
             args: Value::Object(request.arguments.unwrap_or_default()).to_string(),
             policy: plan.policy.clone(),
-            descriptor: shared.upstream.tool(&tool).as_ref().map(descriptor_of),
+            descriptor: descriptor.as_ref().map(descriptor_of),
             supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
             acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
         };

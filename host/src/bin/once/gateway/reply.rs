@@ -38,6 +38,10 @@ pub struct Context<'a> {
     pub lookup: Option<&'a str>,
     /// The `_meta` field that carries operation keys, for advice.
     pub key_meta: &'a str,
+    /// Whether the caller named the operation key in `_meta` (else it was derived from the arguments).
+    pub keyed: bool,
+    /// Whether the tool declares an output schema (its structured content must then be the upstream's).
+    pub output_schema: bool,
     /// What the dispatcher saw.
     pub capture: Capture,
 }
@@ -49,6 +53,30 @@ impl Context<'_> {
 
     fn info(&self, decision: &str) -> Value {
         json!({"decision": decision, "tool": self.tool, "operation": self.key, "scope": self.scope})
+    }
+
+    /// How the model calls this same operation again: a derived key is the same for the same arguments,
+    /// a key from `_meta` only for the same key.
+    fn again(&self) -> String {
+        if self.keyed {
+            format!(
+                "Calling {} again with operation key {} in _meta \"{}\"",
+                self.tool,
+                self.key(),
+                self.key_meta
+            )
+        } else {
+            format!("Calling {} again with the same arguments", self.tool)
+        }
+    }
+
+    /// `result` with once's account in `_meta` and, where the upstream gave none and no schema constrains
+    /// it, as structured content too.
+    fn annotate(&self, mut result: CallToolResult, info: &Value) -> CallToolResult {
+        if result.structured_content.is_none() && !self.output_schema {
+            result.structured_content = Some(json!({ "once": info.clone() }));
+        }
+        with_meta(result, info)
     }
 }
 
@@ -83,12 +111,9 @@ fn stored_result(receipt: &str) -> CallToolResult {
 }
 
 /// Put `text` before a stored or upstream result's own content.
-fn prefixed(mut result: CallToolResult, text: String, info: &Value) -> CallToolResult {
+fn prefixed(mut result: CallToolResult, text: String, info: &Value, cx: &Context<'_>) -> CallToolResult {
     result.content.insert(0, ContentBlock::text(text));
-    if result.structured_content.is_none() {
-        result.structured_content = Some(json!({ "once": info.clone() }));
-    }
-    with_meta(result, info)
+    cx.annotate(result, info)
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC`.
@@ -134,8 +159,9 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
                     result,
                     format!("Sent now as attempt {n} of operation {key}; no earlier attempt had an effect."),
                     &info,
+                    cx,
                 ),
-                _ => with_meta(result, &info),
+                _ => cx.annotate(result, &info),
             }
         }
         Called::Confirmed { receipt, via, .. } => {
@@ -164,7 +190,7 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
                     cx.key_meta
                 )
             };
-            prefixed(stored_result(&receipt), text, &info)
+            prefixed(stored_result(&receipt), text, &info, cx)
         }
         Called::Unknown(u) => unknown(&u, cx),
         Called::InFlight(i) => {
@@ -173,8 +199,9 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
             made(
                 format!(
                     "IN PROGRESS: {tool} (operation {key}) is being sent by another call right now and its outcome \
-                     is not known yet. Nothing was sent for this call. Calling {tool} again with the same \
-                     arguments returns that outcome; it will not be sent twice."
+                     is not known yet. Nothing was sent for this call. {} returns that outcome; it will not be \
+                     sent twice.",
+                    cx.again()
                 ),
                 info,
                 true,
@@ -185,14 +212,15 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
         Called::Rejected { error } => {
             let info = cx.info("rejected");
             let text = format!(
-                "Rejected: the upstream refused {tool} (operation {key}) and did nothing. Calling it again with \
-                 the same arguments will be refused again; a corrected call is a new operation."
+                "Rejected: the upstream refused {tool} (operation {key}) and did nothing. {} will be refused \
+                 again; a corrected call is a new operation.",
+                cx.again()
             );
             match &cx.capture.last {
-                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info),
+                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info, cx),
                 Some(Reply::Error(e)) => made(format!("{text} The upstream said: {}", e.message), info, true),
                 _ => {
-                    let mut result = prefixed(stored_result(&error), text, &info);
+                    let mut result = prefixed(stored_result(&error), text, &info, cx);
                     result.is_error = Some(true);
                     result
                 }
@@ -205,8 +233,8 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
                  it again to make sure: once reconciles it from the provider."
             );
             match &cx.capture.last {
-                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info),
-                _ => prefixed(stored_result(&response), text, &info),
+                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info, cx),
+                _ => prefixed(stored_result(&response), text, &info, cx),
             }
         }
         Called::Direct(_) => return direct(cx),
@@ -240,8 +268,8 @@ fn unknown(u: &UnknownInfo, cx: &Context<'_>) -> CallToolResult {
     made(
         format!(
             "UNKNOWN: {tool} (operation {key}) may or may not have happened: {why}. Do not report it as done or \
-             as failed yet. Calling {tool} again with the same arguments will not send it again: it returns the \
-             outcome once it is known. {doing}"
+             as failed yet. {} will not send it again: it returns the outcome once it is known. {doing}",
+            cx.again()
         ),
         info,
         true,
@@ -320,7 +348,10 @@ fn direct(cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
         Some(Reply::Result(r)) => Ok(r.clone()),
         Some(Reply::Error(e)) => Err(e.clone()),
         Some(Reply::Lost(why)) => Ok(made(
-            format!("{tool} got no answer: {why}. It only reads, so calling it again is safe."),
+            format!(
+                "{tool} got no answer: {why}. once does not protect {tool} (it is routed DIRECT), so whether it \
+                 ran is not known, and calling it again sends it again."
+            ),
             info,
             true,
         )),
