@@ -97,6 +97,9 @@ impl Guest for Component {
     fn reconcile(scope: String, key: String) -> Result<Decision, Error> {
         engine::reconcile(&Imports, &scope, &key)
     }
+    fn await_holder(scope: String, key: String) -> Result<Awaited, Error> {
+        engine::await_holder(&Imports, &scope, &key)
+    }
     fn sweep(limit: u32) -> Result<SweepReport, Error> {
         engine::sweep(&Imports, limit)
     }

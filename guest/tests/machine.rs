@@ -4,14 +4,14 @@
 //! engine's answer and the record afterwards (state, attempts, receipt,
 //! audit trail).
 
-use once_guest::engine::{begin, fingerprint, finish, inspect, prune, reconcile, resolve, sweep};
+use once_guest::engine::{await_holder, begin, fingerprint, finish, inspect, prune, reconcile, resolve, sweep};
 use once_guest::host::Host;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, FinishAck, IdentityMode, JsonErrorKind,
-    KeySource, Outcome, QuotaPolicy, RecordView, Replay, ReplayVia, Resolution, Route, State, Table, ToolPolicy,
-    UnknownInfo,
+    Awaited, BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, FinishAck, IdentityMode,
+    JsonErrorKind, KeySource, Outcome, QuotaPolicy, RecordView, Replay, ReplayVia, Resolution, Route, State, Table,
+    ToolPolicy, UnknownInfo,
 };
 
 // ---------------------------------------------------------------- constants
@@ -2292,4 +2292,57 @@ fn key_after_tombstone_retention_starts_a_new_operation_after_the_old_trail() {
     assert_eq!(trail.last().unwrap().kind, "begin");
     fin(&h, "k", &e2.fence, success(RECEIPT));
     assert_eq!(view(&h, "k").state, State::Confirmed);
+}
+
+// ------------------------------------------------- waiting on in_flight
+
+/// DESIGN.md: a caller waiting on `in_flight` gets what the holder ends with —
+/// the receipt, or the rejection — and does not start a new attempt on its own.
+#[test]
+fn a_waiter_gets_the_holders_receipt() {
+    let h = MemoryHost::new();
+    let e = execute_of(go(&h, refund("k", ARGS)));
+    assert!(matches!(go(&h, refund("k", ARGS)), Decision::InFlight(_)));
+    match await_holder(&h, "s", "k").unwrap() {
+        Awaited::Pending(info) => assert_eq!((info.key.as_str(), info.lease_until), ("k", e.lease_until)),
+        other => panic!("expected pending, got {other:?}"),
+    }
+    fin(&h, "k", &e.fence, success(RECEIPT));
+    let Awaited::Decided(d) = await_holder(&h, "s", "k").unwrap() else {
+        panic!("expected a decision")
+    };
+    let r = replay_of(d);
+    assert_eq!((r.receipt.as_str(), r.via), (RECEIPT, ReplayVia::Key));
+    assert_eq!(view(&h, "k").attempts, 1);
+}
+
+#[test]
+fn a_waiter_gets_the_holders_rejection_and_starts_no_attempt() {
+    let h = MemoryHost::new();
+    let e = execute_of(go(&h, refund("k", ARGS)));
+    fin(&h, "k", &e.fence, rejected());
+    assert_eq!(
+        await_holder(&h, "s", "k").unwrap(),
+        Awaited::Rejected(r#"{"error":"card declined"}"#.to_string())
+    );
+    let v = view(&h, "k");
+    assert_eq!((v.state, v.attempts), (State::Failed, 1), "{:?}", kinds(&v));
+    // Asking is a read: nothing was written.
+    assert_eq!(kinds(&v), ["begin", "finish-rejected"]);
+}
+
+#[test]
+fn a_waiter_whose_holder_vanished_gets_what_reconcile_decides() {
+    let h = MemoryHost::new();
+    execute_of(go(&h, refund("k", ARGS)));
+    h.advance(LEASE);
+    // The lease ended without an outcome: the engine expires it and reads the provider.
+    h.script_lookup(Evidence::Unknown("provider busy".to_string()));
+    let Awaited::Decided(d) = await_holder(&h, "s", "k").unwrap() else {
+        panic!("expected a decision")
+    };
+    assert_eq!(unknown_of(d).since, T0 + LEASE);
+    let v = view(&h, "k");
+    assert_eq!((v.state, v.attempts), (State::Unknown, 1), "{:?}", kinds(&v));
+    assert_eq!(await_holder(&h, "s", "nope"), Err(Error::NotFound));
 }

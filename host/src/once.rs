@@ -13,7 +13,7 @@ use wasmtime::Store;
 
 use crate::bindings::Once as OnceWorld;
 use crate::bindings::types::{
-    BeginRequest, Blocked, Decision, Error, Execute, FinishAck, InFlightInfo, JsonError, Outcome, PruneReport,
+    Awaited, BeginRequest, Blocked, Decision, Error, Execute, FinishAck, InFlightInfo, JsonError, Outcome, PruneReport,
     RecordSummary, RecordView, ReplayVia, Resolution, Route, Settings, State, SweepReport, ToolDescriptor, ToolPolicy,
     UnknownInfo,
 };
@@ -353,6 +353,11 @@ impl Once {
         Ok(decision)
     }
 
+    /// The `await-holder` export: for a caller answered `in-flight`, the holder's outcome once there is one.
+    pub fn await_holder(&self, scope: &str, key: &str) -> Result<Awaited, OnceError> {
+        Ok(self.with_instance(|w, s| w.once_core_engine().call_await_holder(s, scope, key))??)
+    }
+
     /// The `sweep` export.
     pub fn sweep(&self, limit: u32) -> Result<SweepReport, OnceError> {
         Ok(self.with_instance(|w, s| w.once_core_engine().call_sweep(s, limit))??)
@@ -512,9 +517,9 @@ impl Once {
                     self.reconcile(scope, &u.key)?
                 }
                 Decision::Unknown(u) => return Ok(Called::Unknown(u)),
-                Decision::InFlight(info) => match self.wait_for_holder(scope, &info)? {
+                Decision::InFlight(info) => match self.wait_for_holder(scope, info)? {
                     Waited::Done(called) => return Ok(called),
-                    Waited::Reconcile => self.reconcile(scope, &info.key)?,
+                    Waited::Decided(next) => next,
                 },
                 Decision::Conflict(summary) => return Ok(Called::Conflict(summary)),
                 Decision::Blocked(blocked) => return Ok(Called::Blocked(blocked)),
@@ -578,47 +583,32 @@ impl Once {
         })
     }
 
-    /// Wait (bounded) for another attempt's holder. Returns its outcome, or,
-    /// once its lease has ended without one, what reconciliation decides.
-    fn wait_for_holder(&self, scope: &str, info: &InFlightInfo) -> Result<Waited, OnceError> {
+    /// Wait (bounded by `in_flight_wait`) for another attempt's holder: the
+    /// engine says when it has an outcome to take; this only polls and sleeps.
+    fn wait_for_holder(&self, scope: &str, mut held: InFlightInfo) -> Result<Waited, OnceError> {
         let give_up = Instant::now() + self.in_flight_wait;
         let mut pause = Duration::from_millis(5);
         loop {
-            let Some(view) = self.inspect(scope, &info.key)? else {
-                return Ok(Waited::Reconcile);
-            };
-            match view.state {
-                State::Confirmed => {
-                    let receipt = view.receipt.unwrap_or_default();
-                    return Ok(Waited::Done(Called::Confirmed {
-                        receipt,
-                        replayed: true,
-                        via: Some(ReplayVia::Key),
-                    }));
+            match self.await_holder(scope, &held.key)? {
+                Awaited::Pending(info) => held = info,
+                Awaited::Rejected(error) => return Ok(Waited::Done(Called::Rejected { error })),
+                Awaited::Decided(decision) => {
+                    trace_decision("await-holder", scope, "", &decision);
+                    return Ok(Waited::Decided(decision));
                 }
-                State::Failed => {
-                    return Ok(Waited::Done(Called::Rejected {
-                        error: view.error.unwrap_or_default(),
-                    }));
-                }
-                State::InFlight if self.state.clock.now() < info.lease_until => {
-                    if Instant::now() >= give_up {
-                        return Ok(Waited::Done(Called::InFlight(info.clone())));
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(100));
-                }
-                // The holder's lease ended without an outcome, or the record moved on:
-                // the engine decides what happens next.
-                _ => return Ok(Waited::Reconcile),
             }
+            if Instant::now() >= give_up {
+                return Ok(Waited::Done(Called::InFlight(held)));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 }
 
 enum Waited {
     Done(Called),
-    Reconcile,
+    Decided(Decision),
 }
 
 enum Step {

@@ -28,9 +28,9 @@ use once::storage::memory::MemoryStorage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
-    AuditEvent, Batch, BeginRequest, BlockReason, Decision, Error, Escalation, Evidence, FinishAck, IdentityMode,
-    JsonError, JsonErrorKind, KeySource, Outcome, PruneReport, QuotaPolicy, RecordView, ReplayVia, Resolution, Route,
-    Row, Settings, State, SweepReport, Table, Timestamp, ToolDescriptor, ToolPolicy,
+    AuditEvent, Awaited, Batch, BeginRequest, BlockReason, Decision, Error, Escalation, Evidence, FinishAck,
+    IdentityMode, JsonError, JsonErrorKind, KeySource, Outcome, PruneReport, QuotaPolicy, RecordView, ReplayVia,
+    Resolution, Route, Row, Settings, State, SweepReport, Table, Timestamp, ToolDescriptor, ToolPolicy,
 };
 use serde_json::{Map, Value, json};
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -500,6 +500,14 @@ fn render_decision(d: &Decision) -> Value {
             "reason": reason_name(b.reason), "detail": b.detail, "receipt": b.receipt,
         }}),
         Decision::Direct => json!("direct"),
+    }
+}
+
+fn render_awaited(a: &Awaited) -> Value {
+    match a {
+        Awaited::Pending(i) => json!({"pending": {"key": i.key, "lease-until": i.lease_until}}),
+        Awaited::Rejected(error) => json!({ "rejected": error }),
+        Awaited::Decided(d) => json!({ "decided": render_decision(d) }),
     }
 }
 
@@ -1126,6 +1134,10 @@ impl Run {
                 Ok(d) => render_decision(&d),
                 Err(e) => render_error(&e),
             },
+            "await-holder" => match engine.call_await_holder(s, &scope()?, &key()?).map_err(trap)? {
+                Ok(a) => render_awaited(&a),
+                Err(e) => render_error(&e),
+            },
             "sweep" => {
                 let limit = input("limit")?.as_u64().unwrap_or(100) as u32;
                 match engine.call_sweep(s, limit).map_err(trap)? {
@@ -1373,10 +1385,11 @@ fn audit_invariants(view: &Map<String, Value>) -> Res<()> {
 }
 
 /// The ops that call an export of the component: each must say what it expects.
-const EXPORTS: [&str; 12] = [
+const EXPORTS: [&str; 13] = [
     "begin",
     "finish",
     "reconcile",
+    "await-holder",
     "sweep",
     "prune",
     "inspect",

@@ -12,7 +12,7 @@ pub use begin::begin;
 pub use finish::finish;
 pub use maintenance::{prune, sweep};
 pub use operator::{inspect, resolve};
-pub use reconcile::reconcile;
+pub use reconcile::{await_holder, reconcile};
 
 use alloc::string::String;
 

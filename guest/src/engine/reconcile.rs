@@ -10,7 +10,7 @@ use crate::host::Host;
 use crate::input::{canonical_text, check_name};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
-use crate::types::{BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, ReplayVia, State};
+use crate::types::{Awaited, BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, ReplayVia, State};
 
 /// Longest wait between two provider reads of one unknown record.
 const MAX_RECONCILE_BACKOFF_MS: u64 = 5 * 60 * 1_000;
@@ -31,6 +31,29 @@ pub fn reconcile(h: &impl Host, scope: &str, key: &str) -> Result<Decision, Erro
     Err(storage_error(LedgerError::Conflict))
 }
 
+/// The `await-holder` export. A waiter takes the holder's outcome: its
+/// rejection as is, anything else as `reconcile` decides it (a confirmed
+/// record replays). It never starts an attempt while the holder's lease is live.
+pub fn await_holder(h: &impl Host, scope: &str, key: &str) -> Result<Awaited, Error> {
+    let settings = h.settings();
+    check_name("scope", scope, &settings)?;
+    check_name("key", key, &settings)?;
+    let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
+    let rec = &loaded.rec;
+    match rec.state {
+        State::Failed => Ok(Awaited::Rejected(rec.error.clone().unwrap_or_default())),
+        State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Ok(Awaited::Pending(in_flight(rec))),
+        _ => reconcile(h, scope, key).map(Awaited::Decided),
+    }
+}
+
+fn in_flight(rec: &OpRecord) -> InFlightInfo {
+    InFlightInfo {
+        key: rec.key.clone(),
+        lease_until: rec.current().map_or(rec.updated_at, |a| a.lease_until),
+    }
+}
+
 fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
     let rec = &loaded.rec;
@@ -43,10 +66,7 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
             };
             Ok(replay(rec.receipt.clone().unwrap_or_default(), via, &rec.key))
         }
-        State::InFlight if !rec.lease_ended(now) => Ok(Decision::InFlight(InFlightInfo {
-            key: rec.key.clone(),
-            lease_until: rec.current().map_or(now, |a| a.lease_until),
-        })),
+        State::InFlight if !rec.lease_ended(now) => Ok(Decision::InFlight(in_flight(rec))),
         State::InFlight => {
             let loaded = expire(h, loaded, now)?;
             settle(h, loaded)

@@ -84,8 +84,8 @@ class StepError extends Error {}
 
 // The ops that call an export of the component: each must say what it expects.
 const EXPORTS = [
-  "begin", "finish", "reconcile", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
-  "default-policy", "check-policy", "route-of",
+  "begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize",
+  "fingerprint", "default-policy", "check-policy", "route-of",
 ];
 
 // ---------------------------------------------------------------- stores
@@ -699,6 +699,8 @@ class Run {
       }
       case "reconcile":
         return exportResult(() => agent.reconcile(inp("scope"), inp("key")));
+      case "await-holder":
+        return exportResult(() => agent.awaitHolder(inp("scope"), inp("key")));
       case "sweep":
         return exportResult(() => agent.sweep(inp("limit") ?? 100));
       case "prune":

@@ -424,7 +424,7 @@ class StepError(Exception):
 
 
 # The ops that call an export of the component: each must say what it expects.
-EXPORTS = ("begin", "finish", "reconcile", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
+EXPORTS = ("begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
            "default-policy", "check-policy", "route-of")
 
 
@@ -684,6 +684,14 @@ class Run:
             return render_result(agent.call("finish", inp("scope"), inp("key"), inp("fence"), Variant(tag, payload)))
         if op == "reconcile":
             return render_result(agent.call("reconcile", inp("scope"), inp("key")))
+        if op == "await-holder":
+            result = agent.call("await-holder", inp("scope"), inp("key"))
+            if result.tag == "ok":
+                # awaited lifts untagged (its cases hold different classes): retag it by class.
+                v = result.payload
+                tag = "pending" if isinstance(v, Record) else "rejected" if isinstance(v, str) else "decided"
+                result = Variant("ok", Variant(tag, v))
+            return render_result(result)
         if op == "sweep":
             return render_result(agent.call("sweep", inp("limit") or 100))
         if op == "prune":

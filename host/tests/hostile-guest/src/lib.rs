@@ -188,6 +188,9 @@ impl Guest for Hostile {
     fn reconcile(_: String, _: String) -> Result<Decision, Error> {
         Err(refused())
     }
+    fn await_holder(_: String, _: String) -> Result<Awaited, Error> {
+        Err(refused())
+    }
     fn sweep(_: u32) -> Result<SweepReport, Error> {
         Err(refused())
     }
