@@ -424,8 +424,8 @@ class StepError(Exception):
 
 
 # The ops that call an export of the component: each must say what it expects.
-EXPORTS = ("begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize", "fingerprint",
-           "default-policy", "check-policy", "route-of")
+EXPORTS = ("begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize",
+           "fingerprint", "default-policy", "check-policy", "route-of")
 
 
 def special(v):
