@@ -335,12 +335,9 @@ fn queued_group(
     })
 }
 
-#[test]
-fn a_conflicting_batch_in_a_group_is_rolled_back_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("once.db");
-    let s = open(&path, Synchronous::Full);
-    let insert = |key: &str| Batch {
+/// A batch inserting a counter row named `key` (body `key`), with no audit event.
+fn insert_counter(key: &str) -> Batch {
+    Batch {
         puts: vec![put(
             None,
             Row {
@@ -348,7 +345,18 @@ fn a_conflicting_batch_in_a_group_is_rolled_back_alone() {
                 ..counter(1, key.into())
             },
         )],
+        events: vec![],
+    }
+}
+
+#[test]
+fn a_conflicting_batch_in_a_group_is_rolled_back_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("once.db");
+    let s = open(&path, Synchronous::Full);
+    let insert = |key: &str| Batch {
         events: vec![event(key, 1)],
+        ..insert_counter(key)
     };
     let before = s.commit_counts();
     let results = queued_group(
@@ -374,20 +382,15 @@ fn a_failed_group_fails_every_batch() {
     let path = dir.path().join("once.db");
     let moved = dir.path().join("moved.db");
     let s = open(&path, Synchronous::Full);
-    let insert = |key: &str| Batch {
-        puts: vec![put(
-            None,
-            Row {
-                key: key.into(),
-                ..counter(1, key.into())
-            },
-        )],
-        events: vec![],
-    };
     // The file is moved away while the batches wait: none may be reported applied.
-    let results = queued_group(&path, &s, vec![insert("a"), insert("b"), insert("c")], || {
-        std::fs::rename(&path, &moved).unwrap();
-    });
+    let results = queued_group(
+        &path,
+        &s,
+        vec![insert_counter("a"), insert_counter("b"), insert_counter("c")],
+        || {
+            std::fs::rename(&path, &moved).unwrap();
+        },
+    );
     for r in &results {
         match r {
             Err(CommitError::Storage(e)) => assert!(e.0.contains("deleted since it was opened"), "{e}"),

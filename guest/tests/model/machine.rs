@@ -50,24 +50,7 @@ struct PropHost {
 }
 
 impl Host for PropHost {
-    fn now(&self) -> u64 {
-        self.mem.now()
-    }
-    fn settings(&self) -> Settings {
-        self.mem.settings()
-    }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
-        self.mem.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        super::commit_or_fail(&self.mem, &self.fail, batch)
-    }
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
-        self.mem.scan(table, states, due_before, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
-        self.mem.audit(scope, key)
-    }
+    memory_ledger!();
     fn lookup(&self, _tool: &str, _provider_key: &str, _args: &str) -> Evidence {
         match self.ev.get() {
             Ev::Confirmed(n) => Evidence::Confirmed(format!(r#"{{"provider_receipt":{n}}}"#)),

@@ -35,6 +35,32 @@ macro_rules! ensure_eq {
     }};
 }
 
+/// The ledger half of a model host: clock, settings and store delegate to
+/// its `mem: MemoryHost`; commits go through [`commit_or_fail`] with its
+/// `fail` cell. A host adds only its own `lookup` and `escalate`.
+macro_rules! memory_ledger {
+    () => {
+        fn now(&self) -> u64 {
+            self.mem.now()
+        }
+        fn settings(&self) -> Settings {
+            self.mem.settings()
+        }
+        fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+            self.mem.get(table, scope, key)
+        }
+        fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+            super::commit_or_fail(&self.mem, &self.fail, batch)
+        }
+        fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
+            self.mem.scan(table, states, due_before, limit)
+        }
+        fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
+            self.mem.audit(scope, key)
+        }
+    };
+}
+
 pub mod machine;
 pub mod truthful;
 

@@ -94,24 +94,7 @@ impl World {
 }
 
 impl Host for World {
-    fn now(&self) -> u64 {
-        self.mem.now()
-    }
-    fn settings(&self) -> Settings {
-        self.mem.settings()
-    }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
-        self.mem.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        super::commit_or_fail(&self.mem, &self.fail, batch)
-    }
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
-        self.mem.scan(table, states, due_before, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
-        self.mem.audit(scope, key)
-    }
+    memory_ledger!();
     /// A truthful read: every commit at or before the read position is seen;
     /// later ones are not (the most a lagging replica may hide).
     fn lookup(&self, _tool: &str, provider_key: &str, _args: &str) -> Evidence {
