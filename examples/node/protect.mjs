@@ -21,10 +21,11 @@ const ledger = {
     for (const p of puts) rows.set(id(p.table, p.scope, p.key), p.row); // undefined: deleted
     for (const e of batchEvents) events.set(id(e.scope, e.key, e.version), e);
   },
-  scan: (table, states, before, limit) =>
+  scan: (table, states, before, owner, limit) =>
     [...rows.values()]
       .filter((r) => r?.table === table && r.dueAt !== undefined && r.dueAt <= before)
       .filter((r) => states.length === 0 || states.includes(r.state))
+      .filter((r) => owner === undefined || r.owner === owner)
       .sort(by("dueAt"))
       .slice(0, limit),
   audit: (scope, key) => [...events.values()].filter((e) => e.scope === scope && e.key === key).sort(by("version")),
@@ -33,7 +34,7 @@ const imports = {
   "once:core/ledger": ledger,
   "once:core/clock": {
     now: () => BigInt(Date.now()),
-    getSettings: () => ({ maxInputBytes: 1 << 20, maxDepth: 128, maxKeyBytes: 512, clockSkewMs: 0n }),
+    getSettings: () => ({ maxInputBytes: 1 << 20, maxDepth: 128, maxKeyBytes: 512, clockSkewMs: 0n, owner: "default" }),
   },
   // Reconciliation's authoritative read of your provider goes here.
   "once:core/provider": { lookup: (tool, providerKey, args) => ({ tag: "unknown", val: "no lookup configured" }) },

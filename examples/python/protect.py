@@ -16,9 +16,9 @@ def commit(_, batch):  # one atomic batch of compare-and-swap puts and audit eve
     events.update({(e.scope, e.key, e.version): e for e in batch.events})
     return Variant("ok", None)
 
-def scan(_, table, states, before, limit):
+def scan(_, table, states, before, owner, limit):
     hits = [r for r in rows.values() if r and r.table == table and due(r) is not None and due(r) <= before
-            and (not states or r.state in states)]
+            and (not states or r.state in states) and (owner is None or r.owner == owner)]
     return Variant("ok", sorted(hits, key=lambda r: (due(r), r.scope, r.key))[:limit])
 
 def record(**fields):
@@ -36,7 +36,7 @@ with linker.root() as root:
     with root.add_instance("once:core/clock@0.1.0") as i:
         i.add_func("now", lambda _: time.time_ns() // 1_000_000)
         i.add_func("get-settings", lambda _: record(max_input_bytes=1 << 20, max_depth=128, max_key_bytes=512,
-                                                    clock_skew_ms=0))
+                                                    clock_skew_ms=0, owner="default"))
     with root.add_instance("once:core/provider@0.1.0") as i:  # reconciliation's authoritative read of your provider
         i.add_func("lookup", lambda _, tool, provider_key, args: Variant("unknown", "no lookup configured"))
     with root.add_instance("once:core/operator@0.1.0") as i:

@@ -58,8 +58,15 @@ impl Host for Imports {
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
         ledger::commit(batch)
     }
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
-        ledger::scan(table, states, due_before, limit)
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<Row>, String> {
+        ledger::scan(table, states, due_before, owner.as_deref(), limit)
     }
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
         ledger::audit(scope, key)

@@ -17,7 +17,14 @@ pub trait Host {
     /// Apply a batch atomically.
     fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
     /// Due rows of a table in some states.
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String>;
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<Row>, String>;
     /// The audit trail of one operation.
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String>;
     /// The provider's authoritative read.

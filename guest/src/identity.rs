@@ -41,13 +41,22 @@ pub fn derived_key(fingerprint: &str) -> String {
 
 /// What travels to the provider: derived from (scope, key), so two scopes that
 /// use the same key never share a provider-side dedupe slot.
-pub fn provider_key(scope: &str, key: &str) -> String {
-    let value = Value::Array(vec![
+///
+/// `first_version` is the record version the operation started at: 1 for
+/// the first operation a key names. A key that names a new operation later
+/// (a derived key past its window, a key whose tombstone expired) starts
+/// after its earlier audit trail, and gets a provider key of its own, so the
+/// provider's dedupe never answers the new operation with the old effect.
+pub fn provider_key(scope: &str, key: &str, first_version: u64) -> String {
+    let mut parts = vec![
         Value::String("once-provider-key".to_string()),
         Value::String(scope.to_string()),
         Value::String(key.to_string()),
-    ]);
-    format!("once-{}", sha256_jcs(&value))
+    ];
+    if first_version > 1 {
+        parts.push(number(first_version));
+    }
+    format!("once-{}", sha256_jcs(&Value::Array(parts)))
 }
 
 /// A fence unique per (scope, key, attempt), and across a lost-and-recreated ledger.

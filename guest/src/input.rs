@@ -1,7 +1,7 @@
 //! Checks on what callers hand the engine: limits, names, JSON errors.
 
 use alloc::format;
-use alloc::string::ToString;
+use alloc::string::{String, ToString};
 
 use crate::canon;
 use crate::types::{Error, JsonError, JsonErrorKind, Settings};
@@ -30,6 +30,7 @@ pub fn to_wit_json_error(e: canon::Error) -> JsonError {
         K::InvalidUtf8 => JsonErrorKind::InvalidUtf8,
         K::NonFiniteNumber => JsonErrorKind::NonFiniteNumber,
         K::NumberOutOfRange => JsonErrorKind::NumberOutOfRange,
+        K::InexactNumber => JsonErrorKind::InexactNumber,
         K::TooDeep => JsonErrorKind::TooDeep,
         K::TooLarge => JsonErrorKind::TooLarge,
     };
@@ -59,9 +60,12 @@ pub fn check_name(what: &str, value: &str, settings: &Settings) -> Result<(), Er
     Ok(())
 }
 
-/// Parse and canonicalize a JSON text (a receipt or response) under the limits.
-pub fn canonical_text(text: &str, settings: &Settings) -> Result<alloc::string::String, Error> {
-    canon::canonicalize(text.as_bytes(), &limits(settings)).map_err(json_error)
+/// A receipt (a provider's response, a lookup's or an operator's receipt),
+/// checked to be strict I-JSON within the limits and kept exactly as written:
+/// the provider's words are never re-serialized through doubles.
+pub fn checked_receipt(text: String, settings: &Settings) -> Result<String, Error> {
+    canon::validate(text.as_bytes(), &limits(settings)).map_err(json_error)?;
+    Ok(text)
 }
 
 /// A note for an operator command: required.

@@ -36,7 +36,7 @@ impl Payload {
         policy: &ToolPolicy,
         settings: &Settings,
     ) -> Result<Result<Self, Refusal>, Error> {
-        let args = canon::parse(args.as_bytes(), &limits(settings)).map_err(json_error)?;
+        let args = canon::parse_exact(args.as_bytes(), &limits(settings)).map_err(json_error)?;
         if !matches!(args, Value::Object(_)) {
             return Err(Error::InvalidRequest("args must be a JSON object".to_string()));
         }
@@ -91,7 +91,12 @@ impl Payload {
         }))
     }
 
-    /// The canonical args to dispatch: the key argument, if any, set to the provider key.
+    /// Whether the dispatched args carry the provider key (a key argument).
+    pub fn carries_key(&self) -> bool {
+        self.key_argument.is_some()
+    }
+
+    /// The canonical args to dispatch, the key argument (if any) set to `provider_key`.
     pub fn dispatch_args(&self, provider_key: &str) -> String {
         let mut args = self.args.clone();
         if let Some(name) = &self.key_argument {
@@ -116,11 +121,11 @@ pub fn fingerprint_of(tool: &str, args: Value) -> String {
 /// canonical args are written while parsing (no tree, no buffer per value)
 /// inside `{"args":…,"tool":…}`, whose members are already in canonical
 /// order ("args" sorts before "tool"). Same bytes hashed, same errors as
-/// [`canon::parse`] then [`fingerprint_of`].
+/// [`canon::parse_exact`] then [`fingerprint_of`].
 pub fn fingerprint_of_text(tool: &str, args: &[u8], limits: &canon::Limits) -> Result<String, canon::Error> {
     let mut text = String::with_capacity(args.len() + tool.len() + 20);
     text.push_str("{\"args\":");
-    canon::canonicalize_into(args, limits, &mut text)?;
+    canon::canonicalize_exact_into(args, limits, &mut text)?;
     text.push_str(",\"tool\":");
     canon::write_canonical(&Value::String(tool.to_string()), &mut text);
     text.push('}');
@@ -152,14 +157,14 @@ mod tests {
             "{\"\u{1f600}\":1,\"\u{ffff}\":2}",
         ] {
             for tool in ["refund", "t\"\u{7}é"] {
-                let tree = fingerprint_of(tool, canon::parse(args.as_bytes(), &limits).unwrap());
+                let tree = fingerprint_of(tool, canon::parse_exact(args.as_bytes(), &limits).unwrap());
                 assert_eq!(fingerprint_of_text(tool, args.as_bytes(), &limits), Ok(tree), "{args}");
             }
         }
-        for bad in [r#"{"a":1,"a":2}"#, "[1,", "\"\u{1}\"", "01"] {
+        for bad in [r#"{"a":1,"a":2}"#, "[1,", "\"\u{1}\"", "01", "[9007199254740993]"] {
             assert_eq!(
                 fingerprint_of_text("t", bad.as_bytes(), &limits).unwrap_err(),
-                canon::parse(bad.as_bytes(), &limits).unwrap_err(),
+                canon::parse_exact(bad.as_bytes(), &limits).unwrap_err(),
                 "{bad}"
             );
         }

@@ -31,6 +31,8 @@ pub fn default_policy() -> ToolPolicy {
         dispatch_timeout_ms: 30 * SECOND,
         lease_ms: 35 * SECOND,
         attempt_budget: 3,
+        derived_window_ms: DAY,
+        key_sent_by_host: false,
         resolve_deadline_ms: 15 * 60 * SECOND,
         reconcile_interval_ms: SECOND,
         retention_ms: 7 * DAY,
@@ -72,7 +74,24 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
         ));
     }
     if policy.tombstone_retention_ms < policy.retention_ms {
-        return bad("tombstone_retention_ms must be at least retention_ms".to_string());
+        return bad(format!(
+            "tombstone_retention_ms {} must be at least retention_ms {}",
+            policy.tombstone_retention_ms, policy.retention_ms
+        ));
+    }
+    if policy.derived_window_ms == 0 || policy.derived_window_ms > policy.retention_ms {
+        return bad(format!(
+            "derived_window_ms {} must be positive and at most retention_ms {} (a finished record answers \
+             identical arguments only while it is kept)",
+            policy.derived_window_ms, policy.retention_ms
+        ));
+    }
+    if policy.provider_claims_key && policy.key_argument.is_none() && !policy.key_sent_by_host {
+        return bad(
+            "provider_claims_key needs the provider key to reach the provider: name the key_argument it travels \
+             in, or set key_sent_by_host when the host sends it (a header, _meta)"
+                .to_string(),
+        );
     }
     if policy.key_argument.as_ref().is_some_and(String::is_empty) {
         return bad("key_argument is empty".to_string());

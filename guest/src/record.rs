@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{KeySource, RecordSummary, State, ToolPolicy};
 
+/// The `due_at` of an absent record with nothing else pending: far in the
+/// future (so a due scan skips it) yet listed by [`OWED`]-bounded scans of
+/// owed dispatches. The largest timestamp every store can hold (i64).
+pub const OWED: u64 = i64::MAX as u64;
+
 /// One granted execute.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
@@ -25,6 +30,10 @@ pub struct Attempt {
     pub ended_at: Option<u64>,
     /// What the holder reported, if anything.
     pub outcome: Option<String>,
+    /// Granted as the owed dispatch of an absent record: if it is not sent,
+    /// the dispatch is still owed.
+    #[serde(default)]
+    pub owed: bool,
 }
 
 impl Attempt {
@@ -67,12 +76,31 @@ pub struct OpRecord {
     pub args: String,
     /// What travels to the provider.
     pub provider_key: String,
+    /// Whether the dispatched args carry the provider key (a key argument).
+    /// Records written before this was kept read as false: a provider cannot
+    /// be trusted to claim a key nobody can show it saw.
+    #[serde(default)]
+    pub key_in_args: bool,
+    /// Who dispatches this operation (the creating host's `settings.owner`).
+    #[serde(default = "default_owner")]
+    pub owner: String,
     /// State.
     pub state: State,
     /// Granted executes, oldest first.
     pub attempts: Vec<Attempt>,
+    /// Fences of the operation this record replaced (a derived key past its
+    /// window): a late success of theirs is still evidence, audited here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_fences: Vec<String>,
+    /// Of those, the ones whose success was already audited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reported_previous: Vec<String>,
     /// Receipt of the effect, once confirmed; never changes after.
     pub receipt: Option<String>,
+    /// The attempt whose effect the receipt is: the one that reported it, or
+    /// for a confirmation by reading the provider, the latest attempt then.
+    #[serde(default)]
+    pub confirmed_by: Option<u32>,
     /// The last definite rejection.
     pub error: Option<String>,
     /// Why the record is unknown.
@@ -162,6 +190,10 @@ pub struct NewRecord {
     pub args: String,
     /// Provider key.
     pub provider_key: String,
+    /// Whether the args carry the provider key.
+    pub key_in_args: bool,
+    /// Owner (the creating host's).
+    pub owner: String,
     /// Spend in minor units.
     pub spend: Option<u128>,
     /// Reservation taken in the same write.
@@ -183,9 +215,14 @@ impl OpRecord {
             fingerprint: new.fingerprint,
             args: new.args,
             provider_key: new.provider_key,
+            key_in_args: new.key_in_args,
+            owner: new.owner,
             state: State::InFlight,
             attempts: Vec::new(),
+            previous_fences: Vec::new(),
+            reported_previous: Vec::new(),
             receipt: None,
+            confirmed_by: None,
             error: None,
             unknown_reason: None,
             since: None,
@@ -217,6 +254,7 @@ impl OpRecord {
                     lease_until,
                     ended_at: None,
                     outcome: None,
+                    owed: false,
                 });
                 Event {
                     kind: "begin",
@@ -259,6 +297,36 @@ impl OpRecord {
         (self.attempts.len() as u64) < u64::from(self.policy.attempt_budget)
     }
 
+    /// Whether every dispatch carries the provider key to the provider: in the
+    /// args, or out of band by the host. A provider cannot claim a key it never saw.
+    pub fn key_reaches_provider(&self) -> bool {
+        self.key_in_args || self.policy.key_sent_by_host
+    }
+
+    /// Whether the last attempt ended without being sent.
+    pub fn last_not_sent(&self) -> bool {
+        self.current().is_some_and(|a| a.outcome.as_deref() == Some("not-sent"))
+    }
+
+    /// For a derived key, until when identical arguments are this operation.
+    pub fn window_until(&self) -> Option<u64> {
+        (self.key_source == KeySource::Derived)
+            .then(|| self.transitioned_at.saturating_add(self.policy.derived_window_ms))
+    }
+
+    /// Whether the attempt with `fence` already reported a success (recorded or flagged).
+    pub fn reported_success(&self, fence: &str) -> bool {
+        self.attempts
+            .iter()
+            .any(|a| a.fence == fence && a.outcome.as_deref() == Some("success"))
+    }
+
+    /// Whether `fence` is the attempt whose effect the receipt records.
+    pub fn confirmed_by_fence(&self, fence: &str) -> bool {
+        let n = self.attempts.iter().find(|a| a.fence == fence).map(|a| a.n);
+        n.is_some() && n == self.confirmed_by
+    }
+
     /// The summary shown on a conflict.
     pub fn summary(&self) -> RecordSummary {
         RecordSummary {
@@ -282,7 +350,12 @@ impl OpRecord {
                 .into_iter()
                 .flatten()
                 .min(),
-            State::Absent => [pending_deadline, escalation_redelivery].into_iter().flatten().min(),
+            // Always listed: an owed dispatch is due now, whatever else is pending.
+            State::Absent => [pending_deadline, escalation_redelivery]
+                .into_iter()
+                .flatten()
+                .min()
+                .or(Some(OWED)),
             State::Confirmed | State::Failed | State::Superseded => {
                 let prune_at = self.transitioned_at.saturating_add(self.policy.retention_ms);
                 [Some(prune_at), escalation_redelivery].into_iter().flatten().min()
@@ -302,6 +375,9 @@ impl OpRecord {
         if attempt.ended_at.is_none() {
             attempt.ended_at = Some(now);
             attempt.outcome = Some(outcome.to_string());
+        } else if outcome == "success" {
+            // Evidence that arrives after the holder's first report is what happened.
+            attempt.outcome = Some(outcome.to_string());
         }
         Some(attempt.n)
     }
@@ -310,6 +386,7 @@ impl OpRecord {
     pub fn grant(&mut self, fence: String, now: u64, reservation: Option<Reservation>) -> Event {
         let n = self.attempts.len() as u32 + 1;
         let lease_until = now.saturating_add(self.policy.lease_ms);
+        let owed = self.state == State::Absent;
         self.attempts.push(Attempt {
             n,
             fence,
@@ -317,11 +394,11 @@ impl OpRecord {
             lease_until,
             ended_at: None,
             outcome: None,
+            owed,
         });
         if reservation.is_some() {
             self.reservation = reservation;
         }
-        let owed = self.state == State::Absent;
         let from = self.enter(State::InFlight, now);
         self.clear_pending();
         Event {
@@ -335,6 +412,8 @@ impl OpRecord {
     /// -> confirmed with the receipt. `fence` names the attempt that reported it, if any.
     pub fn confirm(&mut self, receipt: String, fence: Option<&str>, now: u64, kind: &'static str) -> Event {
         let attempt = fence.and_then(|f| self.end_attempt(f, now, "success"));
+        // Read from the provider: the effect found is the latest dispatch's.
+        self.confirmed_by = attempt.or_else(|| self.current().map(|a| a.n));
         let from = self.enter(State::Confirmed, now);
         self.receipt = Some(receipt);
         self.clear_pending();
@@ -356,28 +435,67 @@ impl OpRecord {
         escalation_id: String,
         now: u64,
     ) -> Event {
-        let mut event = self.confirm(receipt, Some(fence), now, "late-success-possible-duplicate");
+        let mut event = self.confirm(receipt.clone(), Some(fence), now, "late-success-possible-duplicate");
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_id = Some(escalation_id.clone());
-        event.detail = detail(&[("escalation_id", string(&escalation_id))]);
+        event.detail = detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]);
         event
+    }
+
+    /// A success from an attempt other than the one the receipt records, on a
+    /// record that already has its effect: a second effect may exist. The
+    /// record keeps its receipt; this one is audited, and the escalation is
+    /// marked in the same write.
+    pub fn flag_second_success(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+        let attempt = self.end_attempt(fence, now, "success");
+        self.possible_duplicate = true;
+        self.escalated = true;
+        self.escalation_acked = false;
+        self.escalation_id = Some(escalation_id.clone());
+        Event {
+            kind: "late-success-possible-duplicate",
+            from: Some(self.state),
+            attempt,
+            detail: detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]),
+        }
     }
 
     /// A success reported against a superseded record: the effect happened after all.
     /// The escalation is marked in the same write.
     pub fn flag_superseded_effect(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
         let attempt = self.end_attempt(fence, now, "success");
-        self.receipt.get_or_insert(receipt);
+        self.receipt.get_or_insert(receipt.clone());
+        self.confirmed_by = attempt;
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_acked = false;
-        self.escalation_id = Some(escalation_id);
+        self.escalation_id = Some(escalation_id.clone());
         Event {
             kind: "late-success-superseded",
             from: Some(self.state),
             attempt,
-            detail: "{}".to_string(),
+            detail: detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]),
+        }
+    }
+
+    /// A success from an attempt of the operation this record replaced: audited
+    /// with its receipt, escalated; this record's own state does not change.
+    pub fn flag_previous_success(&mut self, receipt: String, fence: &str, escalation_id: String) -> Event {
+        self.reported_previous.push(fence.to_string());
+        self.possible_duplicate = true;
+        self.escalated = true;
+        self.escalation_acked = false;
+        self.escalation_id = Some(escalation_id.clone());
+        Event {
+            kind: "late-success-previous-operation",
+            from: Some(self.state),
+            attempt: None,
+            detail: detail(&[
+                ("escalation_id", string(&escalation_id)),
+                ("fence", string(fence)),
+                ("receipt", receipt),
+            ]),
         }
     }
 
@@ -402,6 +520,31 @@ impl OpRecord {
                 detail: "{}".to_string(),
             },
             self.reservation.take(),
+        )
+    }
+
+    /// The holder did not send its attempt. Nothing happened: an owed dispatch
+    /// is still owed (back to absent, keeping its reservation); any other
+    /// attempt ends failed, without counting as an effect. Returns the
+    /// reservation to release.
+    pub fn not_sent(&mut self, fence: &str, now: u64) -> (Event, Option<Reservation>) {
+        let owed = self.attempts.iter().any(|a| a.fence == fence && a.owed);
+        if !owed {
+            return self.fail(fence, None, now);
+        }
+        let attempt = self.end_attempt(fence, now, "not-sent");
+        let from = self.enter(State::Absent, now);
+        self.clear_pending();
+        self.since = Some(now);
+        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        (
+            Event {
+                kind: "finish-not-sent",
+                from: Some(from),
+                attempt,
+                detail: detail(&[("still_owed", "true".to_string())]),
+            },
+            None,
         )
     }
 
@@ -561,6 +704,10 @@ impl OpRecord {
         self.escalation_id = None;
         self.unknown_reason = None;
     }
+}
+
+fn default_owner() -> String {
+    "default".to_string()
 }
 
 /// A tiny JSON object writer for event details (values already JSON).

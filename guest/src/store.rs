@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::host::Host;
 use crate::record::{Event, OpRecord, Reservation};
-use crate::types::{AuditEvent, Batch, CommitError, Put, QuotaPolicy, Row, State, Table};
+use crate::types::{AuditEvent, Batch, CommitError, KeySource, Put, QuotaPolicy, Row, State, Table};
 
 /// A record as read, with the version a write must compare against.
 #[derive(Debug, Clone)]
@@ -136,13 +136,15 @@ impl Tx {
                 version,
                 state: Some(rec.state),
                 due_at: rec.due_at(),
+                owner: Some(rec.owner.clone()),
                 body,
             }),
         });
         self.event(&rec.scope, &rec.key, version, event, Some(rec.state), now);
     }
 
-    /// Delete a record (pruning) and leave its tombstone.
+    /// Delete a record (pruning) and leave its tombstone. A derived key leaves
+    /// none: past its window the same arguments are a new operation, never expired.
     pub fn prune(&mut self, loaded: &Loaded, now: u64) {
         let rec = &loaded.rec;
         let tombstone = Tombstone {
@@ -158,21 +160,24 @@ impl Tx {
             expected: Some(loaded.version),
             row: None,
         });
-        self.batch.puts.push(Put {
-            table: Table::Tombstone,
-            scope: rec.scope.clone(),
-            key: rec.key.clone(),
-            expected: None,
-            row: Some(Row {
+        if rec.key_source == KeySource::Application {
+            self.batch.puts.push(Put {
                 table: Table::Tombstone,
                 scope: rec.scope.clone(),
                 key: rec.key.clone(),
-                version: 1,
-                state: None,
-                due_at: Some(now.saturating_add(rec.policy.tombstone_retention_ms)),
-                body: serde_json::to_string(&tombstone).expect("tombstones always serialize"),
-            }),
-        });
+                expected: None,
+                row: Some(Row {
+                    table: Table::Tombstone,
+                    scope: rec.scope.clone(),
+                    key: rec.key.clone(),
+                    version: 1,
+                    state: None,
+                    due_at: Some(now.saturating_add(rec.policy.tombstone_retention_ms)),
+                    owner: None,
+                    body: serde_json::to_string(&tombstone).expect("tombstones always serialize"),
+                }),
+            });
+        }
         let event = Event {
             kind: "pruned",
             from: Some(rec.state),
@@ -212,8 +217,12 @@ impl Tx {
         h.commit(&self.batch).map_err(LedgerError::from)
     }
 
-    /// Reserve `units` in the scope's quota bucket. Returns the reservation,
-    /// or `None` when `enforce_ceiling` is set and the total would pass the ceiling.
+    /// Reserve `units` (in the policy's minor units) in the scope's quota
+    /// bucket, in the same batch as the transition that spends them.
+    ///
+    /// A bucket has one unit, recorded with it: with `enforce_ceiling`, a
+    /// policy that disagrees is refused, never summed. Without it (the money
+    /// already moved) the amount is counted in the bucket's unit, rounded up.
     #[allow(clippy::too_many_arguments)]
     pub fn reserve(
         &mut self,
@@ -224,27 +233,49 @@ impl Tx {
         units: u128,
         now: u64,
         enforce_ceiling: bool,
-    ) -> Result<Option<Reservation>, LedgerError> {
+    ) -> Result<Reserved, LedgerError> {
         let bucket = quota.bucket.clone().unwrap_or_else(|| tool.to_string());
         let window_start = now - now % quota.window_ms;
         let current = self.bucket(h, scope, &bucket, window_start)?;
+        let mut unit = Unit {
+            decimals: quota.decimals,
+            window_ms: quota.window_ms,
+        };
+        let mut units = units;
+        if let Some(theirs) = current.as_ref().and_then(|b| b.unit)
+            && theirs != unit
+        {
+            if enforce_ceiling {
+                return Ok(Reserved::OtherUnit(format!(
+                    "quota bucket {bucket:?} counts in {} decimal places over {} ms windows, but {tool}'s policy \
+                     says {} over {} ms: a bucket has one unit, so this spend is refused, never summed",
+                    theirs.decimals, theirs.window_ms, quota.decimals, quota.window_ms
+                )));
+            }
+            units = rescale_up(units, quota.decimals, theirs.decimals)
+                .ok_or_else(|| LedgerError::Storage("quota total overflows".to_string()))?;
+            unit = theirs;
+        }
         let used = current.as_ref().map_or(0, |b| b.used);
         let total = used
             .checked_add(units)
             .ok_or_else(|| LedgerError::Storage("quota total overflows".to_string()))?;
         let ceiling = crate::amount::parse_minor_units(&quota.ceiling, quota.decimals).unwrap_or(0);
         if enforce_ceiling && total > ceiling {
-            return Ok(None);
+            return Ok(Reserved::OverCeiling);
         }
         let expected = current.and_then(|b| b.expected);
         self.put_bucket(
             scope,
             bucket_key(&bucket, window_start),
-            total,
-            expected,
+            BucketState {
+                used: total,
+                expected,
+                unit: Some(unit),
+            },
             window_start.saturating_add(quota.window_ms),
         );
-        Ok(Some(Reservation {
+        Ok(Reserved::Yes(Reservation {
             bucket,
             window_start,
             window_ms: quota.window_ms,
@@ -257,7 +288,9 @@ impl Tx {
     pub fn count_spend(&mut self, h: &impl Host, rec: &mut OpRecord, now: u64) -> Result<(), LedgerError> {
         if let (Some(quota), Some(spend), None) = (&rec.policy.quota, &rec.spend, &rec.reservation) {
             let units = spend.parse().unwrap_or(0);
-            rec.reservation = self.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)?;
+            if let Reserved::Yes(reservation) = self.reserve(h, &rec.scope, &rec.tool, quota, units, now, false)? {
+                rec.reservation = Some(reservation);
+            }
         }
         Ok(())
     }
@@ -268,13 +301,11 @@ impl Tx {
         if let Some(current) = self.bucket(h, scope, &reservation.bucket, reservation.window_start)? {
             let window_end = reservation.window_start.saturating_add(reservation.window_ms);
             let key = bucket_key(&reservation.bucket, reservation.window_start);
-            self.put_bucket(
-                scope,
-                key,
-                current.used.saturating_sub(units),
-                current.expected,
-                window_end,
-            );
+            let left = BucketState {
+                used: current.used.saturating_sub(units),
+                ..current
+            };
+            self.put_bucket(scope, key, left, window_end);
         }
         Ok(())
     }
@@ -289,18 +320,26 @@ impl Tx {
     ) -> Result<Option<BucketState>, LedgerError> {
         let key = bucket_key(bucket, window_start);
         if let Some(put) = self.pending_bucket(scope, &key) {
-            let used = put.row.as_ref().map_or(Ok(0), used_of)?;
+            let (used, unit) = match &put.row {
+                Some(row) => contents(row)?,
+                None => (0, None),
+            };
             return Ok(Some(BucketState {
                 used,
                 expected: put.expected,
+                unit,
             }));
         }
         match h.get(Table::Quota, scope, &key).map_err(LedgerError::Storage)? {
             None => Ok(None),
-            Some(row) => Ok(Some(BucketState {
-                used: used_of(&row)?,
-                expected: Some(row.version),
-            })),
+            Some(row) => {
+                let (used, unit) = contents(&row)?;
+                Ok(Some(BucketState {
+                    used,
+                    expected: Some(row.version),
+                    unit,
+                }))
+            }
         }
     }
 
@@ -311,12 +350,18 @@ impl Tx {
             .find(|p| p.table == Table::Quota && p.scope == scope && p.key == key)
     }
 
-    fn put_bucket(&mut self, scope: &str, key: String, used: u128, expected: Option<u64>, window_end: u64) {
+    fn put_bucket(&mut self, scope: &str, key: String, state: BucketState, window_end: u64) {
         // One put per bucket per batch: a second touch replaces the first.
         self.batch
             .puts
             .retain(|p| !(p.table == Table::Quota && p.scope == scope && p.key == key));
-        let body = serde_json::to_string(&QuotaBucket { used: used.to_string() }).expect("buckets always serialize");
+        let expected = state.expected;
+        let body = serde_json::to_string(&QuotaBucket {
+            used: state.used.to_string(),
+            decimals: state.unit.map(|u| u.decimals),
+            window_ms: state.unit.map(|u| u.window_ms),
+        })
+        .expect("buckets always serialize");
         self.batch.puts.push(Put {
             table: Table::Quota,
             scope: scope.to_string(),
@@ -329,29 +374,68 @@ impl Tx {
                 version: expected.map_or(1, |v| v + 1),
                 state: None,
                 due_at: Some(window_end),
+                owner: None,
                 body,
             }),
         });
     }
 }
 
+/// What a reservation came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    /// Reserved in this batch.
+    Yes(Reservation),
+    /// The total would pass the ceiling.
+    OverCeiling,
+    /// The bucket counts in another unit than this policy (why, for the caller).
+    OtherUnit(String),
+}
+
+/// The unit a bucket counts in: minor-unit decimals and window length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unit {
+    decimals: u8,
+    window_ms: u64,
+}
+
 struct BucketState {
     used: u128,
     expected: Option<u64>,
+    /// None for a bucket written before units were recorded: it takes the next writer's.
+    unit: Option<Unit>,
+}
+
+/// `units` with `from` decimal places in `to` places, rounded up (never under-counts spend).
+fn rescale_up(units: u128, from: u8, to: u8) -> Option<u128> {
+    if to >= from {
+        units.checked_mul(10u128.checked_pow(u32::from(to - from))?)
+    } else {
+        let div = 10u128.checked_pow(u32::from(from - to))?;
+        Some(units.div_ceil(div))
+    }
 }
 
 fn bucket_key(bucket: &str, window_start: u64) -> String {
     format!("{bucket}@{window_start}")
 }
 
-fn used_of(row: &Row) -> Result<u128, LedgerError> {
-    serde_json::from_str::<QuotaBucket>(&row.body)
-        .ok()
-        .and_then(|b| b.used.parse().ok())
-        .ok_or_else(|| LedgerError::Storage(format!("quota bucket {:?} is unreadable", row.key)))
+fn contents(row: &Row) -> Result<(u128, Option<Unit>), LedgerError> {
+    let unreadable = || LedgerError::Storage(format!("quota bucket {:?} is unreadable", row.key));
+    let bucket = serde_json::from_str::<QuotaBucket>(&row.body).map_err(|_| unreadable())?;
+    let used = bucket.used.parse().map_err(|_| unreadable())?;
+    let unit = match (bucket.decimals, bucket.window_ms) {
+        (Some(decimals), Some(window_ms)) => Some(Unit { decimals, window_ms }),
+        _ => None,
+    };
+    Ok((used, unit))
 }
 
 #[derive(Serialize, Deserialize)]
 struct QuotaBucket {
     used: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    decimals: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window_ms: Option<u64>,
 }

@@ -40,6 +40,7 @@ pub fn default_settings() -> Settings {
         max_depth: 128,
         max_key_bytes: 256,
         clock_skew_ms: 0,
+        owner: "default".to_string(),
     }
 }
 
@@ -108,6 +109,11 @@ impl MemoryHost {
     pub fn event_count(&self) -> usize {
         self.audit.borrow().len()
     }
+    /// Overwrite a row as stored, version and all (a row left by an older host).
+    pub fn put_row(&self, row: Row) {
+        let id = (table_id(row.table), row.scope.clone(), row.key.clone());
+        self.rows.borrow_mut().insert(id, row);
+    }
 }
 
 impl Host for MemoryHost {
@@ -116,7 +122,7 @@ impl Host for MemoryHost {
     }
 
     fn settings(&self) -> Settings {
-        *self.settings.borrow()
+        self.settings.borrow().clone()
     }
 
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
@@ -159,7 +165,14 @@ impl Host for MemoryHost {
         Ok(())
     }
 
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<Row>, String> {
         let mut due: Vec<Row> = self
             .rows
             .borrow()
@@ -167,6 +180,7 @@ impl Host for MemoryHost {
             .filter(|r| r.table == table)
             .filter(|r| r.due_at.is_some_and(|d| d <= due_before))
             .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
+            .filter(|r| owner.is_none() || r.owner == owner)
             .cloned()
             .collect();
         due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));

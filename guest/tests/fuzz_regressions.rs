@@ -85,11 +85,12 @@ fn a_key_forgotten_after_its_tombstone_begins_again_as_a_new_operation() {
     assert!(inspect(&h, "a", "k0").unwrap().is_none());
     assert!(h.get(Table::Tombstone, "a", "k0").unwrap().is_none());
 
-    // A new operation: attempt 1 again, a new fence, the same provider key.
+    // A new operation: attempt 1 again, a new fence, and a provider key of its own, so the
+    // provider's dedupe (if it still remembers the old key) cannot answer it with the old effect.
     let again = execute(&h);
     assert_eq!(again.attempt, 1);
     assert_ne!(again.fence, first.fence);
-    assert_eq!(again.provider_key, first.provider_key);
+    assert_ne!(again.provider_key, first.provider_key);
     // The forgotten record's fence means nothing to the new one.
     let stale = finish(&h, "a", "k0", &first.fence, Outcome::Rejected("late".into()));
     assert_eq!(stale, Err(Error::FenceMismatch));

@@ -4,249 +4,17 @@
 //! engine's answer and the record afterwards (state, attempts, receipt,
 //! audit trail).
 
+mod common;
+
+use common::*;
 use once_guest::engine::{await_holder, begin, fingerprint, finish, inspect, prune, reconcile, resolve, sweep};
 use once_guest::host::Host;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    Awaited, BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, FinishAck, IdentityMode,
-    JsonErrorKind, KeySource, Outcome, QuotaPolicy, RecordView, Replay, ReplayVia, Resolution, Route, State, Table,
-    ToolPolicy, UnknownInfo,
+    Awaited, BeginRequest, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource,
+    Outcome, RecordView, ReplayVia, Resolution, Route, State, Table, ToolPolicy,
 };
-
-// ---------------------------------------------------------------- constants
-
-/// `MemoryHost::new()` starts its clock here.
-const T0: u64 = 1_000_000;
-const SECOND: u64 = 1_000;
-const DAY: u64 = 24 * 3_600 * SECOND;
-/// Default policy values (checked in `default_policy_is_what_the_tests_assume`).
-const LEASE: u64 = 35 * SECOND;
-const MAX_IN_FLIGHT: u64 = 60 * SECOND;
-const DEADLINE: u64 = 15 * 60 * SECOND;
-const RETENTION: u64 = 7 * DAY;
-
-const ARGS: &str = r#"{"order":1234,"amount":200}"#;
-const ARGS_CANON: &str = r#"{"amount":200,"order":1234}"#;
-const RECEIPT: &str = r#"{"refund_id":"r-1","status":"done"}"#;
-const RECEIPT2: &str = r#"{"refund_id":"r-2","status":"done"}"#;
-
-// ---------------------------------------------------------------- helpers
-
-fn policy() -> ToolPolicy {
-    default_policy()
-}
-
-fn req(scope: &str, key: Option<&str>, tool: &str, args: &str, policy: ToolPolicy) -> BeginRequest {
-    BeginRequest {
-        scope: scope.to_string(),
-        keys: key
-            .map(|k| vec![("api".to_string(), k.to_string())])
-            .unwrap_or_default(),
-        tool: tool.to_string(),
-        args: args.to_string(),
-        policy,
-        descriptor: None,
-        supersedes: None,
-        acknowledge_confirmed: false,
-    }
-}
-
-/// `refund` in scope `s` with the default policy.
-fn refund(key: &str, args: &str) -> BeginRequest {
-    req("s", Some(key), "refund", args, policy())
-}
-
-fn with_policy(mut r: BeginRequest, policy: ToolPolicy) -> BeginRequest {
-    r.policy = policy;
-    r
-}
-
-fn go(h: &MemoryHost, r: BeginRequest) -> Decision {
-    begin(h, r).expect("begin returns a decision")
-}
-
-fn execute_of(d: Decision) -> Execute {
-    match d {
-        Decision::Execute(e) => e,
-        other => panic!("expected execute, got {other:?}"),
-    }
-}
-
-fn replay_of(d: Decision) -> Replay {
-    match d {
-        Decision::Replay(r) => r,
-        other => panic!("expected replay, got {other:?}"),
-    }
-}
-
-fn unknown_of(d: Decision) -> UnknownInfo {
-    match d {
-        Decision::Unknown(u) => u,
-        other => panic!("expected unknown, got {other:?}"),
-    }
-}
-
-fn blocked_of(d: Decision, reason: BlockReason) -> Blocked {
-    match d {
-        Decision::Blocked(b) if b.reason == reason => b,
-        other => panic!("expected blocked({reason:?}), got {other:?}"),
-    }
-}
-
-fn fin(h: &MemoryHost, key: &str, fence: &str, outcome: Outcome) -> FinishAck {
-    finish(h, "s", key, fence, outcome).expect("finish returns an ack")
-}
-
-fn success(receipt: &str) -> Outcome {
-    Outcome::Success(receipt.to_string())
-}
-
-fn rejected() -> Outcome {
-    Outcome::Rejected(r#"{"error":"card declined"}"#.to_string())
-}
-
-fn ambiguous() -> Outcome {
-    Outcome::Ambiguous("timeout after send".to_string())
-}
-
-/// The record, with its audit trail checked (see [`check_audit`]).
-fn view_in(h: &MemoryHost, scope: &str, key: &str) -> RecordView {
-    let v = inspect(h, scope, key)
-        .expect("inspect")
-        .unwrap_or_else(|| panic!("no record {scope}/{key}"));
-    check_audit(&v);
-    v
-}
-
-fn view(h: &MemoryHost, key: &str) -> RecordView {
-    view_in(h, "s", key)
-}
-
-fn kinds(v: &RecordView) -> Vec<&str> {
-    v.audit.iter().map(|e| e.kind.as_str()).collect()
-}
-
-fn body(v: &RecordView) -> serde_json::Value {
-    serde_json::from_str(&v.body).expect("record body is JSON")
-}
-
-/// DESIGN.md "One atomic write per transition": one audit event per write,
-/// keyed by version, contiguous 1..=version, chained from state to state,
-/// and the last one lands in the record's current state.
-fn check_audit(v: &RecordView) {
-    let versions: Vec<u64> = v.audit.iter().map(|e| e.version).collect();
-    let expected: Vec<u64> = (1..=v.version).collect();
-    assert_eq!(
-        versions, expected,
-        "audit versions of {}/{} are not 1..=version",
-        v.scope, v.key
-    );
-    for pair in v.audit.windows(2) {
-        assert_eq!(
-            pair[1].from_state, pair[0].to_state,
-            "event {} ({}) does not start where event {} ({}) ended",
-            pair[1].version, pair[1].kind, pair[0].version, pair[0].kind
-        );
-        assert!(pair[1].at >= pair[0].at, "audit time runs backwards");
-    }
-    let first = v.audit.first().expect("a record has at least one event");
-    assert_eq!(first.from_state, None, "the first event creates the record");
-    assert_eq!(
-        v.audit.last().unwrap().to_state,
-        Some(v.state),
-        "last event does not match the record state"
-    );
-    for e in &v.audit {
-        assert_eq!((e.scope.as_str(), e.key.as_str()), (v.scope.as_str(), v.key.as_str()));
-        serde_json::from_str::<serde_json::Value>(&e.detail).expect("audit detail is JSON");
-    }
-}
-
-/// Follows one record and checks that every write between two looks added
-/// exactly one audit event per version.
-struct Tracker {
-    scope: String,
-    key: String,
-    version: u64,
-}
-
-impl Tracker {
-    fn new(scope: &str, key: &str) -> Self {
-        Tracker {
-            scope: scope.to_string(),
-            key: key.to_string(),
-            version: 0,
-        }
-    }
-
-    /// Asserts the number of writes since the last look, returns the record.
-    fn step(&mut self, h: &MemoryHost, writes: u64) -> RecordView {
-        let v = view_in(h, &self.scope, &self.key);
-        assert_eq!(
-            v.version,
-            self.version + writes,
-            "{}/{}: expected {writes} write(s) since version {}, audit: {:?}",
-            self.scope,
-            self.key,
-            self.version,
-            kinds(&v)
-        );
-        self.version = v.version;
-        v
-    }
-}
-
-fn quota_policy(ceiling: &str) -> ToolPolicy {
-    let mut p = policy();
-    p.quota = Some(QuotaPolicy {
-        spend_field: "/amount".to_string(),
-        ceiling: ceiling.to_string(),
-        decimals: 2,
-        window_ms: DAY,
-        bucket: None,
-    });
-    p
-}
-
-fn pay(key: &str, amount: &str, policy: &ToolPolicy) -> BeginRequest {
-    req(
-        "s",
-        Some(key),
-        "pay",
-        &format!(r#"{{"amount":{amount},"to":"acct-9"}}"#),
-        policy.clone(),
-    )
-}
-
-/// Sum of `used` over every quota bucket row, in minor units.
-fn quota_used(h: &MemoryHost) -> u128 {
-    h.rows()
-        .iter()
-        .filter(|r| r.table == Table::Quota)
-        .map(|r| {
-            let b: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-            b["used"].as_str().unwrap().parse::<u128>().unwrap()
-        })
-        .sum()
-}
-
-fn operation_rows(h: &MemoryHost) -> usize {
-    h.rows().iter().filter(|r| r.table == Table::Operation).count()
-}
-
-fn assert_nothing_written(h: &MemoryHost) {
-    assert!(h.rows().is_empty(), "rows were written: {:?}", h.rows());
-    assert_eq!(h.event_count(), 0, "audit events were written");
-}
-
-/// Drive a fresh key into `unknown` by an ambiguous finish at T0 + 1s.
-fn unknown_record(h: &MemoryHost, key: &str, policy: ToolPolicy) -> Execute {
-    let e = execute_of(go(h, with_policy(refund(key, ARGS), policy)));
-    h.advance(SECOND);
-    assert_eq!(fin(h, key, &e.fence, ambiguous()), FinishAck::Recorded(State::Unknown));
-    e
-}
 
 // ---------------------------------------------------------------- basics
 
@@ -332,22 +100,18 @@ fn new_key_executes_confirms_then_replays() {
     );
 }
 
-/// A receipt that is not canonical is stored canonically, and every replay
-/// returns exactly that stored text.
+/// A receipt is the provider's words: checked (strict I-JSON, within the
+/// limits) and stored as sent, never re-serialized; every replay returns it.
 #[test]
-fn receipts_are_stored_canonically_and_replayed_verbatim() {
+fn receipts_are_stored_and_replayed_as_sent() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k1", ARGS)));
-    fin(
-        &h,
-        "k1",
-        &e.fence,
-        success(r#"{ "status" : "done", "refund_id" : "r-1" }"#),
-    );
+    let sent = r#"{ "status" : "done", "refund_id" : 9007199254740993, "fee": 0.30000000000000001 }"#;
+    fin(&h, "k1", &e.fence, success(sent));
     let stored = view(&h, "k1").receipt.unwrap();
-    assert_eq!(stored, RECEIPT);
-    assert_eq!(replay_of(go(&h, refund("k1", ARGS))).receipt, stored);
-    assert_eq!(replay_of(go(&h, refund("k1", ARGS))).receipt, stored);
+    assert_eq!(stored, sent);
+    assert_eq!(replay_of(go(&h, refund("k1", ARGS))).receipt, sent);
+    assert_eq!(replay_of(reconcile(&h, "s", "k1").unwrap()).receipt, sent);
 }
 
 /// Same key, changed args or tool -> conflict with the stored summary; the
@@ -744,17 +508,31 @@ fn old_success_during_newer_attempt_is_a_possible_duplicate() {
     );
     assert!(kinds(&v).contains(&"late-success-possible-duplicate"));
 
-    // The newer attempt's own success changes nothing: the receipt never changes.
+    // The newer attempt's own success is a second effect: audited with its receipt and escalated
+    // again, while the stored receipt never changes.
     assert_eq!(
         fin(&h, "k", &e2.fence, success(RECEIPT2)),
-        FinishAck::Ignored(State::Confirmed)
+        FinishAck::Recorded(State::Confirmed)
     );
-    assert_eq!(t.step(&h, 0).receipt.as_deref(), Some(RECEIPT));
+    let v = t.step(&h, 2); // the second success (with a new mark) + its acknowledgement
+    assert_eq!(v.receipt.as_deref(), Some(RECEIPT));
+    let second = &v.audit[v.audit.len() - 2];
+    assert_eq!(
+        (second.kind.as_str(), second.attempt),
+        ("late-success-possible-duplicate", Some(2))
+    );
+    assert!(second.detail.contains(RECEIPT2), "{}", second.detail);
+    let esc = h.escalations();
+    assert_eq!(esc.len(), 2);
+    assert_ne!(
+        esc[0].id, esc[1].id,
+        "a second possible duplicate is a second escalation"
+    );
     h.advance(10 * SECOND);
     sweep(&h, 10).unwrap();
     h.advance(10 * SECOND);
     sweep(&h, 10).unwrap();
-    assert_eq!(h.escalations().len(), 1, "an acknowledged escalation is delivered once");
+    assert_eq!(h.escalations().len(), 2, "an acknowledged escalation is delivered once");
     assert_eq!(replay_of(go(&h, refund("k", ARGS))).receipt, RECEIPT);
 }
 
@@ -837,13 +615,12 @@ fn ambiguous_is_unknown_and_reconcile_confirms_via_provider() {
     let v = view(&h, "k");
     assert_eq!(v.state, State::Unknown);
     unknown_of(go(&h, refund("k", ARGS)));
-    h.script_lookup(Evidence::Confirmed(
-        r#"{ "refund_id" : "r-1", "status" : "done" }"#.to_string(),
-    ));
+    let found = r#"{ "refund_id" : "r-1", "status" : "done" }"#;
+    h.script_lookup(Evidence::Confirmed(found.to_string()));
     let r = replay_of(reconcile(&h, "s", "k").unwrap());
     assert_eq!(
         (r.via, r.receipt.as_str(), r.replayed),
-        (ReplayVia::Provider, RECEIPT, true)
+        (ReplayVia::Provider, found, true)
     );
     let lookups = h.lookups();
     assert_eq!(
@@ -853,10 +630,10 @@ fn ambiguous_is_unknown_and_reconcile_confirms_via_provider() {
     let v = view(&h, "k");
     assert_eq!(
         (v.state, v.receipt.as_deref(), v.attempts),
-        (State::Confirmed, Some(RECEIPT), 1)
+        (State::Confirmed, Some(found), 1)
     );
     let r = replay_of(go(&h, refund("k", ARGS)));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, found));
 }
 
 /// ABSENT counts only after the last dispatch, and moves the record to absent
@@ -944,6 +721,7 @@ fn absent_after_lease_expiry_counts_from_the_lease_end() {
     let h = MemoryHost::new();
     let mut p = policy();
     p.provider_claims_key = true;
+    p.key_sent_by_host = true;
     let e1 = execute_of(go(&h, with_policy(refund("k", ARGS), p)));
     h.advance(LEASE + 10 * SECOND);
     h.script_lookup(Evidence::Absent(e1.lease_until));
@@ -959,6 +737,7 @@ fn provider_claims_key_makes_absent_immediate() {
     let h = MemoryHost::new();
     let mut p = policy();
     p.provider_claims_key = true;
+    p.key_sent_by_host = true;
     let e1 = unknown_record(&h, "k", p);
     h.advance(1);
     h.script_lookup(Evidence::Absent(T0 + SECOND + 1));
@@ -1070,6 +849,7 @@ fn not_sent_and_expired_attempts_spend_the_budget() {
     let mut p = policy();
     p.attempt_budget = 2;
     p.provider_claims_key = true;
+    p.key_sent_by_host = true;
     let r = || with_policy(refund("ex", ARGS), p.clone());
     execute_of(go(&h, r()));
     h.advance(LEASE + 1);
@@ -1864,11 +1644,12 @@ fn resolve_confirmed_stores_the_receipt() {
         Ok(State::Confirmed)
     );
     let v = view(&h, "k");
-    assert_eq!((v.state, v.receipt.as_deref()), (State::Confirmed, Some(RECEIPT)));
+    let as_given = r#"{ "refund_id":"r-1", "status":"done" }"#;
+    assert_eq!((v.state, v.receipt.as_deref()), (State::Confirmed, Some(as_given)));
     let last = v.audit.last().unwrap();
     assert_eq!(last.kind, "operator-confirmed");
     assert!(last.detail.contains("seen"));
-    assert_eq!(replay_of(go(&h, refund("k", ARGS))).receipt, RECEIPT);
+    assert_eq!(replay_of(go(&h, refund("k", ARGS))).receipt, as_given);
     // Confirmed is terminal: no resolution changes it.
     assert!(matches!(
         resolve(&h, "s", "k", Resolution::Confirmed(RECEIPT2.to_string()), "again", true),
@@ -1878,7 +1659,7 @@ fn resolve_confirmed_stores_the_receipt() {
         resolve(&h, "s", "k", Resolution::Absent, "again", true),
         Err(Error::InvalidTransition(_))
     ));
-    assert_eq!(view(&h, "k").receipt.as_deref(), Some(RECEIPT));
+    assert_eq!(view(&h, "k").receipt.as_deref(), Some(as_given));
     // A live lease cannot be resolved.
     execute_of(go(&h, refund("live", ARGS)));
     assert!(matches!(
@@ -2100,9 +1881,10 @@ impl Host for RacyHost {
         table: Table,
         states: &[State],
         due_before: u64,
+        owner: Option<String>,
         limit: u32,
     ) -> Result<Vec<once_guest::types::Row>, String> {
-        self.inner.scan(table, states, due_before, limit)
+        self.inner.scan(table, states, due_before, owner, limit)
     }
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
         self.inner.audit(scope, key)

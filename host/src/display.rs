@@ -93,6 +93,7 @@ impl fmt::Display for BlockReason {
             BlockReason::Unverified => "unverified",
             BlockReason::Storage => "storage",
             BlockReason::Failed => "failed",
+            BlockReason::OtherOwner => "other-owner",
         })
     }
 }

@@ -169,10 +169,11 @@ impl ledger::Host for HostState {
         table: Table,
         states: Vec<State>,
         due_before: Timestamp,
+        owner: Option<String>,
         limit: u32,
     ) -> Result<Vec<Row>, String> {
         self.storage
-            .scan(table, &states, due_before, limit)
+            .scan(table, &states, due_before, owner.as_deref(), limit)
             .map_err(|e| e.to_string())
     }
 
@@ -187,7 +188,7 @@ impl clock::Host for HostState {
     }
 
     fn get_settings(&mut self) -> Settings {
-        self.settings
+        self.settings.clone()
     }
 }
 

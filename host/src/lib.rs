@@ -22,5 +22,5 @@ pub mod storage;
 
 pub use crate::bindings::types;
 pub use crate::io::{Clock, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock};
-pub use crate::once::{Builder, Called, Dispatch, Once, OnceError, Sent, default_settings};
+pub use crate::once::{Builder, Called, DEFAULT_OWNER, Dispatch, Once, OnceError, Sent, default_settings};
 pub use crate::runtime::{GuestLimit, GuestLimits};

@@ -39,14 +39,19 @@ pub enum OnceError {
     Limit(GuestLimit),
 }
 
+/// The owner name of a host that names none (see [`Builder::owner`]).
+pub const DEFAULT_OWNER: &str = "default";
+
 /// Default engine settings: 1 MiB JSON inputs, nesting depth 128, 512-byte
-/// scopes and keys, no declared clock skew (one host, one clock).
+/// scopes and keys, no declared clock skew (one host, one clock), owner
+/// [`DEFAULT_OWNER`].
 pub fn default_settings() -> Settings {
     Settings {
         max_input_bytes: 1 << 20,
         max_depth: 128,
         max_key_bytes: 512,
         clock_skew_ms: 0,
+        owner: DEFAULT_OWNER.to_string(),
     }
 }
 
@@ -93,6 +98,10 @@ pub enum Called {
         replayed: bool,
         /// How a replay was matched.
         via: Option<ReplayVia>,
+        /// For a replay: when the effect was recorded (ledger clock).
+        at: Option<u64>,
+        /// For a replay of a derived key: until when identical arguments are this operation.
+        window_until: Option<u64>,
     },
     /// The provider definitively rejected the call; nothing happened.
     Rejected {
@@ -135,6 +144,11 @@ impl Builder {
         self.clock = Arc::new(clock);
         self
     }
+    /// The clock leases and read positions are measured in (for PostgreSQL, the
+    /// database's), for host code that must stamp times in the same domain.
+    pub fn ledger_clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
     /// The provider lookup used by reconciliation and verify-first.
     pub fn provider(mut self, provider: impl Provider + 'static) -> Self {
         self.provider = Arc::new(provider);
@@ -145,9 +159,18 @@ impl Builder {
         self.operator = Arc::new(operator);
         self
     }
-    /// Engine settings (limits, declared clock skew).
+    /// Engine settings (limits, declared clock skew, owner).
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
+        self
+    }
+    /// Who dispatches for this handle (default [`DEFAULT_OWNER`]): records it
+    /// creates carry the name, and its sweeps, reconciliation and dispatches
+    /// touch only records of this owner. Hosts that can send each other's
+    /// operations (replicas of one service) share a name; hosts in front of
+    /// different providers on one ledger must not.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.settings.owner = owner.into();
         self
     }
     /// A tool's policy (checked when built).
@@ -338,10 +361,14 @@ impl Once {
 
     /// The `finish` export.
     pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
-        // Only finish's commit may be deferred (DESIGN.md "Durability budget").
-        let ack = crate::io::deferring_commits(|| {
-            self.with_instance(|w, s| w.once_core_engine().call_finish(s, scope, key, fence, outcome))
-        })??;
+        let call = || self.with_instance(|w, s| w.once_core_engine().call_finish(s, scope, key, fence, outcome));
+        // Only a success's commit may be deferred (DESIGN.md "Durability budget"): a lost
+        // success is found again by reconciliation, but a lost rejection would turn a
+        // reported refusal into an owed dispatch.
+        let ack = match outcome {
+            Outcome::Success(_) => crate::io::deferring_commits(call),
+            _ => call(),
+        }??;
         tracing::info!(target: "once", scope, key, ?ack, "finish");
         Ok(ack)
     }
@@ -509,6 +536,8 @@ impl Once {
                         receipt: r.receipt,
                         replayed: true,
                         via: Some(r.via),
+                        at: Some(r.at),
+                        window_until: r.window_until,
                     });
                 }
                 // A lost reply is reconciled before anything is sent again.
@@ -575,11 +604,21 @@ impl Once {
                 receipt,
                 replayed: false,
                 via: None,
+                at: None,
+                window_until: None,
             }),
-            (Sent::Rejected(error), _) => Step::Done(Called::Rejected { error }),
-            // Not sent: nothing happened; ask again (a new attempt, within the budget).
-            (Sent::NotSent, _) => Step::Again(self.reconcile(scope, &grant.key)?),
-            (Sent::Ambiguous(_), _) => Step::Again(self.reconcile(scope, &grant.key)?),
+            // A rejection is reported only once the ledger holds it; otherwise the caller is
+            // told what the record says, because the record may still be dispatched.
+            (Sent::Rejected(error), FinishAck::Recorded(State::Failed)) => Step::Done(Called::Rejected { error }),
+            (_, FinishAck::Unrecorded) => Step::Done(Called::InFlight(InFlightInfo {
+                key: grant.key.clone(),
+                lease_until: grant.lease_until,
+            })),
+            // Not sent, a lost reply, or a rejection that came after the record moved on:
+            // the engine says what happens next (the next attempt, a reconciliation, …).
+            (Sent::Rejected(_) | Sent::NotSent | Sent::Ambiguous(_), _) => {
+                Step::Again(self.reconcile(scope, &grant.key)?)
+            }
         })
     }
 

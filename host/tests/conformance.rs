@@ -373,12 +373,13 @@ impl Storage for Scripted {
         table: Table,
         states: &[State],
         due_before: Timestamp,
+        owner: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Row>, StorageError> {
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(StorageError("injected read failure".to_string()));
         }
-        self.inner().scan(table, states, due_before, limit)
+        self.inner().scan(table, states, due_before, owner, limit)
     }
 
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
@@ -431,6 +432,7 @@ fn reason_name(r: BlockReason) -> &'static str {
         BlockReason::Unverified => "unverified",
         BlockReason::Storage => "storage",
         BlockReason::Failed => "failed",
+        BlockReason::OtherOwner => "other-owner",
     }
 }
 
@@ -459,6 +461,7 @@ fn kind_name(k: JsonErrorKind) -> &'static str {
         JsonErrorKind::InvalidUtf8 => "invalid-utf8",
         JsonErrorKind::NonFiniteNumber => "non-finite-number",
         JsonErrorKind::NumberOutOfRange => "number-out-of-range",
+        JsonErrorKind::InexactNumber => "inexact-number",
         JsonErrorKind::TooDeep => "too-deep",
         JsonErrorKind::TooLarge => "too-large",
     }
@@ -489,6 +492,7 @@ fn render_decision(d: &Decision) -> Value {
         }}),
         Decision::Replay(r) => json!({"replay": {
             "receipt": r.receipt, "replayed": r.replayed, "via": via_name(r.via), "key": r.key,
+            "at": r.at, "window-until": r.window_until,
         }}),
         Decision::Conflict(s) => json!({"conflict": {
             "key": s.key, "tool": s.tool, "fingerprint": s.fingerprint, "args": s.args,
@@ -532,7 +536,7 @@ fn render_view(v: &RecordView) -> Value {
         "scope": v.scope, "key": v.key,
         "key-source": match v.key_source { KeySource::Application => "application", KeySource::Derived => "derived" },
         "tool": v.tool, "fingerprint": v.fingerprint, "args": v.args, "provider-key": v.provider_key,
-        "state": state_name(v.state), "version": v.version, "attempts": v.attempts,
+        "owner": v.owner, "state": state_name(v.state), "version": v.version, "attempts": v.attempts,
         "receipt": v.receipt, "error": v.error, "escalated": v.escalated,
         "possible-duplicate": v.possible_duplicate, "supersedes": v.supersedes,
         "superseded-by": v.superseded_by, "replays": v.replays, "conflicts": v.conflicts,
@@ -568,6 +572,7 @@ fn render_policy(p: &ToolPolicy) -> Value {
         "verify-first": p.verify_first, "provider-claims-key": p.provider_claims_key,
         "max-in-flight-ms": p.max_in_flight_ms, "dispatch-timeout-ms": p.dispatch_timeout_ms,
         "lease-ms": p.lease_ms, "attempt-budget": p.attempt_budget,
+        "derived-window-ms": p.derived_window_ms, "key-sent-by-host": p.key_sent_by_host,
         "resolve-deadline-ms": p.resolve_deadline_ms, "reconcile-interval-ms": p.reconcile_interval_ms,
         "retention-ms": p.retention_ms, "tombstone-retention-ms": p.tombstone_retention_ms,
         "quota": p.quota.as_ref().map(|q| json!({
@@ -661,6 +666,8 @@ fn parse_policy(overrides: &Value, base: &ToolPolicy) -> Res<ToolPolicy> {
             "dispatch-timeout-ms" => p.dispatch_timeout_ms = num(v, k)?,
             "lease-ms" => p.lease_ms = num(v, k)?,
             "attempt-budget" => p.attempt_budget = small(v, k)?,
+            "derived-window-ms" => p.derived_window_ms = num(v, k)?,
+            "key-sent-by-host" => p.key_sent_by_host = flag(v, k)?,
             "resolve-deadline-ms" => p.resolve_deadline_ms = num(v, k)?,
             "reconcile-interval-ms" => p.reconcile_interval_ms = num(v, k)?,
             "retention-ms" => p.retention_ms = num(v, k)?,
@@ -744,6 +751,7 @@ fn default_settings() -> Settings {
         max_depth: 128,
         max_key_bytes: 512,
         clock_skew_ms: 0,
+        owner: "default".to_string(),
     }
 }
 
@@ -754,6 +762,7 @@ fn apply_settings(s: &mut Settings, v: &Value) -> Res<()> {
             "max-depth" => s.max_depth = small(v, k)?,
             "max-key-bytes" => s.max_key_bytes = small(v, k)?,
             "clock-skew-ms" => s.clock_skew_ms = num(v, k)?,
+            "owner" => s.owner = text(v, k)?,
             other => return Err(format!("unknown setting {other:?}")),
         }
     }
@@ -822,7 +831,7 @@ impl Run {
             clock: Arc::new(EnvClock(self.env.clone())),
             provider: self.env.clone(),
             operator: self.env.clone(),
-            settings: *lock(&self.env.settings),
+            settings: lock(&self.env.settings).clone(),
         };
         let mut store = Store::new(&rt.engine, state);
         let world = rt.pre.instantiate(&mut store).expect("instantiating the component");
@@ -1007,7 +1016,7 @@ impl Run {
     }
 
     fn call_inspect(&self, agent: &mut Agent, scope: &str, key: &str) -> Value {
-        agent.store.data_mut().settings = *lock(&self.env.settings);
+        agent.store.data_mut().settings = lock(&self.env.settings).clone();
         match agent
             .world
             .once_core_engine()
@@ -1024,7 +1033,7 @@ impl Run {
         let input = |field: &str| -> Res<Value> { self.resolve(&self.defaults(step, field), now) };
         let scope = || -> Res<String> { text(&input("scope")?, "scope") };
         let key = || -> Res<String> { text(&input("key")?, "key") };
-        agent.store.data_mut().settings = *lock(&self.env.settings);
+        agent.store.data_mut().settings = lock(&self.env.settings).clone();
         let engine = agent.world.once_core_engine();
         let s = &mut agent.store;
         let trap = |e: wasmtime::Error| format!("trap: {e:#}");
@@ -1439,6 +1448,8 @@ fn run_scenario(name: &str, scenario: &Value, backend: Backend, broken: Broken) 
             dispatch_timeout_ms: 0,
             lease_ms: 0,
             attempt_budget: 0,
+            derived_window_ms: 0,
+            key_sent_by_host: false,
             resolve_deadline_ms: 0,
             reconcile_interval_ms: 0,
             retention_ms: 0,
@@ -1564,6 +1575,7 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
         "unverified",
         "storage",
         "failed",
+        "other-owner",
     ] {
         required.push(format!("blocked:{r}"));
     }
@@ -1575,6 +1587,7 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
         "recorded:failed",
         "recorded:unknown",
         "recorded:superseded",
+        "recorded:absent",
         "ignored:in-flight",
         "ignored:unknown",
         "ignored:confirmed",

@@ -3,289 +3,16 @@
 //! service and SQLite effect ledger), under the demo's faults. Every verdict
 //! is read from the effect ledger; every text is what a model would be shown.
 
-use std::path::{Path, PathBuf};
+mod gateway_common;
+
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use once::Once;
-use refund::{EffectLedger, ORDER_ID};
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, RequestMetaObject, Tool};
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
+use gateway_common::*;
+use refund::ORDER_ID;
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, Tool};
 use serde_json::{Value, json};
-use tempfile::TempDir;
-
-/// The shipped example config: the README's gateway.
-const EXAMPLE_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/refund/once.toml");
-
-/// A faster twin of the example config (shorter timeouts, a quicker reconciler), with room for more tables.
-fn fast_config(extra: &str) -> String {
-    config_with_sweep("50ms", extra)
-}
-
-fn config_with_sweep(sweep_interval: &str, extra: &str) -> String {
-    format!(
-        r#"sweep_interval = "{sweep_interval}"
-{extra}
-
-[tools.refund_order]
-provider_key = "argument:idempotency_key"
-on_tool_error = "rejected"
-timeout = "1s"
-max_in_flight = "1500ms"
-reconcile_interval = "100ms"
-reconcile = "required"
-lookup = {{ tool = "find_refund_by_key", args = {{ idempotency_key = "{{key}}" }}, found = "/found", receipt = "/refund", read_position = "/read_position" }}
-quota = {{ field = "/amount", ceiling = "300", window = "1d" }}
-"#
-    )
-}
-
-/// The `refund-mcp` binary beside `once`. `cargo test --workspace` builds it (the example package has tests); a
-/// lone `cargo test -p once-host` builds it here when it is missing. A nested build of an existing one would
-/// resolve features for that package alone and relink it differently from the workspace build.
-fn refund_mcp() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let once = Path::new(env!("CARGO_BIN_EXE_once"));
-        let exe = once.with_file_name("refund-mcp");
-        if !exe.exists() {
-            let release = once.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
-            let status = Command::new(env!("CARGO"))
-                .args(["build", "--quiet", "-p", "once-refund-example", "--bin", "refund-mcp"])
-                .args(release.then_some("--release"))
-                .status()
-                .expect("running cargo to build refund-mcp");
-            assert!(status.success(), "building refund-mcp failed");
-        }
-        assert!(exe.exists(), "{} is missing", exe.display());
-        exe
-    })
-}
-
-/// One gateway run: a temp dir with the effect ledger, the once ledger and the config.
-struct Rig {
-    dir: TempDir,
-    config: PathBuf,
-}
-
-impl Rig {
-    fn new(config_text: &str) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("once.toml");
-        std::fs::write(&config, config_text).unwrap();
-        Rig { dir, config }
-    }
-
-    fn with_config_file(path: &str) -> Rig {
-        let rig = Rig::new("");
-        std::fs::copy(path, &rig.config).unwrap();
-        rig
-    }
-
-    fn effects_db(&self) -> PathBuf {
-        self.dir.path().join("effects.db")
-    }
-
-    fn log(&self, n: usize) -> PathBuf {
-        self.dir.path().join(format!("gateway-{n}.log"))
-    }
-
-    fn gateway_command(&self, fault: &str) -> Command {
-        self.gateway_command_with(&[], fault)
-    }
-
-    fn gateway_command_with(&self, flags: &[&str], fault: &str) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
-        cmd.arg("gateway")
-            .args(flags)
-            .arg("--config")
-            .arg(&self.config)
-            .arg("--db")
-            .arg(self.dir.path().join("once.db"))
-            .arg("--")
-            .arg(refund_mcp())
-            .arg("--db")
-            .arg(self.effects_db())
-            .args(["--mode", "unsafe", "--fault", fault]);
-        cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=info");
-        cmd
-    }
-
-    /// Start a gateway over a refund-mcp with `fault`, and connect an MCP client to it.
-    async fn connect(&self, fault: &str, n: usize) -> Session {
-        let log = std::fs::File::create(self.log(n)).unwrap();
-        let mut cmd = tokio::process::Command::from(self.gateway_command(fault));
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log);
-        let mut child = cmd.spawn().unwrap();
-        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-        let client = ().serve((stdout, stdin)).await.unwrap_or_else(|e| {
-            panic!(
-                "initialize through the gateway failed: {e}\n{}",
-                std::fs::read_to_string(self.log(n)).unwrap_or_default()
-            )
-        });
-        Session { client, child }
-    }
-
-    /// Refund rows and cents for the order, from the effect ledger itself.
-    fn effects(&self) -> (u64, i64) {
-        let ledger = EffectLedger::open(self.effects_db()).unwrap();
-        (
-            ledger.count(ORDER_ID).unwrap(),
-            ledger.refunded_cents(ORDER_ID).unwrap(),
-        )
-    }
-
-    /// The audit details of the operation a result names, read from the once ledger after the gateway exited.
-    fn audit(&self, result: &CallToolResult) -> Vec<String> {
-        let info = outcome(result);
-        let (scope, key) = (info["scope"].as_str().unwrap(), info["operation"].as_str().unwrap());
-        let once = Once::sqlite(self.dir.path().join("once.db")).unwrap().build().unwrap();
-        let view = once
-            .inspect(scope, key)
-            .unwrap()
-            .expect("the operation is in the ledger");
-        view.audit
-            .into_iter()
-            .map(|e| format!("{}: {}", e.kind, e.detail))
-            .collect()
-    }
-
-    fn logs(&self) -> String {
-        (0..3)
-            .filter_map(|n| std::fs::read_to_string(self.log(n)).ok())
-            .collect::<Vec<_>>()
-            .join("\n----\n")
-    }
-}
-
-struct Session {
-    client: RunningService<RoleClient, ()>,
-    child: tokio::process::Child,
-}
-
-impl Session {
-    async fn call(&self, tool: &str, args: Value, key: Option<&str>) -> CallToolResult {
-        let mut params = CallToolRequestParams::new(tool.to_string()).with_arguments(object(args));
-        if let Some(key) = key {
-            params.meta = Some(meta(&[("once/key", key)]));
-        }
-        self.client.call_tool(params).await.unwrap()
-    }
-
-    async fn refund(&self, amount: f64, key: Option<&str>) -> CallToolResult {
-        self.call("refund_order", json!({"order_id": ORDER_ID, "amount": amount}), key)
-            .await
-    }
-
-    /// The client hangs up, as an agent that is done does; the gateway settles what it owes, then exits.
-    async fn close(self) -> std::process::ExitStatus {
-        let Session { client, mut child } = self;
-        let _ = client.cancel().await;
-        tokio::time::timeout(Duration::from_secs(30), child.wait())
-            .await
-            .expect("the gateway exits after its client hangs up")
-            .unwrap()
-    }
-}
-
-fn object(value: Value) -> JsonObject {
-    match value {
-        Value::Object(map) => map,
-        _ => panic!("arguments are an object"),
-    }
-}
-
-fn meta(fields: &[(&str, &str)]) -> RequestMetaObject {
-    let mut meta = RequestMetaObject::new();
-    for (k, v) in fields {
-        meta.insert(k.to_string(), json!(v));
-    }
-    meta
-}
-
-/// The text a model reads first.
-fn text(result: &CallToolResult) -> String {
-    result.content[0].as_text().expect("a text block first").text.clone()
-}
-
-fn outcome(result: &CallToolResult) -> Value {
-    result
-        .meta
-        .as_ref()
-        .and_then(|m| m.get("once/outcome"))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-/// Wait for a condition on the effect ledger (the truth) instead of a fixed sleep.
-async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let give_up = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn assert_exactly_one_refund(rig: &Rig) {
-    assert_eq!(rig.effects(), (1, 20_000), "exactly one $200 refund\n{}", rig.logs());
-}
-
-/// A never-retry agent: one call, read the text, hang up. The effect ledger must still end with one refund.
-async fn never_retry(rig: &Rig, fault: &str) -> CallToolResult {
-    let session = rig.connect(fault, 0).await;
-    let result = session.refund(200.0, None).await;
-    let status = session.close().await;
-    assert!(status.success(), "gateway exit {status}\n{}", rig.logs());
-    result
-}
-
-fn assert_unknown_text(result: &CallToolResult, reason: &str) {
-    let t = text(result);
-    assert_eq!(result.is_error, Some(true), "{t}");
-    assert!(t.starts_with("UNKNOWN: refund_order (operation derived:"), "{t}");
-    assert!(t.contains("may or may not have happened"), "{t}");
-    assert!(t.contains(reason), "{t}");
-    assert!(
-        t.contains("Calling refund_order again with the same arguments will not send it again"),
-        "{t}"
-    );
-    assert!(
-        t.contains("once is checking with find_refund_by_key in the background")
-            && t.contains("once sends it itself, exactly once, with the same idempotency key"),
-        "{t}"
-    );
-    assert_eq!(outcome(result)["decision"], "unknown");
-    assert_eq!(
-        result.structured_content.as_ref().unwrap()["once"]["decision"],
-        "unknown"
-    );
-}
-
-/// The model is told the refund happened and how once knows; the ledger's audit trail says the same.
-fn assert_confirmed_by_lookup(rig: &Rig, result: &CallToolResult) {
-    let t = text(result);
-    assert_ne!(result.is_error, Some(true), "{t}");
-    assert!(t.starts_with("Replay of operation derived:"), "{t}");
-    assert!(
-        t.contains("did happen, but its reply was lost; once confirmed it by reading find_refund_by_key"),
-        "{t}"
-    );
-    assert!(t.contains("Nothing was sent again"), "{t}");
-    let trail = rig.audit(result);
-    assert!(
-        trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
-        "{trail:#?}"
-    );
-    let receipt = result
-        .structured_content
-        .as_ref()
-        .expect("the receipt as structured content");
-    assert_eq!(receipt["order_id"], json!(ORDER_ID));
-    assert_eq!(receipt["amount"].as_f64(), Some(200.0), "{receipt}");
-}
 
 // ---- acceptance: a never-retry agent behind the shipped config gets exactly one refund ----
 
@@ -433,7 +160,8 @@ async fn a_gateway_killed_after_dispatch_is_finished_by_the_next_one() {
     assert!(!status.success(), "the first gateway was killed");
     drop(first);
 
-    let second = rig.connect("none", 1).await;
+    // The same gateway command again, as a supervisor restarts it (the fault fires once per ledger).
+    let second = rig.connect("crash_after_dispatch", 1).await;
     let result = second.refund(200.0, Some("refund-1234-a")).await;
     let t = text(&result);
     assert!(
@@ -527,11 +255,21 @@ async fn replay_conflict_and_two_disagreeing_keys() {
     assert_eq!(outcome(&derived)["decision"], "executed");
     let derived_again = session.refund(20.0, None).await;
     let t = text(&derived_again);
-    assert!(t.starts_with("Replay of operation derived:"), "{t}");
     assert!(
-        t.contains("an identical refund_order call (same arguments, same session) already ran"),
+        t.starts_with("Replay: an identical refund_order call (same arguments) already ran at "),
         "{t}"
     );
+    assert!(t.contains(" as operation derived:"), "{t}");
+    assert!(
+        t.contains(r#"For a deliberate second refund_order with the same arguments, give it its own operation key in _meta "once/key"."#),
+        "{t}"
+    );
+    assert!(
+        t.contains("identical calls are this same operation; after that they are new"),
+        "{t}"
+    );
+    assert_eq!(outcome(&derived_again)["via"], "derived-args");
+    assert!(outcome(&derived_again)["window_until"].as_u64().is_some());
     assert!(session.close().await.success());
     assert_eq!(
         rig.effects(),
@@ -613,6 +351,30 @@ async fn quota_and_block_come_from_the_config() {
     assert_eq!(rig.effects(), (0, 0));
 }
 
+/// A scope taken from `_meta`: a call without it is refused before anything
+/// is recorded or sent, never given some other scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_from_meta_is_required() {
+    let rig = Rig::new(&fast_config(r#"scope = "meta:tenant""#));
+    let session = rig.connect("none", 0).await;
+    let refused = session.refund(200.0, Some("refund-s")).await;
+    let t = text(&refused);
+    assert_eq!(refused.is_error, Some(true), "{t}");
+    assert!(
+        t.contains(r#"takes each call's scope from _meta "tenant", and this call has none"#),
+        "{t}"
+    );
+    assert!(t.contains("nothing was sent"), "{t}");
+    let mut params =
+        CallToolRequestParams::new("refund_order").with_arguments(object(json!({"order_id": ORDER_ID, "amount": 200})));
+    params.meta = Some(meta(&[("once/key", "refund-s"), ("tenant", "t-9")]));
+    let ran = session.client.call_tool(params).await.unwrap();
+    assert_eq!(outcome(&ran)["decision"], "executed", "{}", text(&ran));
+    assert_eq!(outcome(&ran)["scope"], "t-9");
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&rig);
+}
+
 // ---- tools/list, --check-config and bad config ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,6 +444,27 @@ fn check_config_prints_each_tool_route() {
     assert!(refund.contains("quota 500.00"), "{refund}");
 }
 
+/// The shipped config names no scope: one stable tenant. `session` is only ever
+/// chosen, and `--check-config` says what it means for restarts.
+#[test]
+fn check_config_states_the_scope_and_warns_about_session_scopes() {
+    let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+    let out = run_gateway_to_exit(&rig, &["--check-config"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("scope fixed \"default\""), "{stdout}");
+    assert!(stdout.contains("owner \"gateway: "), "{stdout}");
+    assert!(!stdout.contains("warning"), "{stdout}");
+
+    let rig = Rig::new(&format!("scope = \"session\"\n{}", fast_config("")));
+    let out = run_gateway_to_exit(&rig, &["--check-config"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: scope = \"session\": each connection is its own scope, so after the gateway or its host restarts, a retry with the same operation key is a NEW operation"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn check_config_without_an_upstream_checks_the_file_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -749,6 +532,14 @@ fn bad_config_is_a_clear_error_at_start() {
         (
             "[tools.refund_order]\ntimeout = \"10s\"\nlease = \"5s\"\n".to_string(),
             "[tools.refund_order]: invalid policy: tool refund_order: lease_ms 5000 is below dispatch_timeout_ms 10000",
+        ),
+        (
+            "[tools.refund_order]\nprovider_claims_key = true\n".to_string(),
+            "[tools.refund_order]: provider_claims_key = true, but the provider key never travels to the upstream",
+        ),
+        (
+            "[tools.refund_order]\nderived_window = \"30d\"\n".to_string(),
+            "derived_window_ms 2592000000 must be positive and at most retention_ms",
         ),
     ];
     for (config, expected) in cases {

@@ -17,6 +17,20 @@ fn sqlite(path: &Path) -> SqliteStorage {
     SqliteStorage::open(path, SqliteOptions::default()).unwrap()
 }
 
+/// A confirmed call with this receipt, replayed or not, matched how.
+#[track_caller]
+fn assert_confirmed(called: &Called, receipt: &str, replayed: bool, via: Option<ReplayVia>) {
+    match called {
+        Called::Confirmed {
+            receipt: r,
+            replayed: p,
+            via: v,
+            ..
+        } if r == receipt && *p == replayed && *v == via => {}
+        other => panic!("expected confirmed({receipt}, replayed: {replayed}, via: {via:?}), got {other:?}"),
+    }
+}
+
 fn counting(effects: &AtomicU32, reply: Sent) -> impl FnMut(&once::Dispatch<'_>) -> Sent + '_ {
     move |_| {
         effects.fetch_add(1, Ordering::SeqCst);
@@ -39,14 +53,7 @@ fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
             counting(&effects, Sent::Success(receipt.into())),
         )
         .unwrap();
-    assert_eq!(
-        first,
-        Called::Confirmed {
-            receipt: receipt.into(),
-            replayed: false,
-            via: None
-        }
-    );
+    assert_confirmed(&first, receipt, false, None);
     let again = once
         .call(
             "t1",
@@ -60,14 +67,12 @@ fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
         receipt: replayed_receipt,
         replayed: true,
         via: Some(ReplayVia::Key),
+        ..
     } = again
     else {
         panic!("expected a replay, got {again:?}")
     };
-    assert_eq!(
-        replayed_receipt, r#"{"amount":200,"refund_id":"r_1"}"#,
-        "the stored (canonical) receipt"
-    );
+    assert_eq!(replayed_receipt, receipt, "the receipt as the provider sent it");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // A changed payload under the same key is a conflict, never a retry.
     let changed = once.call(
@@ -151,14 +156,7 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
             counting(&effects, Sent::Success("{}".into())),
         )
         .unwrap();
-    assert_eq!(
-        settled,
-        Called::Confirmed {
-            receipt: r#"{"refund_id":"r_9"}"#.into(),
-            replayed: true,
-            via: Some(ReplayVia::Provider)
-        }
-    );
+    assert_confirmed(&settled, r#"{"refund_id":"r_9"}"#, true, Some(ReplayVia::Provider));
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::Confirmed);
 }
@@ -208,14 +206,7 @@ fn verify_first_survives_a_lost_ledger_file() {
     let again = once
         .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
         .unwrap();
-    assert_eq!(
-        again,
-        Called::Confirmed {
-            receipt: r#"{"refund_id":"r_1"}"#.into(),
-            replayed: true,
-            via: Some(ReplayVia::Provider)
-        }
-    );
+    assert_confirmed(&again, r#"{"refund_id":"r_1"}"#, true, Some(ReplayVia::Provider));
     assert_eq!(provider.lock().unwrap().len(), 1, "no second dispatch");
 }
 
@@ -300,14 +291,7 @@ fn a_waiter_gets_the_holders_receipt_instead_of_an_error() {
             counting(&effects, Sent::Success("{}".into())),
         )
         .unwrap();
-    assert_eq!(
-        waiter,
-        Called::Confirmed {
-            receipt: r#"{"refund_id":"r_slow"}"#.into(),
-            replayed: true,
-            via: Some(ReplayVia::Key)
-        }
-    );
+    assert_confirmed(&waiter, r#"{"refund_id":"r_slow"}"#, true, Some(ReplayVia::Key));
     assert!(matches!(
         holder.join().unwrap().unwrap(),
         Called::Confirmed { replayed: false, .. }
@@ -475,9 +459,10 @@ impl Storage for SharedStorage {
         t: once::types::Table,
         st: &[State],
         due: u64,
+        owner: Option<&str>,
         limit: u32,
     ) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
-        self.0.scan(t, st, due, limit)
+        self.0.scan(t, st, due, owner, limit)
     }
     fn audit(&self, s: &str, k: &str) -> Result<Vec<once::types::AuditEvent>, once::storage::StorageError> {
         self.0.audit(s, k)
@@ -523,4 +508,132 @@ fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
         .unwrap();
     assert!(matches!(again, Called::InFlight(_) | Called::Unknown(_)), "{again:?}");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+/// A rejection that arrives after the lease expired into unknown is not
+/// recorded, so the caller is not told "rejected": the record may still be
+/// dispatched once reconciliation proves absence, and a corrected call on top
+/// of it would be a second refund.
+#[test]
+fn a_rejection_the_ledger_did_not_record_is_not_reported_as_rejected() {
+    let clock = ManualClock::new(1_000_000);
+    let once = Once::builder(once::storage::memory::MemoryStorage::new())
+        .clock(clock.clone())
+        .in_flight_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let mut policy = once.default_policy().unwrap();
+    policy.dispatch_timeout_ms = 1_000;
+    policy.lease_ms = 1_200;
+    once.set_policy(TOOL, policy).unwrap();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
+            // The reply takes longer than the lease; the background sweep expires it meanwhile.
+            clock.set(d.send_by + 10_000);
+            assert_eq!(once.sweep(10).unwrap().expired, 1);
+            Sent::Rejected(r#"{"error":"declined"}"#.into())
+        })
+        .unwrap();
+    assert!(matches!(called, Called::Unknown(_)), "{called:?}");
+    let view = once.inspect("t1", "refund-1").unwrap().unwrap();
+    assert_eq!(view.state, State::Unknown);
+}
+
+/// A rejection whose commit fails is not reported either: the caller hears
+/// what the record says (still in flight), never the outcome it could not store.
+#[test]
+fn a_rejection_that_could_not_be_stored_is_reported_as_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(sqlite(&dir.path().join("once.db")));
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = Once::builder(Breakable(store, broken.clone())).build().unwrap();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |_| {
+            // The ledger stops taking writes between dispatch and report.
+            broken.store(true, Ordering::SeqCst);
+            Sent::Rejected(r#"{"error":"declined"}"#.into())
+        })
+        .unwrap();
+    broken.store(false, Ordering::SeqCst);
+    assert!(matches!(called, Called::InFlight(_)), "{called:?}");
+    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
+}
+
+/// An SQLite store whose commits fail while the flag is set.
+struct Breakable(Arc<SqliteStorage>, Arc<std::sync::atomic::AtomicBool>);
+
+impl Storage for Breakable {
+    fn get(
+        &self,
+        t: once::types::Table,
+        s: &str,
+        k: &str,
+    ) -> Result<Option<once::types::Row>, once::storage::StorageError> {
+        self.0.get(t, s, k)
+    }
+    fn commit(&self, b: &once::types::Batch) -> Result<(), once::storage::CommitError> {
+        if self.1.load(Ordering::SeqCst) {
+            return Err(once::storage::CommitError::Storage(once::storage::StorageError(
+                "disk full".into(),
+            )));
+        }
+        self.0.commit(b)
+    }
+    fn scan(
+        &self,
+        t: once::types::Table,
+        st: &[State],
+        due: u64,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.scan(t, st, due, owner, limit)
+    }
+    fn audit(&self, s: &str, k: &str) -> Result<Vec<once::types::AuditEvent>, once::storage::StorageError> {
+        self.0.audit(s, k)
+    }
+    fn list(&self, st: Option<State>, limit: u32) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.list(st, limit)
+    }
+    fn stats(&self) -> Result<once::storage::Stats, once::storage::StorageError> {
+        self.0.stats()
+    }
+}
+
+/// Not sent is not a rejection: the same operation asks for its next attempt
+/// (same key, same provider key) and that one's success confirms it.
+#[test]
+fn not_sent_then_success_is_confirmed_by_the_next_attempt() {
+    let once = Once::builder(once::storage::memory::MemoryStorage::new())
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
+            seen.push((d.attempt, d.provider_key.to_string()));
+            if d.attempt == 1 {
+                Sent::NotSent
+            } else {
+                Sent::Success(r#"{"refund_id":"r_2"}"#.into())
+            }
+        })
+        .unwrap();
+    assert_confirmed(&called, r#"{"refund_id":"r_2"}"#, false, None);
+    assert_eq!(seen.len(), 2);
+    assert_eq!((seen[0].0, seen[1].0), (1, 2));
+    assert_eq!(seen[0].1, seen[1].1, "the same provider key");
+    let view = once.inspect("t1", "refund-1").unwrap().unwrap();
+    assert_eq!((view.state, view.attempts), (State::Confirmed, 2));
+
+    // Never sent at all: the budget ends it, saying nothing was sent.
+    let called = once
+        .call("t1", Some("refund-2"), TOOL, ARGS, |_| Sent::NotSent)
+        .unwrap();
+    match called {
+        Called::Blocked(b) => {
+            assert_eq!(b.reason, BlockReason::AttemptBudget);
+            assert!(b.detail.contains("none of them was sent"), "{}", b.detail);
+        }
+        other => panic!("expected blocked(attempt-budget), got {other:?}"),
+    }
 }

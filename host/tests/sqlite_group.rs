@@ -24,6 +24,7 @@ fn counter(version: u64, body: String) -> Row {
         version,
         state: None,
         due_at: None,
+        owner: None,
         body,
     }
 }
@@ -80,8 +81,15 @@ impl Storage for Observed {
         self.flushes.lock().unwrap().push(flush);
         self.store.commit_with(batch, flush)
     }
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, StorageError> {
-        self.store.scan(table, states, due_before, limit)
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError> {
+        self.store.scan(table, states, due_before, owner, limit)
     }
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
         self.store.audit(scope, key)
@@ -97,6 +105,11 @@ impl Storage for Observed {
 /// One protected call over a store opened with `synchronous`: the flush the
 /// host asked for on each commit, and the store's commit counts.
 fn protected_call(synchronous: Synchronous) -> (Called, Vec<Flush>, CommitCounts, Option<Row>) {
+    protected_call_answered(synchronous, Sent::Success(r#"{"id":"r_1"}"#.into()))
+}
+
+/// [`protected_call`] with the provider answering `sent`.
+fn protected_call_answered(synchronous: Synchronous, sent: Sent) -> (Called, Vec<Flush>, CommitCounts, Option<Row>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("once.db");
     let store = Arc::new(open(&path, synchronous));
@@ -113,7 +126,7 @@ fn protected_call(synchronous: Synchronous) -> (Called, Vec<Flush>, CommitCounts
             Some("refund-1"),
             "refund",
             r#"{"order":1,"amount":2}"#,
-            |_| Sent::Success(r#"{"id":"r_1"}"#.into()),
+            |_| sent.clone(),
         )
         .unwrap();
     let counts = store.commit_counts();
@@ -151,6 +164,28 @@ fn intent_only_commits_begin_full_and_finish_normal() {
         }
     );
     assert_eq!(row.unwrap().state, Some(State::Confirmed));
+}
+
+/// A rejection is not deferred: lost in a power failure it would turn a
+/// reported refusal into an owed dispatch. Only a success rides on the next fsync.
+#[test]
+fn intent_only_commits_a_rejection_full() {
+    let (called, flushes, counts, row) = protected_call_answered(
+        Synchronous::IntentOnly,
+        Sent::Rejected(r#"{"error":"declined"}"#.into()),
+    );
+    assert!(matches!(called, Called::Rejected { .. }), "{called:?}");
+    assert!(flushes.iter().all(|f| *f == Flush::Now), "{flushes:?}");
+    let n = flushes.len() as u64;
+    assert_eq!(
+        counts,
+        CommitCounts {
+            full: n,
+            normal: 0,
+            batches: n
+        }
+    );
+    assert_eq!(row.unwrap().state, Some(State::Failed));
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn row(table: Table, scope: &str, key: &str, version: u64) -> Row {
         version,
         state: None,
         due_at: None,
+        owner: None,
         body: format!("{{\"v\":{version}}}"),
     }
 }
@@ -37,6 +38,7 @@ fn op(scope: &str, key: &str, version: u64, state: State, due_at: Option<u64>) -
     Row {
         state: Some(state),
         due_at,
+        owner: Some("o1".into()),
         ..row(Table::Operation, scope, key, version)
     }
 }
@@ -360,11 +362,32 @@ fn scan_filters_and_orders(s: &dyn Storage) {
             },
         ),
         put(None, row(Table::Quota, "q", "1", 1)),
+        put(
+            None,
+            Row {
+                owner: Some("o2".into()),
+                ..op("e", "1", 1, State::Unknown, Some(12))
+            },
+        ),
     ]))
     .unwrap();
 
-    let scan =
-        |states: &[State], before: u64, limit: u32| keys(&s.scan(Table::Operation, states, before, limit).unwrap());
+    let scan = |states: &[State], before: u64, limit: u32| {
+        keys(&s.scan(Table::Operation, states, before, Some("o1"), limit).unwrap())
+    };
+    // An owner sees only its rows; no owner, every row.
+    assert_eq!(
+        keys(
+            &s.scan(Table::Operation, &[State::Unknown], 100, Some("o2"), 10)
+                .unwrap()
+        ),
+        pairs(&[("e", "1")])
+    );
+    assert_eq!(
+        keys(&s.scan(Table::Operation, &[State::Unknown], 100, None, 10).unwrap()),
+        pairs(&[("e", "1"), ("a", "2")])
+    );
+    assert!(s.scan(Table::Operation, &[], 100, Some("o3"), 10).unwrap().is_empty());
     // Any state (including none), ordered by due_at, then scope, then key.
     assert_eq!(
         scan(&[], u64::MAX, 100),
@@ -393,13 +416,13 @@ fn scan_filters_and_orders(s: &dyn Storage) {
     assert_eq!(scan(&[State::Superseded], u64::MAX, 100), pairs(&[]));
     // Other tables.
     assert_eq!(
-        keys(&s.scan(Table::Tombstone, &[], 5, 10).unwrap()),
+        keys(&s.scan(Table::Tombstone, &[], 5, None, 10).unwrap()),
         pairs(&[("t", "1")])
     );
-    assert!(s.scan(Table::Quota, &[], u64::MAX, 10).unwrap().is_empty());
-    // Whole rows come back.
+    assert!(s.scan(Table::Quota, &[], u64::MAX, None, 10).unwrap().is_empty());
+    // Whole rows come back, owner and all.
     assert_eq!(
-        s.scan(Table::Operation, &[State::Absent], 10, 1).unwrap(),
+        s.scan(Table::Operation, &[State::Absent], 10, Some("o1"), 1).unwrap(),
         vec![op("c", "1", 1, State::Absent, Some(10))]
     );
 }
@@ -467,7 +490,7 @@ fn names_order_by_bytes(s: &dyn Storage) {
     let listed: Vec<String> = s.list(None, 100).unwrap().into_iter().map(|r| r.key).collect();
     assert_eq!(listed, sorted);
     let scanned: Vec<String> = s
-        .scan(Table::Operation, &[State::Unknown], 7, 100)
+        .scan(Table::Operation, &[State::Unknown], 7, None, 100)
         .unwrap()
         .into_iter()
         .map(|r| r.key)
@@ -954,6 +977,44 @@ fn sqlite_newer_schema_is_refused() {
     assert!(e.0.contains("newer"), "{e}");
 }
 
+/// A version-1 file (before operation rows named their owner) is migrated
+/// on open: its operation rows were written by hosts without an owner name,
+/// so they become `default`'s, and an owner scan finds them.
+#[test]
+fn sqlite_version_1_files_are_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         INSERT INTO meta VALUES ('schema_version', '1');
+         CREATE TABLE rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
+           state TEXT, due_at INTEGER, body TEXT NOT NULL, PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
+         CREATE TABLE audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, at INTEGER NOT NULL,
+           kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER, detail TEXT NOT NULL,
+           PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
+         INSERT INTO rows VALUES ('operation', 's', 'k', 3, 'unknown', 50, '{}');
+         INSERT INTO rows VALUES ('quota', 's', 'b@0', 1, NULL, 60, '{}');",
+    )
+    .unwrap();
+    drop(raw);
+    let s = open(&path);
+    let found = s
+        .scan(Table::Operation, &[State::Unknown], 100, Some("default"), 10)
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!((found[0].version, found[0].owner.as_deref()), (3, Some("default")));
+    assert_eq!(get(&s, Table::Quota, "s", "b@0").unwrap().owner, None);
+    drop(s);
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let version: String = raw
+        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    // Opening again changes nothing.
+    drop(open(&path));
+}
+
 // ------------------------------------------------------- PostgreSQL only
 
 /// Options for a store whose sessions a test can find in `pg_stat_activity`.
@@ -1005,13 +1066,39 @@ fn postgres_migrations_are_idempotent_and_race_free() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for wanted in ["audit_kind", "rows_due", "rows_state"] {
+    for wanted in ["audit_kind", "rows_due", "rows_owner_due", "rows_state"] {
         assert!(indexes.iter().any(|i| i == wanted), "{indexes:?}");
     }
     // The schema is named by the URL, as `--db` and ONCE_DB give it.
     let by_url = PostgresStorage::open(&schema.location()).unwrap();
     assert_eq!(by_url.schema(), schema.name);
     assert_eq!(get(&by_url, Table::Operation, "s", "k").unwrap().version, 1);
+}
+
+/// A version-1 schema is migrated on open, its operation rows given to `default`.
+#[test]
+fn postgres_version_1_schemas_are_migrated() {
+    let Some(schema) = TestSchema::new() else { return };
+    drop(schema.open());
+    let mut c = schema.client();
+    c.batch_execute(
+        "DROP INDEX rows_owner_due; ALTER TABLE rows DROP COLUMN owner;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version';
+         INSERT INTO rows (tbl, scope, key, version, state, due_at, body)
+           VALUES ('operation', 's', 'k', 3, 'unknown', 50, '{}');",
+    )
+    .unwrap();
+    let s = schema.open();
+    let found = s
+        .scan(Table::Operation, &[State::Unknown], 100, Some("default"), 10)
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!((found[0].version, found[0].owner.as_deref()), (3, Some("default")));
+    let version: String = c
+        .query_one("SELECT value FROM meta WHERE key = 'schema_version'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
 }
 
 #[test]

@@ -68,6 +68,11 @@ pub enum ErrorKind {
     NonFiniteNumber,
     /// A number whose magnitude rounds to infinity as an IEEE-754 double.
     NumberOutOfRange,
+    /// A number whose double denotes a different decimal than its literal
+    /// (`9007199254740993` reads as `9007199254740992`); only in the payload
+    /// path ([`parse_exact`], [`canonicalize_exact_into`]), never in
+    /// [`canonicalize`], which follows RFC 8785 and rounds.
+    InexactNumber,
     /// Nesting deeper than [`Limits::max_depth`].
     TooDeep,
     /// Input longer than [`Limits::max_input_bytes`] (checked before
@@ -86,6 +91,7 @@ impl ErrorKind {
             ErrorKind::InvalidUtf8 => "invalid_utf8",
             ErrorKind::NonFiniteNumber => "non_finite_number",
             ErrorKind::NumberOutOfRange => "number_out_of_range",
+            ErrorKind::InexactNumber => "inexact_number",
             ErrorKind::TooDeep => "too_deep",
             ErrorKind::TooLarge => "too_large",
         }
@@ -192,8 +198,24 @@ impl Value {
 /// Parses `input` as strict I-JSON into a tree.
 pub fn parse(input: &[u8], limits: &Limits) -> Result<Value, Error> {
     let mut sink = parse::TreeSink::default();
-    parse::run(input, limits, &mut sink)?;
+    parse::run(input, limits, false, &mut sink)?;
     Ok(sink.finish())
+}
+
+/// [`parse`] for what is fingerprinted or dispatched: also refuses a number
+/// whose canonical form denotes another decimal than its literal
+/// ([`ErrorKind::InexactNumber`]), because two different effects would share
+/// a fingerprint and the value sent would differ from the caller's.
+pub fn parse_exact(input: &[u8], limits: &Limits) -> Result<Value, Error> {
+    let mut sink = parse::TreeSink::default();
+    parse::run(input, limits, true, &mut sink)?;
+    Ok(sink.finish())
+}
+
+/// Checks that `input` is strict I-JSON within the limits, building nothing
+/// (receipts are stored as their sender wrote them, once checked).
+pub fn validate(input: &[u8], limits: &Limits) -> Result<(), Error> {
+    parse::run(input, limits, false, &mut parse::NullSink)
 }
 
 /// Parses `input` as strict I-JSON and returns its RFC 8785 canonical form.
@@ -209,9 +231,18 @@ pub fn canonicalize(input: &[u8], limits: &Limits) -> Result<String, Error> {
 /// Like [`canonicalize`], appending to `out` (to reuse a buffer). On error
 /// `out` is left as it was.
 pub fn canonicalize_into(input: &[u8], limits: &Limits, out: &mut String) -> Result<(), Error> {
+    canonicalize_with(input, limits, false, out)
+}
+
+/// [`canonicalize_into`] with [`parse_exact`]'s number rule (the payload path).
+pub fn canonicalize_exact_into(input: &[u8], limits: &Limits, out: &mut String) -> Result<(), Error> {
+    canonicalize_with(input, limits, true, out)
+}
+
+fn canonicalize_with(input: &[u8], limits: &Limits, exact: bool, out: &mut String) -> Result<(), Error> {
     let before = out.len();
     let mut sink = write::CanonSink::new(out);
-    let result = parse::run(input, limits, &mut sink);
+    let result = parse::run(input, limits, exact, &mut sink);
     if result.is_err() {
         out.truncate(before);
     }

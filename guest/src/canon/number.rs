@@ -74,6 +74,45 @@ pub fn format_number(v: f64, out: &mut String) {
     }
 }
 
+/// Whether the decimal `int.frac x 10^exp` (JSON number grammar, `exp` an
+/// optional sign then digits, possibly empty) is exactly the decimal that
+/// the canonical form of `value` (its double) denotes. `1.50`, `1e2` and
+/// `0.1` are; `9007199254740993` (canonical `9007199254740992`) and
+/// `0.30000000000000001` (canonical `0.3`) are not.
+pub(crate) fn denotes_its_double(int: &[u8], frac: &[u8], exp: &[u8], value: f64) -> bool {
+    let digits = || int.iter().chain(frac).copied();
+    let Some(first) = digits().position(|d| d != b'0') else {
+        // A zero literal (any sign, any exponent) is the double zero.
+        return value == 0.0;
+    };
+    if value == 0.0 {
+        return false;
+    }
+    let last = match frac.iter().rposition(|&d| d != b'0') {
+        Some(i) => int.len() + i,
+        None => int.iter().rposition(|&d| d != b'0').unwrap_or(first),
+    };
+    let (exp_neg, exp_digits) = match exp.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, exp),
+    };
+    // Beyond this the double is zero or infinite, which was handled above.
+    let e = exp_digits
+        .iter()
+        .fold(0i64, |e, &d| (e * 10 + i64::from(d - b'0')).min(1_000_000));
+    let e = if exp_neg { -e } else { e };
+    // The literal is 0.d(first)..d(last) x 10^n.
+    let n = e + int.len() as i64 - first as i64;
+    let mut ryu_buf = ryu::Buffer::new();
+    let (shortest, k, m) = decimal(ryu_buf.format_finite(value).as_bytes());
+    i64::from(m) == n
+        && digits()
+            .skip(first)
+            .take(last + 1 - first)
+            .eq(shortest[..k].iter().copied())
+}
+
 /// Splits ryu's output (`[-]ddd[.ddd][e[-]dd]`, non-zero) into significant
 /// digits `d1..dk` (no leading or trailing zeros) and `n` such that the value
 /// is `0.d1..dk x 10^n`.

@@ -32,6 +32,21 @@ pub(crate) trait Sink {
     fn end_object(&mut self, order: &[usize]);
 }
 
+/// Keeps nothing: for checking a document without building anything.
+pub(crate) struct NullSink;
+
+impl Sink for NullSink {
+    fn null(&mut self) {}
+    fn boolean(&mut self, _: bool) {}
+    fn number(&mut self, _: &str, _: f64, _: bool) {}
+    fn string(&mut self, _: &str, _: bool) {}
+    fn begin_array(&mut self) {}
+    fn end_array(&mut self) {}
+    fn begin_object(&mut self) {}
+    fn key(&mut self, _: &str, _: bool) {}
+    fn end_object(&mut self, _: &[usize]) {}
+}
+
 /// Builds a [`Value`].
 #[derive(Default)]
 pub(crate) struct TreeSink {
@@ -106,7 +121,10 @@ impl Sink for TreeSink {
 }
 
 /// Parses `input` into `sink`.
-pub(crate) fn run<S: Sink>(input: &[u8], limits: &Limits, sink: &mut S) -> Result<(), Error> {
+///
+/// With `exact_numbers`, a number whose double denotes another decimal than
+/// its literal is [`ErrorKind::InexactNumber`] (the payload path's rule).
+pub(crate) fn run<S: Sink>(input: &[u8], limits: &Limits, exact_numbers: bool, sink: &mut S) -> Result<(), Error> {
     if input.len() > limits.max_input_bytes {
         let offset = limits.max_input_bytes;
         return Err(Error {
@@ -134,6 +152,7 @@ pub(crate) fn run<S: Sink>(input: &[u8], limits: &Limits, sink: &mut S) -> Resul
         bad_utf8,
         pos: 0,
         max_depth: limits.max_depth,
+        exact_numbers,
         frames: Vec::new(),
         keys: Vec::new(),
         arena: String::new(),
@@ -174,6 +193,8 @@ struct Parser<'t> {
     bad_utf8: bool,
     pos: usize,
     max_depth: usize,
+    /// Refuse numbers that a double cannot hold exactly (see [`run`]).
+    exact_numbers: bool,
     frames: Vec<Frame>,
     keys: Vec<Key>,
     arena: String,
@@ -635,8 +656,25 @@ impl Parser<'_> {
         let canonical = if integer {
             int_digits <= 15 && raw != "-0"
         } else {
-            exp.is_empty() && plain_decimal_is_canonical(&b[int_start..int_end], &b[frac])
+            exp.is_empty() && plain_decimal_is_canonical(&b[int_start..int_end], &b[frac.clone()])
         };
+        if self.exact_numbers
+            && !canonical
+            && !super::number::denotes_its_double(&b[int_start..int_end], &b[frac], &b[exp], value)
+        {
+            let shown = if raw.len() > 40 { &raw[..40] } else { raw };
+            let ellipsis = if raw.len() > 40 { "..." } else { "" };
+            let mut canonical_text = String::new();
+            super::format_number(value, &mut canonical_text);
+            return Err(self.error(
+                ErrorKind::InexactNumber,
+                start,
+                &format!(
+                    "number {shown}{ellipsis} is not exactly a double (it would be read as {canonical_text}); \
+                     send it as a string"
+                ),
+            ));
+        }
         sink.number(raw, value, canonical);
         Ok(())
     }

@@ -679,3 +679,127 @@ proptest! {
         }
     }
 }
+
+// ---- the payload path: numbers a double cannot hold exactly ----
+
+#[track_caller]
+fn exact_rejects(s: &str, pointer: &str, offset: usize) -> Error {
+    let limits = Limits::default();
+    let e = parse_exact(s.as_bytes(), &limits).expect_err(s);
+    assert_eq!(
+        (e.kind, e.pointer.as_str(), e.offset),
+        (ErrorKind::InexactNumber, pointer, offset),
+        "{s:?}: {e}"
+    );
+    let mut out = String::from("kept");
+    assert_eq!(canonicalize_exact_into(s.as_bytes(), &limits, &mut out), Err(e.clone()));
+    assert_eq!(out, "kept", "nothing appended on error");
+    // canonicalize itself follows RFC 8785 and rounds.
+    assert!(canonicalize(s.as_bytes(), &limits).is_ok(), "{s:?}");
+    e
+}
+
+#[test]
+fn the_payload_path_refuses_numbers_a_double_changes() {
+    let e = exact_rejects(r#"{"order_id":9007199254740993}"#, "/order_id", 12);
+    assert_eq!(
+        e.message,
+        "number 9007199254740993 is not exactly a double (it would be read as 9007199254740992); send it as a \
+         string at /order_id (byte 12)"
+    );
+    exact_rejects("[0.30000000000000001]", "/0", 1);
+    exact_rejects("[1,-9007199254740995]", "/1", 3);
+    exact_rejects("1e-400", "", 0);
+    exact_rejects("123456789012345678901234567890", "", 0);
+    exact_rejects(r#"{"a":{"b":[2.00000000000000000001]}}"#, "/a/b/0", 11);
+}
+
+#[test]
+fn the_payload_path_keeps_numbers_whose_canonical_form_is_the_same_value() {
+    let limits = Limits::default();
+    for (literal, canonical) in [
+        ("9007199254740992", "9007199254740992"),
+        ("-9007199254740992", "-9007199254740992"),
+        ("0.1", "0.1"),
+        ("1.0", "1"),
+        ("1e2", "100"),
+        ("1.50", "1.5"),
+        ("-0", "0"),
+        ("0e5", "0"),
+        ("0.000", "0"),
+        ("5e-324", "5e-324"),
+        ("1.7976931348623157e308", "1.7976931348623157e+308"),
+        ("100000000000000000000", "100000000000000000000"),
+        ("1e21", "1e+21"),
+        ("123.456e-2", "1.23456"),
+        ("18014398509481984", "18014398509481984"),
+    ] {
+        let mut out = String::new();
+        assert_eq!(
+            canonicalize_exact_into(literal.as_bytes(), &limits, &mut out),
+            Ok(()),
+            "{literal}"
+        );
+        assert_eq!(out, canonical, "{literal}");
+        assert!(parse_exact(literal.as_bytes(), &limits).is_ok(), "{literal}");
+    }
+}
+
+#[test]
+fn validate_checks_without_building() {
+    let limits = Limits::default();
+    assert_eq!(validate(br#"{"id":9007199254740993}"#, &limits), Ok(()));
+    assert_eq!(
+        validate(br#"{"a":1,"a":2}"#, &limits).map_err(|e| e.kind),
+        Err(ErrorKind::DuplicateKey)
+    );
+    assert_eq!(validate(b"[1,", &limits), Err(parse(b"[1,", &limits).unwrap_err()));
+}
+
+proptest! {
+    /// The exact path accepts a number exactly when its canonical text, read
+    /// back as a decimal, is the literal's decimal: checked against an
+    /// independent exact comparison of the two decimal strings.
+    #[test]
+    fn exactness_agrees_with_decimal_comparison(
+        neg in any::<bool>(),
+        int in "(0|[1-9][0-9]{0,22})",
+        frac in proptest::option::of("[0-9]{1,20}"),
+        exp in proptest::option::of(-30i32..30),
+    ) {
+        let mut literal = String::new();
+        if neg { literal.push('-'); }
+        literal.push_str(&int);
+        if let Some(f) = &frac { literal.push('.'); literal.push_str(f); }
+        if let Some(e) = exp { literal.push_str(&format!("e{e}")); }
+        let limits = Limits::default();
+        let canonical = canonicalize(literal.as_bytes(), &limits).unwrap();
+        let same = normalized(&literal) == normalized(&canonical);
+        let exact = parse_exact(literal.as_bytes(), &limits);
+        prop_assert_eq!(exact.is_ok(), same, "{} -> {}", literal, canonical);
+    }
+}
+
+/// A decimal string as (negative, significant digits, exponent of 0.d1d2…),
+/// zero as one canonical form: an exact comparison without floating point.
+fn normalized(s: &str) -> (bool, String, i64) {
+    let (neg, s) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], s[i + 1..].trim_start_matches('+').parse::<i64>().unwrap()),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = int.chars().chain(frac.chars()).collect();
+    let Some(first) = digits.find(|c| c != '0') else {
+        return (false, String::new(), 0);
+    };
+    let last = digits.rfind(|c| c != '0').unwrap();
+    (
+        neg,
+        digits[first..=last].to_string(),
+        exp + int.len() as i64 - first as i64,
+    )
+}

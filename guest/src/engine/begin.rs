@@ -9,8 +9,8 @@ use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::check_name;
 use crate::payload::Payload;
 use crate::policy::{Routing, check_policy, route};
-use crate::record::{NewRecord, OpRecord, Origin};
-use crate::store::{LedgerError, Loaded, Tx, load, load_tombstone};
+use crate::record::{NewRecord, OpRecord, Origin, string};
+use crate::store::{LedgerError, Loaded, Reserved, Tx, load, load_tombstone};
 use crate::types::{
     BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, IdentityMode, InFlightInfo, KeySource,
     Replay, ReplayVia, State, UnknownInfo,
@@ -101,21 +101,24 @@ struct Claim<'a> {
 impl Claim<'_> {
     fn decide(&self, h: &impl Host) -> Result<Decision, LedgerError> {
         match load(h, &self.req.scope, &self.key)? {
-            None => self.fresh(h),
+            None => self.fresh(h, None),
             Some(loaded) => self.existing(h, loaded),
         }
     }
 
-    fn provider_key(&self) -> String {
-        provider_key(&self.req.scope, &self.key)
-    }
-
-    /// No record for this key.
-    fn fresh(&self, h: &impl Host) -> Result<Decision, LedgerError> {
+    /// A new operation for this key: none recorded (`previous` is `None`), or
+    /// a derived key's finished record past its window, which it replaces.
+    fn fresh(&self, h: &impl Host, previous: Option<&Loaded>) -> Result<Decision, LedgerError> {
         let req = self.req;
-        let provider_key = self.provider_key();
+        let first_version = previous.map_or(self.audit_base.get(), |p| p.version) + 1;
+        let provider_key = provider_key(&req.scope, &self.key, first_version);
         let args = self.payload.dispatch_args(&provider_key);
-        if let Some(stone) = load_tombstone(h, &req.scope, &self.key)? {
+        let tombstone = match previous {
+            Some(_) => None,
+            None => load_tombstone(h, &req.scope, &self.key)?,
+        };
+        // A derived key is never expired: past its window the same arguments are a new operation.
+        if let Some(stone) = tombstone.filter(|_| self.key_source == KeySource::Application) {
             if stone.tool != req.tool || stone.fingerprint != self.payload.fingerprint {
                 return Ok(blocked(
                     BlockReason::Expired,
@@ -129,7 +132,13 @@ impl Claim<'_> {
             if req.policy.verify_first
                 && let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args)
             {
-                return Ok(replay(receipt, ReplayVia::Provider, &self.key));
+                return Ok(match crate::input::checked_receipt(receipt, &h.settings()) {
+                    Ok(receipt) => replay(receipt, h.now(), &self.key),
+                    Err(_) => blocked(
+                        BlockReason::Unverified,
+                        "the provider's receipt is not valid JSON".to_string(),
+                    ),
+                });
             }
             return Ok(blocked(
                 BlockReason::Expired,
@@ -145,7 +154,7 @@ impl Claim<'_> {
         if req.policy.verify_first {
             match h.lookup(&req.tool, &provider_key, &args) {
                 Evidence::Confirmed(receipt) => {
-                    let receipt = match crate::input::canonical_text(&receipt, &h.settings()) {
+                    let receipt = match crate::input::checked_receipt(receipt, &h.settings()) {
                         Ok(receipt) => receipt,
                         Err(_) => {
                             return Ok(blocked(
@@ -157,21 +166,24 @@ impl Claim<'_> {
                     let now = h.now();
                     // The money moved: count it, ceiling or not.
                     let reservation = match (&req.policy.quota, self.payload.spend) {
-                        (Some(quota), Some(units)) => tx.reserve(h, &req.scope, &req.tool, quota, units, now, false)?,
+                        (Some(quota), Some(units)) => {
+                            match tx.reserve(h, &req.scope, &req.tool, quota, units, now, false)? {
+                                Reserved::Yes(reservation) => Some(reservation),
+                                Reserved::OverCeiling | Reserved::OtherUnit(_) => None,
+                            }
+                        }
                         _ => None,
                     };
-                    let origin = Origin::Verified {
-                        receipt: receipt.clone(),
-                    };
+                    let origin = Origin::Verified { receipt };
                     let (mut rec, event) =
-                        OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
-                    self.insert(&mut tx, &mut rec, event, now);
+                        OpRecord::create(self.new_record(h, provider_key, args, reservation), origin, now);
+                    self.write(&mut tx, &mut rec, previous, event, now);
                     // The receipt is the answer even if recording it fails; a conflict means
                     // someone else recorded this key meanwhile, so decide again.
                     if let Err(LedgerError::Conflict) = tx.commit(h) {
                         return Err(self.after_insert_conflict(h));
                     }
-                    return Ok(replay(receipt, ReplayVia::Provider, &self.key));
+                    return Ok(replay_of(&rec, ReplayVia::Provider));
                 }
                 Evidence::Unknown(why) => {
                     return Ok(blocked(
@@ -201,16 +213,26 @@ impl Claim<'_> {
         }
         let reservation = match (&req.policy.quota, self.payload.spend) {
             (Some(quota), Some(units)) => match tx.reserve(h, &req.scope, &req.tool, quota, units, now, true)? {
-                Some(reservation) => Some(reservation),
-                None => return refuse_over_quota(h, &req.scope, &self.key, None, quota, units),
+                Reserved::Yes(reservation) => Some(reservation),
+                Reserved::OverCeiling => {
+                    let seen = previous.map(|p| p.version);
+                    return refuse_over_quota(h, &req.scope, &self.key, seen, quota, units);
+                }
+                Reserved::OtherUnit(why) => return Ok(blocked(BlockReason::Quota, why)),
             },
             _ => None,
         };
         let fence = fence(&req.scope, &self.key, 1, now, now);
         let lease_until = now.saturating_add(req.policy.lease_ms);
         let origin = Origin::Claimed { fence, lease_until };
-        let (mut rec, event) = OpRecord::create(self.new_record(provider_key, args, reservation), origin, now);
-        self.insert(&mut tx, &mut rec, event, now);
+        let (mut rec, mut event) = OpRecord::create(self.new_record(h, provider_key, args, reservation), origin, now);
+        if let Some(previous) = previous {
+            event.detail = crate::record::detail(&[
+                ("lease_until", crate::record::num(lease_until)),
+                ("new_operation_after", string(state_name(previous.rec.state))),
+            ]);
+        }
+        self.write(&mut tx, &mut rec, previous, event, now);
         match tx.commit(h) {
             Ok(()) => Ok(execute(&rec, &h.settings())),
             Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
@@ -218,16 +240,34 @@ impl Claim<'_> {
         }
     }
 
-    fn insert(&self, tx: &mut Tx, rec: &mut OpRecord, event: crate::record::Event, now: u64) {
-        tx.insert(rec, self.audit_base.get() + 1, event, now);
+    /// Stage the new record: an insert, or the replacement of `previous`.
+    fn write(
+        &self,
+        tx: &mut Tx,
+        rec: &mut OpRecord,
+        previous: Option<&Loaded>,
+        mut event: crate::record::Event,
+        now: u64,
+    ) {
+        match previous {
+            Some(p) => {
+                // The trail goes on from the operation this one replaces, whose late evidence stays ours to hear.
+                event.from = Some(p.rec.state);
+                rec.previous_fences = p.rec.attempts.iter().map(|a| a.fence.clone()).collect();
+                tx.record(rec, p.version, event, now)
+            }
+            None => tx.insert(rec, self.audit_base.get() + 1, event, now),
+        }
     }
 
     /// An insert lost: usually to a concurrent writer (decide again). When no
     /// record and no tombstone exist, it collided with the audit trail of an
     /// earlier record whose tombstone expired; continue that trail.
     fn after_insert_conflict(&self, h: &impl Host) -> LedgerError {
+        // A derived key's tombstone (left by earlier versions) does not hold it back.
         let gone = matches!(load(h, &self.req.scope, &self.key), Ok(None))
-            && matches!(load_tombstone(h, &self.req.scope, &self.key), Ok(None));
+            && (self.key_source == KeySource::Derived
+                || matches!(load_tombstone(h, &self.req.scope, &self.key), Ok(None)));
         if gone {
             match h.audit(&self.req.scope, &self.key) {
                 Ok(trail) => self.audit_base.set(trail.last().map_or(0, |e| e.version)),
@@ -239,6 +279,7 @@ impl Claim<'_> {
 
     fn new_record(
         &self,
+        h: &impl Host,
         provider_key: String,
         args: String,
         reservation: Option<crate::record::Reservation>,
@@ -251,6 +292,8 @@ impl Claim<'_> {
             fingerprint: self.payload.fingerprint.clone(),
             args,
             provider_key,
+            key_in_args: self.payload.carries_key(),
+            owner: h.settings().owner,
             spend: self.payload.spend,
             reservation,
             supersedes: self.req.supersedes.clone(),
@@ -314,16 +357,21 @@ impl Claim<'_> {
             record_observation(h, &mut rec, version, event, now)?;
             return Ok(Decision::Conflict(summary));
         }
+        let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+        if finished && rec.window_until().is_some_and(|until| now >= until) {
+            // Past the window, identical arguments are a new operation.
+            return self.fresh(h, Some(&Loaded { rec, version }));
+        }
+        let ours = rec.owner == h.settings().owner;
         match rec.state {
             State::Confirmed => {
                 let via = match rec.key_source {
                     KeySource::Application => ReplayVia::Key,
                     KeySource::Derived => ReplayVia::DerivedArgs,
                 };
-                let receipt = rec.receipt.clone().unwrap_or_default();
                 let event = rec.note_replay();
                 record_observation(h, &mut rec, version, event, now)?;
-                Ok(replay(receipt, via, &rec.key))
+                Ok(replay_of(&rec, via))
             }
             State::InFlight if rec.lease_ended(now) => {
                 let event = rec.expire_lease(now);
@@ -338,17 +386,41 @@ impl Claim<'_> {
             })),
             State::Unknown => Ok(unknown(&rec)),
             State::Superseded => Ok(superseded(&rec)),
+            State::Failed | State::Absent if !ours => Ok(other_owner(&rec, &h.settings().owner)),
             State::Failed | State::Absent => grant(h, rec, version, now),
         }
     }
 }
 
+/// A record this host must not dispatch: another owner sends it.
+pub(super) fn other_owner(rec: &OpRecord, me: &str) -> Decision {
+    blocked(
+        BlockReason::OtherOwner,
+        format!(
+            "{} is {} and dispatched by owner {:?}; this host ({me:?}) never sends another host's operation",
+            rec.key,
+            state_name(rec.state),
+            rec.owner
+        ),
+    )
+}
+
 /// failed or absent -> in_flight, within the attempt budget (and, from failed, the quota).
 pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) -> Result<Decision, LedgerError> {
     if !rec.budget_left() {
+        let not_sent = rec
+            .attempts
+            .iter()
+            .filter(|a| a.outcome.as_deref() == Some("not-sent"))
+            .count();
+        let sent = match not_sent {
+            0 => String::new(),
+            n if n == rec.attempts.len() => "; none of them was sent, so nothing happened".to_string(),
+            n => format!("; {n} of them were not sent"),
+        };
         return Ok(blocked(
             BlockReason::AttemptBudget,
-            format!("{} has used all {} attempts", rec.key, rec.policy.attempt_budget),
+            format!("{} has used all {} attempts{sent}", rec.key, rec.policy.attempt_budget),
         ));
     }
     let mut tx = Tx::new();
@@ -357,8 +429,11 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
         (Some(quota), Some(spend), None) => {
             let units: u128 = spend.parse().unwrap_or(0);
             match tx.reserve(h, &rec.scope, &rec.tool, quota, units, now, true)? {
-                Some(reservation) => Some(reservation),
-                None => return refuse_over_quota(h, &rec.scope, &rec.key, Some(version), quota, units),
+                Reserved::Yes(reservation) => Some(reservation),
+                Reserved::OverCeiling => {
+                    return refuse_over_quota(h, &rec.scope, &rec.key, Some(version), quota, units);
+                }
+                Reserved::OtherUnit(why) => return Ok(blocked(BlockReason::Quota, why)),
             }
         }
         _ => None,
@@ -389,12 +464,17 @@ fn record_observation(
 
 pub(super) fn execute(rec: &OpRecord, settings: &crate::types::Settings) -> Decision {
     let attempt = rec.current().expect("an in-flight record has an attempt");
+    // A send started by then ends (reply or timeout) inside the lease, on any host's clock.
+    let send_by = attempt
+        .lease_until
+        .saturating_sub(rec.policy.dispatch_timeout_ms)
+        .saturating_sub(settings.clock_skew_ms);
     Decision::Execute(Execute {
         attempt: attempt.n,
         fence: attempt.fence.clone(),
         provider_key: rec.provider_key.clone(),
         lease_until: attempt.lease_until,
-        send_by: attempt.lease_until.saturating_sub(settings.clock_skew_ms),
+        send_by,
         key: rec.key.clone(),
         args: rec.args.clone(),
     })
@@ -408,12 +488,27 @@ pub(super) fn unknown(rec: &OpRecord) -> Decision {
     })
 }
 
-pub(super) fn replay(receipt: String, via: ReplayVia, key: &str) -> Decision {
+/// The stored receipt of a confirmed record.
+pub(super) fn replay_of(rec: &OpRecord, via: ReplayVia) -> Decision {
+    Decision::Replay(Replay {
+        receipt: rec.receipt.clone().unwrap_or_default(),
+        replayed: true,
+        via,
+        key: rec.key.clone(),
+        at: rec.transitioned_at,
+        window_until: rec.window_until(),
+    })
+}
+
+/// A receipt the provider answered for a key whose record is gone (a tombstone).
+fn replay(receipt: String, at: u64, key: &str) -> Decision {
     Decision::Replay(Replay {
         receipt,
         replayed: true,
-        via,
+        via: ReplayVia::Provider,
         key: key.to_string(),
+        at,
+        window_until: None,
     })
 }
 

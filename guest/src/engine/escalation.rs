@@ -21,9 +21,9 @@ pub fn mark(rec: &mut OpRecord) -> Event {
     rec.escalate(id, "deadline")
 }
 
-/// The id of a possible-duplicate escalation.
-pub fn duplicate_id(rec: &OpRecord, now: u64) -> alloc::string::String {
-    escalation_id(&rec.scope, &rec.key, now, "possible-duplicate")
+/// The id of a possible-duplicate escalation: one per reporting attempt.
+pub fn duplicate_id(rec: &OpRecord, fence: &str, now: u64) -> alloc::string::String {
+    escalation_id(&rec.scope, &rec.key, now, &alloc::format!("possible-duplicate {fence}"))
 }
 
 /// When the resolve deadline has passed, mark the escalation (its own write)

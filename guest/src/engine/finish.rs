@@ -5,7 +5,7 @@ use alloc::string::String;
 use super::escalation;
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
-use crate::input::canonical_text;
+use crate::input::checked_receipt;
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, FinishAck, Outcome, State};
 
@@ -15,7 +15,7 @@ pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
     // A malformed response is refused before anything is written: the record
     // stays in flight, expires into unknown and is reconciled.
     let outcome = match outcome {
-        Outcome::Success(response) => Outcome::Success(canonical_text(&response, &settings)?),
+        Outcome::Success(response) => Outcome::Success(checked_receipt(response, &settings)?),
         other => other,
     };
     for _ in 0..MAX_RACES {
@@ -25,6 +25,17 @@ pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
             Err(_) => return Ok(FinishAck::Unrecorded),
         };
         if !loaded.rec.attempts.iter().any(|a| a.fence == fence) {
+            // A success of the operation this record replaced (a derived key past its window) is
+            // still evidence: never dropped.
+            if let Outcome::Success(receipt) = &outcome
+                && loaded.rec.previous_fences.iter().any(|f| f == fence)
+            {
+                match previous_success(h, loaded, fence, receipt.clone()) {
+                    Ok(ack) => return Ok(ack),
+                    Err(LedgerError::Conflict) => continue,
+                    Err(LedgerError::Storage(_)) => return Ok(FinishAck::Unrecorded),
+                }
+            }
             return Err(Error::FenceMismatch);
         }
         match apply(h, loaded, fence, outcome.clone()) {
@@ -47,7 +58,7 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
             rec.confirm(receipt, Some(fence), now, "finish-success")
         }
         (Outcome::Success(receipt), State::InFlight) => {
-            let id = escalation::duplicate_id(&rec, now);
+            let id = escalation::duplicate_id(&rec, fence, now);
             rec.confirm_possible_duplicate(receipt, fence, id, now)
         }
         (Outcome::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
@@ -56,16 +67,55 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
         }
         (Outcome::Success(receipt), State::Superseded) if rec.receipt.is_none() => {
             tx.count_spend(h, &mut rec, now)?;
-            let id = escalation::duplicate_id(&rec, now);
+            let id = escalation::duplicate_id(&rec, fence, now);
             rec.flag_superseded_effect(receipt, fence, id, now)
         }
-        (Outcome::Success(_), state) => return Ok(FinishAck::Ignored(state)),
+        // The attempt whose effect is recorded, or one already flagged, reporting again: nothing new.
+        (Outcome::Success(_), state) if rec.confirmed_by_fence(fence) || rec.reported_success(fence) => {
+            return Ok(FinishAck::Ignored(state));
+        }
+        // Another attempt's effect is already recorded: this one may be a second.
+        (Outcome::Success(receipt), _) => {
+            let id = escalation::duplicate_id(&rec, fence, now);
+            rec.flag_second_success(receipt, fence, id, now)
+        }
         // A stale fence cannot claim failure or ambiguity.
         (_, state) if !current => return Ok(FinishAck::Ignored(state)),
         (Outcome::Rejected(error), _) => release(h, &mut tx, &mut rec, fence, Some(error), now)?,
-        (Outcome::NotSent, _) => release(h, &mut tx, &mut rec, fence, None, now)?,
+        (Outcome::NotSent, _) => {
+            let (event, released) = rec.not_sent(fence, now);
+            if let Some(reservation) = released {
+                tx.release(h, &rec.scope, &reservation)?;
+            }
+            event
+        }
         (Outcome::Ambiguous(reason), _) => rec.ambiguous(fence, reason, now),
     };
+    tx.record(&mut rec, version, event, now);
+    tx.commit(h)?;
+    let state = rec.state;
+    let _ = escalation::deliver(
+        h,
+        Loaded {
+            rec,
+            version: version + 1,
+        },
+    );
+    Ok(FinishAck::Recorded(state))
+}
+
+/// A success reported by an attempt of the operation this record replaced:
+/// audited with its receipt and escalated on the current record, whose own
+/// state it cannot change (it is another operation's evidence).
+fn previous_success(h: &impl Host, loaded: Loaded, fence: &str, receipt: String) -> Result<FinishAck, LedgerError> {
+    let Loaded { mut rec, version } = loaded;
+    if rec.reported_previous.iter().any(|f| f == fence) {
+        return Ok(FinishAck::Ignored(rec.state));
+    }
+    let now = now_for(h, Some(&rec));
+    let id = escalation::duplicate_id(&rec, fence, now);
+    let event = rec.flag_previous_success(receipt, fence, id);
+    let mut tx = Tx::new();
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     let state = rec.state;

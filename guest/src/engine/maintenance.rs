@@ -13,11 +13,14 @@ use crate::types::{Error, PruneReport, Row, State, SweepReport, Table};
 /// escalate past deadlines and re-deliver unacknowledged escalations.
 pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     let now = h.now();
+    // A host's background work touches only the records it owns.
+    let owner = Some(h.settings().owner);
     let rows = h
         .scan(
             Table::Operation,
             &[State::InFlight, State::Unknown, State::Absent],
             now,
+            owner.clone(),
             limit,
         )
         .map_err(Error::Storage)?;
@@ -49,12 +52,29 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     // record: it is delivered at least once too, so re-deliver it while the
     // sink has not acknowledged it.
     let rows = h
-        .scan(Table::Operation, &[State::Confirmed, State::Superseded], now, limit)
+        .scan(
+            Table::Operation,
+            &[State::Confirmed, State::Superseded],
+            now,
+            owner.clone(),
+            limit,
+        )
         .map_err(Error::Storage)?;
     for row in rows {
         let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
         if escalation::deliver(h, loaded).1 {
             report.escalated += 1;
+        }
+    }
+    // Every dispatch still owed, whenever it was proven: `reconcile` grants each.
+    let owed = h
+        .scan(Table::Operation, &[State::Absent], crate::record::OWED, owner, limit)
+        .map_err(Error::Storage)?;
+    // An owed dispatch with no attempt left waits for its escalation and an operator, not a host.
+    for row in owed {
+        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        if loaded.rec.budget_left() {
+            report.owed.push((row.scope, row.key));
         }
     }
     Ok(report)
@@ -74,9 +94,8 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
         loaded = after;
         report.reconciled += 1;
         match read {
-            Read::Confirmed(_) => report.confirmed += 1,
-            Read::Absent => report.owed.push((loaded.rec.scope.clone(), loaded.rec.key.clone())),
-            Read::Unknown => {}
+            Read::Confirmed => report.confirmed += 1,
+            Read::Absent | Read::Unknown => {}
         }
     }
     let (_, delivered) = escalation::escalate_if_due(h, loaded, now)?;
@@ -100,6 +119,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
             Table::Operation,
             &[State::Confirmed, State::Failed, State::Superseded],
             now,
+            None,
             limit,
         )
         .map_err(Error::Storage)?;
@@ -120,7 +140,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
         }
     }
     for table in [Table::Tombstone, Table::Quota] {
-        let rows = h.scan(table, &[], now, limit).map_err(Error::Storage)?;
+        let rows = h.scan(table, &[], now, None, limit).map_err(Error::Storage)?;
         for row in rows {
             if remove(h, &row)? && table == Table::Tombstone {
                 report.tombstones_removed += 1;

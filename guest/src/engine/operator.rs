@@ -6,7 +6,7 @@ use alloc::string::ToString;
 use super::begin::state_name;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
-use crate::input::{canonical_text, check_name, check_note};
+use crate::input::{check_name, check_note, checked_receipt};
 use crate::record::{detail, string};
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, RecordView, Resolution, State};
@@ -28,6 +28,7 @@ pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordVie
         fingerprint: rec.fingerprint.clone(),
         args: rec.args.clone(),
         provider_key: rec.provider_key.clone(),
+        owner: rec.owner.clone(),
         state: rec.state,
         version,
         attempts: rec.attempts.len() as u32,
@@ -64,7 +65,7 @@ pub fn resolve(
     check_name("key", key, &settings)?;
     check_note(note)?;
     let resolution = match resolution {
-        Resolution::Confirmed(receipt) => Resolution::Confirmed(canonical_text(&receipt, &settings)?),
+        Resolution::Confirmed(receipt) => Resolution::Confirmed(checked_receipt(receipt, &settings)?),
         Resolution::Absent => Resolution::Absent,
     };
     for _ in 0..MAX_RACES {

@@ -1,13 +1,12 @@
 //! `reconcile`: settle an unknown record with the provider's authoritative read.
 
 use alloc::format;
-use alloc::string::String;
 
-use super::begin::{blocked, grant, replay, superseded, unknown};
+use super::begin::{blocked, grant, other_owner, replay_of, superseded, unknown};
 use super::escalation;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
-use crate::input::{canonical_text, check_name};
+use crate::input::{check_name, checked_receipt};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Awaited, BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, ReplayVia, State};
@@ -41,7 +40,8 @@ pub fn await_holder(h: &impl Host, scope: &str, key: &str) -> Result<Awaited, Er
     let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
     let rec = &loaded.rec;
     match rec.state {
-        State::Failed => Ok(Awaited::Rejected(rec.error.clone().unwrap_or_default())),
+        // "Not sent" is not a rejection: what happens next is reconcile's to say.
+        State::Failed if !rec.last_not_sent() => Ok(Awaited::Rejected(rec.error.clone().unwrap_or_default())),
         State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Ok(Awaited::Pending(in_flight(rec))),
         _ => reconcile(h, scope, key).map(Awaited::Decided),
     }
@@ -57,6 +57,8 @@ fn in_flight(rec: &OpRecord) -> InFlightInfo {
 fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
     let rec = &loaded.rec;
+    // Another owner's record is read through its owner's provider and sent by it: never here.
+    let ours = rec.owner == h.settings().owner;
     match rec.state {
         State::Confirmed => {
             let via = if rec.key_source == KeySource::Derived {
@@ -64,15 +66,20 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
             } else {
                 ReplayVia::Key
             };
-            Ok(replay(rec.receipt.clone().unwrap_or_default(), via, &rec.key))
+            Ok(replay_of(rec, via))
         }
         State::InFlight if !rec.lease_ended(now) => Ok(Decision::InFlight(in_flight(rec))),
+        State::InFlight if !ours => Ok(unknown(&expire(h, loaded, now)?.rec)),
         State::InFlight => {
             let loaded = expire(h, loaded, now)?;
             settle(h, loaded)
         }
+        State::Unknown if !ours => Ok(unknown(rec)),
         State::Unknown => settle(h, loaded),
+        State::Absent | State::Failed if !ours => Ok(other_owner(rec, &h.settings().owner)),
         State::Absent => grant(h, loaded.rec, loaded.version, now),
+        // Nothing was sent: the caller's next attempt, within the budget.
+        State::Failed if rec.last_not_sent() => grant(h, loaded.rec, loaded.version, now),
         State::Failed => Ok(blocked(
             BlockReason::Failed,
             format!(
@@ -89,7 +96,7 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
 fn settle(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
     let (loaded, read) = read_provider(h, loaded)?;
     match read {
-        Read::Confirmed(receipt) => Ok(replay(receipt, ReplayVia::Provider, &loaded.rec.key)),
+        Read::Confirmed => Ok(replay_of(&loaded.rec, ReplayVia::Provider)),
         Read::Absent => {
             let now = now_for(h, Some(&loaded.rec));
             grant(h, loaded.rec, loaded.version, now)
@@ -117,8 +124,8 @@ pub(super) fn expire(h: &impl Host, loaded: Loaded, now: u64) -> Result<Loaded, 
 
 /// What one provider read established.
 pub(super) enum Read {
-    /// The effect exists; the record is confirmed with this receipt.
-    Confirmed(String),
+    /// The effect exists; the record is confirmed with the provider's receipt.
+    Confirmed,
     /// No effect and none can arrive late; the record is absent (dispatch owed).
     Absent,
     /// Not settled; the record stays unknown.
@@ -132,11 +139,8 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
     let now = now_for(h, Some(&rec));
     let backoff = now.saturating_add(backoff(&rec));
     let (event, read) = match evidence {
-        Evidence::Confirmed(receipt) => match canonical_text(&receipt, &h.settings()) {
-            Ok(receipt) => (
-                rec.confirm(receipt.clone(), None, now, "reconciled-confirmed"),
-                Read::Confirmed(receipt),
-            ),
+        Evidence::Confirmed(receipt) => match checked_receipt(receipt, &h.settings()) {
+            Ok(receipt) => (rec.confirm(receipt, None, now, "reconciled-confirmed"), Read::Confirmed),
             Err(_) => (
                 rec.still_unknown("the provider's receipt is not valid JSON", None, backoff),
                 Read::Unknown,
@@ -179,7 +183,9 @@ fn absent(rec: &mut OpRecord, read_position: u64, skew: u64, now: u64, backoff: 
     if read_position <= last_dispatch.saturating_add(skew) {
         let why = format!("absent as of {read_position}, not after the last dispatch {last_dispatch}");
         (rec.still_unknown(&why, Some(read_position), backoff), Read::Unknown)
-    } else if rec.policy.provider_claims_key || read_position > settled_at.saturating_add(skew) {
+    } else if (rec.policy.provider_claims_key && rec.key_reaches_provider())
+        || read_position > settled_at.saturating_add(skew)
+    {
         (rec.prove_absent(read_position, now, "reconciled-absent"), Read::Absent)
     } else {
         let why = format!("absent as of {read_position}, but an earlier request may still commit until {settled_at}");

@@ -103,6 +103,8 @@ pub struct Knobs {
 fn policy(k: &Knobs) -> ToolPolicy {
     let mut p = default_policy();
     p.provider_claims_key = k.provider_claims_key;
+    // A provider can only claim a key that reaches it; here the host sends it.
+    p.key_sent_by_host = k.provider_claims_key;
     p.verify_first = k.verify_first;
     p.attempt_budget = k.attempt_budget;
     p.quota = Some(QuotaPolicy {

@@ -52,8 +52,15 @@ macro_rules! memory_ledger {
         fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
             super::commit_or_fail(&self.mem, &self.fail, batch)
         }
-        fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
-            self.mem.scan(table, states, due_before, limit)
+        fn scan(
+            &self,
+            table: Table,
+            states: &[State],
+            due_before: u64,
+            owner: Option<String>,
+            limit: u32,
+        ) -> Result<Vec<Row>, String> {
+            self.mem.scan(table, states, due_before, owner, limit)
         }
         fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
             self.mem.audit(scope, key)

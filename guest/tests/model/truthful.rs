@@ -184,7 +184,7 @@ pub fn truthful_run(verify_first: bool, budget: u32, ops: Vec<TOp>) -> Result<()
         fail: Cell::new(None),
         provider_keys: KEYS
             .iter()
-            .map(|(s, k, _)| once_guest::identity::provider_key(s, k))
+            .map(|(s, k, _)| once_guest::identity::provider_key(s, k, 1))
             .collect(),
         holders: RefCell::new(vec![Vec::new(); KEYS.len()]),
     };

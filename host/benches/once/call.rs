@@ -45,6 +45,7 @@ impl Host for NativeHost {
             max_depth: 128,
             max_key_bytes: 512,
             clock_skew_ms: 0,
+            owner: "default".to_string(),
         }
     }
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
@@ -85,13 +86,21 @@ impl Host for NativeHost {
         }
         Ok(())
     }
-    fn scan(&self, table: Table, states: &[State], due_before: u64, limit: u32) -> Result<Vec<Row>, String> {
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: u64,
+        owner: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<Row>, String> {
         let mut due: Vec<Row> = self
             .rows
             .borrow()
             .values()
             .filter(|r| r.table == table && r.due_at.is_some_and(|d| d <= due_before))
             .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
+            .filter(|r| owner.is_none() || r.owner == owner)
             .cloned()
             .collect();
         due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));

@@ -91,8 +91,15 @@ impl Storage for Shared {
     fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), once::storage::CommitError> {
         self.0.commit_with(batch, flush)
     }
-    fn scan(&self, table: Table, states: &[State], due: u64, limit: u32) -> Result<Vec<Row>, StorageError> {
-        self.0.scan(table, states, due, limit)
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due: u64,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError> {
+        self.0.scan(table, states, due, owner, limit)
     }
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
         self.0.audit(scope, key)

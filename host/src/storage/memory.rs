@@ -103,6 +103,7 @@ impl Storage for MemoryStorage {
         table: Table,
         states: &[State],
         due_before: Timestamp,
+        owner: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Row>, StorageError> {
         let inner = self.lock();
@@ -114,6 +115,7 @@ impl Storage for MemoryStorage {
                 *tbl == t
                     && row.due_at.is_some_and(|due| due <= due_before)
                     && (states.is_empty() || row.state.is_some_and(|s| states.contains(&s)))
+                    && owner.is_none_or(|o| row.owner.as_deref() == Some(o))
             })
             .map(|(_, row)| row)
             .collect();

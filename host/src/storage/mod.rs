@@ -67,9 +67,16 @@ pub trait Storage: Send + Sync {
         let _ = flush;
         self.commit(batch)
     }
-    /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`, earliest due first.
-    fn scan(&self, table: Table, states: &[State], due_before: Timestamp, limit: u32)
-    -> Result<Vec<Row>, StorageError>;
+    /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`,
+    /// earliest due first; with `owner`, only rows of that owner.
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError>;
     /// The audit trail of one operation, oldest first.
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError>;
     /// Operation rows, optionally in one state, ordered by scope and key.

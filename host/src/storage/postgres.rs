@@ -51,15 +51,17 @@
 //! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
 //!
 //! ```sql
-//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '1')
+//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '2')
 //! CREATE TABLE rows (
 //!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
 //!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
 //!   version bigint NOT NULL, state text,   -- WIT name: 'in-flight', 'confirmed', ...
 //!   due_at bigint,                         -- ms since the epoch
 //!   body text NOT NULL,                    -- the engine's JSON, never interpreted
+//!   owner text COLLATE "C",                -- operation rows: whose background work may touch it
 //!   PRIMARY KEY (tbl, scope, key));
 //! CREATE INDEX rows_due ON rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
+//! CREATE INDEX rows_owner_due ON rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
 //! CREATE INDEX rows_state ON rows (tbl, state, scope, key);
 //! CREATE TABLE audit (
 //!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, version bigint NOT NULL,
@@ -88,13 +90,14 @@ use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestam
 use crate::io::Clock;
 
 /// The schema version this code writes and understands.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The schema that holds the ledger unless the URL or the options name another.
 pub const DEFAULT_SCHEMA: &str = "once";
 
 /// Migrations by target version (index 0 makes version 1); `{s}` is the quoted schema.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE {s}.rows (
   tbl text COLLATE "C" NOT NULL CHECK (tbl IN ('operation', 'tombstone', 'quota')),
   scope text COLLATE "C" NOT NULL,
@@ -127,7 +130,13 @@ END
 $$;
 CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit
   FOR EACH ROW EXECUTE FUNCTION {s}.audit_is_append_only();
-"#];
+"#,
+    r#"
+ALTER TABLE {s}.rows ADD COLUMN owner text COLLATE "C";
+UPDATE {s}.rows SET owner = 'default' WHERE tbl = 'operation';
+CREATE INDEX rows_owner_due ON {s}.rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
+"#,
+];
 
 /// How [`PostgresStorage`] connects and where it keeps the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,7 +315,7 @@ enum Q {
 
 const QUERIES: usize = Q::Now as usize + 1;
 
-const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body";
+const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body, owner";
 const NOW_SQL: &str = "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// The SQL of one store, its schema spelled in.
@@ -321,11 +330,11 @@ impl Sql {
             match q {
                 Q::Get => format!("SELECT {ROW_COLUMNS} FROM {s}.rows WHERE tbl = $1 AND scope = $2 AND key = $3"),
                 Q::Insert => format!(
-                    "INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING"
+                    "INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING"
                 ),
                 Q::Update => format!(
-                    "UPDATE {s}.rows SET version = $5, state = $6, due_at = $7, body = $8
+                    "UPDATE {s}.rows SET version = $5, state = $6, due_at = $7, body = $8, owner = $9
                      WHERE tbl = $1 AND scope = $2 AND key = $3 AND version = $4"
                 ),
                 Q::Delete => {
@@ -343,11 +352,13 @@ impl Sql {
                 Q::ScanAny => format!(
                     "SELECT {ROW_COLUMNS} FROM {s}.rows
                      WHERE tbl = $1 AND due_at IS NOT NULL AND due_at <= $2
+                       AND ($4::text IS NULL OR owner = $4)
                      ORDER BY due_at, scope, key LIMIT $3"
                 ),
                 Q::ScanStates => format!(
                     "SELECT {ROW_COLUMNS} FROM {s}.rows
-                     WHERE tbl = $1 AND due_at IS NOT NULL AND due_at <= $2 AND state = ANY($4)
+                     WHERE tbl = $1 AND due_at IS NOT NULL AND due_at <= $2 AND state = ANY($5)
+                       AND ($4::text IS NULL OR owner = $4)
                      ORDER BY due_at, scope, key LIMIT $3"
                 ),
                 Q::Audit => format!(
@@ -462,6 +473,24 @@ impl Drop for Checkout<'_> {
     fn drop(&mut self) {
         if self.conn.take().is_some() {
             self.pool.forget();
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// Closes the idle connections on a thread of their own: closing one runs a
+    /// small blocking runtime, which would panic if the last handle on the store
+    /// were dropped inside an async runtime (a gateway shutting down).
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut self.lock().idle);
+        if idle.is_empty() {
+            return;
+        }
+        let closing = std::thread::Builder::new()
+            .name("once-postgres-close".into())
+            .spawn(move || drop(idle));
+        if let Ok(thread) = closing {
+            let _ = thread.join();
         }
     }
 }
@@ -842,8 +871,9 @@ impl PostgresStorage {
                 (None, Some(row)) => {
                     let state = row.state.map(State::name);
                     let statement = conn.statement(sql, Q::Insert).map_err(|e| Abort::Pg("prepare", e))?;
-                    let params: [&(dyn postgres::types::ToSql + Sync); 7] =
-                        [&tbl, &put.scope, &put.key, &p.version, &state, &p.due_at, &row.body];
+                    let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
+                        &tbl, &put.scope, &put.key, &p.version, &state, &p.due_at, &row.body, &row.owner,
+                    ];
                     conn.client
                         .execute(&statement, &params)
                         .map_err(|e| Abort::Pg("insert", e))?
@@ -851,8 +881,8 @@ impl PostgresStorage {
                 (Some(expected), Some(row)) => {
                     let state = row.state.map(State::name);
                     let statement = conn.statement(sql, Q::Update).map_err(|e| Abort::Pg("prepare", e))?;
-                    let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
-                        &tbl, &put.scope, &put.key, &expected, &p.version, &state, &p.due_at, &row.body,
+                    let params: [&(dyn postgres::types::ToSql + Sync); 9] = [
+                        &tbl, &put.scope, &put.key, &expected, &p.version, &state, &p.due_at, &row.body, &row.owner,
                     ];
                     conn.client
                         .execute(&statement, &params)
@@ -931,6 +961,7 @@ fn cook_row(r: &postgres::Row) -> Result<Row, StorageError> {
         state: parse_opt_state(col(r, 4)?)?,
         due_at: col::<Option<i64>>(r, 5)?.map(|d| uint("due_at", d)).transpose()?,
         body: col(r, 6)?,
+        owner: col(r, 7)?,
     })
 }
 
@@ -1069,17 +1100,21 @@ impl Storage for PostgresStorage {
         table: Table,
         states: &[State],
         due_before: Timestamp,
+        owner: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Row>, StorageError> {
         // Stored values never exceed i64::MAX, so clamping the bound is exact.
         let due_before = i64::try_from(due_before).unwrap_or(i64::MAX);
         let limit = i64::from(limit);
         let tbl = table_name(table);
+        if let Some(owner) = owner {
+            text("owner", owner)?;
+        }
         if states.is_empty() {
-            return self.rows("scan", Q::ScanAny, &[&tbl, &due_before, &limit]);
+            return self.rows("scan", Q::ScanAny, &[&tbl, &due_before, &limit, &owner]);
         }
         let names: Vec<&str> = states.iter().map(|s| s.name()).collect();
-        self.rows("scan", Q::ScanStates, &[&tbl, &due_before, &limit, &names])
+        self.rows("scan", Q::ScanStates, &[&tbl, &due_before, &limit, &owner, &names])
     }
 
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {

@@ -31,7 +31,7 @@
 //!
 //! ```sql
 //! CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-//!   -- ('schema_version', '1')
+//!   -- ('schema_version', '2')
 //! CREATE TABLE rows (
 //!   tbl TEXT NOT NULL,        -- 'operation' | 'tombstone' | 'quota'
 //!   scope TEXT NOT NULL, key TEXT NOT NULL,
@@ -39,8 +39,10 @@
 //!   state TEXT,               -- WIT name: 'in-flight', 'confirmed', ...
 //!   due_at INTEGER,           -- ms since the epoch
 //!   body TEXT NOT NULL,       -- the engine's JSON, never interpreted
+//!   owner TEXT,               -- operation rows: whose background work may touch it
 //!   PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
 //! CREATE INDEX rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
+//! CREATE INDEX rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;
 //! CREATE INDEX rows_state ON rows (tbl, state);
 //! CREATE TABLE audit (
 //!   scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
@@ -49,6 +51,9 @@
 //!   PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
 //! CREATE INDEX audit_kind ON audit (kind);
 //! ```
+//!
+//! Version 1 files (no `owner`) are migrated on open: their operation rows
+//! were all written by hosts without an owner name, so they get `default`.
 //!
 //! Integers are SQLite's signed 64-bit: a version or timestamp above
 //! `i64::MAX` is refused with a storage error.
@@ -65,7 +70,7 @@ use super::{CommitError, Flush, Stats, Storage, StorageError};
 use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
 
 /// The schema version this code writes and understands.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Reader connections kept open between calls.
 const MAX_IDLE_READERS: usize = 4;
@@ -262,10 +267,19 @@ fn uint(what: &str, v: i64) -> Result<u64, StorageError> {
     u64::try_from(v).map_err(|_| StorageError(format!("sqlite: negative {what} {v} in file")))
 }
 
-const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body";
+const ROW_COLUMNS: &str = "tbl, scope, key, version, state, due_at, body, owner";
 
 /// A row as read from SQL, before its enums are parsed.
-type RawRow = (String, String, String, i64, Option<String>, Option<i64>, String);
+type RawRow = (
+    String,
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    String,
+    Option<String>,
+);
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
     Ok((
@@ -276,11 +290,12 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         r.get(4)?,
         r.get(5)?,
         r.get(6)?,
+        r.get(7)?,
     ))
 }
 
 fn cook_row(raw: RawRow) -> Result<Row, StorageError> {
-    let (tbl, scope, key, version, state, due_at, body) = raw;
+    let (tbl, scope, key, version, state, due_at, body, owner) = raw;
     Ok(Row {
         table: parse_table(&tbl)?,
         scope,
@@ -288,6 +303,7 @@ fn cook_row(raw: RawRow) -> Result<Row, StorageError> {
         version: uint("version", version)?,
         state: parse_opt_state(state)?,
         due_at: due_at.map(|d| uint("due_at", d)).transpose()?,
+        owner,
         body,
     })
 }
@@ -543,6 +559,7 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
                state TEXT,
                due_at INTEGER,
                body TEXT NOT NULL,
+               owner TEXT,
                PRIMARY KEY (tbl, scope, key)
              ) WITHOUT ROWID;
              CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
@@ -562,9 +579,21 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
              CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);",
         )
         .map_err(|e| err("create schema", e))?;
-        if found.is_none() {
+        if found.as_deref() == Some("1") {
+            conn.execute_batch(
+                "ALTER TABLE rows ADD COLUMN owner TEXT;
+                 UPDATE rows SET owner = 'default' WHERE tbl = 'operation';",
+            )
+            .map_err(|e| err("migrate schema to version 2", e))?;
+        }
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;",
+        )
+        .map_err(|e| err("create schema", e))?;
+        if found.as_deref() != Some(SCHEMA_VERSION.to_string().as_str()) {
             conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 [SCHEMA_VERSION.to_string()],
             )
             .map_err(|e| err("write schema version", e))?;
@@ -590,8 +619,8 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
             let version = int("version", row.version)?;
             let due_at = row.due_at.map(|d| int("due_at", d)).transpose()?;
             conn.prepare_cached(
-                "INSERT INTO rows (tbl, scope, key, version, state, due_at, body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                "INSERT INTO rows (tbl, scope, key, version, state, due_at, body, owner)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                  ON CONFLICT DO NOTHING",
             )
             .and_then(|mut s| {
@@ -603,6 +632,7 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
                     row.state.map(State::name),
                     due_at,
                     row.body,
+                    row.owner,
                 ])
             })
             .map_err(|e| err(what("insert"), e))?
@@ -611,7 +641,7 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
             let version = int("version", row.version)?;
             let due_at = row.due_at.map(|d| int("due_at", d)).transpose()?;
             conn.prepare_cached(
-                "UPDATE rows SET version = ?5, state = ?6, due_at = ?7, body = ?8
+                "UPDATE rows SET version = ?5, state = ?6, due_at = ?7, body = ?8, owner = ?9
                  WHERE tbl = ?1 AND scope = ?2 AND key = ?3 AND version = ?4",
             )
             .and_then(|mut s| {
@@ -624,6 +654,7 @@ fn apply_put(conn: &Connection, put: &Put) -> Result<(), Abort> {
                     row.state.map(State::name),
                     due_at,
                     row.body,
+                    row.owner,
                 ])
             })
             .map_err(|e| err(what("update"), e))?
@@ -895,36 +926,30 @@ impl Storage for SqliteStorage {
         table: Table,
         states: &[State],
         due_before: Timestamp,
+        owner: Option<&str>,
         limit: u32,
     ) -> Result<Vec<Row>, StorageError> {
         // Stored values never exceed i64::MAX, so clamping the bound is exact.
         let due_before = i64::try_from(due_before).unwrap_or(i64::MAX);
-        self.read(|conn| {
-            if states.is_empty() {
-                return query_rows(
-                    conn,
-                    "scan",
-                    &format!(
-                        "SELECT {ROW_COLUMNS} FROM rows
-                         WHERE tbl = ?1 AND due_at IS NOT NULL AND due_at <= ?2
-                         ORDER BY due_at, scope, key LIMIT ?3"
-                    ),
-                    params![table_name(table), due_before, limit],
-                );
-            }
-            // States as a JSON array bound to one parameter keeps the statement cacheable.
+        // States as a JSON array bound to one parameter keeps the statement cacheable.
+        let names = if states.is_empty() {
+            None
+        } else {
             let names: Vec<&str> = states.iter().map(|s| s.name()).collect();
-            let names = serde_json::to_string(&names).map_err(|e| err("scan", e))?;
+            Some(serde_json::to_string(&names).map_err(|e| err("scan", e))?)
+        };
+        self.read(|conn| {
             query_rows(
                 conn,
                 "scan",
                 &format!(
                     "SELECT {ROW_COLUMNS} FROM rows
                      WHERE tbl = ?1 AND due_at IS NOT NULL AND due_at <= ?2
-                       AND state IN (SELECT value FROM json_each(?4))
+                       AND (?4 IS NULL OR state IN (SELECT value FROM json_each(?4)))
+                       AND (?5 IS NULL OR owner = ?5)
                      ORDER BY due_at, scope, key LIMIT ?3"
                 ),
-                params![table_name(table), due_before, limit, names],
+                params![table_name(table), due_before, limit, names, owner],
             )
         })
     }

@@ -96,6 +96,9 @@ const READ_FAILURE = "storage: injected read failure";
 const COMMIT_FAILURE = "storage: injected commit failure";
 const LOST_REPLY = "storage: injected lost commit reply";
 const utf8cmp = (a, b) => Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
+// Timestamps in rows stay BigInt end to end: an absent record's due-at is i64::MAX, past 2^53.
+const bigcmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+const I64_MAX = (1n << 63n) - 1n;
 const rowKey = (t, s, k) => JSON.stringify([t, s, k]);
 
 class MemoryStore {
@@ -128,15 +131,16 @@ class MemoryStore {
     for (const [k, e] of fresh) this.events.set(k, e);
     return null;
   }
-  scan(table, states, dueBefore, limit) {
+  scan(table, states, dueBefore, owner, limit) {
     const rows = [...this.rows.values()].filter(
       (r) =>
         r.table === table &&
         r["due-at"] !== null &&
         r["due-at"] <= dueBefore &&
-        (states.length === 0 || states.includes(r.state)),
+        (states.length === 0 || states.includes(r.state)) &&
+        (owner === null || r.owner === owner),
     );
-    rows.sort((a, b) => a["due-at"] - b["due-at"] || utf8cmp(a.scope, b.scope) || utf8cmp(a.key, b.key));
+    rows.sort((a, b) => bigcmp(a["due-at"], b["due-at"]) || utf8cmp(a.scope, b.scope) || utf8cmp(a.key, b.key));
     return rows.slice(0, limit).map((r) => ({ ...r }));
   }
   audit(scope, key) {
@@ -158,17 +162,22 @@ class SqliteStore {
     this.db.pragma("synchronous = NORMAL"); // semantics under test, not power loss
     this.db.exec(`
       CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
-        version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL,
+        version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL, owner TEXT,
         PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
       CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
         at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
         detail TEXT NOT NULL, PRIMARY KEY (scope, key, version)) WITHOUT ROWID;`);
-    const cols = "tbl AS 'table', scope, key, version, state, due_at AS 'due-at', body";
+    const cols = "tbl AS 'table', scope, key, version, state, due_at AS 'due-at', owner, body";
+    // Rows are read with safe integers (BigInt): due-at may be i64::MAX; versions become numbers again.
     this.q = {
-      get: this.db.prepare(`SELECT ${cols} FROM rows WHERE tbl = ? AND scope = ? AND key = ?`),
-      insert: this.db.prepare("INSERT INTO rows VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
+      get: this.db.prepare(`SELECT ${cols} FROM rows WHERE tbl = ? AND scope = ? AND key = ?`).safeIntegers(true),
+      insert: this.db.prepare(
+        "INSERT INTO rows (tbl, scope, key, version, state, due_at, owner, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?) " +
+          "ON CONFLICT DO NOTHING",
+      ),
       update: this.db.prepare(
-        "UPDATE rows SET version = ?, state = ?, due_at = ?, body = ? WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
+        "UPDATE rows SET version = ?, state = ?, due_at = ?, owner = ?, body = ? " +
+          "WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
       ),
       del: this.db.prepare("DELETE FROM rows WHERE tbl = ? AND scope = ? AND key = ? AND version = ?"),
       event: this.db.prepare("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"),
@@ -176,16 +185,22 @@ class SqliteStore {
         "SELECT scope, key, version, at, kind, from_state AS 'from-state', to_state AS 'to-state', attempt, detail " +
           "FROM audit WHERE scope = ? AND key = ? ORDER BY version",
       ),
-      scan: this.db.prepare(
-        `SELECT ${cols} FROM rows WHERE tbl = ? AND due_at IS NOT NULL AND due_at <= ? ` +
-          "AND (? = '[]' OR state IN (SELECT value FROM json_each(?))) ORDER BY due_at, scope, key LIMIT ?",
-      ),
+      scan: this.db
+        .prepare(
+          `SELECT ${cols} FROM rows WHERE tbl = ? AND due_at IS NOT NULL AND due_at <= ? ` +
+            "AND (? = '[]' OR state IN (SELECT value FROM json_each(?))) AND (? IS NULL OR owner = ?) " +
+            "ORDER BY due_at, scope, key LIMIT ?",
+        )
+        .safeIntegers(true),
       rowCounts: this.db.prepare("SELECT tbl, count(*) AS n FROM rows GROUP BY tbl"),
       eventCount: this.db.prepare("SELECT count(*) AS n FROM audit"),
     };
   }
+  static row(r) {
+    return r ? { ...r, version: Number(r.version) } : null;
+  }
   get(table, scope, key) {
-    return this.q.get.get(table, scope, key) ?? null;
+    return SqliteStore.row(this.q.get.get(table, scope, key));
   }
   commit(puts, events) {
     const q = this.q;
@@ -195,9 +210,9 @@ class SqliteStore {
         const r = p.row;
         let n;
         if (p.expected === null && r !== null) {
-          n = q.insert.run(p.table, p.scope, p.key, r.version, r.state, r["due-at"], r.body).changes;
+          n = q.insert.run(p.table, p.scope, p.key, r.version, r.state, r["due-at"], r.owner, r.body).changes;
         } else if (r !== null) {
-          n = q.update.run(r.version, r.state, r["due-at"], r.body, p.table, p.scope, p.key, p.expected).changes;
+          n = q.update.run(r.version, r.state, r["due-at"], r.owner, r.body, p.table, p.scope, p.key, p.expected).changes;
         } else if (p.expected !== null) {
           n = q.del.run(p.table, p.scope, p.key, p.expected).changes;
         } else {
@@ -223,9 +238,10 @@ class SqliteStore {
       throw e;
     }
   }
-  scan(table, states, dueBefore, limit) {
+  scan(table, states, dueBefore, owner, limit) {
     const s = JSON.stringify(states);
-    return this.q.scan.all(table, dueBefore, s, s, limit);
+    const bound = dueBefore > I64_MAX ? I64_MAX : dueBefore; // SQLite integers are i64
+    return this.q.scan.all(table, bound, s, s, owner, owner, limit).map(SqliteStore.row);
   }
   audit(scope, key) {
     return this.q.audit.all(scope, key);
@@ -294,6 +310,7 @@ const rowOut = (r) =>
     version: big(r.version),
     state: opt(r.state),
     dueAt: big(r["due-at"]),
+    owner: opt(r.owner),
     body: r.body,
   };
 const rowIn = (r) =>
@@ -304,7 +321,8 @@ const rowIn = (r) =>
         key: r.key,
         version: num(r.version),
         state: r.state ?? null,
-        "due-at": num(r.dueAt),
+        "due-at": r.dueAt ?? null,
+        owner: r.owner ?? null,
         body: r.body,
       }
     : null;
@@ -354,9 +372,9 @@ function imports(run) {
         if (outcome === "conflict") throw { payload: { tag: "conflict" } };
         if (outcome !== null) throw { payload: { tag: "storage", val: outcome } };
       },
-      scan(table, states, dueBefore, limit) {
+      scan(table, states, dueBefore, owner, limit) {
         reads();
-        return run.storage.inner.scan(table, states, Number(dueBefore), limit).map(rowOut);
+        return run.storage.inner.scan(table, states, BigInt(dueBefore), owner ?? null, limit).map(rowOut);
       },
       audit(scope, key) {
         reads();
@@ -370,6 +388,7 @@ function imports(run) {
         maxDepth: run.settings["max-depth"],
         maxKeyBytes: run.settings["max-key-bytes"],
         clockSkewMs: BigInt(run.settings["clock-skew-ms"]),
+        owner: run.settings.owner,
       }),
     },
     "once:core/provider@0.1.0": {
@@ -414,7 +433,13 @@ async function loadRuntime(component) {
 
 // ---------------------------------------------------------------- a scenario run
 
-const DEFAULT_SETTINGS = { "max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0 };
+const DEFAULT_SETTINGS = {
+  "max-input-bytes": 1 << 20,
+  "max-depth": 128,
+  "max-key-bytes": 512,
+  "clock-skew-ms": 0,
+  owner: "default",
+};
 
 function special(v) {
   if (v && typeof v === "object" && !Array.isArray(v)) {

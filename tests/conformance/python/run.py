@@ -125,7 +125,7 @@ class MemoryStore:
         self.audit_events.update(new_events)
         return None
 
-    def scan(self, table, states, due_before, limit):
+    def scan(self, table, states, due_before, owner, limit):
         rows = [
             r
             for (t, _, _), r in self.rows.items()
@@ -133,6 +133,7 @@ class MemoryStore:
             and r["due-at"] is not None
             and r["due-at"] <= due_before
             and (not states or r["state"] in states)
+            and (owner is None or r["owner"] == owner)
         ]
         rows.sort(key=lambda r: (r["due-at"], r["scope"].encode(), r["key"].encode()))
         return [dict(r) for r in rows[:limit]]
@@ -158,7 +159,7 @@ class SqliteStore:
         self.db.executescript(
             """
             CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
-              version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL,
+              version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL, owner TEXT,
               PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
               at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
@@ -166,13 +167,16 @@ class SqliteStore:
             """
         )
 
+    COLUMNS = "tbl, scope, key, version, state, due_at, owner, body"
+
     @staticmethod
     def _row(r):
-        return {"table": r[0], "scope": r[1], "key": r[2], "version": r[3], "state": r[4], "due-at": r[5], "body": r[6]}
+        return {"table": r[0], "scope": r[1], "key": r[2], "version": r[3], "state": r[4], "due-at": r[5],
+                "owner": r[6], "body": r[7]}
 
     def get(self, table, scope, key):
         r = self.db.execute(
-            "SELECT tbl, scope, key, version, state, due_at, body FROM rows WHERE tbl=? AND scope=? AND key=?",
+            f"SELECT {self.COLUMNS} FROM rows WHERE tbl=? AND scope=? AND key=?",
             (table, scope, key),
         ).fetchone()
         return self._row(r) if r else None
@@ -185,13 +189,14 @@ class SqliteStore:
                 t, s, k, exp, row = put["table"], put["scope"], put["key"], put["expected"], put["row"]
                 if exp is None and row is not None:
                     n = db.execute(
-                        "INSERT INTO rows VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                        (t, s, k, row["version"], row["state"], row["due-at"], row["body"]),
+                        f"INSERT INTO rows ({self.COLUMNS}) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                        (t, s, k, row["version"], row["state"], row["due-at"], row["owner"], row["body"]),
                     ).rowcount
                 elif row is not None:
                     n = db.execute(
-                        "UPDATE rows SET version=?, state=?, due_at=?, body=? WHERE tbl=? AND scope=? AND key=? AND version=?",
-                        (row["version"], row["state"], row["due-at"], row["body"], t, s, k, exp),
+                        "UPDATE rows SET version=?, state=?, due_at=?, owner=?, body=? "
+                        "WHERE tbl=? AND scope=? AND key=? AND version=?",
+                        (row["version"], row["state"], row["due-at"], row["owner"], row["body"], t, s, k, exp),
                     ).rowcount
                 elif exp is not None:
                     n = db.execute(
@@ -218,12 +223,16 @@ class SqliteStore:
                 db.execute("ROLLBACK")
             raise
 
-    def scan(self, table, states, due_before, limit):
-        q = "SELECT tbl, scope, key, version, state, due_at, body FROM rows WHERE tbl=? AND due_at IS NOT NULL AND due_at<=?"
-        args = [table, due_before]
+    def scan(self, table, states, due_before, owner, limit):
+        # SQLite integers are i64: stored due-ats never pass i64::MAX, so clamping the bound is exact.
+        q = f"SELECT {self.COLUMNS} FROM rows WHERE tbl=? AND due_at IS NOT NULL AND due_at<=?"
+        args = [table, min(due_before, (1 << 63) - 1)]
         if states:
             q += " AND state IN (%s)" % ",".join("?" * len(states))
             args += list(states)
+        if owner is not None:
+            q += " AND owner=?"
+            args.append(owner)
         q += " ORDER BY due_at, scope, key LIMIT ?"
         args.append(limit)
         return [self._row(r) for r in self.db.execute(q, args)]
@@ -330,10 +339,11 @@ class Host:
             # commit-error lowers untagged: conflict is None, storage is its message.
             return Variant("err", None if outcome == "conflict" else outcome)
 
-        def scan(_, table, states, due_before, limit):
+        def scan(_, table, states, due_before, owner, limit):
             if reads_fail():
                 return Variant("err", READ_FAILURE)
-            return Variant("ok", [to_row(r) for r in run.storage.inner.scan(table, list(states), due_before, limit)])
+            rows = run.storage.inner.scan(table, list(states), due_before, owner, limit)
+            return Variant("ok", [to_row(r) for r in rows])
 
         def audit(_, scope, key):
             if reads_fail():
@@ -416,7 +426,8 @@ def hex_bytes(text):
 
 # ---------------------------------------------------------------- a scenario run
 
-DEFAULT_SETTINGS = {"max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0}
+DEFAULT_SETTINGS = {"max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0,
+                    "owner": "default"}
 
 
 class StepError(Exception):

@@ -49,10 +49,13 @@ enum Command {
         #[command(subcommand)]
         command: ledger::LedgerCommand,
     },
-    /// Expire leases, reconcile due unknowns, escalate past deadlines.
+    /// Expire leases, reconcile due unknowns, escalate past deadlines: for one owner's records.
     Sweep {
         #[command(flatten)]
         db: Db,
+        /// Whose records (a gateway's `owner`; hosts that name none are `default`).
+        #[arg(long, default_value = once::DEFAULT_OWNER)]
+        owner: String,
         /// Most records to look at.
         #[arg(long, default_value_t = 1000)]
         limit: u32,
@@ -130,8 +133,9 @@ fn run(command: Command) -> Result<(), Failure> {
             print_raw(&format!("{fingerprint}\n"))
         }
         Command::Ledger { db, command } => ledger::run(&open(&db)?, command),
-        Command::Sweep { db, limit } => {
-            let report = open(&db)?.sweep(limit)?;
+        Command::Sweep { db, owner, limit } => {
+            // This CLI has no provider lookup: it expires leases and escalates, and reads nothing.
+            let report = Once::open(&db.db)?.owner(owner).build()?.sweep(limit)?;
             println!(
                 "expired {}  reconciled {}  confirmed {}  owed {}  escalated {}",
                 report.expired,

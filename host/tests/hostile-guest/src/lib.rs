@@ -75,6 +75,7 @@ fn write(scope: &str, key: &str) {
         version: 1,
         state,
         due_at: Some(1),
+        owner: None,
         body: "{\"hostile\":true}".to_string(),
     };
     let put = |table, state| Put {
@@ -152,6 +153,8 @@ fn policy() -> ToolPolicy {
         dispatch_timeout_ms: 30_000,
         lease_ms: 35_000,
         attempt_budget: 3,
+        derived_window_ms: 86_400_000,
+        key_sent_by_host: false,
         resolve_deadline_ms: 900_000,
         reconcile_interval_ms: 5_000,
         retention_ms: 7 * 86_400_000,

@@ -18,8 +18,14 @@ pub const DEFAULT_KEY_META: [&str; 2] = ["once/key", "idempotencyKey"];
 pub const SUPERSEDES_META: &str = "once/supersedes";
 /// `_meta` field acknowledging that a superseded original is confirmed.
 pub const ACKNOWLEDGE_META: &str = "once/acknowledge-confirmed";
-/// Slack beyond the dispatch timeout of a lease the file does not set (room to restart a dead upstream).
+/// Slack beyond the dispatch timeout of a lease the file does not set. The gateway makes
+/// sure its upstream is up before it claims, so this only covers claim to send.
 const LEASE_SLACK_MS: u64 = 1_000;
+/// Decimal places of a quota's minor unit when the file names none (cents).
+const DEFAULT_DECIMALS: u8 = 2;
+/// The scope of every call when the file names none: one stable tenant, so an operation
+/// key means the same operation across connections, restarts and gateways on one ledger.
+pub const DEFAULT_SCOPE: &str = "default";
 
 /// The whole file, as written.
 #[derive(Debug, Default, Deserialize)]
@@ -27,6 +33,7 @@ const LEASE_SLACK_MS: u64 = 1_000;
 struct File {
     db: Option<PathBuf>,
     scope: Option<String>,
+    owner: Option<String>,
     key_meta: Option<Vec<String>>,
     clock_skew: Option<Millis>,
     in_flight_wait: Option<Millis>,
@@ -43,6 +50,7 @@ struct File {
 struct ToolSection {
     route: Option<RouteName>,
     identity: Option<IdentityName>,
+    derived_window: Option<Millis>,
     provider_key: Option<String>,
     effect_fields: Option<Vec<String>>,
     timeout: Option<Millis>,
@@ -201,12 +209,13 @@ impl<'de> Deserialize<'de> for Ceiling {
 /// How a call's scope is chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScopeMode {
-    /// One scope per client connection (the default).
-    Session,
-    /// The same scope for every call through this gateway.
+    /// The same scope for every call through this gateway (the default: `fixed:default`).
     Fixed(String),
-    /// From a `_meta` field of each call, else the session's.
+    /// From a `_meta` field of each call; a call without it is refused.
     Meta(String),
+    /// One scope per client connection, chosen explicitly: after a restart, the same key
+    /// is a new operation.
+    Session,
 }
 
 /// Where the provider key travels on each dispatch.
@@ -270,6 +279,8 @@ pub struct Config {
     pub db: Option<PathBuf>,
     /// How scopes are chosen.
     pub scope: ScopeMode,
+    /// Who dispatches this gateway's operations (`owner`; default: the upstream command line).
+    pub owner: Option<String>,
     /// `_meta` fields carrying the operation key; every one present is passed to the engine.
     pub key_meta: Vec<String>,
     /// Declared clock skew bound, ms.
@@ -305,7 +316,8 @@ impl Config {
 
     fn from_file(file: File, source: String) -> Result<Config, String> {
         let scope = match file.scope.as_deref() {
-            None | Some("session") => ScopeMode::Session,
+            None => ScopeMode::Fixed(DEFAULT_SCOPE.to_string()),
+            Some("session") => ScopeMode::Session,
             Some(s) => match s.split_once(':') {
                 Some(("fixed", name)) if !name.is_empty() => ScopeMode::Fixed(name.to_string()),
                 Some(("meta", field)) if !field.is_empty() => ScopeMode::Meta(field.to_string()),
@@ -322,10 +334,14 @@ impl Config {
         if key_meta.iter().any(String::is_empty) {
             return Err(format!("{source}: key_meta has an empty field name"));
         }
+        if file.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
+            return Err(format!("{source}: owner is empty"));
+        }
         let config = Config {
             source,
             db: file.db,
             scope,
+            owner: file.owner,
             key_meta,
             clock_skew_ms: file.clock_skew.map_or(0, |m| m.0),
             in_flight_wait: ms(file.in_flight_wait.map_or(10_000, |m| m.0)),
@@ -394,6 +410,17 @@ impl Config {
                         .to_string(),
                 );
             }
+            let carrier = section.provider_key.is_some() || self.defaults.provider_key.is_some();
+            if !is_defaults
+                && section.provider_claims_key.or(self.defaults.provider_claims_key) == Some(true)
+                && !carrier
+            {
+                err(
+                    "provider_claims_key = true, but the provider key never travels to the upstream, and a provider \
+                     cannot claim a key it never saw: set provider_key = \"argument:NAME\" or \"meta:NAME\""
+                        .to_string(),
+                );
+            }
             if let (Some(lookup), None) = (&section.lookup, &section.provider_key)
                 && lookup_reads_key(lookup)
                 && self.defaults.provider_key.is_none()
@@ -408,6 +435,24 @@ impl Config {
         check("defaults", &self.defaults, true);
         for (name, section) in &self.tools {
             check(&format!("tools.{name}"), section, false);
+        }
+        // A shared bucket has one unit: tools that name it must agree (the engine refuses
+        // a disagreeing spend at run time; here the file is refused before anything runs).
+        let mut buckets: BTreeMap<&str, (&str, u8, u64)> = BTreeMap::new();
+        for (name, q) in self.tools.iter().filter_map(|(n, t)| t.quota.as_ref().map(|q| (n, q))) {
+            let bucket = q.bucket.as_deref().unwrap_or(name);
+            let unit = (name.as_str(), q.decimals.unwrap_or(DEFAULT_DECIMALS), q.window.0);
+            match buckets.get(bucket) {
+                Some(&(first, decimals, window)) if (decimals, window) != (unit.1, unit.2) => errors.push(format!(
+                    "{}: [tools.{name}]: quota bucket {bucket:?} counts in {decimals} decimal places over {window} ms \
+                     in [tools.{first}], but here in {} over {} ms: a bucket has one unit",
+                    self.source, unit.1, unit.2
+                )),
+                Some(_) => {}
+                None => {
+                    buckets.insert(bucket, unit);
+                }
+            }
         }
         if errors.is_empty() {
             Ok(())
@@ -471,6 +516,10 @@ impl Config {
             ProviderKey::Argument(name) => Some(name.clone()),
             _ => None,
         };
+        p.key_sent_by_host = matches!(provider_key, ProviderKey::Meta(_));
+        if let Some(t) = pick(|s| s.derived_window) {
+            p.derived_window_ms = t;
+        }
         p.effect_fields = own.effect_fields.clone();
         if let Some(t) = pick(|s| s.timeout) {
             p.dispatch_timeout_ms = t;
@@ -507,7 +556,7 @@ impl Config {
         p.quota = own.quota.as_ref().map(|q| QuotaPolicy {
             spend_field: q.field.clone(),
             ceiling: q.ceiling.0.clone(),
-            decimals: q.decimals.unwrap_or(2),
+            decimals: q.decimals.unwrap_or(DEFAULT_DECIMALS),
             window_ms: q.window.0,
             bucket: q.bucket.clone(),
         });
@@ -799,6 +848,67 @@ mod tests {
         assert_eq!(other.tombstone_retention_ms, engine.tombstone_retention_ms);
         assert_eq!(other.max_in_flight_ms, engine.max_in_flight_ms, "unset: the engine's");
         assert!(other.quota.is_none() && !other.verify_first);
+    }
+
+    /// One stable scope unless the file says otherwise; `session` only when chosen.
+    #[test]
+    fn the_default_scope_is_one_named_tenant() {
+        let config = Config::parse("", "empty.toml").unwrap();
+        assert_eq!(config.scope, ScopeMode::Fixed(DEFAULT_SCOPE.to_string()));
+        let session = Config::parse("scope = \"session\"", "s.toml").unwrap();
+        assert_eq!(session.scope, ScopeMode::Session);
+        let meta = Config::parse("scope = \"meta:tenant\"", "m.toml").unwrap();
+        assert_eq!(meta.scope, ScopeMode::Meta("tenant".to_string()));
+    }
+
+    /// The derived window and the provider key's carrier reach the engine's policy.
+    #[test]
+    fn derived_window_and_carrier_are_part_of_the_policy() {
+        let config = Config::parse(
+            r#"
+            [tools.a]
+            derived_window = "2h"
+            provider_key = "meta:once/provider-key"
+            provider_claims_key = true
+            [tools.b]
+            provider_key = "argument:idempotency_key"
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        let engine = engine_default();
+        let a = config.plan("a", &engine).unwrap().policy;
+        assert_eq!(a.derived_window_ms, 2 * 3_600_000);
+        assert!(a.key_sent_by_host && a.provider_claims_key && a.key_argument.is_none());
+        let b = config.plan("b", &engine).unwrap().policy;
+        assert!(!b.key_sent_by_host);
+        assert_eq!(b.key_argument.as_deref(), Some("idempotency_key"));
+        assert_eq!(b.derived_window_ms, engine.derived_window_ms);
+        // A provider cannot claim a key it never saw.
+        let e = Config::parse("[tools.c]\nprovider_claims_key = true\n", "c.toml").unwrap_err();
+        assert!(
+            e.contains("provider_claims_key = true, but the provider key never travels"),
+            "{e}"
+        );
+    }
+
+    /// Two tools sharing a bucket in different units are refused at load.
+    #[test]
+    fn a_shared_bucket_in_two_units_is_refused() {
+        let e = Config::parse(
+            r#"
+            [tools.payout]
+            quota = { field = "/amount", ceiling = 500, decimals = 0, window = "1d", bucket = "money" }
+            [tools.refund]
+            quota = { field = "/amount", ceiling = "500.00", window = "1d", bucket = "money" }
+            "#,
+            "q.toml",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("[tools.refund]: quota bucket \"money\" counts in 0 decimal places over 86400000 ms in [tools.payout], but here in 2"),
+            "{e}"
+        );
     }
 
     #[test]

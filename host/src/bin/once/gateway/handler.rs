@@ -4,10 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use once::types::{BeginRequest, Evidence, State, ToolDescriptor, ToolPolicy};
-use once::{Called, Dispatch, Once, OnceError, Provider, Sent};
+use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -31,6 +30,8 @@ pub struct Shared {
     pub handle: Handle,
     plans: RwLock<HashMap<String, ToolPlan>>,
     engine_default: OnceLock<ToolPolicy>,
+    /// The ledger's clock (the database's for PostgreSQL): read positions are stamped in it.
+    ledger_clock: OnceLock<Arc<dyn Clock>>,
     /// Operations this gateway answered as not yet settled: drained before exit.
     pending: Mutex<HashSet<(String, String)>>,
 }
@@ -44,6 +45,7 @@ impl Shared {
             handle,
             plans: RwLock::new(HashMap::new()),
             engine_default: OnceLock::new(),
+            ledger_clock: OnceLock::new(),
             pending: Mutex::new(HashSet::new()),
         }
     }
@@ -68,6 +70,19 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .insert(tool.to_string(), plan.clone());
         Ok(plan)
+    }
+
+    /// Stamp read positions with the ledger's clock from now on.
+    pub fn set_ledger_clock(&self, clock: Arc<dyn Clock>) {
+        let _ = self.ledger_clock.set(clock);
+    }
+
+    /// Now on the ledger's clock.
+    fn ledger_now(&self) -> u64 {
+        match self.ledger_clock.get() {
+            Some(clock) => clock.now(),
+            None => once::SystemClock::default().now(),
+        }
     }
 
     /// The plan of `tool` if one was made (the provider lookup never registers one).
@@ -95,12 +110,6 @@ pub fn descriptor_of(tool: &Tool) -> ToolDescriptor {
         input_schema: serde_json::to_string(&*tool.input_schema).unwrap_or_else(|_| "{}".to_string()),
         annotations: tool.annotations.as_ref().and_then(|a| serde_json::to_string(a).ok()),
     }
-}
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The JSON a tool result carries: its structured content, else its first text parsed as JSON.
@@ -139,8 +148,9 @@ impl Provider for LookupProvider {
             Err(e) => return Evidence::Unknown(format!("the stored args are not JSON: {e}")),
         };
         let params = CallToolRequestParams::new(lookup.tool.clone()).with_arguments(call_args);
-        // Taken before sending: every commit the answer reflects is at or before it, never after.
-        let sent_at = wall_ms();
+        // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
+        // before it, never after, in the domain the engine compares it with.
+        let sent_at = shared.ledger_now();
         let reply = shared
             .handle
             .block_on(shared.upstream.call(params, lookup.timeout, || true));
@@ -239,22 +249,16 @@ fn protect(
     once.call_keyed(request, |d| dispatch(shared, once, plan, d, capture))
 }
 
-/// One round of background work: sweep, then send every owed dispatch with its original provider key.
+/// One round of background work: sweep this gateway's records (the engine lists every
+/// dispatch still owed, whenever it was proven), then send each with its original provider key.
 pub fn settle_round(shared: &Shared, once: &Once) {
-    let mut owed = match once.sweep(200) {
+    let owed = match once.sweep(200) {
         Ok(report) => report.owed,
         Err(e) => {
             tracing::warn!(target: "once::gateway", "sweep: {e}");
             Vec::new()
         }
     };
-    // Absent records nobody took yet (a resume that failed, a gateway that died before sending).
-    match once.storage().list(Some(State::Absent), 200) {
-        Ok(rows) => owed.extend(rows.into_iter().map(|r| (r.scope, r.key))),
-        Err(e) => tracing::warn!(target: "once::gateway", "listing absent records: {e}"),
-    }
-    owed.sort();
-    owed.dedup();
     for (scope, key) in owed {
         let tool = match once.inspect(&scope, &key) {
             Ok(Some(view)) => view.tool,
@@ -330,15 +334,19 @@ impl Gateway {
         }
     }
 
-    fn scope_of(&self, meta: &JsonObject) -> String {
+    /// The call's scope, or why the call is refused (a scope from `_meta` that is missing).
+    fn scope_of(&self, meta: &JsonObject) -> Result<String, String> {
         match &self.shared.config.scope {
-            ScopeMode::Session => self.session_scope.clone(),
-            ScopeMode::Fixed(name) => name.clone(),
+            ScopeMode::Session => Ok(self.session_scope.clone()),
+            ScopeMode::Fixed(name) => Ok(name.clone()),
             ScopeMode::Meta(field) => meta
                 .get(field)
                 .and_then(Value::as_str)
                 .filter(|s| !s.is_empty())
-                .map_or_else(|| self.session_scope.clone(), str::to_string),
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    format!("this gateway takes each call's scope from _meta \"{field}\", and this call has none")
+                }),
         }
     }
 
@@ -346,8 +354,11 @@ impl Gateway {
     fn call(&self, request: CallToolRequestParams, meta: JsonObject) -> Result<CallToolResult, ErrorData> {
         let (shared, once) = (&*self.shared, &*self.once);
         let tool = request.name.to_string();
-        let scope = self.scope_of(&meta);
         let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
+        let (scope, refused) = match self.scope_of(&meta) {
+            Ok(scope) => (scope, None),
+            Err(why) => (String::new(), Some(why)),
+        };
         let mut cx = Context {
             tool: &tool,
             key: None,
@@ -358,10 +369,18 @@ impl Gateway {
             output_schema: false,
             capture: Capture::default(),
         };
+        if let Some(why) = refused {
+            return Ok(reply::engine_error(&OnceError::Component(why), &cx));
+        }
         let plan = match shared.plan(once, &tool) {
             Ok(plan) => plan,
             Err(e) => return Ok(reply::engine_error(&OnceError::Component(e), &cx)),
         };
+        // Up before the claim: the lease then covers only claim to send, never a restart.
+        if let Err(e) = shared.handle.block_on(shared.upstream.ready()) {
+            let e = OnceError::Component(format!("the upstream is not available: {e}"));
+            return Ok(reply::engine_error(&e, &cx));
+        }
         let lookup = plan.lookup.as_ref().map(|l| l.tool.clone());
         cx.lookup = lookup.as_deref();
         let descriptor = shared.upstream.tool(&tool);
@@ -446,5 +465,71 @@ impl ServerHandler for Gateway {
             .await
             .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
         Ok(result.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use once::ManualClock;
+    use once::storage::memory::MemoryStorage;
+    use std::path::{Path, PathBuf};
+    use std::time::SystemTime;
+
+    /// `refund-mcp` beside this test binary (built by the workspace's tests; built here if missing).
+    fn refund_mcp() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+        let path = dir.join("refund-mcp");
+        if !path.exists() {
+            let release = dir.file_name().is_some_and(|d| d == "release");
+            let built = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "-p", "once-refund-example", "--bin", "refund-mcp"])
+                .args(release.then_some("--release"))
+                .status()
+                .unwrap();
+            assert!(built.success());
+        }
+        path
+    }
+
+    /// A linearizable lookup's read position ("sent") is stamped on the ledger's clock,
+    /// which is what the engine compares it with, never the gateway host's wall clock.
+    #[test]
+    fn a_sent_read_position_is_on_the_ledger_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let command = vec![
+            refund_mcp().display().to_string(),
+            "--db".to_string(),
+            dir.path().join("effects.db").display().to_string(),
+        ];
+        let upstream = runtime.block_on(Upstream::start(command)).unwrap();
+        let config = Config::parse(
+            r#"
+            [tools.refund_order]
+            provider_key = "argument:idempotency_key"
+            lookup = { tool = "find_refund_by_key", args = { idempotency_key = "{key}" }, found = "/found", read_position = "sent" }
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        let shared = Arc::new(Shared::new(config, upstream, runtime.handle().clone()));
+        // A ledger clock a day behind this host's.
+        let behind = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            - 86_400_000;
+        shared.set_ledger_clock(Arc::new(ManualClock::new(behind)));
+        let once = Once::builder(MemoryStorage::new()).build().unwrap();
+        shared.plan(&once, "refund_order").unwrap();
+        let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-nothing", r#"{"order_id":1234}"#);
+        assert_eq!(evidence, Evidence::Absent(behind));
+        runtime.block_on(shared.upstream.shutdown());
     }
 }

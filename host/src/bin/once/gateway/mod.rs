@@ -123,6 +123,9 @@ async fn serve(config: Config, db: String, args: GatewayArgs) -> Result<(), Fail
             }
         })
     };
+    if shared.config.scope == ScopeMode::Session {
+        tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
+    }
     let gateway = Gateway::new(shared.clone(), once.clone(), session_scope(), instructions(&shared));
     let served = match gateway.serve(rmcp::transport::stdio()).await {
         Ok(running) => {
@@ -148,10 +151,12 @@ async fn serve(config: Config, db: String, args: GatewayArgs) -> Result<(), Fail
 fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, Failure> {
     let settings = once::types::Settings {
         clock_skew_ms: shared.config.clock_skew_ms,
+        owner: owner(shared),
         ..default_settings()
     };
     let once = Once::open(db)
         .and_then(|b| {
+            shared.set_ledger_clock(b.ledger_clock());
             b.provider(LookupProvider(shared.clone()))
                 .settings(settings)
                 .in_flight_wait(shared.config.in_flight_wait)
@@ -174,7 +179,18 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, Failure> {
     }
 }
 
-/// A fresh scope for this client connection: keys never collide with another session's.
+/// Who dispatches this gateway's operations: the configured `owner`, else the upstream's
+/// command line. Gateways with one owner settle each other's records; others never touch them.
+fn owner(shared: &Shared) -> String {
+    shared
+        .config
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("gateway: {}", shared.upstream.command_line()))
+}
+
+/// A fresh scope for this client connection (`scope = "session"` only): keys never collide
+/// with another session's, and after a restart the same key is a new operation.
 fn session_scope() -> String {
     let mut bytes = [0u8; 8];
     let random = std::fs::File::open("/dev/urandom")
@@ -193,13 +209,23 @@ fn session_scope() -> String {
 
 fn instructions(shared: &Shared) -> String {
     let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
+    let keyless = match shared.config.scope {
+        ScopeMode::Session => "identical calls in this session are the same operation".to_string(),
+        _ => "identical calls are the same operation for a while after they ran (each replay says until when)"
+            .to_string(),
+    };
     format!(
         "Tool calls go through once, which makes side-effecting calls happen exactly once. A repeated call is \
          answered from the ledger instead of being sent again. An application can name the operation in \
-         _meta \"{key_meta}\"; without one, identical calls in this session are the same operation. Read each \
-         result's first line: it says whether the call ran, was replayed, is UNKNOWN, or was blocked."
+         _meta \"{key_meta}\"; without one, {keyless}. Read each result's first line: it says whether the call \
+         ran, was replayed, is UNKNOWN, or was blocked."
     )
 }
+
+/// What `scope = "session"` means, said wherever it is chosen.
+pub const SESSION_SCOPE_WARNING: &str = "scope = \"session\": each connection is its own scope, so after the \
+     gateway or its host restarts, a retry with the same operation key is a NEW operation and may run twice; use \
+     the default (one fixed scope) unless that is what you want";
 
 /// `--check-config` without an upstream: every configured tool's policy through the engine's own check.
 fn check_static(config: &Config) -> Result<(), Failure> {
@@ -223,6 +249,9 @@ fn check_static(config: &Config) -> Result<(), Failure> {
         "{}: ok (give the upstream command after `--` to check tool names and print every route)",
         config.source
     );
+    if config.scope == ScopeMode::Session {
+        println!("  warning: {SESSION_SCOPE_WARNING}");
+    }
     for tool in config.named_tools() {
         let how = if config.routes_explicitly(tool) {
             "route set in the config"
@@ -237,16 +266,20 @@ fn check_static(config: &Config) -> Result<(), Failure> {
 fn print_routes(shared: &Shared, once: &Once) -> Result<(), Failure> {
     let config = &shared.config;
     println!(
-        "{}: ok; upstream `{}` lists {} tools; scope {}",
+        "{}: ok; upstream `{}` lists {} tools; scope {}; owner {:?}",
         config.source,
         shared.upstream.command_line(),
         shared.upstream.tools().len(),
         match &config.scope {
             ScopeMode::Session => "per session".to_string(),
             ScopeMode::Fixed(name) => format!("fixed {name:?}"),
-            ScopeMode::Meta(field) => format!("from _meta {field:?}, else per session"),
-        }
+            ScopeMode::Meta(field) => format!("from _meta {field:?} (a call without it is refused)"),
+        },
+        owner(shared),
     );
+    if config.scope == ScopeMode::Session {
+        println!("warning: {SESSION_SCOPE_WARNING}");
+    }
     for tool in shared.upstream.tools() {
         let name = tool.name.to_string();
         let plan = shared.plan(once, &name).map_err(bad_config)?;

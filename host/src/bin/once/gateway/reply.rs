@@ -164,10 +164,18 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
                 _ => cx.annotate(result, &info),
             }
         }
-        Called::Confirmed { receipt, via, .. } => {
+        Called::Confirmed {
+            receipt,
+            via,
+            at,
+            window_until,
+            ..
+        } => {
             let via = via.unwrap_or(ReplayVia::Key);
             let mut info = cx.info("replayed");
             info["via"] = json!(via.to_string());
+            info["at"] = json!(at);
+            info["window_until"] = json!(window_until);
             // This very call sent it and lost the reply: however the record got confirmed meanwhile (this
             // call's reconcile, or the background one), what the model needs is that it did happen.
             let lost_here = cx.capture.lost.is_some();
@@ -183,10 +191,17 @@ pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorD
                      result. Nothing was sent again."
                 )
             } else {
+                let ran = at.map_or_else(String::new, |t| format!(" at {}", utc(t)));
+                let until = window_until.map_or_else(String::new, |t| {
+                    format!(
+                        " Until {}, identical calls are this same operation; after that they are new.",
+                        utc(t)
+                    )
+                });
                 format!(
-                    "Replay of operation {key}: an identical {tool} call (same arguments, same session) already \
-                     ran; below is its stored result. Nothing was sent again. A second, separate {tool} with the \
-                     same arguments needs its own operation key in _meta \"{}\".",
+                    "Replay: an identical {tool} call (same arguments) already ran{ran} as operation {key}; below is \
+                     its stored result. Nothing was sent again. For a deliberate second {tool} with the same \
+                     arguments, give it its own operation key in _meta \"{}\".{until}",
                     cx.key_meta
                 )
             };
@@ -333,6 +348,9 @@ fn blocked(b: &Blocked, cx: &Context<'_>) -> CallToolResult {
         }
         BlockReason::Storage => "once could not durably record the intent, so nothing was sent".to_string(),
         BlockReason::Failed => format!("operation {key} was refused before; a corrected call is a new operation"),
+        BlockReason::OtherOwner => format!(
+            "operation {key} belongs to another gateway or host on this ledger, which sends it; this one never does"
+        ),
     };
     made(
         format!("BLOCKED: {tool} was not sent: {why} ({}: {}).", b.reason, b.detail),

@@ -181,6 +181,12 @@ impl Upstream {
         Ok(Conn { service, generation })
     }
 
+    /// Start (or restart) the upstream now if it is down, so a protected call
+    /// claims only once its send can follow at once.
+    pub async fn ready(&self) -> Result<(), String> {
+        self.peer().await.map(|_| ())
+    }
+
     /// `tools/list`, passed through.
     pub async fn list_tools(&self, params: Option<PaginatedRequestParams>) -> Result<ListToolsResult, String> {
         let (peer, _) = self.peer().await?;
