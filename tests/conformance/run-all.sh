@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The conformance suite in all three runtimes, over ONE built component file.
 #
-#   tests/conformance/run-all.sh            # the component cargo builds (host/build.rs)
+#   tests/conformance/run-all.sh            # the component cargo builds (host/once/build.rs)
 #   ONCE_COMPONENT=path/to/once.wasm tests/conformance/run-all.sh   # a prebuilt one
 #
 # Installs the pinned Python (requirements.txt) and npm (package-lock.json)
@@ -70,9 +70,9 @@ tally() {
   total_failed=$((total_failed + failed))
 }
 
-step "Rust runner (wasmtime crate, host/tests/conformance.rs) over the component cargo built"
+step "Rust runner (wasmtime crate, host/once/tests/conformance.rs) over the component cargo built"
 # The same selection as the README's `cargo test --workspace` (no rebuild after
-# it): host/build.rs builds the component (or takes $ONCE_COMPONENT), the Rust
+# it): host/once/build.rs builds the component (or takes $ONCE_COMPONENT), the Rust
 # runner loads that file and names it in component.txt for the other runners.
 if [[ -n "${ONCE_COMPONENT:-}" ]]; then
   export ONCE_CONFORMANCE_COMPONENT=$ONCE_COMPONENT

@@ -1,0 +1,244 @@
+//! Scripted agents (no model) mirroring the study's policies, run unprotected
+//! (direct calls, a fresh request id per attempt) or protected (through once
+//! with an app-minted key, reconciling via the service's lookup by key).
+
+use std::time::{Duration, Instant};
+
+use once::types::{Evidence, State};
+use once::{Called, Dispatch, Once, OnceError, Sent};
+use refund::{CallError, Client, ORDER_ID};
+
+/// The tool once protects.
+pub const TOOL: &str = "refund_order";
+/// The task: refund $200 on order 1234.
+pub const ARGS: &str = r#"{"order_id":1234,"amount":200}"#;
+const AMOUNT: f64 = 200.0;
+/// The agent's HTTP timeout; the late-reply fault answers after 400 ms.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_millis(150);
+/// How many times a retrying agent tries.
+const RETRIES: u32 = 6;
+/// How long a retrying agent waits between tries.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// An agent's retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// Retry every failure.
+    AlwaysRetry,
+    /// Never retry.
+    NeverRetry,
+    /// After a failure, read the order and refund again only if no refund shows.
+    ReadThenDecide,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 3] = [Policy::AlwaysRetry, Policy::NeverRetry, Policy::ReadThenDecide];
+
+    /// The report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::AlwaysRetry => "always_retry",
+            Policy::NeverRetry => "never_retry",
+            Policy::ReadThenDecide => "read_then_decide",
+        }
+    }
+
+    /// Parse a report name.
+    pub fn parse(name: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// What the agent finally tells its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// "I refunded it."
+    Refunded,
+    /// "It may or may not have happened."
+    Unknown,
+    /// "It did not happen."
+    Failed,
+}
+
+impl Report {
+    /// The report word.
+    pub fn name(self) -> &'static str {
+        match self {
+            Report::Refunded => "refunded",
+            Report::Unknown => "unknown",
+            Report::Failed => "failed",
+        }
+    }
+
+    /// Parse a report word.
+    pub fn parse(name: &str) -> Option<Report> {
+        [Report::Refunded, Report::Unknown, Report::Failed]
+            .into_iter()
+            .find(|r| r.name() == name)
+    }
+}
+
+/// Where one trial's agent works.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// Base URL of the refund service, through the fault proxy.
+    pub target: String,
+    /// The once ledger (protected agents): an SQLite file or a PostgreSQL URL.
+    pub ledger: String,
+    /// once scope of this trial.
+    pub scope: String,
+    /// The operation key the application minted before the first attempt.
+    pub key: String,
+}
+
+/// Run an unprotected agent: direct calls, a fresh request id per attempt.
+pub fn run_unprotected(policy: Policy, env: &Env) -> Report {
+    let client = Client::new(env.target.clone(), CLIENT_TIMEOUT);
+    let mut attempt = 0;
+    let mut refund = || {
+        attempt += 1;
+        let request_id = format!("{}-req-{}-{attempt}", env.key, std::process::id());
+        client.refund_order(ORDER_ID, AMOUNT, &request_id)
+    };
+    match policy {
+        Policy::NeverRetry => match refund() {
+            Ok(_) => Report::Refunded,
+            Err(_) => Report::Failed,
+        },
+        Policy::AlwaysRetry => {
+            for _ in 0..RETRIES {
+                match refund() {
+                    Ok(_) => return Report::Refunded,
+                    Err(CallError::Rejected { .. }) => return Report::Failed,
+                    Err(_) => std::thread::sleep(RETRY_PAUSE),
+                }
+            }
+            Report::Failed
+        }
+        Policy::ReadThenDecide => match refund() {
+            Ok(_) => Report::Refunded,
+            Err(CallError::Rejected { .. }) => Report::Failed,
+            Err(_) => match client.get_order(ORDER_ID) {
+                Ok(order) if order.refunded >= AMOUNT => Report::Refunded,
+                Ok(_) => match refund() {
+                    Ok(_) => Report::Refunded,
+                    Err(_) => Report::Failed,
+                },
+                Err(_) => Report::Unknown,
+            },
+        },
+    }
+}
+
+/// Run a protected agent: every refund goes through once with the same key.
+pub fn run_protected(policy: Policy, env: &Env) -> Result<Report, OnceError> {
+    let client = Client::new(env.target.clone(), CLIENT_TIMEOUT);
+    let once = protected_once(&env.ledger, &client)?;
+    let call = || -> Result<Report, OnceError> {
+        let called = once.call(&env.scope, Some(&env.key), TOOL, ARGS, |d| dispatch(&client, d))?;
+        Ok(report_of(&called))
+    };
+    let keep_trying = || -> Result<Report, OnceError> {
+        for _ in 0..RETRIES {
+            let report = call()?;
+            if report != Report::Unknown {
+                return Ok(report);
+            }
+            std::thread::sleep(RETRY_PAUSE);
+        }
+        Ok(Report::Unknown)
+    };
+    match policy {
+        Policy::NeverRetry => call(),
+        Policy::AlwaysRetry => keep_trying(),
+        Policy::ReadThenDecide => match call()? {
+            Report::Unknown => match client.get_order(ORDER_ID) {
+                Ok(order) if order.refunded >= AMOUNT => Ok(Report::Refunded),
+                // The same intent again: once decides whether anything is sent.
+                Ok(_) => keep_trying(),
+                Err(_) => Ok(Report::Unknown),
+            },
+            report => Ok(report),
+        },
+    }
+}
+
+/// once's own background work for a trial (what a gateway or worker does):
+/// reconcile the operation and, on proven absence, dispatch the owed refund
+/// with the same key, so even an agent that never retries ends with one effect.
+///
+/// It reconciles this trial's key rather than sweeping the whole ledger: every
+/// trial has a refund service of its own, so this trial's lookup can answer for
+/// this trial's key only, and on a PostgreSQL ledger the trials share one
+/// schema. (A real deployment's sweep has one lookup that answers for every key.)
+pub fn settle(env: &Env, within: Duration) -> Result<(), OnceError> {
+    let client = Client::new(env.target.clone(), CLIENT_TIMEOUT);
+    let once = protected_once(&env.ledger, &client)?;
+    let give_up = Instant::now() + within;
+    loop {
+        let state = once.inspect(&env.scope, &env.key)?.map(|v| v.state);
+        match state {
+            None | Some(State::Confirmed | State::Failed | State::Superseded) => return Ok(()),
+            Some(_) if Instant::now() >= give_up => return Ok(()),
+            // The next round reads the outcome from the ledger.
+            Some(State::Absent) => {
+                let _ = once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
+            }
+            // In flight, unknown: reconcile (on a live lease this waits for the
+            // holder; the engine decides whether a lookup counts), and dispatch
+            // only a refund the engine says is owed.
+            Some(_) => {
+                let _ = once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// The demo's once handle: the trial's ledger (SQLite or PostgreSQL), the
+/// service's lookup by key as the authoritative read, and the refund tool's policy.
+fn protected_once(ledger: &str, client: &Client) -> Result<Once, OnceError> {
+    let lookup = client.clone();
+    let once = Once::open(ledger)?
+        .provider(
+            move |_tool: &str, provider_key: &str, _args: &str| match lookup.find_refund_by_key(provider_key) {
+                Ok(found) => match found.refund {
+                    Some(refund) if found.found => Evidence::Confirmed(refund.raw),
+                    _ => Evidence::Absent(found.read_position),
+                },
+                Err(e) => Evidence::Unknown(e.to_string()),
+            },
+        )
+        .in_flight_wait(Duration::from_secs(5))
+        .build()?;
+    let mut policy = once.default_policy()?;
+    policy.dispatch_timeout_ms = CLIENT_TIMEOUT.as_millis() as u64;
+    policy.lease_ms = policy.dispatch_timeout_ms + 250;
+    // The service commits a request within the client's timeout or never: an
+    // old request cannot arrive later than this.
+    policy.max_in_flight_ms = 300;
+    policy.reconcile_interval_ms = 25;
+    policy.attempt_budget = 4;
+    policy.resolve_deadline_ms = 10_000;
+    once.set_policy(TOOL, policy)?;
+    Ok(once)
+}
+
+/// Send one granted attempt: the provider key is the refund's idempotency key.
+fn dispatch(client: &Client, d: &Dispatch<'_>) -> Sent {
+    match client.refund_order(ORDER_ID, AMOUNT, d.provider_key) {
+        Ok(receipt) => Sent::Success(receipt.raw),
+        Err(CallError::Rejected { body, .. }) => Sent::Rejected(body),
+        Err(CallError::Ambiguous(why)) => Sent::Ambiguous(why),
+        Err(CallError::NotSent(_)) => Sent::NotSent,
+    }
+}
+
+fn report_of(called: &Called) -> Report {
+    match called {
+        Called::Confirmed { .. } | Called::Unrecorded { .. } => Report::Refunded,
+        Called::Unknown(_) | Called::InFlight(_) => Report::Unknown,
+        Called::Rejected { .. } | Called::Conflict(_) | Called::Blocked(_) | Called::Direct(_) => Report::Failed,
+    }
+}

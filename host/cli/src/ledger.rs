@@ -1,0 +1,158 @@
+//! `once ledger …`: list, show, resolve and count records.
+
+use clap::Subcommand;
+use once::Once;
+use once::types::{Resolution, State};
+
+use crate::Failure;
+
+#[derive(Subcommand)]
+pub enum LedgerCommand {
+    /// List records (scope, key, state, version).
+    List {
+        /// Only records in this state (in-flight, confirmed, failed, unknown, absent, superseded).
+        #[arg(long, value_parser = parse_state)]
+        state: Option<State>,
+        /// Most records to list.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+    /// Show one record and its audit trail.
+    Show {
+        /// Operation key.
+        key: String,
+        /// Scope of the key.
+        #[arg(long, default_value = "default")]
+        scope: String,
+    },
+    /// Resolve an unknown or absent record as an operator (audited).
+    Resolve {
+        /// Operation key.
+        key: String,
+        /// Scope of the key.
+        #[arg(long, default_value = "default")]
+        scope: String,
+        /// The effect happened; this JSON is its receipt.
+        #[arg(long, conflicts_with = "absent", required_unless_present = "absent")]
+        confirmed: Option<String>,
+        /// The effect did not happen; a dispatch is owed.
+        #[arg(long)]
+        absent: bool,
+        /// Why (kept in the audit trail).
+        #[arg(long)]
+        note: String,
+        /// Resolve absent even before max_in_flight has passed since the last dispatch.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Records by state; replays, conflicts and unknowns from the audit trail.
+    Stats,
+}
+
+fn parse_state(s: &str) -> Result<State, String> {
+    State::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = State::ALL.iter().map(|s| s.name()).collect();
+        format!("unknown state {s:?}; one of {}", names.join(", "))
+    })
+}
+
+pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
+    match command {
+        LedgerCommand::List { state, limit } => {
+            let records = once.list(state, limit)?;
+            println!("{:<20} {:<40} {:<11} {:>7}", "SCOPE", "KEY", "STATE", "VERSION");
+            for record in records {
+                let state = record.state.map_or("-", State::name);
+                println!(
+                    "{:<20} {:<40} {:<11} {:>7}",
+                    record.scope, record.key, state, record.version
+                );
+            }
+            Ok(())
+        }
+        LedgerCommand::Show { key, scope } => {
+            let Some(view) = once.inspect(&scope, &key)? else {
+                return Err(Failure {
+                    code: 2,
+                    message: format!("no record for key {key:?} in scope {scope:?}"),
+                });
+            };
+            println!("scope        {}", view.scope);
+            println!("key          {} ({:?})", view.key, view.key_source);
+            println!("tool         {}", view.tool);
+            println!(
+                "state        {}{}",
+                view.state,
+                if view.escalated { " (escalated)" } else { "" }
+            );
+            println!("version      {}", view.version);
+            println!("attempts     {}", view.attempts);
+            println!("fingerprint  {}", view.fingerprint);
+            println!("provider key {}", view.provider_key);
+            println!("args         {}", view.args);
+            if let Some(receipt) = &view.receipt {
+                println!("receipt      {receipt}");
+            }
+            if let Some(error) = &view.error {
+                println!("error        {error}");
+            }
+            if view.possible_duplicate {
+                println!("WARNING      possible duplicate: a success arrived while a newer attempt was in flight");
+            }
+            if let Some(s) = &view.supersedes {
+                println!("supersedes   {s}");
+            }
+            if let Some(s) = &view.superseded_by {
+                println!("superseded by {s}");
+            }
+            println!("replays      {}   conflicts {}", view.replays, view.conflicts);
+            println!("audit:");
+            for e in &view.audit {
+                let from = e.from_state.map_or("-", State::name);
+                let to = e.to_state.map_or("-", State::name);
+                let attempt = e.attempt.map_or(String::new(), |a| format!(" attempt {a}"));
+                println!(
+                    "  v{:<4} {} {:<32} {from} -> {to}{attempt} {}",
+                    e.version, e.at, e.kind, e.detail
+                );
+            }
+            Ok(())
+        }
+        LedgerCommand::Resolve {
+            key,
+            scope,
+            confirmed,
+            absent,
+            note,
+            force,
+        } => {
+            let resolution = match (confirmed, absent) {
+                (Some(receipt), false) => Resolution::Confirmed(receipt),
+                _ => Resolution::Absent,
+            };
+            let state = once.resolve(&scope, &key, &resolution, &note, force)?;
+            println!("{key}: {state}");
+            Ok(())
+        }
+        LedgerCommand::Stats => {
+            let stats = once.stats()?;
+            println!("records by state:");
+            for state in State::ALL {
+                let n = stats.by_state.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
+                println!("  {:<11} {n}", state.name());
+            }
+            let count = |kinds: &[&str]| -> u64 {
+                stats
+                    .events
+                    .iter()
+                    .filter(|(k, _)| kinds.contains(&k.as_str()))
+                    .map(|(_, n)| n)
+                    .sum()
+            };
+            println!("replays      {}", count(&["replay"]));
+            println!("conflicts    {}", count(&["conflict"]));
+            println!("unknowns     {}", count(&["finish-ambiguous", "lease-expired"]));
+            Ok(())
+        }
+    }
+}

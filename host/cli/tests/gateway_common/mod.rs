@@ -1,0 +1,308 @@
+//! The gateway rig shared by the gateway suites: a temp dir with an effect
+//! ledger, a once ledger and a config; `once gateway` in front of
+//! `refund-mcp`, driven by an rmcp client; verdicts from the effect ledger.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use once::Once;
+use refund::{EffectLedger, ORDER_ID};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, RequestMetaObject};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The shipped example config: the README's gateway.
+pub const EXAMPLE_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/refund/once.toml");
+
+/// A faster twin of the example config (shorter timeouts, a quicker reconciler), with room for more tables.
+pub fn fast_config(extra: &str) -> String {
+    config_with_sweep("50ms", extra)
+}
+
+pub fn config_with_sweep(sweep_interval: &str, extra: &str) -> String {
+    format!(
+        r#"sweep_interval = "{sweep_interval}"
+{extra}
+
+[tools.refund_order]
+provider_key = "argument:idempotency_key"
+on_tool_error = "rejected"
+timeout = "1s"
+max_in_flight = "1500ms"
+reconcile_interval = "100ms"
+reconcile = "required"
+lookup = {{ tool = "find_refund_by_key", args = {{ idempotency_key = "{{key}}" }}, found = "/found", receipt = "/refund", read_position = "/read_position" }}
+quota = {{ field = "/amount", ceiling = "300", window = "1d" }}
+"#
+    )
+}
+
+/// The `refund-mcp` binary beside `once`. `cargo test --workspace` builds it (the example package has tests); a
+/// lone `cargo test -p once-cli` builds it here when it is missing. A nested build of an existing one would
+/// resolve features for that package alone and relink it differently from the workspace build.
+pub fn refund_mcp() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let once = Path::new(env!("CARGO_BIN_EXE_once"));
+        let exe = once.with_file_name("refund-mcp");
+        if !exe.exists() {
+            let release = once.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "-p", "once-refund-example", "--bin", "refund-mcp"])
+                .args(release.then_some("--release"))
+                .status()
+                .expect("running cargo to build refund-mcp");
+            assert!(status.success(), "building refund-mcp failed");
+        }
+        assert!(exe.exists(), "{} is missing", exe.display());
+        exe
+    })
+}
+
+/// One gateway run: a temp dir with the effect ledger, the once ledger and the config.
+pub struct Rig {
+    pub dir: TempDir,
+    pub config: PathBuf,
+    /// The once ledger the gateway opens (an SQLite file in `dir`, or another rig's, or a PostgreSQL URL).
+    pub db: String,
+    /// The upstream's effect ledger (in `dir`, or another rig's: one refund service behind two gateways).
+    pub effects: PathBuf,
+}
+
+impl Rig {
+    pub fn new(config_text: &str) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("once.toml");
+        std::fs::write(&config, config_text).unwrap();
+        let db = dir.path().join("once.db").display().to_string();
+        let effects = dir.path().join("effects.db");
+        Rig {
+            dir,
+            config,
+            db,
+            effects,
+        }
+    }
+
+    /// A second rig (its own config and logs) on this rig's once ledger and effect ledger:
+    /// another gateway in front of the same refund service.
+    pub fn beside(&self, config_text: &str) -> Rig {
+        let mut rig = Rig::new(config_text);
+        rig.db = self.db.clone();
+        rig.effects = self.effects.clone();
+        rig
+    }
+
+    pub fn with_config_file(path: &str) -> Rig {
+        let rig = Rig::new("");
+        std::fs::copy(path, &rig.config).unwrap();
+        rig
+    }
+
+    pub fn effects_db(&self) -> PathBuf {
+        self.effects.clone()
+    }
+
+    pub fn log(&self, n: usize) -> PathBuf {
+        self.dir.path().join(format!("gateway-{n}.log"))
+    }
+
+    pub fn gateway_command(&self, fault: &str) -> Command {
+        self.gateway_command_with(&[], fault)
+    }
+
+    pub fn gateway_command_with(&self, flags: &[&str], fault: &str) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+        cmd.arg("gateway")
+            .args(flags)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--db")
+            .arg(&self.db)
+            .arg("--")
+            .arg(refund_mcp())
+            .arg("--db")
+            .arg(self.effects_db())
+            .args(["--mode", "unsafe", "--fault", fault]);
+        cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=info");
+        cmd
+    }
+
+    /// Start a gateway over a refund-mcp with `fault`, and connect an MCP client to it.
+    pub async fn connect(&self, fault: &str, n: usize) -> Session {
+        let log = std::fs::File::create(self.log(n)).unwrap();
+        let mut cmd = tokio::process::Command::from(self.gateway_command(fault));
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log);
+        let mut child = cmd.spawn().unwrap();
+        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let client = ().serve((stdout, stdin)).await.unwrap_or_else(|e| {
+            panic!(
+                "initialize through the gateway failed: {e}\n{}",
+                std::fs::read_to_string(self.log(n)).unwrap_or_default()
+            )
+        });
+        Session { client, child }
+    }
+
+    /// Refund rows and cents for the order, from the effect ledger itself.
+    pub fn effects(&self) -> (u64, i64) {
+        let ledger = EffectLedger::open(self.effects_db()).unwrap();
+        (
+            ledger.count(ORDER_ID).unwrap(),
+            ledger.refunded_cents(ORDER_ID).unwrap(),
+        )
+    }
+
+    /// The audit details of the operation a result names, read from the once ledger after the gateway exited.
+    pub fn audit(&self, result: &CallToolResult) -> Vec<String> {
+        let info = outcome(result);
+        let (scope, key) = (info["scope"].as_str().unwrap(), info["operation"].as_str().unwrap());
+        let once = Once::open(&self.db).unwrap().build().unwrap();
+        let view = once
+            .inspect(scope, key)
+            .unwrap()
+            .expect("the operation is in the ledger");
+        view.audit
+            .into_iter()
+            .map(|e| format!("{}: {}", e.kind, e.detail))
+            .collect()
+    }
+
+    pub fn logs(&self) -> String {
+        (0..3)
+            .filter_map(|n| std::fs::read_to_string(self.log(n)).ok())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    }
+}
+
+pub struct Session {
+    pub client: RunningService<RoleClient, ()>,
+    pub child: tokio::process::Child,
+}
+
+impl Session {
+    pub async fn call(&self, tool: &str, args: Value, key: Option<&str>) -> CallToolResult {
+        let mut params = CallToolRequestParams::new(tool.to_string()).with_arguments(object(args));
+        if let Some(key) = key {
+            params.meta = Some(meta(&[("once/key", key)]));
+        }
+        self.client.call_tool(params).await.unwrap()
+    }
+
+    pub async fn refund(&self, amount: f64, key: Option<&str>) -> CallToolResult {
+        self.call("refund_order", json!({"order_id": ORDER_ID, "amount": amount}), key)
+            .await
+    }
+
+    /// The client hangs up, as an agent that is done does; the gateway settles what it owes, then exits.
+    pub async fn close(self) -> std::process::ExitStatus {
+        let Session { client, mut child } = self;
+        let _ = client.cancel().await;
+        tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("the gateway exits after its client hangs up")
+            .unwrap()
+    }
+}
+
+pub fn object(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        _ => panic!("arguments are an object"),
+    }
+}
+
+pub fn meta(fields: &[(&str, &str)]) -> RequestMetaObject {
+    let mut meta = RequestMetaObject::new();
+    for (k, v) in fields {
+        meta.insert(k.to_string(), json!(v));
+    }
+    meta
+}
+
+/// The text a model reads first.
+pub fn text(result: &CallToolResult) -> String {
+    result.content[0].as_text().expect("a text block first").text.clone()
+}
+
+pub fn outcome(result: &CallToolResult) -> Value {
+    result
+        .meta
+        .as_ref()
+        .and_then(|m| m.get("once/outcome"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Wait for a condition on the effect ledger (the truth) instead of a fixed sleep.
+pub async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let give_up = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < give_up, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn assert_exactly_one_refund(rig: &Rig) {
+    assert_eq!(rig.effects(), (1, 20_000), "exactly one $200 refund\n{}", rig.logs());
+}
+
+/// A never-retry agent: one call, read the text, hang up. The effect ledger must still end with one refund.
+pub async fn never_retry(rig: &Rig, fault: &str) -> CallToolResult {
+    let session = rig.connect(fault, 0).await;
+    let result = session.refund(200.0, None).await;
+    let status = session.close().await;
+    assert!(status.success(), "gateway exit {status}\n{}", rig.logs());
+    result
+}
+
+pub fn assert_unknown_text(result: &CallToolResult, reason: &str) {
+    let t = text(result);
+    assert_eq!(result.is_error, Some(true), "{t}");
+    assert!(t.starts_with("UNKNOWN: refund_order (operation derived:"), "{t}");
+    assert!(t.contains("may or may not have happened"), "{t}");
+    assert!(t.contains(reason), "{t}");
+    assert!(
+        t.contains("Calling refund_order again with the same arguments will not send it again"),
+        "{t}"
+    );
+    assert!(
+        t.contains("once is checking with find_refund_by_key in the background")
+            && t.contains("once sends it itself, exactly once, with the same idempotency key"),
+        "{t}"
+    );
+    assert_eq!(outcome(result)["decision"], "unknown");
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["once"]["decision"],
+        "unknown"
+    );
+}
+
+/// The model is told the refund happened and how once knows; the ledger's audit trail says the same.
+pub fn assert_confirmed_by_lookup(rig: &Rig, result: &CallToolResult) {
+    let t = text(result);
+    assert_ne!(result.is_error, Some(true), "{t}");
+    assert!(t.starts_with("Replay of operation derived:"), "{t}");
+    assert!(
+        t.contains("did happen, but its reply was lost; once confirmed it by reading find_refund_by_key"),
+        "{t}"
+    );
+    assert!(t.contains("Nothing was sent again"), "{t}");
+    let trail = rig.audit(result);
+    assert!(
+        trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
+        "{trail:#?}"
+    );
+    let receipt = result
+        .structured_content
+        .as_ref()
+        .expect("the receipt as structured content");
+    assert_eq!(receipt["order_id"], json!(ORDER_ID));
+    assert_eq!(receipt["amount"].as_f64(), Some(200.0), "{receipt}");
+}

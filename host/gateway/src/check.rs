@@ -1,0 +1,107 @@
+//! `once gateway --check-config`: every tool's policy through the engine's
+//! own check, and the route each upstream tool gets, printed.
+
+use once::Once;
+use once::storage::memory::MemoryStorage;
+use once::types::Route;
+
+use crate::config::{Config, ProviderKey, ScopeMode};
+use crate::handler::{Shared, descriptor_of};
+use crate::{GatewayError, SESSION_SCOPE_WARNING, owner};
+
+/// `--check-config` without an upstream: every configured tool's policy through the engine's own check.
+pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
+    let once = Once::builder(MemoryStorage::new())
+        .build()
+        .map_err(|e| GatewayError::Runtime(e.to_string()))?;
+    let default = once
+        .default_policy()
+        .map_err(|e| GatewayError::Runtime(e.to_string()))?;
+    let mut errors = Vec::new();
+    for tool in config.named_tools() {
+        let checked = config
+            .plan(tool, &default)
+            .and_then(|plan| once.set_policy(tool, plan.policy).map_err(|e| e.to_string()));
+        if let Err(e) = checked {
+            errors.push(format!("{}: [tools.{tool}]: {e}", config.source));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(GatewayError::Config(errors.join("\n")));
+    }
+    println!(
+        "{}: ok (give the upstream command after `--` to check tool names and print every route)",
+        config.source
+    );
+    if config.scope == ScopeMode::Session {
+        println!("  warning: {SESSION_SCOPE_WARNING}");
+    }
+    for tool in config.named_tools() {
+        let how = if config.routes_explicitly(tool) {
+            "route set in the config"
+        } else {
+            "route from the upstream's annotations"
+        };
+        println!("  {tool}: {how}");
+    }
+    Ok(())
+}
+
+pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayError> {
+    let config = &shared.config;
+    println!(
+        "{}: ok; upstream `{}` lists {} tools; scope {}; owner {:?}",
+        config.source,
+        shared.upstream.command_line(),
+        shared.upstream.tools().len(),
+        match &config.scope {
+            ScopeMode::Session => "per session".to_string(),
+            ScopeMode::Fixed(name) => format!("fixed {name:?}"),
+            ScopeMode::Meta(field) => format!("from _meta {field:?} (a call without it is refused)"),
+        },
+        owner(shared),
+    );
+    if config.scope == ScopeMode::Session {
+        println!("warning: {SESSION_SCOPE_WARNING}");
+    }
+    for tool in shared.upstream.tools() {
+        let name = tool.name.to_string();
+        let plan = shared.plan(once, &name).map_err(GatewayError::Config)?;
+        let route = once
+            .route(&name, Some(&descriptor_of(&tool)))
+            .map_err(|e| GatewayError::Runtime(e.to_string()))?;
+        let source = if config.routes_explicitly(&name) {
+            "config".to_string()
+        } else {
+            match &tool.annotations {
+                Some(a) => format!("annotations {}", serde_json::to_string(a).unwrap_or_default()),
+                None => "no annotations: protected by default".to_string(),
+            }
+        };
+        let mut line = format!("{name:<24} {:<8} {source}", route.to_string());
+        if route == Route::Protect {
+            let p = &plan.policy;
+            line.push_str(&format!(
+                "; key: _meta {:?} or derived from the arguments; timeout {} ms",
+                config.key_meta, p.dispatch_timeout_ms
+            ));
+            match &plan.provider_key {
+                ProviderKey::Argument(a) => line.push_str(&format!("; provider key -> argument {a}")),
+                ProviderKey::Meta(m) => line.push_str(&format!("; provider key -> _meta {m}")),
+                ProviderKey::Default => {}
+            }
+            match &plan.lookup {
+                Some(l) => line.push_str(&format!("; reconciles via {}", l.tool)),
+                None => line.push_str("; no lookup: an unknown outcome waits for an operator"),
+            }
+            if let Some(q) = &p.quota {
+                line.push_str(&format!(
+                    "; quota {} per {} ms on {}",
+                    q.ceiling, q.window_ms, q.spend_field
+                ));
+            }
+        }
+        println!("{line}");
+    }
+    Ok(())
+}

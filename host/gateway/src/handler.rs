@@ -1,0 +1,503 @@
+//! The MCP server the client talks to: `tools/list` passed through,
+//! `tools/call` run through the engine (begin, dispatch, finish, reconcile),
+//! and the provider lookup over the upstream. The background reconciler is
+//! [`crate::worker`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use once::types::{BeginRequest, Evidence, ToolDescriptor, ToolPolicy};
+use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::Value;
+use tokio::runtime::Handle;
+
+use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode, ToolPlan};
+use crate::reply::{self, Capture, Context};
+use crate::upstream::{Reply, Upstream};
+
+/// What the handler, the provider lookup and the reconciler share.
+pub struct Shared {
+    /// The configuration.
+    pub config: Config,
+    /// The upstream server.
+    pub upstream: Upstream,
+    /// The runtime the upstream lives on, for the engine's synchronous callbacks.
+    pub handle: Handle,
+    plans: RwLock<HashMap<String, ToolPlan>>,
+    engine_default: OnceLock<ToolPolicy>,
+    /// The ledger's clock (the database's for PostgreSQL): read positions are stamped in it.
+    ledger_clock: OnceLock<Arc<dyn Clock>>,
+    /// Operations this gateway answered as not yet settled: drained before exit.
+    pending: Mutex<HashSet<(String, String)>>,
+}
+
+impl Shared {
+    /// Shared state over a started upstream.
+    pub fn new(config: Config, upstream: Upstream, handle: Handle) -> Shared {
+        Shared {
+            config,
+            upstream,
+            handle,
+            plans: RwLock::new(HashMap::new()),
+            engine_default: OnceLock::new(),
+            ledger_clock: OnceLock::new(),
+            pending: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The plan of `tool`, computing and registering its policy with the engine the first time.
+    pub fn plan(&self, once: &Once, tool: &str) -> Result<ToolPlan, String> {
+        if let Some(plan) = self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
+            return Ok(plan.clone());
+        }
+        let default = match self.engine_default.get() {
+            Some(p) => p.clone(),
+            None => {
+                let p = once.default_policy().map_err(|e| e.to_string())?;
+                self.engine_default.get_or_init(|| p).clone()
+            }
+        };
+        let plan = self.config.plan(tool, &default)?;
+        once.set_policy(tool, plan.policy.clone())
+            .map_err(|e| format!("{}: [tools.{tool}]: {e}", self.config.source))?;
+        self.plans
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(tool.to_string(), plan.clone());
+        Ok(plan)
+    }
+
+    /// Stamp read positions with the ledger's clock from now on.
+    pub fn set_ledger_clock(&self, clock: Arc<dyn Clock>) {
+        let _ = self.ledger_clock.set(clock);
+    }
+
+    /// Now on the ledger's clock.
+    fn ledger_now(&self) -> u64 {
+        match self.ledger_clock.get() {
+            Some(clock) => clock.now(),
+            None => once::SystemClock::default().now(),
+        }
+    }
+
+    /// The plan of `tool` if one was made (the provider lookup never registers one).
+    fn known_plan(&self, tool: &str) -> Option<ToolPlan> {
+        self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool).cloned()
+    }
+
+    /// Whether any operation this gateway answered is still unsettled.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    fn track(&self, scope: &str, key: &str) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((scope.to_string(), key.to_string()));
+    }
+
+    /// The operations this gateway answered as not yet settled.
+    pub fn pending(&self) -> Vec<(String, String)> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Forget an operation the ledger shows settled.
+    pub fn settled(&self, scope: String, key: String) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(scope, key));
+    }
+}
+
+/// The tool's definition as the engine routes and pins it.
+pub fn descriptor_of(tool: &Tool) -> ToolDescriptor {
+    ToolDescriptor {
+        name: tool.name.to_string(),
+        input_schema: serde_json::to_string(&*tool.input_schema).unwrap_or_else(|_| "{}".to_string()),
+        annotations: tool.annotations.as_ref().and_then(|a| serde_json::to_string(a).ok()),
+    }
+}
+
+/// The JSON a tool result carries: its structured content, else its first text parsed as JSON.
+fn payload(result: &CallToolResult) -> Option<Value> {
+    if let Some(v) = &result.structured_content {
+        return Some(v.clone());
+    }
+    result
+        .content
+        .iter()
+        .find_map(|c| c.as_text())
+        .and_then(|t| serde_json::from_str(&t.text).ok())
+}
+
+fn first_text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .find_map(|c| c.as_text())
+        .map_or_else(|| "(no text)".to_string(), |t| t.text.clone())
+}
+
+/// Reconciliation's authoritative read: the configured lookup tool on the upstream.
+pub struct LookupProvider(pub Arc<Shared>);
+
+impl Provider for LookupProvider {
+    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
+        let shared = &self.0;
+        let Some(lookup) = shared.known_plan(tool).and_then(|p| p.lookup) else {
+            return Evidence::Unknown(format!("no lookup is configured for {tool}"));
+        };
+        let call_args = match serde_json::from_str::<Value>(args).map(|a| lookup.render(provider_key, &a)) {
+            Ok(Ok(Value::Object(map))) => map,
+            Ok(Ok(_)) => return Evidence::Unknown(format!("the {} arguments are not an object", lookup.tool)),
+            Ok(Err(e)) => return Evidence::Unknown(format!("cannot build the {} arguments: {e}", lookup.tool)),
+            Err(e) => return Evidence::Unknown(format!("the stored args are not JSON: {e}")),
+        };
+        let params = CallToolRequestParams::new(lookup.tool.clone()).with_arguments(call_args);
+        // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
+        // before it, never after, in the domain the engine compares it with.
+        let sent_at = shared.ledger_now();
+        let reply = shared
+            .handle
+            .block_on(shared.upstream.call(params, lookup.timeout, || true));
+        let answer = match reply {
+            Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
+                Some(answer) => answer,
+                None => return Evidence::Unknown(format!("{} answered no JSON", lookup.tool)),
+            },
+            Reply::Result(r) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, first_text(&r))),
+            Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
+            Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
+        };
+        match lookup.evidence(&answer, sent_at) {
+            Evidence::Confirmed(receipt) => {
+                // Stored as a tool result, so a replay shows it like any other; a tool with an output schema
+                // gets it as text only, since the lookup's shape need not match that schema.
+                let value: Value = serde_json::from_str(&receipt).unwrap_or(Value::Null);
+                let mut result = CallToolResult::success(vec![ContentBlock::text(receipt)]);
+                let schema = shared.upstream.tool(tool).and_then(|t| t.output_schema);
+                if schema.is_none() {
+                    result.structured_content = Some(value);
+                }
+                Evidence::Confirmed(serde_json::to_string(&result).unwrap_or_default())
+            }
+            other => other,
+        }
+    }
+}
+
+/// Map the upstream's reply to what the engine records.
+fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
+    match reply {
+        Reply::Result(r) if r.is_error == Some(true) => match on_tool_error {
+            OnToolError::Rejected => Sent::Rejected(serde_json::to_string(r).unwrap_or_default()),
+            OnToolError::Ambiguous => Sent::Ambiguous(format!(
+                "the upstream answered an error result, which may follow a partial effect: {}",
+                first_text(r)
+            )),
+        },
+        Reply::Result(r) => Sent::Success(serde_json::to_string(r).unwrap_or_default()),
+        Reply::Error(e) if Reply::refused_before_running(e) => {
+            Sent::Rejected(serde_json::to_string(e).unwrap_or_default())
+        }
+        Reply::Error(e) => Sent::Ambiguous(format!("the upstream answered a protocol error: {}", e.message)),
+        Reply::Lost(why) => Sent::Ambiguous(why.clone()),
+        Reply::NotSent(_) => Sent::NotSent,
+    }
+}
+
+/// Send one granted attempt (or a direct call) to the upstream.
+pub fn dispatch(shared: &Shared, once: &Once, plan: &ToolPlan, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
+    let arguments: JsonObject = match serde_json::from_str(d.args) {
+        Ok(Value::Object(map)) => map,
+        _ => JsonObject::new(),
+    };
+    let mut params = CallToolRequestParams::new(d.tool.to_string()).with_arguments(arguments);
+    if let ProviderKey::Meta(field) = &plan.provider_key
+        && !d.provider_key.is_empty()
+    {
+        params.meta = Some(reply::meta_of(field, d.provider_key).into());
+    }
+    let send_by = d.send_by;
+    let reply = shared
+        .handle
+        .block_on(shared.upstream.call(params, plan.timeout, || once.now() < send_by));
+    if d.attempt > 0 {
+        capture.attempt = Some(d.attempt);
+        capture.key = Some(d.key.to_string());
+    }
+    let sent = classify(&reply, plan.on_tool_error);
+    if let Sent::Ambiguous(why) = &sent {
+        capture.lost = Some(why.clone());
+    }
+    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = ?sent_name(&sent), "dispatched");
+    capture.last = Some(reply);
+    sent
+}
+
+fn sent_name(sent: &Sent) -> &'static str {
+    match sent {
+        Sent::Success(_) => "success",
+        Sent::Rejected(_) => "rejected",
+        Sent::Ambiguous(_) => "ambiguous",
+        Sent::NotSent => "not-sent",
+    }
+}
+
+/// begin, then dispatch / finish / reconcile as the engine decides; with the operation key it named.
+fn protect(
+    shared: &Shared,
+    once: &Once,
+    plan: &ToolPlan,
+    request: &BeginRequest,
+    capture: &mut Capture,
+) -> Result<(Option<String>, Called), OnceError> {
+    once.call_keyed(request, |d| dispatch(shared, once, plan, d, capture))
+}
+
+/// A call's outcome, for logs.
+pub fn called_name(called: &Called) -> &'static str {
+    match called {
+        Called::Confirmed { .. } => "confirmed",
+        Called::Rejected { .. } => "rejected",
+        Called::Unknown(_) => "unknown",
+        Called::InFlight(_) => "in-flight",
+        Called::Conflict(_) => "conflict",
+        Called::Blocked(_) => "blocked",
+        Called::Unrecorded { .. } => "unrecorded",
+        Called::Direct(_) => "direct",
+    }
+}
+
+/// The gateway's MCP server.
+#[derive(Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+    once: Arc<Once>,
+    session_scope: String,
+    instructions: String,
+}
+
+impl Gateway {
+    /// A server for one client connection.
+    pub fn new(shared: Arc<Shared>, once: Arc<Once>, session_scope: String, instructions: String) -> Gateway {
+        Gateway {
+            shared,
+            once,
+            session_scope,
+            instructions,
+        }
+    }
+
+    /// The call's scope, or why the call is refused (a scope from `_meta` that is missing).
+    fn scope_of(&self, meta: &JsonObject) -> Result<String, String> {
+        match &self.shared.config.scope {
+            ScopeMode::Session => Ok(self.session_scope.clone()),
+            ScopeMode::Fixed(name) => Ok(name.clone()),
+            ScopeMode::Meta(field) => meta
+                .get(field)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    format!("this gateway takes each call's scope from _meta \"{field}\", and this call has none")
+                }),
+        }
+    }
+
+    /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous).
+    fn call(&self, request: CallToolRequestParams, meta: JsonObject) -> Result<CallToolResult, ErrorData> {
+        let (shared, once) = (&*self.shared, &*self.once);
+        let tool = request.name.to_string();
+        let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
+        let (scope, refused) = match self.scope_of(&meta) {
+            Ok(scope) => (scope, None),
+            Err(why) => (String::new(), Some(why)),
+        };
+        let mut cx = Context {
+            tool: &tool,
+            key: None,
+            scope: &scope,
+            lookup: None,
+            key_meta,
+            keyed: false,
+            output_schema: false,
+            capture: Capture::default(),
+        };
+        if let Some(why) = refused {
+            return Ok(reply::engine_error(&OnceError::Component(why), &cx));
+        }
+        let plan = match shared.plan(once, &tool) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(reply::engine_error(&OnceError::Component(e), &cx)),
+        };
+        // Up before the claim: the lease then covers only claim to send, never a restart.
+        if let Err(e) = shared.handle.block_on(shared.upstream.ready()) {
+            let e = OnceError::Component(format!("the upstream is not available: {e}"));
+            return Ok(reply::engine_error(&e, &cx));
+        }
+        let lookup = plan.lookup.as_ref().map(|l| l.tool.clone());
+        cx.lookup = lookup.as_deref();
+        let descriptor = shared.upstream.tool(&tool);
+        cx.output_schema = descriptor.as_ref().is_some_and(|t| t.output_schema.is_some());
+        let mut keys = Vec::new();
+        for field in &shared.config.key_meta {
+            match meta.get(field) {
+                None => {}
+                Some(Value::String(k)) => keys.push((format!("_meta {field}"), k.clone())),
+                Some(other) => {
+                    let e = OnceError::Component(format!("_meta {field} must be a string, not {other}"));
+                    return Ok(reply::engine_error(&e, &cx));
+                }
+            }
+        }
+        cx.keyed = !keys.is_empty();
+        let request = BeginRequest {
+            scope: scope.clone(),
+            keys,
+            tool: tool.clone(),
+            args: Value::Object(request.arguments.unwrap_or_default()).to_string(),
+            policy: plan.policy.clone(),
+            descriptor: descriptor.as_ref().map(descriptor_of),
+            supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
+            acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
+        };
+        let mut capture = Capture::default();
+        let outcome = protect(shared, once, &plan, &request, &mut capture);
+        cx.capture = capture;
+        match outcome {
+            Ok((key, called)) => {
+                if let Some(key) = &key
+                    && matches!(
+                        called,
+                        Called::Unknown(_) | Called::InFlight(_) | Called::Unrecorded { .. }
+                    )
+                {
+                    shared.track(&scope, key);
+                }
+                cx.key = key.as_deref();
+                tracing::info!(target: "once::gateway", scope, tool, key = cx.key, outcome = called_name(&called), "call");
+                reply::render(called, &cx)
+            }
+            Err(e) => {
+                // Sent, then the engine failed: the record expires into unknown and is ours to settle.
+                if let Some(key) = &cx.capture.key {
+                    shared.track(&scope, key);
+                }
+                Ok(reply::engine_error(&e, &cx))
+            }
+        }
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("once-gateway", env!("CARGO_PKG_VERSION")))
+            .with_instructions(self.instructions.clone())
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.shared
+            .upstream
+            .list_tools(request)
+            .await
+            .map_err(|e| ErrorData::internal_error(e, None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let this = self.clone();
+        let meta: JsonObject = context.meta.0.0.clone();
+        let result = tokio::task::spawn_blocking(move || this.call(request, meta))
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        Ok(result.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use once::ManualClock;
+    use once::storage::memory::MemoryStorage;
+    use std::path::{Path, PathBuf};
+    use std::time::SystemTime;
+
+    /// `refund-mcp` beside this test binary (built by the workspace's tests; built here if missing).
+    fn refund_mcp() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+        let path = dir.join("refund-mcp");
+        if !path.exists() {
+            let release = dir.file_name().is_some_and(|d| d == "release");
+            let built = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "-p", "once-refund-example", "--bin", "refund-mcp"])
+                .args(release.then_some("--release"))
+                .status()
+                .unwrap();
+            assert!(built.success());
+        }
+        path
+    }
+
+    /// A linearizable lookup's read position ("sent") is stamped on the ledger's clock,
+    /// which is what the engine compares it with, never the gateway host's wall clock.
+    #[test]
+    fn a_sent_read_position_is_on_the_ledger_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let command = vec![
+            refund_mcp().display().to_string(),
+            "--db".to_string(),
+            dir.path().join("effects.db").display().to_string(),
+        ];
+        let upstream = runtime.block_on(Upstream::start(command)).unwrap();
+        let config = Config::parse(
+            r#"
+            [tools.refund_order]
+            provider_key = "argument:idempotency_key"
+            lookup = { tool = "find_refund_by_key", args = { idempotency_key = "{key}" }, found = "/found", read_position = "sent" }
+            "#,
+            "test.toml",
+        )
+        .unwrap();
+        let shared = Arc::new(Shared::new(config, upstream, runtime.handle().clone()));
+        // A ledger clock a day behind this host's.
+        let behind = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            - 86_400_000;
+        shared.set_ledger_clock(Arc::new(ManualClock::new(behind)));
+        let once = Once::builder(MemoryStorage::new()).build().unwrap();
+        shared.plan(&once, "refund_order").unwrap();
+        let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-nothing", r#"{"order_id":1234}"#);
+        assert_eq!(evidence, Evidence::Absent(behind));
+        runtime.block_on(shared.upstream.shutdown());
+    }
+}

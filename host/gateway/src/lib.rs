@@ -1,0 +1,209 @@
+//! `once gateway`: an MCP proxy that puts an MCP server's tools behind once.
+//!
+//! The client speaks MCP to the gateway on stdin/stdout; the gateway starts
+//! the upstream server as a child process and speaks MCP to it over its stdio.
+//! `tools/list` passes through unchanged. Every `tools/call` goes through the
+//! engine with the tool's policy (from `once.toml`, else the engine reads the
+//! tool's annotations): DIRECT calls are forwarded, PROTECT calls are claimed
+//! in the ledger before they are sent, BLOCK calls are answered and never sent.
+//! A background loop reconciles unknown outcomes through the configured lookup
+//! tool and sends owed dispatches itself.
+//!
+//! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
+//! evidence), `handler` (the MCP server and the provider lookup), `reply`
+//! (what the model is shown), `upstream` (the MCP client of the real server),
+//! `worker` (the background reconciler) and `check` (`--check-config`).
+
+mod check;
+mod config;
+mod error;
+mod handler;
+mod lookup;
+mod reply;
+mod upstream;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use once::{Once, default_settings};
+use rmcp::ServiceExt;
+
+use self::config::{Config, ScopeMode};
+pub use self::error::GatewayError;
+use self::handler::{Gateway, LookupProvider, Shared};
+use self::upstream::Upstream;
+
+/// What `once gateway` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The configuration file (TOML); without it, annotations and derived keys.
+    pub config: Option<PathBuf>,
+    /// The ledger: an SQLite file or a postgres:// URL (default: the config's `db`, else `once.db`).
+    pub db: Option<String>,
+    /// Check the config (against the upstream, when one is given), print each tool's route, and exit.
+    pub check_config: bool,
+    /// The upstream MCP server's command and arguments.
+    pub upstream: Vec<String>,
+}
+
+/// Run the gateway until the client hangs up and unsettled operations are settled (or the grace ends).
+pub fn run(args: Options) -> Result<(), GatewayError> {
+    let config = match &args.config {
+        Some(path) => Config::load(path).map_err(GatewayError::Config)?,
+        None => Config::default(),
+    };
+    if args.upstream.is_empty() {
+        if args.check_config {
+            return check::check_static(&config);
+        }
+        return Err(GatewayError::Config(
+            "no upstream command: once gateway [--config FILE] -- <command> [args…]".to_string(),
+        ));
+    }
+    let db = args
+        .db
+        .clone()
+        .or_else(|| config.db.as_ref().map(|p| p.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "once.db".to_string());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| GatewayError::Runtime(format!("starting the async runtime: {e}")))?;
+    let result = runtime.block_on(serve(config, db, args));
+    // The stdin reader of a finished session may still be parked in a blocking read.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayError> {
+    let upstream = Upstream::start(args.upstream.clone())
+        .await
+        .map_err(GatewayError::Runtime)?;
+    let names: Vec<String> = upstream.tools().iter().map(|t| t.name.to_string()).collect();
+    if let Err(e) = config.check_tools(&names) {
+        upstream.shutdown().await;
+        return Err(GatewayError::Config(e));
+    }
+    let shared = Arc::new(Shared::new(config, upstream, tokio::runtime::Handle::current()));
+    let opened = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || open(&shared, &db))
+            .await
+            .map_err(|e| GatewayError::Runtime(format!("opening the ledger: {e}")))?
+    };
+    let once = match opened {
+        Ok(once) => Arc::new(once),
+        Err(f) => {
+            shared.upstream.shutdown().await;
+            return Err(f);
+        }
+    };
+    if args.check_config {
+        let printed = {
+            let (shared, once) = (shared.clone(), once.clone());
+            tokio::task::spawn_blocking(move || check::print_routes(&shared, &once)).await
+        };
+        shared.upstream.shutdown().await;
+        return printed.map_err(|e| GatewayError::Runtime(e.to_string()))?;
+    }
+
+    let worker = worker::spawn(shared.clone(), once.clone());
+    if shared.config.scope == ScopeMode::Session {
+        tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
+    }
+    let gateway = Gateway::new(shared.clone(), once.clone(), session_scope(), instructions(&shared));
+    let served = match gateway.serve(rmcp::transport::stdio()).await {
+        Ok(running) => {
+            let _ = running.waiting().await;
+            Ok(())
+        }
+        Err(e) => Err(GatewayError::Runtime(format!("the client did not initialize: {e}"))),
+    };
+    worker::drain(&shared).await;
+    worker.abort();
+    shared.upstream.shutdown().await;
+    served
+}
+
+/// The engine over the ledger, with the lookup provider and every tool's policy checked now, not at the first call.
+fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
+    let settings = once::types::Settings {
+        clock_skew_ms: shared.config.clock_skew_ms,
+        owner: owner(shared),
+        ..default_settings()
+    };
+    let once = Once::open(db)
+        .and_then(|b| {
+            shared.set_ledger_clock(b.ledger_clock());
+            b.provider(LookupProvider(shared.clone()))
+                .settings(settings)
+                .in_flight_wait(shared.config.in_flight_wait)
+                .build()
+        })
+        .map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
+    let mut tools: Vec<String> = shared.upstream.tools().iter().map(|t| t.name.to_string()).collect();
+    tools.extend(shared.config.named_tools().map(str::to_string));
+    let mut errors = Vec::new();
+    for tool in tools {
+        if let Err(e) = shared.plan(&once, &tool) {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(once)
+    } else {
+        errors.dedup();
+        Err(GatewayError::Config(errors.join("\n")))
+    }
+}
+
+/// Who dispatches this gateway's operations: the configured `owner`, else the upstream's
+/// command line. Gateways with one owner settle each other's records; others never touch them.
+pub(crate) fn owner(shared: &Shared) -> String {
+    shared
+        .config
+        .owner
+        .clone()
+        .unwrap_or_else(|| format!("gateway: {}", shared.upstream.command_line()))
+}
+
+/// A fresh scope for this client connection (`scope = "session"` only): keys never collide
+/// with another session's, and after a restart the same key is a new operation.
+fn session_scope() -> String {
+    let mut bytes = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .is_ok();
+    let id = if random {
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    } else {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{now:x}-{}", std::process::id())
+    };
+    format!("session-{id}")
+}
+
+fn instructions(shared: &Shared) -> String {
+    let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
+    let keyless = match shared.config.scope {
+        ScopeMode::Session => "identical calls in this session are the same operation".to_string(),
+        _ => "identical calls are the same operation for a while after they ran (each replay says until when)"
+            .to_string(),
+    };
+    format!(
+        "Tool calls go through once, which makes side-effecting calls happen exactly once. A repeated call is \
+         answered from the ledger instead of being sent again. An application can name the operation in \
+         _meta \"{key_meta}\"; without one, {keyless}. Read each result's first line: it says whether the call \
+         ran, was replayed, is UNKNOWN, or was blocked."
+    )
+}
+
+/// What `scope = "session"` means, said wherever it is chosen.
+pub const SESSION_SCOPE_WARNING: &str = "scope = \"session\": each connection is its own scope, so after the \
+     gateway or its host restarts, a retry with the same operation key is a NEW operation and may run twice; use \
+     the default (one fixed scope) unless that is what you want";

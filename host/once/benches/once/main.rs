@@ -1,0 +1,48 @@
+//! `cargo bench -p once-host --features postgres --bench once`: every row of BENCHMARKS.md, each
+//! next to its baseline measured in the same run, then a summary table of
+//! medians and ratios (the figures BENCHMARKS.md quotes).
+//!
+//! Rows: `fingerprint/*` (canonicalize + fingerprint), `call/*` (warm
+//! protected call), `sqlite/*` (durable protected call vs bare commits),
+//! `cold/*` (cold start) and `postgres/*` (with the `postgres` feature, when
+//! `ONCE_TEST_DATABASE_URL` is set). A criterion filter (`cargo bench -- sqlite`)
+//! runs a subset.
+
+mod call;
+mod canon;
+mod cold;
+#[cfg(feature = "postgres")]
+mod pg;
+mod record;
+mod sqlite;
+
+use criterion::Criterion;
+use once::{Called, Once, Sent};
+
+/// The arguments of every protected call the benches make.
+const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
+/// The provider's answer to each of them.
+const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
+
+/// One protected call under a fresh `key`: it must dispatch and confirm, or the figure would time something else.
+fn protected_call(once: &Once, key: &str) {
+    let called = once
+        .call("tenant", Some(key), "refund", ARGS, |_| Sent::Success(RECEIPT.into()))
+        .unwrap();
+    assert!(
+        matches!(called, Called::Confirmed { replayed: false, .. }),
+        "{called:?}"
+    );
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    canon::bench(&mut c);
+    call::bench(&mut c);
+    sqlite::bench(&mut c);
+    cold::bench(&mut c);
+    #[cfg(feature = "postgres")]
+    pg::bench(&mut c);
+    c.final_summary();
+    record::print_summary();
+}

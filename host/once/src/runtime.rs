@@ -1,0 +1,384 @@
+//! Loading the once component: one engine and one compiled component per
+//! process, a compiled-artifact cache on disk, and pre-linked instances.
+//!
+//! # Guest limits
+//!
+//! Every export call runs on a fuel budget and every instance under a
+//! memory limit ([`GuestLimits`]). Fuel, not epoch interruption: it counts
+//! only instructions the guest executes, so a slow ledger or provider
+//! lookup (host time) never cuts a legitimate call short, and the same call
+//! always stops at the same point. A guest that exhausts either is stopped
+//! with a typed [`GuestLimit`] error; any other trap is a component error.
+//! Either way the host discards the instance. Nothing is half-written: the
+//! guest's only write is `ledger.commit`, one atomic batch applied entirely
+//! inside the host, and a trap can only happen between two host calls.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context as _;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
+
+use crate::bindings::engine::Guest;
+use crate::bindings::types::{
+    Awaited, BeginRequest, Decision, Error, FinishAck, JsonError, Outcome, PruneReport, RecordView, Resolution, Route,
+    State, SweepReport, ToolDescriptor, ToolPolicy,
+};
+use crate::bindings::{Once as OnceWorld, OncePre};
+use crate::io::HostState;
+use crate::once::OnceError;
+
+/// Per-call resource limits of the guest component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestLimits {
+    /// Fuel (about one unit per wasm instruction) that one export call may burn.
+    pub fuel: u64,
+    /// Largest linear memory of one instance, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl GuestLimits {
+    /// The defaults: 2^33 fuel per call and 256 MiB of memory per instance.
+    /// The heaviest single-record call measured, a `begin` whose 1 MiB of
+    /// args is an array of 500,000 numbers, burns 1.2e9 fuel (0.3 s) and
+    /// peaks at 44 MiB; the budget is about 7 times that, some 2.5 s of
+    /// guest CPU before a runaway call is stopped.
+    pub const DEFAULT: GuestLimits = GuestLimits {
+        fuel: 1 << 33,
+        memory_bytes: 256 << 20,
+    };
+}
+
+impl Default for GuestLimits {
+    fn default() -> Self {
+        GuestLimits::DEFAULT
+    }
+}
+
+/// Which per-call limit stopped the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GuestLimit {
+    /// The call burned its whole fuel budget (e.g. an endless loop).
+    #[error("fuel budget of {0} per call")]
+    Fuel(u64),
+    /// The instance tried to grow its memory past the limit (bytes).
+    #[error("memory limit of {0} bytes")]
+    Memory(usize),
+}
+
+impl GuestLimit {
+    /// The limit behind a failed call, if one stopped it (rather than another trap).
+    fn of(error: &wasmtime::Error, limits: &GuestLimits) -> Option<GuestLimit> {
+        if let Some(limit) = error.downcast_ref::<GuestLimit>() {
+            return Some(*limit);
+        }
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => Some(GuestLimit::Fuel(limits.fuel)),
+            _ => None,
+        }
+    }
+}
+
+/// A failed call into the component: the limit that stopped it, or the trap.
+fn failure(error: &wasmtime::Error, limits: &GuestLimits) -> OnceError {
+    match GuestLimit::of(error, limits) {
+        Some(limit) => OnceError::Limit(limit),
+        None => OnceError::Component(format!("{error:#}")),
+    }
+}
+
+/// A failure to load the component.
+fn load_failure(error: anyhow::Error) -> OnceError {
+    OnceError::Component(format!("{error:#}"))
+}
+
+/// What a component store holds: the imports' state and the memory limiter.
+struct StoreData {
+    /// Everything the imports reach.
+    host: HostState,
+    memory: MemoryLimiter,
+}
+
+/// Refuses memory growth past the limit by trapping with [`GuestLimit::Memory`],
+/// so the caller learns which limit it was rather than seeing a guest panic.
+struct MemoryLimiter {
+    max_bytes: usize,
+    /// Largest linear memory granted so far (memories never shrink).
+    granted: usize,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.max_bytes {
+            return Err(GuestLimit::Memory(self.max_bytes).into());
+        }
+        self.granted = self.granted.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(maximum.is_none_or(|m| desired <= m))
+    }
+}
+
+/// The component, as built by cargo from `guest/` (see `host/once/build.rs`).
+pub const COMPONENT: &[u8] = include_bytes!(env!("ONCE_COMPONENT_PATH"));
+
+/// A compiled, pre-linked once component; cheap to instantiate.
+pub struct Runtime {
+    engine: Engine,
+    component: Component,
+    pre: OncePre<StoreData>,
+}
+
+/// What one export call answers: the export's own result (its WIT `result`),
+/// or why the component gave none ([`OnceError::Component`], [`OnceError::Limit`]).
+pub type Answer<T, E = Error> = Result<Result<T, E>, OnceError>;
+
+/// A live instance of the component, with its store, its host state and its
+/// limits. Every export call starts on a full fuel budget. After an
+/// [`OnceError`] the instance must be dropped, never called again: a trap or
+/// an exhausted limit may have stopped the guest in the middle of a call.
+pub struct Instance {
+    store: Store<StoreData>,
+    world: OnceWorld,
+    limits: GuestLimits,
+}
+
+impl Runtime {
+    /// The process-wide runtime, compiled (or loaded from the cache) on first use.
+    pub fn shared() -> Result<Arc<Runtime>, OnceError> {
+        static SHARED: OnceLock<Arc<Runtime>> = OnceLock::new();
+        if let Some(rt) = SHARED.get() {
+            return Ok(rt.clone());
+        }
+        let rt = Arc::new(Runtime::load(cache_dir().as_deref())?);
+        Ok(SHARED.get_or_init(|| rt).clone())
+    }
+
+    /// Compile the component, or load its compiled form from `cache` when it matches.
+    pub fn load(cache: Option<&Path>) -> Result<Runtime, OnceError> {
+        Runtime::load_component(COMPONENT, cache)
+    }
+
+    /// Compile another build of a component of world `once` (a test build,
+    /// a newer guest), with the same engine configuration and cache.
+    pub fn load_component(wasm: &[u8], cache: Option<&Path>) -> Result<Runtime, OnceError> {
+        Runtime::compile(wasm, cache).map_err(load_failure)
+    }
+
+    fn compile(wasm: &[u8], cache: Option<&Path>) -> anyhow::Result<Runtime> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.consume_fuel(true);
+        let engine = Engine::new(&config)?;
+        let component = match cache {
+            Some(dir) => cached_component(&engine, wasm, dir)?,
+            None => Component::new(&engine, wasm)
+                .map_err(anyhow::Error::from)
+                .context("compiling the once component")?,
+        };
+        let mut linker = Linker::new(&engine);
+        OnceWorld::add_to_linker::<StoreData, HasSelf<HostState>>(&mut linker, |data| &mut data.host)?;
+        let pre = OncePre::new(linker.instantiate_pre(&component)?)?;
+        Ok(Runtime { engine, component, pre })
+    }
+
+    /// The names of the interfaces the component imports (`once:core/ledger@0.1.0`, …).
+    pub fn imports(&self) -> Vec<String> {
+        let ty = self.component.component_type();
+        ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
+    }
+
+    /// The names of the interfaces the component exports.
+    pub fn exports(&self) -> Vec<String> {
+        let ty = self.component.component_type();
+        ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect()
+    }
+
+    /// Instantiate over an in-memory ledger once, to prove the runtime works.
+    pub fn instantiate_check(&self) -> Result<(), OnceError> {
+        let state = crate::io::HostState {
+            storage: std::sync::Arc::new(crate::storage::memory::MemoryStorage::new()),
+            clock: std::sync::Arc::new(crate::io::SystemClock::default()),
+            provider: std::sync::Arc::new(crate::io::NoProvider),
+            operator: std::sync::Arc::new(crate::io::LogOperator),
+            settings: crate::once::default_settings(),
+        };
+        self.instantiate(state)?.default_policy()?;
+        Ok(())
+    }
+
+    /// A fresh instance over the given host state, under the default limits.
+    pub fn instantiate(&self, state: HostState) -> Result<Instance, OnceError> {
+        self.instantiate_limited(state, &GuestLimits::DEFAULT)
+    }
+
+    /// A fresh instance over the given host state, under `limits`.
+    pub fn instantiate_limited(&self, state: HostState, limits: &GuestLimits) -> Result<Instance, OnceError> {
+        let data = StoreData {
+            host: state,
+            memory: MemoryLimiter {
+                max_bytes: limits.memory_bytes,
+                granted: 0,
+            },
+        };
+        let mut store = Store::new(&self.engine, data);
+        store.limiter(|data| &mut data.memory);
+        // Instantiation runs guest code too (data segments, start functions).
+        store.set_fuel(limits.fuel).map_err(|e| failure(&e, limits))?;
+        let world = self.pre.instantiate(&mut store).map_err(|e| failure(&e, limits))?;
+        Ok(Instance {
+            store,
+            world,
+            limits: *limits,
+        })
+    }
+}
+
+impl Instance {
+    /// The state the imports reach (storage, clock, provider, operator, settings).
+    pub fn host(&self) -> &HostState {
+        &self.store.data().host
+    }
+
+    /// The imports' state, to change between calls (e.g. the settings `clock.get-settings` returns).
+    pub fn host_mut(&mut self) -> &mut HostState {
+        &mut self.store.data_mut().host
+    }
+
+    /// The instance's linear memory, in bytes: its high-water mark, as wasm memories never shrink.
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().memory.granted
+    }
+
+    /// The limits every call of this instance runs under.
+    pub fn limits(&self) -> GuestLimits {
+        self.limits
+    }
+
+    /// One export call on a full fuel budget.
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(&Guest, &mut Store<StoreData>) -> wasmtime::Result<R>,
+    ) -> Result<R, OnceError> {
+        let limits = self.limits;
+        self.store.set_fuel(limits.fuel).map_err(|e| failure(&e, &limits))?;
+        f(self.world.once_core_engine(), &mut self.store).map_err(|e| failure(&e, &limits))
+    }
+
+    /// The `default-policy` export.
+    pub fn default_policy(&mut self) -> Result<ToolPolicy, OnceError> {
+        self.call(|e, s| e.call_default_policy(s))
+    }
+
+    /// The `check-policy` export.
+    pub fn check_policy(&mut self, policy: &ToolPolicy) -> Answer<()> {
+        self.call(|e, s| e.call_check_policy(s, policy))
+    }
+
+    /// The `route-of` export.
+    pub fn route_of(&mut self, policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>) -> Result<Route, OnceError> {
+        self.call(|e, s| e.call_route_of(s, policy, descriptor))
+    }
+
+    /// The `begin` export.
+    pub fn begin(&mut self, request: &BeginRequest) -> Answer<Decision> {
+        self.call(|e, s| e.call_begin(s, request))
+    }
+
+    /// The `finish` export.
+    pub fn finish(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<FinishAck> {
+        self.call(|e, s| e.call_finish(s, scope, key, fence, outcome))
+    }
+
+    /// The `reconcile` export.
+    pub fn reconcile(&mut self, scope: &str, key: &str) -> Answer<Decision> {
+        self.call(|e, s| e.call_reconcile(s, scope, key))
+    }
+
+    /// The `await-holder` export.
+    pub fn await_holder(&mut self, scope: &str, key: &str) -> Answer<Awaited> {
+        self.call(|e, s| e.call_await_holder(s, scope, key))
+    }
+
+    /// The `sweep` export.
+    pub fn sweep(&mut self, limit: u32) -> Answer<SweepReport> {
+        self.call(|e, s| e.call_sweep(s, limit))
+    }
+
+    /// The `prune` export.
+    pub fn prune(&mut self, limit: u32) -> Answer<PruneReport> {
+        self.call(|e, s| e.call_prune(s, limit))
+    }
+
+    /// The `inspect` export.
+    pub fn inspect(&mut self, scope: &str, key: &str) -> Answer<Option<RecordView>> {
+        self.call(|e, s| e.call_inspect(s, scope, key))
+    }
+
+    /// The `resolve` export.
+    pub fn resolve(
+        &mut self,
+        scope: &str,
+        key: &str,
+        resolution: &Resolution,
+        note: &str,
+        force: bool,
+    ) -> Answer<State> {
+        self.call(|e, s| e.call_resolve(s, scope, key, resolution, note, force))
+    }
+
+    /// The `canonicalize` export.
+    pub fn canonicalize(&mut self, json: &[u8]) -> Answer<String, JsonError> {
+        self.call(|e, s| e.call_canonicalize(s, json))
+    }
+
+    /// The `fingerprint` export.
+    pub fn fingerprint(&mut self, tool: &str, args: &str) -> Answer<String, JsonError> {
+        self.call(|e, s| e.call_fingerprint(s, tool, args))
+    }
+}
+
+/// Where compiled components are cached: `ONCE_CACHE_DIR`, else the user's
+/// cache directory, else none (compile every time).
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("ONCE_CACHE_DIR") {
+        return (!dir.is_empty()).then(|| PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("once"))
+}
+
+/// Load the compiled component from `dir`, or compile it and store it there.
+/// A stale or foreign artifact is recompiled, never trusted.
+fn cached_component(engine: &Engine, wasm: &[u8], dir: &Path) -> anyhow::Result<Component> {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    wasm.hash(&mut hasher);
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let path = dir.join(format!("once-{:016x}.cwasm", hasher.finish()));
+    if path.is_file() {
+        // SAFETY: the file was written by `Component::serialize` below, for this
+        // exact component and engine configuration (the name carries both), in a
+        // cache directory owned by this user; wasmtime also checks compatibility.
+        if let Ok(component) = unsafe { Component::deserialize_file(engine, &path) } {
+            return Ok(component);
+        }
+    }
+    let component = Component::new(engine, wasm)
+        .map_err(anyhow::Error::from)
+        .context("compiling the once component")?;
+    // The cache is an optimisation: failing to write it is not an error.
+    if let Ok(bytes) = component.serialize() {
+        let _ = std::fs::create_dir_all(dir).and_then(|()| {
+            let tmp = dir.join(format!(".once-{}.tmp", std::process::id()));
+            std::fs::write(&tmp, &bytes)?;
+            std::fs::rename(&tmp, &path)
+        });
+    }
+    Ok(component)
+}

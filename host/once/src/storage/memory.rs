@@ -1,0 +1,163 @@
+//! In-process storage: ordered maps behind one mutex.
+//!
+//! Same semantics as the SQLite backend (compare-and-swap puts, append-only
+//! audit events, one all-or-nothing batch), without durability or sharing
+//! between processes. For tests, embedding and ephemeral runs.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use super::codec::table_index;
+use super::{CommitError, Stats, Storage, StorageError};
+use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
+
+/// Row key: (table index, scope, key).
+type RowKey = (u8, String, String);
+/// Audit key: (scope, key, version).
+type AuditKey = (String, String, u64);
+
+#[derive(Default)]
+struct Inner {
+    rows: BTreeMap<RowKey, Row>,
+    audit: BTreeMap<AuditKey, AuditEvent>,
+}
+
+/// A [`Storage`] held in memory by this process; lost when dropped.
+#[derive(Default)]
+pub struct MemoryStorage {
+    inner: Mutex<Inner>,
+}
+
+impl MemoryStorage {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A commit validates everything before it mutates, so a panic while
+        // the lock was held cannot have left a half-applied batch behind.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn row_key(table: Table, scope: &str, key: &str) -> RowKey {
+    (table_index(table), scope.to_owned(), key.to_owned())
+}
+
+fn take(limit: u32) -> usize {
+    usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
+impl Storage for MemoryStorage {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
+        Ok(self.lock().rows.get(&row_key(table, scope, key)).cloned())
+    }
+
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        super::check_batch(batch)?;
+        let mut inner = self.lock();
+
+        // Stage every write over the current maps; apply only when all checks pass.
+        let mut staged: BTreeMap<RowKey, Option<Row>> = BTreeMap::new();
+        for put in &batch.puts {
+            let k = row_key(put.table, &put.scope, &put.key);
+            let current_version = match staged.get(&k) {
+                Some(staged_row) => staged_row.as_ref().map(|r| r.version),
+                None => inner.rows.get(&k).map(|r| r.version),
+            };
+            if current_version != put.expected {
+                return Err(CommitError::Conflict);
+            }
+            staged.insert(k, put.row.clone());
+        }
+        let mut events: BTreeMap<AuditKey, &AuditEvent> = BTreeMap::new();
+        for event in &batch.events {
+            let k = (event.scope.clone(), event.key.clone(), event.version);
+            if inner.audit.contains_key(&k) || events.insert(k, event).is_some() {
+                return Err(CommitError::Conflict);
+            }
+        }
+
+        for (k, row) in staged {
+            match row {
+                Some(row) => inner.rows.insert(k, row),
+                None => inner.rows.remove(&k),
+            };
+        }
+        for (k, event) in events {
+            inner.audit.insert(k, event.clone());
+        }
+        Ok(())
+    }
+
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError> {
+        let inner = self.lock();
+        let t = table_index(table);
+        let mut rows: Vec<&Row> = inner
+            .rows
+            .iter()
+            .filter(|((tbl, _, _), row)| {
+                *tbl == t
+                    && row.due_at.is_some_and(|due| due <= due_before)
+                    && (states.is_empty() || row.state.is_some_and(|s| states.contains(&s)))
+                    && owner.is_none_or(|o| row.owner.as_deref() == Some(o))
+            })
+            .map(|(_, row)| row)
+            .collect();
+        // The map is already ordered by (scope, key); a stable sort on due_at keeps that.
+        rows.sort_by_key(|row| row.due_at);
+        Ok(rows.into_iter().take(take(limit)).cloned().collect())
+    }
+
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
+        let inner = self.lock();
+        let from = (scope.to_owned(), key.to_owned(), 0);
+        let to = (scope.to_owned(), key.to_owned(), u64::MAX);
+        Ok(inner.audit.range(from..=to).map(|(_, e)| e.clone()).collect())
+    }
+
+    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
+        let inner = self.lock();
+        let t = table_index(Table::Operation);
+        Ok(inner
+            .rows
+            .iter()
+            .filter(|((tbl, _, _), row)| *tbl == t && (state.is_none() || row.state == state))
+            .take(take(limit))
+            .map(|(_, row)| row.clone())
+            .collect())
+    }
+
+    fn stats(&self) -> Result<Stats, StorageError> {
+        let inner = self.lock();
+        let t = table_index(Table::Operation);
+        let mut counts = [0u64; State::ALL.len()];
+        for ((tbl, _, _), row) in &inner.rows {
+            if let (true, Some(state)) = (*tbl == t, row.state) {
+                counts[state as usize] += 1;
+            }
+        }
+        let by_state = State::ALL
+            .iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .map(|(s, n)| (*s, n))
+            .collect();
+        let mut events: BTreeMap<&str, u64> = BTreeMap::new();
+        for event in inner.audit.values() {
+            *events.entry(event.kind.as_str()).or_default() += 1;
+        }
+        Ok(Stats {
+            by_state,
+            events: events.into_iter().map(|(k, n)| (k.to_owned(), n)).collect(),
+        })
+    }
+}

@@ -1,0 +1,171 @@
+//! Ledger storage: a transactional compare-and-swap row store.
+//!
+//! The engine (the guest) decides every write; a backend only applies a
+//! batch atomically, checks versions, and reads rows back. Backends:
+//! [`memory::MemoryStorage`], [`sqlite::SqliteStorage`] and, with the
+//! `postgres` cargo feature, `postgres::PostgresStorage`; [`open`] picks one
+//! from a location.
+
+mod codec;
+pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+pub mod sqlite;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
+use crate::io::{Clock, SystemClock};
+
+/// A storage failure: the operation did not happen, or its outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("storage: {0}")]
+pub struct StorageError(pub String);
+
+/// Why a batch did not apply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    /// A put's expected version did not match (or a row to insert exists, or an
+    /// audit event already exists): nothing was applied.
+    #[error("version conflict")]
+    Conflict,
+    /// The store failed; nothing was applied, or the outcome is unknown.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Counts for `once ledger stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Operation records per state.
+    pub by_state: Vec<(State, u64)>,
+    /// Audit events per kind (e.g. `replay`, `conflict`, `lease-expired`).
+    pub events: Vec<(String, u64)>,
+}
+
+/// How soon one commit must reach stable storage (DESIGN.md "Durability budget").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Flush {
+    /// Durable before `Ok` is returned: intents (`begin`), reconciliation,
+    /// sweeps, resolutions: every commit but `finish`'s.
+    #[default]
+    Now,
+    /// May become durable with the next `Now` commit: `finish`'s outcome. If
+    /// it is lost, the record stays in flight, expires into unknown and is
+    /// reconciled: slower, never a duplicate. A backend without a cheaper
+    /// mode treats it as `Now`.
+    Deferred,
+}
+
+/// The record store behind the `ledger` import.
+pub trait Storage: Send + Sync {
+    /// Read one row.
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError>;
+    /// Apply every put and event of `batch` atomically, or nothing.
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
+    /// [`Storage::commit`], told how soon the batch must be durable; the
+    /// default ignores the hint and commits durably.
+    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
+        let _ = flush;
+        self.commit(batch)
+    }
+    /// Rows of `table` in `states` (empty: any) with `due_at <= due_before`,
+    /// earliest due first; with `owner`, only rows of that owner.
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError>;
+    /// The audit trail of one operation, oldest first.
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError>;
+    /// Operation rows, optionally in one state, ordered by scope and key.
+    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError>;
+    /// Operation records per state and audit events per kind.
+    fn stats(&self) -> Result<Stats, StorageError>;
+}
+
+/// Checks shared by every backend before a batch touches the store: a put's
+/// new row must name the put's own (table, scope, key).
+pub(crate) fn check_batch(batch: &Batch) -> Result<(), StorageError> {
+    for put in &batch.puts {
+        if let Some(row) = &put.row
+            && (row.table != put.table || row.scope != put.scope || row.key != put.key)
+        {
+            return Err(StorageError(format!(
+                "put on ({:?}, {:?}, {:?}) carries a row for ({:?}, {:?}, {:?})",
+                put.table, put.scope, put.key, row.table, row.scope, row.key
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where a ledger lives, as a user writes it (`--db`, `ONCE_DB`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// An SQLite file (any location that is not a PostgreSQL URL).
+    Sqlite(PathBuf),
+    /// A PostgreSQL URL, `postgres://…` or `postgresql://…`, optionally `?schema=NAME`.
+    Postgres(String),
+}
+
+impl Location {
+    /// Whether `location` is a PostgreSQL URL (`postgres://…` or `postgresql://…`) rather than a file path.
+    pub fn is_postgres(location: &str) -> bool {
+        location.starts_with("postgres://") || location.starts_with("postgresql://")
+    }
+
+    /// Read a location: a PostgreSQL URL, else a file path.
+    pub fn parse(location: &str) -> Location {
+        if Location::is_postgres(location) {
+            Location::Postgres(location.to_string())
+        } else {
+            Location::Sqlite(PathBuf::from(location))
+        }
+    }
+}
+
+/// A store and the clock its leases are measured in.
+pub struct Opened {
+    /// The store.
+    pub storage: Arc<dyn Storage>,
+    /// The ledger clock: the database's for PostgreSQL, this host's for SQLite.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Open the ledger at `location` with default options: an SQLite file
+/// (created if missing), or a PostgreSQL database (migrated on open; a build
+/// without the `postgres` feature refuses the URL with a storage error).
+pub fn open(location: &str) -> Result<Opened, StorageError> {
+    match Location::parse(location) {
+        Location::Sqlite(path) => Ok(Opened {
+            storage: Arc::new(sqlite::SqliteStorage::open(path, sqlite::SqliteOptions::default())?),
+            clock: Arc::new(SystemClock::default()),
+        }),
+        Location::Postgres(url) => open_postgres(&url),
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(url: &str) -> Result<Opened, StorageError> {
+    let store = postgres::PostgresStorage::open(url)?;
+    let clock = store.clock()?;
+    Ok(Opened {
+        storage: Arc::new(store),
+        clock: Arc::new(clock),
+    })
+}
+
+/// What [`open`] answers for a PostgreSQL URL in a build without PostgreSQL.
+#[cfg(not(feature = "postgres"))]
+fn open_postgres(_url: &str) -> Result<Opened, StorageError> {
+    Err(StorageError(
+        "postgres: this build of once has no PostgreSQL support; build once-host with its `postgres` \
+         feature to use a postgres:// ledger"
+            .to_string(),
+    ))
+}

@@ -1,0 +1,158 @@
+//! PostgreSQL storage: one database shared by every gateway and agent host.
+//!
+//! Selected by a URL, `postgres://user@host:5432/db` (or `postgresql://`),
+//! with an optional `schema=NAME` query parameter naming the schema that
+//! holds the ledger (default [`DEFAULT_SCHEMA`]); every other parameter is
+//! the client's own (`application_name`, `connect_timeout`, `host=/socket/dir`…).
+//!
+//! # Transactions
+//!
+//! A batch is one `READ COMMITTED` transaction. Each put is one conditional
+//! statement whose affected-row count is the compare-and-swap verdict:
+//! `UPDATE … WHERE version = $n` (a concurrent writer's update makes the
+//! condition false once it commits, so the count is 0: a conflict),
+//! `INSERT … ON CONFLICT DO NOTHING` (insert-if-absent; a concurrent
+//! uncommitted insert of the same key is waited for), `DELETE … WHERE
+//! version = $n`. A put that only asserts absence inserts a placeholder and
+//! deletes it in the same transaction, so it takes the key's unique-index
+//! lock exactly like an insert would. Puts are applied in (table, scope,
+//! key) order, which keeps two batches over the same rows from deadlocking.
+//! A serialization failure or a deadlock (nothing applied) re-runs the batch.
+//!
+//! `Ok` is reported only when `COMMIT` answered. A connection lost before
+//! that is a storage error; a `COMMIT` without an answer is a storage error
+//! that says the outcome is unknown (the engine answers `blocked(storage)`
+//! and never dispatches; a claim that did commit expires into `unknown`).
+//! Nothing is retried once a batch's statements have been sent, except
+//! after the server itself reported that it rolled the batch back.
+//!
+//! Durability is the server's: commits wait for `synchronous_commit` as
+//! configured, except that `off` is raised to `on` for this backend's
+//! sessions, because an intent must be durable before dispatch.
+//!
+//! # Connections
+//!
+//! A small pool: at most [`PostgresOptions::max_connections`] open, idle
+//! ones reused, prepared statements cached per connection. A connection that
+//! failed mid-operation is discarded, never reused. A pooled connection that
+//! fails before any statement of an operation ran (the server restarted, or
+//! an administrator terminated it while idle) is replaced once, transparently.
+//!
+//! # Clock
+//!
+//! [`DatabaseClock`] is the ledger clock for this backend: the database
+//! server's `clock_timestamp()`, read at most every
+//! [`PostgresOptions::clock_resample`] and carried forward in between on this
+//! host's monotonic clock, never running backwards within a process. So every
+//! host compares leases and deadlines in one clock domain, whatever its own
+//! wall clock says; the residual error is half the round trip of the last
+//! read plus this host's monotonic drift since (microseconds over a second).
+//!
+//! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
+//!
+//! ```sql
+//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '2')
+//! CREATE TABLE rows (
+//!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
+//!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
+//!   version bigint NOT NULL, state text,   -- WIT name: 'in-flight', 'confirmed', ...
+//!   due_at bigint,                         -- ms since the epoch
+//!   body text NOT NULL,                    -- the engine's JSON, never interpreted
+//!   owner text COLLATE "C",                -- operation rows: whose background work may touch it
+//!   PRIMARY KEY (tbl, scope, key));
+//! CREATE INDEX rows_due ON rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
+//! CREATE INDEX rows_owner_due ON rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
+//! CREATE INDEX rows_state ON rows (tbl, state, scope, key);
+//! CREATE TABLE audit (
+//!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, version bigint NOT NULL,
+//!   at bigint NOT NULL, kind text COLLATE "C" NOT NULL,
+//!   from_state text, to_state text, attempt bigint, detail text NOT NULL,
+//!   PRIMARY KEY (scope, key, version));
+//! CREATE INDEX audit_kind ON audit (kind);
+//! -- plus a trigger that refuses UPDATE and DELETE on audit: it is append-only.
+//! ```
+//!
+//! `COLLATE "C"` orders names by their UTF-8 bytes, as the other backends do.
+//! Integers are signed 64-bit: a version or timestamp above `i64::MAX` is
+//! refused with a storage error, and so is text containing U+0000, which
+//! PostgreSQL cannot store (the engine writes neither: names exclude control
+//! characters and bodies are JSON, which escapes them).
+//!
+//! # Files
+//!
+//! `schema.rs` (the URL, schema names, migrations), `sql.rs` (every
+//! statement), `pool.rs` (connections), `clock.rs` ([`DatabaseClock`]) and
+//! `store.rs` ([`PostgresStorage`]); the row codec, shared with SQLite, is
+//! `storage/codec.rs`.
+
+mod clock;
+mod pool;
+mod schema;
+mod sql;
+mod store;
+
+use std::time::Duration;
+
+use super::StorageError;
+
+pub use self::clock::DatabaseClock;
+pub use self::schema::{DEFAULT_SCHEMA, SCHEMA_VERSION, check_schema_name, is_url};
+pub use self::store::PostgresStorage;
+
+/// How [`PostgresStorage`] connects and where it keeps the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    /// Schema of the ledger's tables, created if missing (default [`DEFAULT_SCHEMA`]);
+    /// a `schema` parameter in the URL wins over this.
+    pub schema: String,
+    /// Most connections this store keeps open at once (default 8).
+    pub max_connections: usize,
+    /// Longest wait to connect, or for a connection when all are busy (default 5 s).
+    pub connect_timeout: Duration,
+    /// Longest wait for another transaction's row lock before a batch fails (default 5 s).
+    pub lock_timeout: Duration,
+    /// How often [`DatabaseClock`] re-reads the database clock (default 1 s; zero: on every read).
+    pub clock_resample: Duration,
+    /// `application_name` of the connections (default: the URL's, else `once`).
+    pub application_name: Option<String>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            schema: DEFAULT_SCHEMA.to_string(),
+            max_connections: 8,
+            connect_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(5),
+            clock_resample: Duration::from_secs(1),
+            application_name: None,
+        }
+    }
+}
+
+/// A client error, in the server's words, after what was being done.
+fn err(what: impl std::fmt::Display, e: &postgres::Error) -> StorageError {
+    StorageError(format!("postgres: {what}: {}", describe(e)))
+}
+
+/// The server's own words when it sent any (the client's `Display` says only "db error").
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Column `i` of a result row; a column of an unexpected type (a schema
+/// altered by hand) is a storage error, not a panic.
+fn col<'a, T: postgres::types::FromSql<'a>>(r: &'a postgres::Row, i: usize) -> Result<T, StorageError> {
+    r.try_get(i).map_err(|e| {
+        StorageError(format!(
+            "postgres: unreadable column {i} in the ledger: {}",
+            describe(&e)
+        ))
+    })
+}

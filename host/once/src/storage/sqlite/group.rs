@@ -1,0 +1,237 @@
+//! Group commit: one writer and an in-process commit queue (see the module
+//! docs of [`super`]). A caller that finds no commit running leads: it takes
+//! the batches queued meanwhile and applies them, in arrival order, in one
+//! `BEGIN IMMEDIATE` transaction, each inside its own `SAVEPOINT`; one
+//! `COMMIT` (one fsync) covers the group and every caller gets its own result.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
+
+use rusqlite::Connection;
+
+use super::batch::{Abort, apply_event, apply_put};
+use super::{Level, MAX_GROUP, SqliteStorage, err};
+use crate::bindings::types::Batch;
+use crate::storage::{CommitError, Flush, StorageError};
+
+/// The commit queue: callers append, one leader at a time drains.
+#[derive(Default)]
+pub(super) struct Queue {
+    /// Whether a leader is applying a group now.
+    leading: bool,
+    /// Batches waiting, oldest first.
+    pending: VecDeque<Pending>,
+    /// Results of applied batches, until their callers take them.
+    done: HashMap<u64, Result<(), CommitError>>,
+    /// The next ticket.
+    next: u64,
+}
+
+/// A queued batch: a caller is waiting for its result under `id`.
+struct Pending {
+    id: u64,
+    batch: Batch,
+    flush: Flush,
+}
+
+/// Up to `max` of the oldest queued batches.
+fn take_group(queue: &mut Queue, max: usize) -> Vec<Pending> {
+    let n = queue.pending.len().min(max);
+    queue.pending.drain(..n).collect()
+}
+
+/// Hands a group's results to its waiting callers and ends the lead, also
+/// when the leader unwinds (those callers then get a storage error rather
+/// than waiting forever).
+struct Handoff<'a> {
+    store: &'a SqliteStorage,
+    ids: Vec<u64>,
+    results: Vec<Result<(), CommitError>>,
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        let mut results = std::mem::take(&mut self.results).into_iter();
+        let mut queue = self.store.lock_queue();
+        for id in self.ids.drain(..) {
+            let result = results.next().unwrap_or_else(|| {
+                Err(CommitError::Storage(StorageError(
+                    "sqlite: the group commit failed before this batch's outcome was known".to_string(),
+                )))
+            });
+            queue.done.insert(id, result);
+        }
+        queue.leading = false;
+        drop(queue);
+        self.store.group_done.notify_all();
+    }
+}
+
+impl SqliteStorage {
+    /// Commit `batch` through the queue: lead a group when no commit is
+    /// running, else wait for a leader to apply it (or lead the next group).
+    pub(super) fn group_commit(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
+        let mut queue = self.lock_queue();
+        if !queue.leading {
+            // No commit running: lead a group of this batch and whatever is queued.
+            queue.leading = true;
+            let others = take_group(&mut queue, MAX_GROUP - 1);
+            drop(queue);
+            return self.lead(Some((batch, flush)), others).unwrap_or_else(|| {
+                Err(CommitError::Storage(StorageError(
+                    "sqlite: the group commit lost this batch's result".to_string(),
+                )))
+            });
+        }
+        let id = queue.next;
+        queue.next += 1;
+        queue.pending.push_back(Pending {
+            id,
+            batch: batch.clone(),
+            flush,
+        });
+        loop {
+            if let Some(result) = queue.done.remove(&id) {
+                return result;
+            }
+            if !queue.leading {
+                // No group is running and this batch is still queued (it came after the last
+                // leader took its group, or that group was full): lead the next one.
+                queue.leading = true;
+                let group = take_group(&mut queue, MAX_GROUP);
+                drop(queue);
+                self.lead(None, group);
+                queue = self.lock_queue();
+                continue;
+            }
+            queue = self
+                .group_done
+                .wait(queue)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        // The queue is only ever left consistent (see `Handoff`): a poisoned lock is usable.
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Apply `own` (the leader's batch, if it has one) and `group` as one
+    /// transaction; hand out the group's results, return `own`'s.
+    fn lead(&self, own: Option<(&Batch, Flush)>, group: Vec<Pending>) -> Option<Result<(), CommitError>> {
+        let mut handoff = Handoff {
+            store: self,
+            ids: group.iter().map(|p| p.id).collect(),
+            results: Vec::new(),
+        };
+        let batches: Vec<(&Batch, Flush)> = own
+            .into_iter()
+            .chain(group.iter().map(|p| (&p.batch, p.flush)))
+            .collect();
+        let mut results = self.apply_group(&batches);
+        let own_result = own.map(|_| results.remove(0));
+        handoff.results = results;
+        drop(handoff);
+        own_result
+    }
+
+    /// One transaction for every batch, in order; one result per batch.
+    fn apply_group(&self, batches: &[(&Batch, Flush)]) -> Vec<Result<(), CommitError>> {
+        let all = |e: StorageError| batches.iter().map(|_| Err(CommitError::Storage(e.clone()))).collect();
+        // The group is as durable as its most demanding batch.
+        let flush = if batches.iter().any(|(_, f)| *f == Flush::Now) {
+            Flush::Now
+        } else {
+            Flush::Deferred
+        };
+        let level = self.options.synchronous.level(flush);
+        let mut guard = match self.writer() {
+            Ok(guard) => guard,
+            Err(e) => return all(e),
+        };
+        let Some(writer) = guard.as_mut() else {
+            unreachable!("writer() always leaves a connection")
+        };
+        if writer.level != level {
+            // Outside any transaction, so it governs the COMMIT below.
+            if let Err(e) = writer.conn.pragma_update(None, "synchronous", level.pragma()) {
+                return all(err("set synchronous", e));
+            }
+            writer.level = level;
+        }
+        let conn = &writer.conn;
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            return all(err("begin transaction", e));
+        }
+        // Under the write lock: no other once writer is mid-batch while we look.
+        let outcome = self.check_file().and_then(|()| apply_each(conn, batches));
+        let results = match outcome {
+            Ok(results) if results.iter().any(Result::is_ok) => match conn.execute_batch("COMMIT") {
+                Ok(()) => {
+                    let counter = match level {
+                        Level::Full => &self.commits_full,
+                        Level::Normal => &self.commits_normal,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let applied = results.iter().filter(|r| r.is_ok()).count() as u64;
+                    self.commits_batches.fetch_add(applied, Ordering::Relaxed);
+                    return results;
+                }
+                Err(e) => all(err("COMMIT failed (the batch is not known to be durable)", e)),
+            },
+            // Nothing applied: the ROLLBACK below ends the transaction.
+            Ok(results) => results,
+            Err(e) => all(e),
+        };
+        // Undo; SQLite may already have rolled back on its own (I/O error, full disk).
+        if !conn.is_autocommit() {
+            let rolled_back = conn.execute_batch("ROLLBACK");
+            if rolled_back.is_err() || !conn.is_autocommit() {
+                // Closing the connection rolls back whatever is left open.
+                *guard = None;
+            }
+        }
+        results
+    }
+}
+
+/// Apply each batch inside the open transaction. A lone batch needs no
+/// savepoint (a failure rolls the transaction back); in a group each batch
+/// gets one, so a failed batch is undone alone. `Err` means the transaction
+/// itself is lost and no batch may be reported applied.
+fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Result<(), CommitError>>, StorageError> {
+    let apply = |batch: &Batch| {
+        batch
+            .puts
+            .iter()
+            .try_for_each(|put| apply_put(conn, put))
+            .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)))
+            .map_err(|abort| match abort {
+                Abort::Conflict => CommitError::Conflict,
+                Abort::Storage(e) => CommitError::Storage(e),
+            })
+    };
+    if let [(batch, _)] = batches {
+        return Ok(vec![apply(batch)]);
+    }
+    let mut results = Vec::with_capacity(batches.len());
+    for (batch, _) in batches {
+        conn.execute_batch("SAVEPOINT batch").map_err(|e| err("savepoint", e))?;
+        let result = apply(batch);
+        if result.is_err() {
+            conn.execute_batch("ROLLBACK TO batch")
+                .map_err(|e| err("roll back a failed batch of the group", e))?;
+        }
+        conn.execute_batch("RELEASE batch")
+            .map_err(|e| err("release savepoint", e))?;
+        if conn.is_autocommit() {
+            // SQLite ended the transaction on its own (I/O error, full disk).
+            return Err(StorageError(
+                "sqlite: the group transaction was rolled back by SQLite".to_string(),
+            ));
+        }
+        results.push(result);
+    }
+    Ok(results)
+}

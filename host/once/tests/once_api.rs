@@ -1,0 +1,654 @@
+//! The Rust API end to end: a real component, real SQLite files.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use once::storage::Storage;
+use once::storage::sqlite::{SqliteOptions, SqliteStorage};
+use once::types::{BlockReason, Decision, Evidence, IdentityMode, Outcome, ReplayVia, State, ToolPolicy};
+use once::{Called, ManualClock, Once, Sent};
+
+const TOOL: &str = "refund_order";
+const ARGS: &str = r#"{"order_id":1234,"amount":200}"#;
+
+fn sqlite(path: &Path) -> SqliteStorage {
+    SqliteStorage::open(path, SqliteOptions::default()).unwrap()
+}
+
+/// A confirmed call with this receipt, replayed or not, matched how.
+#[track_caller]
+fn assert_confirmed(called: &Called, receipt: &str, replayed: bool, via: Option<ReplayVia>) {
+    match called {
+        Called::Confirmed {
+            receipt: r,
+            replayed: p,
+            via: v,
+            ..
+        } if r == receipt && *p == replayed && *v == via => {}
+        other => panic!("expected confirmed({receipt}, replayed: {replayed}, via: {via:?}), got {other:?}"),
+    }
+}
+
+fn counting(effects: &AtomicU32, reply: Sent) -> impl FnMut(&once::Dispatch<'_>) -> Sent + '_ {
+    move |_| {
+        effects.fetch_add(1, Ordering::SeqCst);
+        reply.clone()
+    }
+}
+
+#[test]
+fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
+    let effects = AtomicU32::new(0);
+    let receipt = r#"{"refund_id":"r_1","amount":200}"#;
+    let first = once
+        .call(
+            "t1",
+            Some("refund-1234"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success(receipt.into())),
+        )
+        .unwrap();
+    assert_confirmed(&first, receipt, false, None);
+    let again = once
+        .call(
+            "t1",
+            Some("refund-1234"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
+    let Called::Confirmed {
+        receipt: replayed_receipt,
+        replayed: true,
+        via: Some(ReplayVia::Key),
+        ..
+    } = again
+    else {
+        panic!("expected a replay, got {again:?}")
+    };
+    assert_eq!(replayed_receipt, receipt, "the receipt as the provider sent it");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    // A changed payload under the same key is a conflict, never a retry.
+    let changed = once.call(
+        "t1",
+        Some("refund-1234"),
+        TOOL,
+        r#"{"order_id":1234,"amount":300}"#,
+        counting(&effects, Sent::NotSent),
+    );
+    assert!(matches!(changed.unwrap(), Called::Conflict(s) if s.args == r#"{"amount":200,"order_id":1234}"#));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_dispatcher_gets_the_provider_key_and_canonical_args() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
+    let seen = Mutex::new(Vec::new());
+    let args = r#"{"order_id":1234,"amount":200,"idempotency_key":"model-made-this-up"}"#;
+    let _ = once
+        .call("t1", Some("k"), TOOL, args, |d| {
+            seen.lock()
+                .unwrap()
+                .push((d.provider_key.to_string(), d.args.to_string(), d.attempt));
+            Sent::Success("{}".into())
+        })
+        .unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 1);
+    let (provider_key, args, attempt) = &seen[0];
+    assert_eq!(*attempt, 1);
+    assert!(provider_key.starts_with("once-"));
+    assert_eq!(
+        *args,
+        format!(r#"{{"amount":200,"idempotency_key":"{provider_key}","order_id":1234}}"#)
+    );
+}
+
+#[test]
+fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let effect_at_provider = Arc::new(Mutex::new(None::<String>));
+    let lookup_view = effect_at_provider.clone();
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .provider(
+            move |_: &str, _: &str, _: &str| match lookup_view.lock().unwrap().clone() {
+                Some(receipt) => Evidence::Confirmed(receipt),
+                None => Evidence::Unknown("provider unreachable".into()),
+            },
+        )
+        .build()
+        .unwrap();
+    let effects = AtomicU32::new(0);
+    // The provider commits, the reply is lost, and the lookup is down.
+    let lost = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |_| {
+            effects.fetch_add(1, Ordering::SeqCst);
+            Sent::Ambiguous("connection reset after send".into())
+        })
+        .unwrap();
+    assert!(matches!(lost, Called::Unknown(_)), "{lost:?}");
+    // An agent retrying blind gets unknown again: nothing is sent.
+    let retry = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
+    assert!(matches!(retry, Called::Unknown(_)), "{retry:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    // The lookup comes back and finds the effect: the retry is a replay.
+    *effect_at_provider.lock().unwrap() = Some(r#"{"refund_id":"r_9"}"#.into());
+    let settled = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
+    assert_confirmed(&settled, r#"{"refund_id":"r_9"}"#, true, Some(ReplayVia::Provider));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::Confirmed);
+}
+
+#[test]
+fn verify_first_survives_a_lost_ledger_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    // The provider's own record of effects, keyed by the provider key.
+    let provider: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let build = |provider: Arc<Mutex<Vec<(String, String)>>>| {
+        let lookup = provider.clone();
+        let once = Once::builder(sqlite(&db))
+            .provider(
+                move |_: &str, key: &str, _: &str| match lookup.lock().unwrap().iter().find(|(k, _)| k == key) {
+                    Some((_, receipt)) => Evidence::Confirmed(receipt.clone()),
+                    None => Evidence::Absent(u64::MAX / 2),
+                },
+            )
+            .build()
+            .unwrap();
+        let mut policy = once.default_policy().unwrap();
+        policy.verify_first = true;
+        once.set_policy(TOOL, policy).unwrap();
+        once
+    };
+    let dispatch = |provider: Arc<Mutex<Vec<(String, String)>>>| {
+        move |d: &once::Dispatch<'_>| {
+            provider
+                .lock()
+                .unwrap()
+                .push((d.provider_key.to_string(), r#"{"refund_id":"r_1"}"#.to_string()));
+            Sent::Success(r#"{"refund_id":"r_1"}"#.into())
+        }
+    };
+    let once = build(provider.clone());
+    let first = once
+        .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
+        .unwrap();
+    assert!(matches!(first, Called::Confirmed { replayed: false, .. }));
+    drop(once);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    assert!(!db.exists());
+    let once = build(provider.clone());
+    let again = once
+        .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
+        .unwrap();
+    assert_confirmed(&again, r#"{"refund_id":"r_1"}"#, true, Some(ReplayVia::Provider));
+    assert_eq!(provider.lock().unwrap().len(), 1, "no second dispatch");
+}
+
+#[test]
+fn records_and_audit_survive_close_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    {
+        let once = Once::builder(sqlite(&db)).build().unwrap();
+        let _ = once
+            .call("t1", Some("k1"), TOOL, ARGS, |_| Sent::Success(r#"{"ok":true}"#.into()))
+            .unwrap();
+        let _ = once
+            .call("t1", Some("k2"), TOOL, ARGS, |_| Sent::Rejected("card declined".into()))
+            .unwrap();
+    }
+    let once = Once::builder(sqlite(&db)).build().unwrap();
+    let k1 = once.inspect("t1", "k1").unwrap().unwrap();
+    assert_eq!(k1.state, State::Confirmed);
+    assert_eq!(k1.receipt.as_deref(), Some(r#"{"ok":true}"#));
+    let kinds: Vec<&str> = k1.audit.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["begin", "finish-success"]);
+    assert_eq!(k1.audit.iter().map(|e| e.version).collect::<Vec<_>>(), [1, 2]);
+    let k2 = once.inspect("t1", "k2").unwrap().unwrap();
+    assert_eq!(k2.state, State::Failed);
+    assert_eq!(k2.error.as_deref(), Some("card declined"));
+}
+
+#[test]
+fn eight_threads_racing_begin_on_one_key_get_one_execute() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    // Create the schema before the race.
+    drop(sqlite(&db));
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let db = db.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let once = Once::builder(sqlite(&db)).build().unwrap();
+                let request = once.request("t1", Some("race"), TOOL, ARGS).unwrap();
+                barrier.wait();
+                once.begin(&request).unwrap()
+            })
+        })
+        .collect();
+    let decisions: Vec<Decision> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let executes = decisions.iter().filter(|d| matches!(d, Decision::Execute(_))).count();
+    assert_eq!(executes, 1, "{decisions:?}");
+    assert!(
+        decisions
+            .iter()
+            .all(|d| matches!(d, Decision::Execute(_) | Decision::InFlight(_))),
+        "{decisions:?}"
+    );
+}
+
+#[test]
+fn a_waiter_gets_the_holders_receipt_instead_of_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Arc::new(Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap());
+    let effects = Arc::new(AtomicU32::new(0));
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let holder = {
+        let once = once.clone();
+        let effects = effects.clone();
+        std::thread::spawn(move || {
+            once.call("t1", Some("slow"), TOOL, ARGS, |_| {
+                effects.fetch_add(1, Ordering::SeqCst);
+                started_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                Sent::Success(r#"{"refund_id":"r_slow"}"#.into())
+            })
+        })
+    };
+    started_rx.recv().unwrap();
+    let waiter = once
+        .call(
+            "t1",
+            Some("slow"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("{}".into())),
+        )
+        .unwrap();
+    assert_confirmed(&waiter, r#"{"refund_id":"r_slow"}"#, true, Some(ReplayVia::Key));
+    assert!(matches!(
+        holder.join().unwrap().unwrap(),
+        Called::Confirmed { replayed: false, .. }
+    ));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn bad_input_is_a_typed_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(sqlite(&dir.path().join("once.db")));
+    let once = Once::builder(SharedStorage(storage.clone())).build().unwrap();
+    let huge = format!(r#"{{"note":"{}"}}"#, "x".repeat(16 << 20));
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    for args in [
+        r#"{"a":"#,
+        r#"{"a":1,"a":2}"#,
+        r#"{"a":"\udc00"}"#,
+        r#"{"a":NaN}"#,
+        deep.as_str(),
+        huge.as_str(),
+    ] {
+        let effects = AtomicU32::new(0);
+        let result = once.call(
+            "t1",
+            Some("bad"),
+            TOOL,
+            args,
+            counting(&effects, Sent::Success("{}".into())),
+        );
+        assert!(
+            matches!(result, Err(once::OnceError::Engine(once::types::Error::InvalidJson(_)))),
+            "{}: {result:?}",
+            &args[..args.len().min(40)]
+        );
+        assert_eq!(effects.load(Ordering::SeqCst), 0, "never dispatched");
+    }
+    assert!(storage.list(None, 10).unwrap().is_empty(), "no record written");
+    assert!(storage.audit("t1", "bad").unwrap().is_empty());
+}
+
+#[test]
+fn the_intent_is_durable_before_execute_is_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let once = Once::builder(sqlite(&db)).build().unwrap();
+    let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
+    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+        panic!("expected execute")
+    };
+    // Another connection (as another process would) sees the claim already.
+    let other = sqlite(&db);
+    let row = other
+        .get(once::types::Table::Operation, "t1", "k")
+        .unwrap()
+        .expect("the intent row is committed");
+    assert_eq!(row.state, Some(State::InFlight));
+    assert_eq!(
+        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+            .unwrap(),
+        once::types::FinishAck::Recorded(State::Confirmed)
+    );
+}
+
+#[test]
+fn an_expired_lease_becomes_unknown_with_a_manual_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
+    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+        panic!("expected execute")
+    };
+    assert!(matches!(once.begin(&request).unwrap(), Decision::InFlight(_)));
+    clock.set(grant.lease_until);
+    assert!(matches!(once.begin(&request).unwrap(), Decision::Unknown(_)));
+    // The holder comes back late: a stale claim of failure changes nothing...
+    assert_eq!(
+        once.finish("t1", "k", &grant.fence, &Outcome::Rejected("late".into()))
+            .unwrap(),
+        once::types::FinishAck::Ignored(State::Unknown)
+    );
+    // ...but its success is evidence.
+    assert_eq!(
+        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+            .unwrap(),
+        once::types::FinishAck::Recorded(State::Confirmed)
+    );
+}
+
+#[test]
+fn identity_required_blocks_a_call_without_a_key_and_derived_dedupes() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
+    let effects = AtomicU32::new(0);
+    let blocked = once
+        .call("t1", None, TOOL, ARGS, counting(&effects, Sent::Success("{}".into())))
+        .unwrap();
+    assert!(matches!(blocked, Called::Blocked(b) if b.reason == BlockReason::IdentityRequired));
+    let mut policy: ToolPolicy = once.default_policy().unwrap();
+    policy.identity = IdentityMode::Derived;
+    once.set_policy("send_message", policy).unwrap();
+    let args = r#"{"to":"ana","text":"hi"}"#;
+    let _ = once
+        .call(
+            "t1",
+            None,
+            "send_message",
+            args,
+            counting(&effects, Sent::Success(r#"{"id":1}"#.into())),
+        )
+        .unwrap();
+    let again = once
+        .call(
+            "t1",
+            None,
+            "send_message",
+            args,
+            counting(&effects, Sent::Success(r#"{"id":2}"#.into())),
+        )
+        .unwrap();
+    assert!(
+        matches!(
+            again,
+            Called::Confirmed {
+                replayed: true,
+                via: Some(ReplayVia::DerivedArgs),
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn an_inconsistent_policy_is_refused_when_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
+    let mut policy = once.default_policy().unwrap();
+    policy.lease_ms = policy.dispatch_timeout_ms;
+    let err = once.set_policy(TOOL, policy).unwrap_err();
+    assert!(err.to_string().contains("lease_ms"), "{err}");
+}
+
+/// Lets a test keep its own handle on the storage the engine uses.
+struct SharedStorage(Arc<SqliteStorage>);
+
+impl Storage for SharedStorage {
+    fn get(
+        &self,
+        t: once::types::Table,
+        s: &str,
+        k: &str,
+    ) -> Result<Option<once::types::Row>, once::storage::StorageError> {
+        self.0.get(t, s, k)
+    }
+    fn commit(&self, b: &once::types::Batch) -> Result<(), once::storage::CommitError> {
+        self.0.commit(b)
+    }
+    fn scan(
+        &self,
+        t: once::types::Table,
+        st: &[State],
+        due: u64,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.scan(t, st, due, owner, limit)
+    }
+    fn audit(&self, s: &str, k: &str) -> Result<Vec<once::types::AuditEvent>, once::storage::StorageError> {
+        self.0.audit(s, k)
+    }
+    fn list(&self, st: Option<State>, limit: u32) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.list(st, limit)
+    }
+    fn stats(&self) -> Result<once::storage::Stats, once::storage::StorageError> {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .clock(clock.clone())
+        .in_flight_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let effects = AtomicU32::new(0);
+    // The provider answered, but not with JSON: finish refuses to store it as a receipt.
+    let called = once
+        .call(
+            "t1",
+            Some("refund-1"),
+            TOOL,
+            ARGS,
+            counting(&effects, Sent::Success("refunded, id r_1".into())),
+        )
+        .unwrap();
+    assert_eq!(
+        called,
+        Called::Unrecorded {
+            response: "refunded, id r_1".into()
+        }
+    );
+    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
+    // A repeat never dispatches again while the record is open.
+    let again = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::NotSent))
+        .unwrap();
+    assert!(matches!(again, Called::InFlight(_) | Called::Unknown(_)), "{again:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+/// A rejection that arrives after the lease expired into unknown is not
+/// recorded, so the caller is not told "rejected": the record may still be
+/// dispatched once reconciliation proves absence, and a corrected call on top
+/// of it would be a second refund.
+#[test]
+fn a_rejection_the_ledger_did_not_record_is_not_reported_as_rejected() {
+    let clock = ManualClock::new(1_000_000);
+    let once = Once::builder(once::storage::memory::MemoryStorage::new())
+        .clock(clock.clone())
+        .in_flight_wait(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let mut policy = once.default_policy().unwrap();
+    policy.dispatch_timeout_ms = 1_000;
+    policy.lease_ms = 1_200;
+    once.set_policy(TOOL, policy).unwrap();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
+            // The reply takes longer than the lease; the background sweep expires it meanwhile.
+            clock.set(d.send_by + 10_000);
+            assert_eq!(once.sweep(10).unwrap().expired, 1);
+            Sent::Rejected(r#"{"error":"declined"}"#.into())
+        })
+        .unwrap();
+    assert!(matches!(called, Called::Unknown(_)), "{called:?}");
+    let view = once.inspect("t1", "refund-1").unwrap().unwrap();
+    assert_eq!(view.state, State::Unknown);
+}
+
+/// A rejection whose commit fails is not reported either: the caller hears
+/// what the record says (still in flight), never the outcome it could not store.
+#[test]
+fn a_rejection_that_could_not_be_stored_is_reported_as_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(sqlite(&dir.path().join("once.db")));
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = Once::builder(Breakable(store, broken.clone())).build().unwrap();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |_| {
+            // The ledger stops taking writes between dispatch and report.
+            broken.store(true, Ordering::SeqCst);
+            Sent::Rejected(r#"{"error":"declined"}"#.into())
+        })
+        .unwrap();
+    broken.store(false, Ordering::SeqCst);
+    assert!(matches!(called, Called::InFlight(_)), "{called:?}");
+    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
+}
+
+/// An SQLite store whose commits fail while the flag is set.
+struct Breakable(Arc<SqliteStorage>, Arc<std::sync::atomic::AtomicBool>);
+
+impl Storage for Breakable {
+    fn get(
+        &self,
+        t: once::types::Table,
+        s: &str,
+        k: &str,
+    ) -> Result<Option<once::types::Row>, once::storage::StorageError> {
+        self.0.get(t, s, k)
+    }
+    fn commit(&self, b: &once::types::Batch) -> Result<(), once::storage::CommitError> {
+        if self.1.load(Ordering::SeqCst) {
+            return Err(once::storage::CommitError::Storage(once::storage::StorageError(
+                "disk full".into(),
+            )));
+        }
+        self.0.commit(b)
+    }
+    fn scan(
+        &self,
+        t: once::types::Table,
+        st: &[State],
+        due: u64,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.scan(t, st, due, owner, limit)
+    }
+    fn audit(&self, s: &str, k: &str) -> Result<Vec<once::types::AuditEvent>, once::storage::StorageError> {
+        self.0.audit(s, k)
+    }
+    fn list(&self, st: Option<State>, limit: u32) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
+        self.0.list(st, limit)
+    }
+    fn stats(&self) -> Result<once::storage::Stats, once::storage::StorageError> {
+        self.0.stats()
+    }
+}
+
+/// Not sent is not a rejection: the same operation asks for its next attempt
+/// (same key, same provider key) and that one's success confirms it.
+#[test]
+fn not_sent_then_success_is_confirmed_by_the_next_attempt() {
+    let once = Once::builder(once::storage::memory::MemoryStorage::new())
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    let called = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
+            seen.push((d.attempt, d.provider_key.to_string()));
+            if d.attempt == 1 {
+                Sent::NotSent
+            } else {
+                Sent::Success(r#"{"refund_id":"r_2"}"#.into())
+            }
+        })
+        .unwrap();
+    assert_confirmed(&called, r#"{"refund_id":"r_2"}"#, false, None);
+    assert_eq!(seen.len(), 2);
+    assert_eq!((seen[0].0, seen[1].0), (1, 2));
+    assert_eq!(seen[0].1, seen[1].1, "the same provider key");
+    let view = once.inspect("t1", "refund-1").unwrap().unwrap();
+    assert_eq!((view.state, view.attempts), (State::Confirmed, 2));
+
+    // Never sent at all: the budget ends it, saying nothing was sent.
+    let called = once
+        .call("t1", Some("refund-2"), TOOL, ARGS, |_| Sent::NotSent)
+        .unwrap();
+    match called {
+        Called::Blocked(b) => {
+            assert_eq!(b.reason, BlockReason::AttemptBudget);
+            assert!(b.detail.contains("none of them was sent"), "{}", b.detail);
+        }
+        other => panic!("expected blocked(attempt-budget), got {other:?}"),
+    }
+}
+
+#[test]
+fn the_readme_example_is_the_compiled_one() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/embed.rs")).unwrap();
+    let code = example.split_once("\n\n").unwrap().1;
+    assert!(
+        readme.contains(code),
+        "README.md's Rust example and host/once/examples/embed.rs differ"
+    );
+}
