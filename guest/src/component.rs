@@ -1,13 +1,17 @@
-//! The wasm shell: WIT exports call the engine, WIT imports are the [`Host`].
+//! The wasm shell: WIT exports call the engine and the protocol, WIT imports
+//! are the [`Host`]. The instance's configuration lives here, set once by
+//! `configure`.
 
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::cell::RefCell;
 
-use crate::bindings::exports::once::core::engine::Guest;
+use crate::bindings::exports::once::core::{engine as engine_export, protocol as protocol_export, transitions};
 use crate::bindings::once::core::{clock, ledger, operator, provider};
-use crate::engine;
-use crate::host::Host;
+use crate::config::Config;
+use crate::host::{CommitError, Host};
 use crate::types::*;
+use crate::{engine, protocol};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -42,7 +46,24 @@ pub unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: u
     ptr
 }
 
-/// The host as seen from inside the component: the WIT imports.
+/// The instance's configuration. A component instance runs one export at a
+/// time on one thread, so a cell in a static is all the sharing there is.
+struct Slot(RefCell<Option<Config>>);
+
+// SAFETY: this component has no threads (wasm32-wasip2 core modules are single-threaded).
+unsafe impl Sync for Slot {}
+
+static CONFIG: Slot = Slot(RefCell::new(None));
+
+/// The configuration, or the error every export gives before `configure`.
+fn with_config<R>(f: impl FnOnce(&Config) -> Result<R, Error>) -> Result<R, Error> {
+    match CONFIG.0.borrow().as_ref() {
+        Some(config) => f(config),
+        None => Err(Error::NotConfigured),
+    }
+}
+
+/// The host as seen from inside the component: the WIT imports, and the configured settings.
 struct Imports;
 
 impl Host for Imports {
@@ -50,13 +71,26 @@ impl Host for Imports {
         clock::now()
     }
     fn settings(&self) -> Settings {
-        clock::get_settings()
+        // Every export checks the configuration first; the defaults are never used for a decision.
+        CONFIG
+            .0
+            .borrow()
+            .as_ref()
+            .map_or_else(crate::config::default_settings, |c| c.settings.clone())
     }
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
-        ledger::get(table, scope, key)
+        match ledger::get(table, scope, key) {
+            Got::Found(row) => Ok(Some(row)),
+            Got::Missing => Ok(None),
+            Got::Failed(f) => Err(f.message),
+        }
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        ledger::commit(batch)
+        match ledger::commit(batch) {
+            Committed::Applied => Ok(()),
+            Committed::Conflict => Err(CommitError::Conflict),
+            Committed::Failed(f) => Err(CommitError::Storage(f.message)),
+        }
     }
     fn scan(
         &self,
@@ -66,10 +100,16 @@ impl Host for Imports {
         owner: Option<String>,
         limit: u32,
     ) -> Result<Vec<Row>, String> {
-        ledger::scan(table, states, due_before, owner.as_deref(), limit)
+        match ledger::scan(table, states, due_before, owner.as_deref(), limit) {
+            Scanned::Found(rows) => Ok(rows.rows),
+            Scanned::Failed(f) => Err(f.message),
+        }
     }
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
-        ledger::audit(scope, key)
+        match ledger::audit(scope, key) {
+            Audited::Found(trail) => Ok(trail.events),
+            Audited::Failed(f) => Err(f.message),
+        }
     }
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
         provider::lookup(tool, provider_key, args)
@@ -81,49 +121,59 @@ impl Host for Imports {
 
 struct Component;
 
-impl Guest for Component {
-    fn default_policy() -> ToolPolicy {
-        crate::policy::default_policy()
+impl engine_export::Guest for Component {
+    fn default_settings() -> Settings {
+        crate::config::default_settings()
     }
-    fn check_policy(policy: ToolPolicy) -> Result<(), Error> {
-        crate::policy::check_policy(&policy, &Imports.settings())
-    }
-    fn route_of(policy: ToolPolicy, descriptor: Option<ToolDescriptor>) -> Route {
-        match crate::policy::route(&policy, descriptor.as_ref(), &Imports.settings()) {
-            Ok(routing) => routing.route(),
-            // An unreadable descriptor cannot be classified: never direct.
-            Err(_) => Route::Block,
-        }
-    }
-    fn begin(request: BeginRequest) -> Result<Decision, Error> {
-        engine::begin(&Imports, request)
-    }
-    fn finish(scope: String, key: String, fence: String, outcome: Outcome) -> Result<FinishAck, Error> {
-        engine::finish(&Imports, &scope, &key, &fence, outcome)
-    }
-    fn reconcile(scope: String, key: String) -> Result<Decision, Error> {
-        engine::reconcile(&Imports, &scope, &key)
-    }
-    fn await_holder(scope: String, key: String) -> Result<Awaited, Error> {
-        engine::await_holder(&Imports, &scope, &key)
-    }
-    fn sweep(limit: u32) -> Result<SweepReport, Error> {
-        engine::sweep(&Imports, limit)
-    }
-    fn prune(limit: u32) -> Result<PruneReport, Error> {
-        engine::prune(&Imports, limit)
+    fn configure(configuration: Configuration) -> Result<Configured, Error> {
+        let (config, configured) = Config::new(configuration)?;
+        *CONFIG.0.borrow_mut() = Some(config);
+        Ok(configured)
     }
     fn inspect(scope: String, key: String) -> Result<Option<RecordView>, Error> {
-        engine::inspect(&Imports, &scope, &key)
+        with_config(|_| engine::inspect(&Imports, &scope, &key))
     }
     fn resolve(scope: String, key: String, resolution: Resolution, note: String, force: bool) -> Result<State, Error> {
-        engine::resolve(&Imports, &scope, &key, resolution, &note, force)
+        with_config(|_| engine::resolve(&Imports, &scope, &key, resolution, &note, force))
+    }
+    fn prune(limit: u32) -> Result<PruneReport, Error> {
+        with_config(|_| engine::prune(&Imports, limit))
     }
     fn canonicalize(json: Vec<u8>) -> Result<String, JsonError> {
         engine::canonicalize(&Imports, &json)
     }
     fn fingerprint(tool: String, args: String) -> Result<String, JsonError> {
         engine::fingerprint(&Imports, &tool, &args)
+    }
+}
+
+impl protocol_export::Guest for Component {
+    fn start(call: Call) -> Result<Step, Error> {
+        with_config(|config| protocol::start(&Imports, config, call))
+    }
+    fn report(scope: String, key: String, fence: String, outcome: Outcome) -> Result<Step, Error> {
+        with_config(|_| protocol::report(&Imports, &scope, &key, &fence, outcome))
+    }
+    fn resume(scope: String, key: String) -> Result<Step, Error> {
+        with_config(|_| protocol::resume(&Imports, &scope, &key))
+    }
+    fn sweep(limit: u32, dispatch: bool) -> Result<SweepResult, Error> {
+        with_config(|_| protocol::sweep(&Imports, limit, dispatch))
+    }
+}
+
+impl transitions::Guest for Component {
+    fn begin(call: Call) -> Result<Decision, Error> {
+        with_config(|config| engine::begin(&Imports, config.request(call)))
+    }
+    fn finish(scope: String, key: String, fence: String, outcome: Outcome) -> Result<FinishAck, Error> {
+        with_config(|_| engine::finish(&Imports, &scope, &key, &fence, outcome))
+    }
+    fn reconcile(scope: String, key: String) -> Result<Decision, Error> {
+        with_config(|_| engine::reconcile(&Imports, &scope, &key))
+    }
+    fn await_holder(scope: String, key: String) -> Result<Awaited, Error> {
+        with_config(|_| engine::await_holder(&Imports, &scope, &key))
     }
 }
 

@@ -3,7 +3,17 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::types::{AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table};
+use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Table};
+
+/// Why a batch did not apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitError {
+    /// A put's expected version did not match (or a row to insert existed, or
+    /// an event did): nothing applied.
+    Conflict,
+    /// The store failed: nothing applied, or the outcome is unknown.
+    Storage(String),
+}
 
 /// Everything the engine asks of its host. Implemented by the wasm shell
 /// (WIT imports) and by [`crate::testing::MemoryHost`].

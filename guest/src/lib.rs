@@ -1,7 +1,8 @@
 //! The rules of once, as a plain `no_std` library.
 //!
 //! Everything DESIGN.md decides lives here: canonical JSON, fingerprints,
-//! routing, identity, quotas and the record state machine. The crate does no
+//! routing, identity, quotas, the record state machine ([`engine`]) and the
+//! call protocol that drives it for hosts ([`protocol`]). The crate does no
 //! I/O of its own: every read, write, clock tick, provider lookup and
 //! escalation goes through the [`host::Host`] trait, which the wasm shell
 //! ([`component`], on `wasm32` only) implements with the WIT imports and
@@ -16,6 +17,7 @@ extern crate std;
 pub mod amount;
 pub mod bindings;
 pub mod canon;
+pub mod config;
 pub mod digest;
 pub mod engine;
 pub mod host;
@@ -23,6 +25,7 @@ pub mod identity;
 pub mod input;
 pub mod payload;
 pub mod policy;
+pub mod protocol;
 pub mod record;
 pub mod store;
 

@@ -9,8 +9,9 @@ use crate::amount::parse_minor_units;
 use crate::canon::{self, Value};
 use crate::digest::sha256_jcs;
 use crate::input::{json_error, limits};
+use crate::policy::Policy;
 use crate::policy::key_argument_names;
-use crate::types::{BlockReason, Error, Settings, ToolPolicy};
+use crate::types::{BlockReason, Error, Settings};
 
 /// A parsed call, ready to be fingerprinted and dispatched.
 #[derive(Debug, Clone)]
@@ -30,12 +31,7 @@ pub type Refusal = (BlockReason, String);
 
 impl Payload {
     /// Parse `args` (a JSON object) under `policy`.
-    pub fn build(
-        tool: &str,
-        args: &str,
-        policy: &ToolPolicy,
-        settings: &Settings,
-    ) -> Result<Result<Self, Refusal>, Error> {
+    pub fn build(tool: &str, args: &str, policy: &Policy, settings: &Settings) -> Result<Result<Self, Refusal>, Error> {
         let args = canon::parse_exact(args.as_bytes(), &limits(settings)).map_err(json_error)?;
         if !matches!(args, Value::Object(_)) {
             return Err(Error::InvalidRequest("args must be a JSON object".to_string()));

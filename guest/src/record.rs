@@ -8,7 +8,8 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{KeySource, RecordSummary, State, ToolPolicy};
+use crate::policy::Policy;
+use crate::types::{Confirmation, KeySource, RecordSummary, State};
 
 /// The `due_at` of an absent record with nothing else pending: far in the
 /// future (so a due scan skips it) yet listed by [`OWED`]-bounded scans of
@@ -101,6 +102,13 @@ pub struct OpRecord {
     /// for a confirmation by reading the provider, the latest attempt then.
     #[serde(default)]
     pub confirmed_by: Option<u32>,
+    /// How the ledger learnt of the effect.
+    #[serde(default)]
+    pub confirmed_via: Option<Confirmation>,
+    /// An operator resolved it absent before `max_in_flight` had passed (forced):
+    /// an earlier attempt may still have an effect.
+    #[serde(default)]
+    pub absence_forced: bool,
     /// The last definite rejection.
     pub error: Option<String>,
     /// Why the record is unknown.
@@ -132,7 +140,7 @@ pub struct OpRecord {
     /// Quota reservation held now.
     pub reservation: Option<Reservation>,
     /// The tool's policy when the record was created.
-    pub policy: ToolPolicy,
+    pub policy: Policy,
     /// Replays answered.
     pub replays: u32,
     /// Conflicts answered.
@@ -201,7 +209,7 @@ pub struct NewRecord {
     /// Key superseded.
     pub supersedes: Option<String>,
     /// Policy snapshot.
-    pub policy: ToolPolicy,
+    pub policy: Policy,
 }
 
 impl OpRecord {
@@ -223,6 +231,8 @@ impl OpRecord {
             reported_previous: Vec::new(),
             receipt: None,
             confirmed_by: None,
+            confirmed_via: None,
+            absence_forced: false,
             error: None,
             unknown_reason: None,
             since: None,
@@ -266,6 +276,7 @@ impl OpRecord {
             Origin::Verified { receipt } => {
                 rec.state = State::Confirmed;
                 rec.receipt = Some(receipt);
+                rec.confirmed_via = Some(Confirmation::Provider);
                 Event {
                     kind: "verified-confirmed",
                     from: None,
@@ -414,6 +425,11 @@ impl OpRecord {
         let attempt = fence.and_then(|f| self.end_attempt(f, now, "success"));
         // Read from the provider: the effect found is the latest dispatch's.
         self.confirmed_by = attempt.or_else(|| self.current().map(|a| a.n));
+        self.confirmed_via = Some(match kind {
+            "reconciled-confirmed" => Confirmation::Provider,
+            "operator-confirmed" => Confirmation::Operator,
+            _ => Confirmation::Answer,
+        });
         let from = self.enter(State::Confirmed, now);
         self.receipt = Some(receipt);
         self.clear_pending();
@@ -579,7 +595,8 @@ impl OpRecord {
         self.unknown_reason = Some(reason);
         self.since = Some(since);
         self.deadline = Some(since.saturating_add(self.policy.resolve_deadline_ms));
-        self.next_check = Some(now);
+        // Without a lookup nothing reads it: only the deadline is due.
+        self.next_check = self.policy.lookup.then_some(now);
         self.checks = 0;
         self.escalated = false;
         self.escalation_acked = false;

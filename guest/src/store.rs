@@ -6,9 +6,11 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
+use crate::host::CommitError;
 use crate::host::Host;
+use crate::policy::{Policy, Quota};
 use crate::record::{Event, OpRecord, Reservation};
-use crate::types::{AuditEvent, Batch, CommitError, KeySource, Put, QuotaPolicy, Row, State, Table};
+use crate::types::{AuditEvent, Batch, KeySource, Put, Row, State, Table};
 
 /// A record as read, with the version a write must compare against.
 #[derive(Debug, Clone)]
@@ -229,12 +231,12 @@ impl Tx {
         h: &impl Host,
         scope: &str,
         tool: &str,
-        quota: &QuotaPolicy,
+        quota: &Quota,
         units: u128,
         now: u64,
         enforce_ceiling: bool,
     ) -> Result<Reserved, LedgerError> {
-        let bucket = quota.bucket.clone().unwrap_or_else(|| tool.to_string());
+        let bucket = Policy::bucket_of(quota, tool);
         let window_start = now - now % quota.window_ms;
         let current = self.bucket(h, scope, &bucket, window_start)?;
         let mut unit = Unit {

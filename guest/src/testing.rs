@@ -7,8 +7,9 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
 
+use crate::host::CommitError;
 use crate::host::Host;
-use crate::types::{AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table};
+use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Table};
 
 type RowKey = (u8, String, String);
 
@@ -33,16 +34,8 @@ impl Default for MemoryHost {
     }
 }
 
-/// Default settings for tests: 1 MiB, depth 128, 256-byte keys, no skew.
-pub fn default_settings() -> Settings {
-    Settings {
-        max_input_bytes: 1 << 20,
-        max_depth: 128,
-        max_key_bytes: 256,
-        clock_skew_ms: 0,
-        owner: "default".to_string(),
-    }
-}
+/// The engine's default settings ([`crate::config::default_settings`]).
+pub use crate::config::default_settings;
 
 fn table_id(t: Table) -> u8 {
     match t {

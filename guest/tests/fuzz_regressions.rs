@@ -9,21 +9,22 @@
 //! increasing across records); the fuzz model and this test now pin the
 //! engine's behaviour down.
 
+use once_guest::engine::BeginRequest;
 use once_guest::engine::{begin, finish, inspect, prune, reconcile, sweep};
 use once_guest::host::Host;
+use once_guest::policy::Policy;
+use once_guest::policy::Quota;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
-use once_guest::types::{
-    BeginRequest, Decision, Error, Execute, FinishAck, Outcome, QuotaPolicy, State, Table, ToolPolicy,
-};
+use once_guest::types::{Decision, Error, FinishAck, Grant, Outcome, State, Table};
 
 const SECOND: u64 = 1_000;
 const DAY: u64 = 24 * 3_600 * SECOND;
 
-fn policy() -> ToolPolicy {
+fn policy() -> Policy {
     let mut p = default_policy();
     p.attempt_budget = 1;
-    p.quota = Some(QuotaPolicy {
+    p.quota = Some(Quota {
         spend_field: "/amount".to_string(),
         ceiling: "10.00".to_string(),
         decimals: 2,
@@ -46,7 +47,7 @@ fn request() -> BeginRequest {
     }
 }
 
-fn execute(h: &MemoryHost) -> Execute {
+fn execute(h: &MemoryHost) -> Grant {
     match begin(h, request()).unwrap() {
         Decision::Execute(e) => e,
         other => panic!("expected execute, got {other:?}"),

@@ -7,13 +7,15 @@
 mod common;
 
 use common::*;
+use once_guest::engine::BeginRequest;
 use once_guest::engine::{await_holder, begin, fingerprint, finish, inspect, prune, reconcile, resolve, sweep};
 use once_guest::host::Host;
+use once_guest::policy::Policy;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    Awaited, BeginRequest, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource,
-    Outcome, RecordView, ReplayVia, Resolution, Route, State, Table, ToolPolicy,
+    Awaited, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource, Outcome,
+    RecordView, ReplayVia, Resolution, Route, State, Table,
 };
 
 // ---------------------------------------------------------------- basics
@@ -26,7 +28,8 @@ fn default_policy_is_what_the_tests_assume() {
     assert_eq!(p.resolve_deadline_ms, DEADLINE);
     assert_eq!(p.retention_ms, RETENTION);
     assert_eq!(p.attempt_budget, 3);
-    assert_eq!(p.identity, IdentityMode::Required);
+    // A keyless call is deduplicated on its arguments unless the policy requires a key.
+    assert_eq!(p.identity, IdentityMode::Derived);
     assert_eq!(MemoryHost::new().now(), T0);
 }
 
@@ -78,8 +81,7 @@ fn new_key_executes_confirms_then_replays() {
         h.advance(10);
         let r = replay_of(go(&h, refund("k1", ARGS)));
         assert!(r.replayed);
-        assert_eq!(r.via, ReplayVia::Key);
-        assert_eq!(r.key, "k1");
+        assert_eq!(r.via, Some(ReplayVia::Key));
         assert_eq!(
             r.receipt.as_bytes(),
             RECEIPT.as_bytes(),
@@ -178,10 +180,9 @@ fn conflict_while_in_flight_leaves_the_attempt_alone() {
 #[test]
 fn identity_required_without_key_is_blocked_and_writes_nothing() {
     let h = MemoryHost::new();
-    blocked_of(
-        go(&h, req("s", None, "refund", ARGS, policy())),
-        BlockReason::IdentityRequired,
-    );
+    let mut p = policy();
+    p.identity = IdentityMode::Required;
+    blocked_of(go(&h, req("s", None, "refund", ARGS, p)), BlockReason::IdentityRequired);
     assert_nothing_written(&h);
 }
 
@@ -200,8 +201,7 @@ fn identity_derived_keys_and_replays_via_derived_args() {
         &h,
         req("s", None, "refund", r#"{"amount":200, "order":1234}"#, p.clone()),
     ));
-    assert_eq!(r.via, ReplayVia::DerivedArgs);
-    assert_eq!(r.key, e.key);
+    assert_eq!(r.via, Some(ReplayVia::DerivedArgs));
     assert_eq!(r.receipt, RECEIPT);
     assert_eq!(view(&h, &e.key).attempts, 1);
 
@@ -250,7 +250,7 @@ fn key_argument_is_excluded_from_the_fingerprint_and_overwritten() {
 
     // Only the model-minted key differs: the same operation, not a conflict.
     let r = replay_of(go(&h, req("s", Some("k1"), "charge", b, policy())));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Key), RECEIPT));
     assert_eq!(view(&h, "k1").conflicts, 0);
 
     // The camelCase name, with derived identity: both calls derive one key.
@@ -263,10 +263,7 @@ fn key_argument_is_excluded_from_the_fingerprint_and_overwritten() {
     assert_eq!(dispatched["idempotencyKey"], e.provider_key.as_str());
     fin(&h, &e.key, &e.fence, success(RECEIPT2));
     let r = replay_of(go(&h, req("s", None, "charge", c2, p)));
-    assert_eq!(
-        (r.via, r.key.as_str(), r.receipt.as_str()),
-        (ReplayVia::DerivedArgs, e.key.as_str(), RECEIPT2)
-    );
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::DerivedArgs), RECEIPT2));
 
     // A configured key argument.
     let mut p = policy();
@@ -620,7 +617,7 @@ fn ambiguous_is_unknown_and_reconcile_confirms_via_provider() {
     let r = replay_of(reconcile(&h, "s", "k").unwrap());
     assert_eq!(
         (r.via, r.receipt.as_str(), r.replayed),
-        (ReplayVia::Provider, found, true)
+        (Some(ReplayVia::Provider), found, true)
     );
     let lookups = h.lookups();
     assert_eq!(
@@ -633,7 +630,7 @@ fn ambiguous_is_unknown_and_reconcile_confirms_via_provider() {
         (State::Confirmed, Some(found), 1)
     );
     let r = replay_of(go(&h, refund("k", ARGS)));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, found));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Key), found));
 }
 
 /// ABSENT counts only after the last dispatch, and moves the record to absent
@@ -1081,7 +1078,7 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
     vf.verify_first = true;
     h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
     let r = replay_of(go(&h, with_policy(refund("confirmed", ARGS), vf.clone())));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Provider, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Provider), RECEIPT));
     assert_eq!(h.lookups().last().unwrap().1, c.provider_key);
     // ... and evidence that does not confirm stays expired.
     h.script_lookup(Evidence::Unknown("down".to_string()));
@@ -1096,7 +1093,7 @@ fn prune_counts_retention_from_the_last_transition_and_leaves_tombstones() {
 
 // ---------------------------------------------------------------- verify_first
 
-fn verify_first() -> ToolPolicy {
+fn verify_first() -> Policy {
     let mut p = policy();
     p.verify_first = true;
     p
@@ -1109,7 +1106,7 @@ fn verify_first_confirmed_on_a_new_key_replays_without_dispatch() {
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
     assert_eq!(
         (r.via, r.receipt.as_str(), r.replayed),
-        (ReplayVia::Provider, RECEIPT, true)
+        (Some(ReplayVia::Provider), RECEIPT, true)
     );
     let lookups = h.lookups();
     assert_eq!(lookups.len(), 1);
@@ -1123,7 +1120,7 @@ fn verify_first_confirmed_on_a_new_key_replays_without_dispatch() {
         (State::Confirmed, 0, Some(RECEIPT))
     );
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Key, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Key), RECEIPT));
     assert_eq!(h.lookups().len(), 1, "a key the ledger knows is not looked up again");
 }
 
@@ -1136,7 +1133,7 @@ fn verify_first_after_a_lost_ledger_replays() {
     h.wipe();
     h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
     let r = replay_of(go(&h, with_policy(refund("k", ARGS), verify_first())));
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Provider, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Provider), RECEIPT));
     let last = h.lookups().last().cloned().unwrap();
     assert_eq!(
         (last.1.as_str(), last.2.as_str()),
@@ -1482,7 +1479,7 @@ fn unrecorded_success_expires_into_unknown_and_reconciles() {
     unknown_of(go(&h, refund("k", ARGS)));
     h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
     let r = replay_of(reconcile(&h, "s", "k").unwrap());
-    assert_eq!((r.via, r.receipt.as_str()), (ReplayVia::Provider, RECEIPT));
+    assert_eq!((r.via, r.receipt.as_str()), (Some(ReplayVia::Provider), RECEIPT));
     let v = view(&h, "k");
     assert_eq!(
         (v.state, v.attempts, v.receipt.as_deref()),
@@ -1862,7 +1859,7 @@ impl Host for RacyHost {
         }
         self.inner.get(table, scope, key)
     }
-    fn commit(&self, batch: &once_guest::types::Batch) -> Result<(), once_guest::types::CommitError> {
+    fn commit(&self, batch: &once_guest::types::Batch) -> Result<(), once_guest::host::CommitError> {
         let hook = self.before_commit.borrow_mut().take();
         if let Some(hook) = hook {
             hook(&self.inner);
@@ -1870,7 +1867,7 @@ impl Host for RacyHost {
         let result = self.inner.commit(batch);
         if result.is_ok() && self.applied_but_failed.get() > 0 {
             self.applied_but_failed.set(self.applied_but_failed.get() - 1);
-            return Err(once_guest::types::CommitError::Storage(
+            return Err(once_guest::host::CommitError::Storage(
                 "connection lost mid-commit".to_string(),
             ));
         }
@@ -2086,7 +2083,7 @@ fn a_waiter_gets_the_holders_receipt() {
     let e = execute_of(go(&h, refund("k", ARGS)));
     assert!(matches!(go(&h, refund("k", ARGS)), Decision::InFlight(_)));
     match await_holder(&h, "s", "k").unwrap() {
-        Awaited::Pending(info) => assert_eq!((info.key.as_str(), info.lease_until), ("k", e.lease_until)),
+        Awaited::Pending(info) => assert_eq!(info.lease_until, e.lease_until),
         other => panic!("expected pending, got {other:?}"),
     }
     fin(&h, "k", &e.fence, success(RECEIPT));
@@ -2094,7 +2091,7 @@ fn a_waiter_gets_the_holders_receipt() {
         panic!("expected a decision")
     };
     let r = replay_of(d);
-    assert_eq!((r.receipt.as_str(), r.via), (RECEIPT, ReplayVia::Key));
+    assert_eq!((r.receipt.as_str(), r.via), (RECEIPT, Some(ReplayVia::Key)));
     assert_eq!(view(&h, "k").attempts, 1);
 }
 
@@ -2105,7 +2102,10 @@ fn a_waiter_gets_the_holders_rejection_and_starts_no_attempt() {
     fin(&h, "k", &e.fence, rejected());
     assert_eq!(
         await_holder(&h, "s", "k").unwrap(),
-        Awaited::Rejected(r#"{"error":"card declined"}"#.to_string())
+        Awaited::Rejected(once_guest::types::RejectedInfo {
+            error: r#"{"error":"card declined"}"#.to_string(),
+            attempt: 1
+        })
     );
     let v = view(&h, "k");
     assert_eq!((v.state, v.attempts), (State::Failed, 1), "{:?}", kinds(&v));

@@ -8,10 +8,11 @@ mod common;
 use common::*;
 use once_guest::engine::{await_holder, begin, finish, inspect, prune, reconcile, sweep};
 use once_guest::host::Host;
+use once_guest::policy::{Policy, Quota};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
     Awaited, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource, Outcome,
-    QuotaPolicy, ReplayVia, State, Table,
+    ReplayVia, State, Table,
 };
 
 // ---------------------------------------------------------------- a success after another attempt's
@@ -140,9 +141,9 @@ fn a_receipt_with_a_big_integer_replays_exactly() {
 
 // ---------------------------------------------------------------- one bucket, one unit
 
-fn in_bucket(decimals: u8) -> once_guest::types::ToolPolicy {
+fn in_bucket(decimals: u8) -> Policy {
     let mut p = policy();
-    p.quota = Some(QuotaPolicy {
+    p.quota = Some(Quota {
         spend_field: "/amount".to_string(),
         ceiling: if decimals == 0 { "500" } else { "500.00" }.to_string(),
         decimals,
@@ -339,12 +340,7 @@ fn a_host_never_reads_or_sends_another_owners_operation() {
 
     // Owner a proves it absent; b is still refused the owed dispatch, by begin and reconcile.
     as_owner(&h, "gateway-a");
-    assert!(
-        sweep(&h, 10)
-            .unwrap()
-            .owed
-            .contains(&("s".to_string(), "k".to_string()))
-    );
+    assert_eq!(sweep(&h, 10).unwrap().owed, [("s".to_string(), "k".to_string())]);
     as_owner(&h, "gateway-b");
     let b = blocked_of(go(&h, refund("k", ARGS)), BlockReason::OtherOwner);
     assert!(b.detail.contains("\"gateway-a\""), "{}", b.detail);
@@ -361,7 +357,7 @@ fn a_host_never_reads_or_sends_another_owners_operation() {
 
 // ---------------------------------------------------------------- derived keys and their window
 
-fn derived() -> once_guest::types::ToolPolicy {
+fn derived() -> Policy {
     let mut p = policy();
     p.identity = IdentityMode::Derived;
     p
@@ -379,7 +375,7 @@ fn a_derived_key_is_one_operation_inside_its_window_and_a_new_one_after() {
     fin(&h, &e1.key, &e1.fence, success(RECEIPT));
     let confirmed_at = h.now();
     let r = replay_of(go(&h, call()));
-    assert_eq!(r.via, ReplayVia::DerivedArgs);
+    assert_eq!(r.via, Some(ReplayVia::DerivedArgs));
     assert_eq!(r.at, confirmed_at);
     assert_eq!(r.window_until, Some(confirmed_at + DAY));
 
@@ -404,7 +400,7 @@ fn a_derived_key_is_one_operation_inside_its_window_and_a_new_one_after() {
     fin(&h, "app", &k.fence, success(RECEIPT));
     h.advance(2 * DAY);
     let r = replay_of(go(&h, refund("app", ARGS)));
-    assert_eq!((r.via, r.window_until), (ReplayVia::Key, None));
+    assert_eq!((r.via, r.window_until), (Some(ReplayVia::Key), None));
 }
 
 /// A derived key is not tombstoned into `expired`: after pruning, the same

@@ -8,30 +8,67 @@ use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::check_name;
 use crate::payload::Payload;
-use crate::policy::{Routing, check_policy, route};
+use crate::policy::{Policy, Quota, Routing, check_policy, route};
 use crate::record::{NewRecord, OpRecord, Origin, string};
 use crate::store::{LedgerError, Loaded, Reserved, Tx, load, load_tombstone};
 use crate::types::{
-    BeginRequest, BlockReason, Blocked, Decision, Error, Evidence, Execute, IdentityMode, InFlightInfo, KeySource,
-    Replay, ReplayVia, State, UnknownInfo,
+    BlockReason, Blocked, Confirmation, ConfirmedInfo, Decision, Effect, Error, Evidence, Grant, IdentityMode,
+    InFlightInfo, KeySource, ReplayVia, State, ToolDescriptor, UnknownInfo,
 };
+
+/// One protected call with its tool's policy, as `begin` decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginRequest {
+    /// Tenant / agent / conversation namespace.
+    pub scope: String,
+    /// Operation keys from every application-controlled carrier (name, key); all must agree.
+    pub keys: alloc::vec::Vec<(String, String)>,
+    /// Tool name.
+    pub tool: String,
+    /// Tool args as JSON text.
+    pub args: String,
+    /// The tool's policy.
+    pub policy: Policy,
+    /// The tool's advertised definition, if known (routing, pinning).
+    pub descriptor: Option<ToolDescriptor>,
+    /// A key in the same scope that this operation replaces.
+    pub supersedes: Option<String>,
+    /// Proceed although the superseded original is confirmed.
+    pub acknowledge_confirmed: bool,
+}
+
+/// What `begin` decided, and the operation key it decided it for (none when
+/// the call was refused before a key was settled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Begun {
+    /// The decision.
+    pub decision: Decision,
+    /// The operation key and where it came from.
+    pub key: Option<(String, KeySource)>,
+}
 
 /// The `begin` export.
 pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
+    begin_keyed(h, req).map(|b| b.decision)
+}
+
+/// [`begin`], also naming the operation key.
+pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
+    let unkeyed = |decision| Ok(Begun { decision, key: None });
     let settings = h.settings();
     check_name("scope", &req.scope, &settings)?;
     check_name("tool", &req.tool, &settings)?;
     check_policy(&req.policy, &settings)?;
     let app_key = match resolve_carriers(&req.keys, &settings)? {
         Ok(key) => key,
-        Err((reason, detail)) => return Ok(blocked(reason, detail)),
+        Err((reason, detail)) => return unkeyed(blocked(reason, detail)),
     };
     if let Some(original) = &req.supersedes {
         check_name("supersedes", original, &settings)?;
     }
     let routing = route(&req.policy, req.descriptor.as_ref(), &settings)?;
     if let Routing::Block(reason, detail) = routing {
-        return Ok(blocked(reason, detail));
+        return unkeyed(blocked(reason, detail));
     }
     // Malformed args are an error on every route; a refusal of the payload
     // (a missing effect field) only matters where a record is kept.
@@ -43,20 +80,20 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
             None => Ok(None),
         };
         match existing {
-            Ok(None) => return Ok(Decision::Direct),
+            Ok(None) => return unkeyed(Decision::Direct),
             Ok(Some(_)) => {}
-            Err(e) => return Ok(blocked(BlockReason::Storage, e)),
+            Err(e) => return unkeyed(blocked(BlockReason::Storage, e)),
         }
     }
     let payload = match payload {
         Ok(payload) => payload,
-        Err((reason, detail)) => return Ok(blocked(reason, detail)),
+        Err((reason, detail)) => return unkeyed(blocked(reason, detail)),
     };
     let (key, key_source) = match app_key {
         Some(key) => (key, KeySource::Application),
         None => match req.policy.identity {
             IdentityMode::Required => {
-                return Ok(blocked(
+                return unkeyed(blocked(
                     BlockReason::IdentityRequired,
                     format!("tool {} requires an application-minted operation key", req.tool),
                 ));
@@ -76,14 +113,20 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
         key_source,
         audit_base: core::cell::Cell::new(0),
     };
+    let keyed = |decision| {
+        Ok(Begun {
+            decision,
+            key: Some((claim.key.clone(), key_source)),
+        })
+    };
     for _ in 0..MAX_RACES {
         match claim.decide(h) {
-            Ok(decision) => return Ok(decision),
+            Ok(decision) => return keyed(decision),
             Err(LedgerError::Conflict) => continue,
-            Err(LedgerError::Storage(e)) => return Ok(blocked(BlockReason::Storage, e)),
+            Err(LedgerError::Storage(e)) => return keyed(blocked(BlockReason::Storage, e)),
         }
     }
-    Ok(blocked(BlockReason::Storage, LedgerError::Conflict.message()))
+    keyed(blocked(BlockReason::Storage, LedgerError::Conflict.message()))
 }
 
 /// One attempt at deciding a `begin` against the ledger as it is now.
@@ -133,7 +176,7 @@ impl Claim<'_> {
                 && let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args)
             {
                 return Ok(match crate::input::checked_receipt(receipt, &h.settings()) {
-                    Ok(receipt) => replay(receipt, h.now(), &self.key),
+                    Ok(receipt) => replay(receipt, h.now()),
                     Err(_) => blocked(
                         BlockReason::Unverified,
                         "the provider's receipt is not valid JSON".to_string(),
@@ -150,8 +193,8 @@ impl Claim<'_> {
             ));
         }
         let mut tx = Tx::new();
-        let lookup_started = h.now();
         if req.policy.verify_first {
+            let lookup_started = h.now();
             match h.lookup(&req.tool, &provider_key, &args) {
                 Evidence::Confirmed(receipt) => {
                     let receipt = match crate::input::checked_receipt(receipt, &h.settings()) {
@@ -381,7 +424,6 @@ impl Claim<'_> {
                 Ok(unknown(&rec))
             }
             State::InFlight => Ok(Decision::InFlight(InFlightInfo {
-                key: rec.key.clone(),
                 lease_until: rec.current().map_or(now, |a| a.lease_until),
             })),
             State::Unknown => Ok(unknown(&rec)),
@@ -462,53 +504,98 @@ fn record_observation(
     }
 }
 
+/// The grant of the record's current attempt.
 pub(super) fn execute(rec: &OpRecord, settings: &crate::types::Settings) -> Decision {
+    Decision::Execute(grant_of(rec, settings))
+}
+
+/// Permission to send the record's current attempt.
+pub fn grant_of(rec: &OpRecord, settings: &crate::types::Settings) -> Grant {
     let attempt = rec.current().expect("an in-flight record has an attempt");
     // A send started by then ends (reply or timeout) inside the lease, on any host's clock.
     let send_by = attempt
         .lease_until
         .saturating_sub(rec.policy.dispatch_timeout_ms)
         .saturating_sub(settings.clock_skew_ms);
-    Decision::Execute(Execute {
+    Grant {
+        scope: rec.scope.clone(),
+        key: rec.key.clone(),
+        tool: rec.tool.clone(),
         attempt: attempt.n,
         fence: attempt.fence.clone(),
         provider_key: rec.provider_key.clone(),
+        args: rec.args.clone(),
         lease_until: attempt.lease_until,
         send_by,
-        key: rec.key.clone(),
-        args: rec.args.clone(),
-    })
+        timeout_ms: rec.policy.dispatch_timeout_ms,
+    }
+}
+
+/// An unknown record, as its caller is told.
+pub fn unknown_info(rec: &OpRecord) -> UnknownInfo {
+    UnknownInfo {
+        since: rec.since.unwrap_or(rec.transitioned_at),
+        deadline: rec.deadline.unwrap_or(rec.transitioned_at),
+        reason: rec
+            .unknown_reason
+            .clone()
+            .unwrap_or_else(|| "an earlier attempt's outcome was not reported".to_string()),
+        next_read: if rec.policy.lookup { rec.next_check } else { None },
+    }
 }
 
 pub(super) fn unknown(rec: &OpRecord) -> Decision {
-    Decision::Unknown(UnknownInfo {
-        key: rec.key.clone(),
-        since: rec.since.unwrap_or(rec.transitioned_at),
-        deadline: rec.deadline.unwrap_or(rec.transitioned_at),
-    })
+    Decision::Unknown(unknown_info(rec))
+}
+
+/// What a confirmed record tells its caller.
+pub fn confirmed_info(rec: &OpRecord, via: Option<ReplayVia>) -> ConfirmedInfo {
+    // Every dispatch before the confirming one ended without an effect, or was
+    // proven absent before the next was granted, unless evidence says otherwise.
+    let earlier_attempts = if rec.possible_duplicate {
+        Effect::Happened
+    } else if rec.absence_forced {
+        Effect::Unknown
+    } else {
+        Effect::None
+    };
+    let confirmed_by = rec.confirmed_via.unwrap_or(
+        if rec.attempts.iter().any(|a| a.outcome.as_deref() == Some("success")) {
+            Confirmation::Answer
+        } else {
+            Confirmation::Provider
+        },
+    );
+    ConfirmedInfo {
+        receipt: rec.receipt.clone().unwrap_or_default(),
+        replayed: via.is_some(),
+        via,
+        confirmed_by,
+        at: rec.transitioned_at,
+        window_until: rec.window_until(),
+        attempt: rec.confirmed_by,
+        earlier_attempts,
+        possible_duplicate: rec.possible_duplicate,
+    }
 }
 
 /// The stored receipt of a confirmed record.
 pub(super) fn replay_of(rec: &OpRecord, via: ReplayVia) -> Decision {
-    Decision::Replay(Replay {
-        receipt: rec.receipt.clone().unwrap_or_default(),
-        replayed: true,
-        via,
-        key: rec.key.clone(),
-        at: rec.transitioned_at,
-        window_until: rec.window_until(),
-    })
+    Decision::Replay(confirmed_info(rec, Some(via)))
 }
 
 /// A receipt the provider answered for a key whose record is gone (a tombstone).
-fn replay(receipt: String, at: u64, key: &str) -> Decision {
-    Decision::Replay(Replay {
+fn replay(receipt: String, at: u64) -> Decision {
+    Decision::Replay(ConfirmedInfo {
         receipt,
         replayed: true,
-        via: ReplayVia::Provider,
-        key: key.to_string(),
+        via: Some(ReplayVia::Provider),
+        confirmed_by: Confirmation::Provider,
         at,
         window_until: None,
+        attempt: None,
+        earlier_attempts: Effect::None,
+        possible_duplicate: false,
     })
 }
 
@@ -536,7 +623,7 @@ fn refuse_over_quota(
     scope: &str,
     key: &str,
     seen_version: Option<u64>,
-    quota: &crate::types::QuotaPolicy,
+    quota: &Quota,
     units: u128,
 ) -> Result<Decision, LedgerError> {
     let now_version = h
@@ -549,7 +636,7 @@ fn refuse_over_quota(
     Ok(over_quota(quota, units))
 }
 
-fn over_quota(quota: &crate::types::QuotaPolicy, units: u128) -> Decision {
+fn over_quota(quota: &Quota, units: u128) -> Decision {
     blocked(
         BlockReason::Quota,
         format!(

@@ -6,11 +6,24 @@ use super::escalation;
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
 use crate::input::checked_receipt;
+use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, FinishAck, Outcome, State};
 
 /// The `finish` export.
 pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<FinishAck, Error> {
+    finish_with_record(h, scope, key, fence, outcome).map(|(ack, _)| ack)
+}
+
+/// [`finish`], also returning the record as the outcome left it (as last read
+/// when the outcome could not be recorded; none when it could not be read).
+pub fn finish_with_record(
+    h: &impl Host,
+    scope: &str,
+    key: &str,
+    fence: &str,
+    outcome: Outcome,
+) -> Result<(FinishAck, Option<OpRecord>), Error> {
     let settings = h.settings();
     // A malformed response is refused before anything is written: the record
     // stays in flight, expires into unknown and is reconciled.
@@ -22,8 +35,9 @@ pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
         let loaded = match load(h, scope, key) {
             Ok(Some(loaded)) => loaded,
             Ok(None) => return Err(Error::NotFound),
-            Err(_) => return Ok(FinishAck::Unrecorded),
+            Err(_) => return Ok((FinishAck::Unrecorded, None)),
         };
+        let read = loaded.rec.clone();
         if !loaded.rec.attempts.iter().any(|a| a.fence == fence) {
             // A success of the operation this record replaced (a derived key past its window) is
             // still evidence: never dropped.
@@ -31,23 +45,23 @@ pub fn finish(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
                 && loaded.rec.previous_fences.iter().any(|f| f == fence)
             {
                 match previous_success(h, loaded, fence, receipt.clone()) {
-                    Ok(ack) => return Ok(ack),
+                    Ok((ack, rec)) => return Ok((ack, Some(rec))),
                     Err(LedgerError::Conflict) => continue,
-                    Err(LedgerError::Storage(_)) => return Ok(FinishAck::Unrecorded),
+                    Err(LedgerError::Storage(_)) => return Ok((FinishAck::Unrecorded, Some(read))),
                 }
             }
             return Err(Error::FenceMismatch);
         }
         match apply(h, loaded, fence, outcome.clone()) {
-            Ok(ack) => return Ok(ack),
+            Ok((ack, rec)) => return Ok((ack, Some(rec))),
             Err(LedgerError::Conflict) => continue,
-            Err(LedgerError::Storage(_)) => return Ok(FinishAck::Unrecorded),
+            Err(LedgerError::Storage(_)) => return Ok((FinishAck::Unrecorded, Some(read))),
         }
     }
-    Ok(FinishAck::Unrecorded)
+    Ok((FinishAck::Unrecorded, None))
 }
 
-fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result<FinishAck, LedgerError> {
+fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result<(FinishAck, OpRecord), LedgerError> {
     let Loaded { mut rec, version } = loaded;
     let now = now_for(h, Some(&rec));
     let current = rec.state == State::InFlight && rec.current().is_some_and(|a| a.fence == fence);
@@ -72,7 +86,7 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
         }
         // The attempt whose effect is recorded, or one already flagged, reporting again: nothing new.
         (Outcome::Success(_), state) if rec.confirmed_by_fence(fence) || rec.reported_success(fence) => {
-            return Ok(FinishAck::Ignored(state));
+            return Ok((FinishAck::Ignored(state), rec));
         }
         // Another attempt's effect is already recorded: this one may be a second.
         (Outcome::Success(receipt), _) => {
@@ -80,7 +94,7 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
             rec.flag_second_success(receipt, fence, id, now)
         }
         // A stale fence cannot claim failure or ambiguity.
-        (_, state) if !current => return Ok(FinishAck::Ignored(state)),
+        (_, state) if !current => return Ok((FinishAck::Ignored(state), rec)),
         (Outcome::Rejected(error), _) => release(h, &mut tx, &mut rec, fence, Some(error), now)?,
         (Outcome::NotSent, _) => {
             let (event, released) = rec.not_sent(fence, now);
@@ -94,23 +108,28 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     let state = rec.state;
-    let _ = escalation::deliver(
+    let (delivered, _) = escalation::deliver(
         h,
         Loaded {
             rec,
             version: version + 1,
         },
     );
-    Ok(FinishAck::Recorded(state))
+    Ok((FinishAck::Recorded(state), delivered.rec))
 }
 
 /// A success reported by an attempt of the operation this record replaced:
 /// audited with its receipt and escalated on the current record, whose own
 /// state it cannot change (it is another operation's evidence).
-fn previous_success(h: &impl Host, loaded: Loaded, fence: &str, receipt: String) -> Result<FinishAck, LedgerError> {
+fn previous_success(
+    h: &impl Host,
+    loaded: Loaded,
+    fence: &str,
+    receipt: String,
+) -> Result<(FinishAck, OpRecord), LedgerError> {
     let Loaded { mut rec, version } = loaded;
     if rec.reported_previous.iter().any(|f| f == fence) {
-        return Ok(FinishAck::Ignored(rec.state));
+        return Ok((FinishAck::Ignored(rec.state), rec));
     }
     let now = now_for(h, Some(&rec));
     let id = escalation::duplicate_id(&rec, fence, now);
@@ -119,20 +138,20 @@ fn previous_success(h: &impl Host, loaded: Loaded, fence: &str, receipt: String)
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     let state = rec.state;
-    let _ = escalation::deliver(
+    let (delivered, _) = escalation::deliver(
         h,
         Loaded {
             rec,
             version: version + 1,
         },
     );
-    Ok(FinishAck::Recorded(state))
+    Ok((FinishAck::Recorded(state), delivered.rec))
 }
 
 fn release(
     h: &impl Host,
     tx: &mut Tx,
-    rec: &mut crate::record::OpRecord,
+    rec: &mut OpRecord,
     fence: &str,
     error: Option<String>,
     now: u64,

@@ -7,10 +7,28 @@ use super::reconcile::{Read, expire, read_provider};
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
-use crate::types::{Error, PruneReport, Row, State, SweepReport, Table};
+use crate::types::{Error, PruneReport, Row, State, Table};
 
-/// The `sweep` export: expire leases, read the provider for due unknowns,
-/// escalate past deadlines and re-deliver unacknowledged escalations.
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// In-flight records whose lease ended: now unknown.
+    pub expired: u32,
+    /// Unknown records read from the provider.
+    pub reconciled: u32,
+    /// Of those, confirmed.
+    pub confirmed: u32,
+    /// Escalations delivered (including re-deliveries).
+    pub escalated: u32,
+    /// Every owed dispatch of this owner with an attempt left (scope, key),
+    /// proven now or earlier: `reconcile` grants each.
+    pub owed: Vec<(alloc::string::String, alloc::string::String)>,
+}
+
+/// The `sweep` of the background work: expire leases, read the provider for
+/// due unknowns, escalate past deadlines, re-deliver unacknowledged
+/// escalations, and list every owed dispatch of this owner that has an
+/// attempt left.
 pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     let now = h.now();
     // A host's background work touches only the records it owns.
@@ -24,13 +42,7 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
             limit,
         )
         .map_err(Error::Storage)?;
-    let mut report = SweepReport {
-        expired: 0,
-        reconciled: 0,
-        confirmed: 0,
-        owed: Vec::new(),
-        escalated: 0,
-    };
+    let mut report = SweepReport::default();
     for row in rows {
         let mut loaded = match decode(&row) {
             Ok(loaded) => loaded,
@@ -66,13 +78,13 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
             report.escalated += 1;
         }
     }
-    // Every dispatch still owed, whenever it was proven: `reconcile` grants each.
+    // Every dispatch still owed, whenever it was proven.
     let owed = h
         .scan(Table::Operation, &[State::Absent], crate::record::OWED, owner, limit)
         .map_err(Error::Storage)?;
-    // An owed dispatch with no attempt left waits for its escalation and an operator, not a host.
     for row in owed {
         let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        // One with no attempt left waits for its escalation and an operator, not a host.
         if loaded.rec.budget_left() {
             report.owed.push((row.scope, row.key));
         }
@@ -89,7 +101,8 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
         loaded = expire(h, loaded, now)?;
         report.expired += 1;
     }
-    if loaded.rec.state == State::Unknown && loaded.rec.next_check.is_some_and(|t| t <= now) {
+    if loaded.rec.state == State::Unknown && loaded.rec.policy.lookup && loaded.rec.next_check.is_some_and(|t| t <= now)
+    {
         let (after, read) = read_provider(h, loaded)?;
         loaded = after;
         report.reconciled += 1;

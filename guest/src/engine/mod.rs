@@ -1,5 +1,7 @@
-//! The exports of world `once`: each reads the ledger, decides, and commits
-//! one transition per write, re-deciding when a concurrent writer wins.
+//! The record state machine's single transitions (world `once`'s
+//! `transitions`, `sweep`, operators' commands): each reads the ledger,
+//! decides, and commits one transition per write, re-deciding when a
+//! concurrent writer wins. [`crate::protocol`] drives them for hosts.
 
 mod begin;
 mod escalation;
@@ -8,11 +10,11 @@ mod maintenance;
 mod operator;
 mod reconcile;
 
-pub use begin::begin;
-pub use finish::finish;
-pub use maintenance::{prune, sweep};
+pub use begin::{BeginRequest, Begun, begin, begin_keyed, confirmed_info, grant_of, unknown_info};
+pub use finish::{finish, finish_with_record};
+pub use maintenance::{SweepReport, prune, sweep};
 pub use operator::{inspect, resolve};
-pub use reconcile::{await_holder, reconcile};
+pub use reconcile::{await_holder, await_with_record, reconcile, rejected_info};
 
 use alloc::string::String;
 

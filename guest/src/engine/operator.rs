@@ -113,12 +113,15 @@ fn apply(
                     .last_dispatch()
                     .unwrap_or(0)
                     .saturating_add(rec.policy.max_in_flight_ms);
-                if !rec.policy.provider_claims_key && now <= settled_at && !force {
+                let early = !rec.policy.provider_claims_key && now <= settled_at;
+                if early && !force {
                     return refuse(&format!(
                         "an earlier request may still commit until {settled_at} (max_in_flight after the last dispatch); \
                          pass force to resolve absent now"
                     ));
                 }
+                // Forced early, a late arrival may still make an effect: later answers say so.
+                rec.absence_forced |= early;
                 rec.prove_absent(now, now, "operator-absent")
             }
             other => return refuse(&format!("a {} record cannot be resolved as absent", state_name(other))),

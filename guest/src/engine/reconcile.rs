@@ -9,7 +9,9 @@ use crate::host::Host;
 use crate::input::{check_name, checked_receipt};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
-use crate::types::{Awaited, BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, ReplayVia, State};
+use crate::types::{
+    Awaited, BlockReason, Decision, Error, Evidence, InFlightInfo, KeySource, RejectedInfo, ReplayVia, State,
+};
 
 /// Longest wait between two provider reads of one unknown record.
 const MAX_RECONCILE_BACKOFF_MS: u64 = 5 * 60 * 1_000;
@@ -34,22 +36,36 @@ pub fn reconcile(h: &impl Host, scope: &str, key: &str) -> Result<Decision, Erro
 /// rejection as is, anything else as `reconcile` decides it (a confirmed
 /// record replays). It never starts an attempt while the holder's lease is live.
 pub fn await_holder(h: &impl Host, scope: &str, key: &str) -> Result<Awaited, Error> {
+    await_with_record(h, scope, key).map(|(awaited, _)| awaited)
+}
+
+/// [`await_holder`], also returning the record as it was read first (its key
+/// source and budget do not change in the step).
+pub fn await_with_record(h: &impl Host, scope: &str, key: &str) -> Result<(Awaited, OpRecord), Error> {
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
     let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
     let rec = &loaded.rec;
-    match rec.state {
+    let awaited = match rec.state {
         // "Not sent" is not a rejection: what happens next is reconcile's to say.
-        State::Failed if !rec.last_not_sent() => Ok(Awaited::Rejected(rec.error.clone().unwrap_or_default())),
-        State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Ok(Awaited::Pending(in_flight(rec))),
-        _ => reconcile(h, scope, key).map(Awaited::Decided),
+        State::Failed if !rec.last_not_sent() => Awaited::Rejected(rejected_info(rec)),
+        State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Awaited::Pending(in_flight(rec)),
+        _ => Awaited::Decided(reconcile(h, scope, key)?),
+    };
+    Ok((awaited, loaded.rec))
+}
+
+/// A failed record's rejection, as its caller is told.
+pub fn rejected_info(rec: &OpRecord) -> RejectedInfo {
+    RejectedInfo {
+        error: rec.error.clone().unwrap_or_default(),
+        attempt: rec.current().map_or(0, |a| a.n),
     }
 }
 
 fn in_flight(rec: &OpRecord) -> InFlightInfo {
     InFlightInfo {
-        key: rec.key.clone(),
         lease_until: rec.current().map_or(rec.updated_at, |a| a.lease_until),
     }
 }
@@ -92,8 +108,14 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
 }
 
 /// Read the provider for an unknown record and act on the answer: a replay,
-/// the owed dispatch, or still unknown.
+/// the owed dispatch, or still unknown. A tool without a lookup is never read:
+/// it waits for its escalation and an operator.
 fn settle(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
+    if !loaded.rec.policy.lookup {
+        let now = now_for(h, Some(&loaded.rec));
+        let (loaded, _) = escalation::escalate_if_due(h, loaded, now)?;
+        return Ok(unknown(&loaded.rec));
+    }
     let (loaded, read) = read_provider(h, loaded)?;
     match read {
         Read::Confirmed => Ok(replay_of(&loaded.rec, ReplayVia::Provider)),

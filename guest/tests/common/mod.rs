@@ -2,12 +2,14 @@
 //! and a record view whose audit trail is checked on every look.
 #![allow(dead_code)]
 
+use once_guest::engine::BeginRequest;
 use once_guest::engine::{begin, finish, inspect};
+use once_guest::policy::Policy;
+use once_guest::policy::Quota;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    BeginRequest, BlockReason, Blocked, Decision, Execute, FinishAck, Outcome, QuotaPolicy, RecordView, Replay, State,
-    Table, ToolPolicy, UnknownInfo,
+    BlockReason, Blocked, ConfirmedInfo, Decision, FinishAck, Grant, Outcome, RecordView, State, Table, UnknownInfo,
 };
 
 // ---------------------------------------------------------------- constants
@@ -29,11 +31,11 @@ pub const RECEIPT2: &str = r#"{"refund_id":"r-2","status":"done"}"#;
 
 // ---------------------------------------------------------------- helpers
 
-pub fn policy() -> ToolPolicy {
+pub fn policy() -> Policy {
     default_policy()
 }
 
-pub fn req(scope: &str, key: Option<&str>, tool: &str, args: &str, policy: ToolPolicy) -> BeginRequest {
+pub fn req(scope: &str, key: Option<&str>, tool: &str, args: &str, policy: Policy) -> BeginRequest {
     BeginRequest {
         scope: scope.to_string(),
         keys: key
@@ -53,7 +55,7 @@ pub fn refund(key: &str, args: &str) -> BeginRequest {
     req("s", Some(key), "refund", args, policy())
 }
 
-pub fn with_policy(mut r: BeginRequest, policy: ToolPolicy) -> BeginRequest {
+pub fn with_policy(mut r: BeginRequest, policy: Policy) -> BeginRequest {
     r.policy = policy;
     r
 }
@@ -62,14 +64,14 @@ pub fn go(h: &MemoryHost, r: BeginRequest) -> Decision {
     begin(h, r).expect("begin returns a decision")
 }
 
-pub fn execute_of(d: Decision) -> Execute {
+pub fn execute_of(d: Decision) -> Grant {
     match d {
         Decision::Execute(e) => e,
         other => panic!("expected execute, got {other:?}"),
     }
 }
 
-pub fn replay_of(d: Decision) -> Replay {
+pub fn replay_of(d: Decision) -> ConfirmedInfo {
     match d {
         Decision::Replay(r) => r,
         other => panic!("expected replay, got {other:?}"),
@@ -193,9 +195,9 @@ impl Tracker {
     }
 }
 
-pub fn quota_policy(ceiling: &str) -> ToolPolicy {
+pub fn quota_policy(ceiling: &str) -> Policy {
     let mut p = policy();
-    p.quota = Some(QuotaPolicy {
+    p.quota = Some(Quota {
         spend_field: "/amount".to_string(),
         ceiling: ceiling.to_string(),
         decimals: 2,
@@ -205,7 +207,7 @@ pub fn quota_policy(ceiling: &str) -> ToolPolicy {
     p
 }
 
-pub fn pay(key: &str, amount: &str, policy: &ToolPolicy) -> BeginRequest {
+pub fn pay(key: &str, amount: &str, policy: &Policy) -> BeginRequest {
     req(
         "s",
         Some(key),
@@ -237,7 +239,7 @@ pub fn assert_nothing_written(h: &MemoryHost) {
 }
 
 /// Drive a fresh key into `unknown` by an ambiguous finish at T0 + 1s.
-pub fn unknown_record(h: &MemoryHost, key: &str, policy: ToolPolicy) -> Execute {
+pub fn unknown_record(h: &MemoryHost, key: &str, policy: Policy) -> Grant {
     let e = execute_of(go(h, with_policy(refund(key, ARGS), policy)));
     h.advance(SECOND);
     assert_eq!(fin(h, key, &e.fence, ambiguous()), FinishAck::Recorded(State::Unknown));

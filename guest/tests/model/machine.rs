@@ -14,13 +14,17 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
+use once_guest::engine::BeginRequest;
 use once_guest::engine::{begin, finish, inspect, prune, reconcile, sweep};
+use once_guest::host::CommitError;
 use once_guest::host::Host;
+use once_guest::policy::Policy;
+use once_guest::policy::Quota;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    AuditEvent, Batch, BeginRequest, BlockReason, CommitError, Decision, Error, Escalation, Evidence, FinishAck,
-    Outcome, QuotaPolicy, RecordView, Row, Settings, State, Table, ToolPolicy,
+    AuditEvent, Batch, BlockReason, Decision, Error, Escalation, Evidence, FinishAck, Outcome, RecordView, Row,
+    Settings, State, Table,
 };
 
 pub const SECOND: u64 = 1_000;
@@ -100,14 +104,14 @@ pub struct Knobs {
     pub attempt_budget: u32,
 }
 
-fn policy(k: &Knobs) -> ToolPolicy {
+fn policy(k: &Knobs) -> Policy {
     let mut p = default_policy();
     p.provider_claims_key = k.provider_claims_key;
     // A provider can only claim a key that reaches it; here the host sends it.
     p.key_sent_by_host = k.provider_claims_key;
     p.verify_first = k.verify_first;
     p.attempt_budget = k.attempt_budget;
-    p.quota = Some(QuotaPolicy {
+    p.quota = Some(Quota {
         spend_field: "/amount".to_string(),
         ceiling: "10.00".to_string(),
         decimals: 2,
@@ -118,7 +122,7 @@ fn policy(k: &Knobs) -> ToolPolicy {
 }
 
 /// The begin request of key `i` of [`KEYS`].
-pub fn request(i: usize, policy: &ToolPolicy) -> BeginRequest {
+pub fn request(i: usize, policy: &Policy) -> BeginRequest {
     let (scope, key, amount) = KEYS[i];
     BeginRequest {
         scope: scope.to_string(),
@@ -324,7 +328,7 @@ fn check(h: &PropHost, m: &mut Model, knobs: &Knobs, trace: &[Op]) -> Result<(),
     Ok(())
 }
 
-fn grant(m: &mut Model, i: usize, e: &once_guest::types::Execute, trace: &[Op]) -> Result<(), String> {
+fn grant(m: &mut Model, i: usize, e: &once_guest::types::Grant, trace: &[Op]) -> Result<(), String> {
     ensure!(
         m.receipts[i].is_none(),
         "{:?}: execute after the effect was confirmed\n{trace:?}",

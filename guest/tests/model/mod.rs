@@ -73,9 +73,10 @@ pub mod truthful;
 
 use std::cell::Cell;
 
+use once_guest::host::CommitError;
 use once_guest::host::Host;
 use once_guest::testing::MemoryHost;
-use once_guest::types::{Batch, CommitError};
+use once_guest::types::Batch;
 
 /// Commit `batch` to `mem`, unless a failure is armed in `fail`: `Some(false)`
 /// applies nothing, `Some(true)` applies it and then reports failure (the

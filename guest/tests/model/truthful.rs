@@ -5,12 +5,11 @@
 use std::cell::{Cell, RefCell};
 
 use once_guest::engine::{begin, finish, inspect, prune, reconcile, sweep};
+use once_guest::host::CommitError;
 use once_guest::host::Host;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
-use once_guest::types::{
-    AuditEvent, Batch, CommitError, Decision, Escalation, Evidence, Outcome, Row, Settings, State, Table,
-};
+use once_guest::types::{AuditEvent, Batch, Decision, Escalation, Evidence, Outcome, Row, Settings, State, Table};
 
 use super::machine::{KEYS, request};
 

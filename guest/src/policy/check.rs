@@ -1,12 +1,14 @@
-//! Tool policies: defaults, consistency checks, and routing.
+//! Consistency checks of a policy, as when it is loaded: an inconsistent
+//! policy is refused with the field named, never adjusted.
 
 use alloc::format;
 use alloc::string::{String, ToString};
 
+use super::Policy;
 use crate::amount::parse_minor_units;
-use crate::canon::{self, Value};
-use crate::digest::{is_sha256_hex, sha256_jcs};
-use crate::types::{BlockReason, Error, IdentityMode, Route, Settings, ToolDescriptor, ToolPolicy};
+use crate::canon;
+use crate::digest::is_sha256_hex;
+use crate::types::{Error, Settings};
 
 /// Slack added to a tool's dispatch timeout (plus twice the declared clock skew)
 /// that its lease must cover: the host re-checks the lease just before sending.
@@ -16,34 +18,8 @@ pub const LEASE_MARGIN_MS: u64 = 200;
 /// policy names none.
 pub const DEFAULT_KEY_ARGUMENTS: [&str; 2] = ["idempotency_key", "idempotencyKey"];
 
-/// The default policy of a protected tool.
-pub fn default_policy() -> ToolPolicy {
-    const SECOND: u64 = 1_000;
-    const DAY: u64 = 24 * 3_600 * SECOND;
-    ToolPolicy {
-        route: None,
-        identity: IdentityMode::Required,
-        key_argument: None,
-        effect_fields: None,
-        verify_first: false,
-        provider_claims_key: false,
-        max_in_flight_ms: 60 * SECOND,
-        dispatch_timeout_ms: 30 * SECOND,
-        lease_ms: 35 * SECOND,
-        attempt_budget: 3,
-        derived_window_ms: DAY,
-        key_sent_by_host: false,
-        resolve_deadline_ms: 15 * 60 * SECOND,
-        reconcile_interval_ms: SECOND,
-        retention_ms: 7 * DAY,
-        tombstone_retention_ms: 90 * DAY,
-        quota: None,
-        descriptor_pin: None,
-    }
-}
-
 /// Check a policy for consistency, as when it is loaded.
-pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Error> {
+pub fn check_policy(policy: &Policy, settings: &Settings) -> Result<(), Error> {
     let bad = |msg: String| Err(Error::InvalidPolicy(msg));
     let min_lease = policy
         .dispatch_timeout_ms
@@ -92,6 +68,9 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
              in, or set key_sent_by_host when the host sends it (a header, _meta)"
                 .to_string(),
         );
+    }
+    if policy.verify_first && !policy.lookup {
+        return bad("verify_first needs a lookup: the provider is read before the first dispatch".to_string());
     }
     if policy.key_argument.as_ref().is_some_and(String::is_empty) {
         return bad("key_argument is empty".to_string());
@@ -144,7 +123,7 @@ pub fn check_policy(policy: &ToolPolicy, settings: &Settings) -> Result<(), Erro
 }
 
 /// The key-argument names a policy recognises.
-pub fn key_argument_names(policy: &ToolPolicy) -> impl Iterator<Item = &str> {
+pub fn key_argument_names(policy: &Policy) -> impl Iterator<Item = &str> {
     let explicit = policy.key_argument.as_deref();
     explicit
         .into_iter()
@@ -156,94 +135,4 @@ fn pointer_names_member(pointer: &str, name: &str) -> bool {
         .strip_prefix('/')
         .map(|rest| rest.replace("~1", "/").replace("~0", "~"))
         == Some(name.to_string())
-}
-
-/// How a tool routes, with the reason when it is blocked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Routing {
-    /// Read-only: no record.
-    Direct,
-    /// The full protocol.
-    Protect,
-    /// Refused.
-    Block(BlockReason, String),
-}
-
-impl Routing {
-    /// The WIT route.
-    pub fn route(&self) -> Route {
-        match self {
-            Routing::Direct => Route::Direct,
-            Routing::Protect => Route::Protect,
-            Routing::Block(..) => Route::Block,
-        }
-    }
-}
-
-/// Route a tool: a descriptor pin first, then explicit policy, then MCP
-/// annotations. An unclassified tool protects; it never becomes direct.
-pub fn route(policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>, settings: &Settings) -> Result<Routing, Error> {
-    if let Some(pin) = &policy.descriptor_pin {
-        let Some(descriptor) = descriptor else {
-            return Ok(Routing::Block(
-                BlockReason::DescriptorChanged,
-                "the policy pins the tool's descriptor but none was supplied".to_string(),
-            ));
-        };
-        let actual = descriptor_fingerprint(descriptor, settings)?;
-        if &actual != pin {
-            return Ok(Routing::Block(
-                BlockReason::DescriptorChanged,
-                format!(
-                    "tool {:?} changed: descriptor fingerprint {actual}, pinned {pin}",
-                    descriptor.name
-                ),
-            ));
-        }
-    }
-    if let Some(route) = policy.route {
-        return Ok(match route {
-            Route::Direct => Routing::Direct,
-            Route::Protect => Routing::Protect,
-            Route::Block => Routing::Block(BlockReason::RouteBlocked, "the policy blocks this tool".to_string()),
-        });
-    }
-    let Some(annotations) = descriptor.and_then(|d| d.annotations.as_deref()) else {
-        return Ok(Routing::Protect);
-    };
-    let annotations =
-        canon::parse(annotations.as_bytes(), &crate::input::limits(settings)).map_err(crate::input::json_error)?;
-    let hint = |name: &str| match annotations.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(format!("annotation {name} is not a boolean")),
-    };
-    let (read_only, destructive) = match (hint("readOnlyHint"), hint("destructiveHint")) {
-        (Ok(r), Ok(d)) => (r, d),
-        (Err(e), _) | (_, Err(e)) => return Ok(Routing::Block(BlockReason::RouteBlocked, e)),
-    };
-    Ok(match (read_only, destructive) {
-        (Some(true), Some(true)) => Routing::Block(
-            BlockReason::RouteBlocked,
-            "contradictory annotations: readOnlyHint and destructiveHint are both true".to_string(),
-        ),
-        (Some(true), _) => Routing::Direct,
-        _ => Routing::Protect,
-    })
-}
-
-/// `sha256(JCS({"name":…, "inputSchema":…, "annotations":…}))` of a tool descriptor.
-pub fn descriptor_fingerprint(descriptor: &ToolDescriptor, settings: &Settings) -> Result<String, Error> {
-    let limits = crate::input::limits(settings);
-    let schema = canon::parse(descriptor.input_schema.as_bytes(), &limits).map_err(crate::input::json_error)?;
-    let annotations = match &descriptor.annotations {
-        Some(text) => canon::parse(text.as_bytes(), &limits).map_err(crate::input::json_error)?,
-        None => Value::Null,
-    };
-    let members = alloc::vec![
-        ("name".to_string(), Value::String(descriptor.name.clone())),
-        ("inputSchema".to_string(), schema),
-        ("annotations".to_string(), annotations),
-    ];
-    Ok(sha256_jcs(&Value::Object(members)))
 }

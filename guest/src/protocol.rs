@@ -1,0 +1,247 @@
+//! The call protocol: after every answer, what the host does next.
+//!
+//! A host starts a call, then follows steps until one is `done`: it sends a
+//! `dispatch` grant and `report`s what happened, or sleeps until a `wait`'s
+//! time and `resume`s (or stops there and shows the wait's `meanwhile`
+//! account). Every decision — retry after "not sent", reconcile after a lost
+//! reply, take a holder's outcome, what a caller may do next — is made here,
+//! from the engine's single transitions, so every host's loop is the same
+//! few lines and no host ever reads a record's state.
+
+use crate::config::Config;
+use crate::engine::{
+    self, BeginRequest, await_with_record, begin_keyed, confirmed_info, finish_with_record, reconcile, rejected_info,
+};
+use crate::host::Host;
+use crate::record::OpRecord;
+use crate::types::{
+    Account, Awaited, BlockReason, Blocked, Call, Confirmation, Decision, Effect, Ending, Error, FinishAck,
+    InFlightInfo, KeySource, NotSentInfo, Outcome, Repeat, State, Step, SweepResult, UnrecordedInfo, WaitReason,
+    Waiting,
+};
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// How soon a call waiting for another attempt's holder asks again.
+pub const HOLDER_POLL_MS: u64 = 50;
+
+/// The `start` export: a protected call, as its tool's configured policy says.
+pub fn start(h: &impl Host, config: &Config, call: Call) -> Result<Step, Error> {
+    start_request(h, config.request(call))
+}
+
+/// [`start`] with the policy already attached (native tests, tools).
+pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error> {
+    let (scope, tool) = (request.scope.clone(), request.tool.clone());
+    let begun = begin_keyed(h, request)?;
+    let call = CallRef {
+        scope: &scope,
+        tool,
+        key: begun.key,
+    };
+    call.follow(h, begun.decision, true)
+}
+
+/// The `report` export: what the provider answered to a dispatched grant.
+pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<Step, Error> {
+    let (ack, rec) = finish_with_record(h, scope, key, fence, outcome.clone())?;
+    let call = CallRef::of(scope, key, rec.as_ref());
+    match (outcome, ack) {
+        // The effect happened; the ledger could not record it yet: reconciliation will find it.
+        (Outcome::Success(response), FinishAck::Unrecorded) => {
+            Ok(call.done(Ending::Unrecorded(UnrecordedInfo { response }), rec.as_ref()))
+        }
+        // This call's own answer is its receipt, whatever else the record knows.
+        (Outcome::Success(response), _) => {
+            let rec = rec.ok_or(Error::NotFound)?;
+            let ending = Ending::Confirmed(own_success(&rec, fence, response, rec.updated_at));
+            Ok(call.done(ending, Some(&rec)))
+        }
+        // A rejection is reported only once the ledger holds it.
+        (Outcome::Rejected(_), FinishAck::Recorded(State::Failed)) => {
+            let rec = rec.ok_or(Error::NotFound)?;
+            Ok(call.done(Ending::Rejected(rejected_info(&rec)), Some(&rec)))
+        }
+        // Not recorded: the record is as it was, in flight under this attempt's lease.
+        (_, FinishAck::Unrecorded) => {
+            let lease_until = rec
+                .as_ref()
+                .and_then(|r| r.attempts.iter().find(|a| a.fence == fence))
+                .map_or_else(|| h.now(), |a| a.lease_until);
+            Ok(call.wait_for_holder(h.now(), InFlightInfo { lease_until }, rec.as_ref()))
+        }
+        // A lost reply, nothing sent, or a rejection after the record moved on: the record says what is next.
+        _ => resume(h, scope, key),
+    }
+}
+
+/// The `resume` export: go on after a wait, or with an operation from the
+/// ledger (after a crash). A waiter takes the holder's outcome; it never
+/// starts an attempt while a holder's lease is live.
+pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
+    let (awaited, rec) = await_with_record(h, scope, key)?;
+    let call = CallRef::of(scope, key, Some(&rec));
+    match awaited {
+        Awaited::Pending(holder) => Ok(call.wait_for_holder(h.now(), holder, Some(&rec))),
+        Awaited::Rejected(rejected) => Ok(call.done(Ending::Rejected(rejected), Some(&rec))),
+        // `reconcile` has just read the provider if the record was unknown.
+        Awaited::Decided(decision) => call.follow(h, decision, false),
+    }
+}
+
+/// The `sweep` export: the engine's background work. With `dispatch` (a host
+/// that sends, e.g. a gateway's worker) every owed dispatch is granted and
+/// comes back as a grant to send and report; without it (an operator's
+/// sweep, which cannot send) owed dispatches are only listed, so no attempt
+/// is spent on them.
+pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, Error> {
+    let report = engine::sweep(h, limit)?;
+    let mut result = SweepResult {
+        expired: report.expired,
+        reconciled: report.reconciled,
+        confirmed: report.confirmed,
+        escalated: report.escalated,
+        owed: Vec::new(),
+        dispatches: Vec::new(),
+    };
+    for (scope, key) in report.owed {
+        if !dispatch {
+            result.owed.push((scope, key));
+            continue;
+        }
+        // Someone else may take it first; then it is theirs to send.
+        match reconcile(h, &scope, &key) {
+            Ok(Decision::Execute(grant)) => result.dispatches.push(grant),
+            Ok(_) | Err(Error::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(result)
+}
+
+/// The call a step is about: scope, tool and (once settled) its key.
+struct CallRef<'a> {
+    scope: &'a str,
+    tool: String,
+    key: Option<(String, KeySource)>,
+}
+
+impl<'a> CallRef<'a> {
+    fn of(scope: &'a str, key: &str, rec: Option<&OpRecord>) -> CallRef<'a> {
+        CallRef {
+            scope,
+            tool: rec.map_or_else(String::new, |r| r.tool.clone()),
+            key: Some((key.into(), rec.map_or(KeySource::Application, |r| r.key_source))),
+        }
+    }
+
+    /// The step for a single transition's decision. `may_read`: an unknown
+    /// record whose read is due is read now (once per step).
+    fn follow(&self, h: &impl Host, decision: Decision, may_read: bool) -> Result<Step, Error> {
+        Ok(match decision {
+            Decision::Execute(grant) => Step::Dispatch(grant),
+            Decision::Direct => Step::Direct,
+            Decision::Replay(info) => self.done(Ending::Confirmed(info), None),
+            Decision::Conflict(summary) => self.done(Ending::Conflict(summary), None),
+            Decision::InFlight(holder) => self.wait_for_holder(h.now(), holder, None),
+            Decision::Unknown(unknown) => {
+                let now = h.now();
+                match unknown.next_read {
+                    Some(at) if at <= now && may_read => {
+                        let (scope, key) = (self.scope, self.key_str());
+                        return self.follow(h, reconcile(h, scope, key)?, false);
+                    }
+                    Some(until) if until > now => Step::Wait(Waiting {
+                        scope: self.scope.into(),
+                        key: self.key_str().into(),
+                        next: until,
+                        until,
+                        reason: WaitReason::Reconciliation,
+                        meanwhile: self.account(Ending::Unknown(unknown), None),
+                    }),
+                    _ => self.done(Ending::Unknown(unknown), None),
+                }
+            }
+            Decision::Blocked(b) if b.reason == BlockReason::AttemptBudget => self.spent(h, b)?,
+            Decision::Blocked(b) => self.done(Ending::Blocked(b), None),
+        })
+    }
+
+    /// A spent budget: "not sent" when no attempt was ever sent.
+    fn spent(&self, h: &impl Host, b: Blocked) -> Result<Step, Error> {
+        let loaded = crate::store::load(h, self.scope, self.key_str()).map_err(|e| Error::Storage(e.message()))?;
+        Ok(match loaded {
+            Some(l)
+                if !l.rec.attempts.is_empty()
+                    && l.rec.attempts.iter().all(|a| a.outcome.as_deref() == Some("not-sent")) =>
+            {
+                let attempts = l.rec.attempts.len() as u32;
+                self.done(Ending::NotSent(NotSentInfo { attempts }), Some(&l.rec))
+            }
+            _ => self.done(Ending::Blocked(b), None),
+        })
+    }
+
+    fn key_str(&self) -> &str {
+        self.key.as_ref().map_or("", |(k, _)| k.as_str())
+    }
+
+    /// Wait for a holder: its outcome may come any time before its lease ends, so ask often.
+    fn wait_for_holder(&self, now: u64, holder: InFlightInfo, rec: Option<&OpRecord>) -> Step {
+        Step::Wait(Waiting {
+            scope: self.scope.into(),
+            key: self.key_str().into(),
+            next: now.saturating_add(HOLDER_POLL_MS).min(holder.lease_until),
+            until: holder.lease_until,
+            reason: WaitReason::Holder,
+            meanwhile: self.account(Ending::InFlight(holder), rec),
+        })
+    }
+
+    fn done(&self, ending: Ending, rec: Option<&OpRecord>) -> Step {
+        Step::Done(self.account(ending, rec))
+    }
+
+    /// The facts a caller is shown: did it happen, and what the same call again would do.
+    fn account(&self, ending: Ending, rec: Option<&OpRecord>) -> Account {
+        let (effect, repeat) = match &ending {
+            Ending::Confirmed(_) => (Effect::Happened, Repeat::Replays),
+            Ending::Unrecorded(_) => (Effect::Happened, Repeat::Waits),
+            Ending::Rejected(_) if rec.is_some_and(OpRecord::budget_left) => (Effect::None, Repeat::Retries),
+            Ending::Rejected(_) | Ending::NotSent(_) | Ending::Conflict(_) => (Effect::None, Repeat::Refused),
+            Ending::Unknown(_) | Ending::InFlight(_) => (Effect::Unknown, Repeat::Waits),
+            Ending::Blocked(b) => (
+                Effect::None,
+                match b.reason {
+                    // Nothing was recorded, or nothing could be verified: the same call tries again.
+                    BlockReason::Storage | BlockReason::Unverified => Repeat::Retries,
+                    BlockReason::SupersededUnresolved => Repeat::Waits,
+                    _ => Repeat::Refused,
+                },
+            ),
+        };
+        Account {
+            scope: self.scope.into(),
+            key: self.key.as_ref().map(|(k, _)| k.clone()),
+            key_source: self.key.as_ref().map(|(_, s)| *s),
+            tool: self.tool.clone(),
+            ending,
+            effect,
+            repeat,
+        }
+    }
+}
+
+/// A success this call's own attempt reported: its answer is the receipt it is
+/// shown. If the record already held another attempt's effect, it says so.
+fn own_success(rec: &OpRecord, fence: &str, response: String, reported_at: u64) -> crate::types::ConfirmedInfo {
+    let mine = rec.attempts.iter().find(|a| a.fence == fence).map(|a| a.n);
+    let mut info = confirmed_info(rec, None);
+    if info.attempt != mine || rec.state != State::Confirmed {
+        info.at = reported_at;
+    }
+    info.receipt = response;
+    info.attempt = mine;
+    info.confirmed_by = Confirmation::Answer;
+    info
+}

@@ -1,0 +1,495 @@
+//! The call protocol natively: every step kind, and the facts of every
+//! account, from the engine's own decisions. A host loop only sends, sleeps
+//! and reports; these tests are that loop, one step at a time.
+
+mod common;
+
+use common::*;
+use once_guest::config::{Config, default_settings};
+use once_guest::host::{CommitError, Host};
+use once_guest::policy::unset;
+use once_guest::protocol::{report, resume, start, start_request, sweep};
+use once_guest::testing::MemoryHost;
+use once_guest::types::{
+    Account, BlockReason, Call, Configuration, Confirmation, Effect, Ending, Error, Evidence, Grant, IdentityMode,
+    KeySource, Outcome, PolicyInput, QuotaInput, Repeat, ReplayVia, Route, State, Step, ToolConfig, WaitReason,
+    Waiting,
+};
+
+fn call(key: &str) -> once_guest::engine::BeginRequest {
+    refund(key, ARGS)
+}
+
+fn dispatch(step: Step) -> Grant {
+    match step {
+        Step::Dispatch(g) => g,
+        other => panic!("expected dispatch, got {other:?}"),
+    }
+}
+
+fn done(step: Step) -> Account {
+    match step {
+        Step::Done(a) => a,
+        other => panic!("expected done, got {other:?}"),
+    }
+}
+
+fn wait(step: Step) -> Waiting {
+    match step {
+        Step::Wait(w) => w,
+        other => panic!("expected wait, got {other:?}"),
+    }
+}
+
+fn sent(h: &MemoryHost, g: &Grant, outcome: Outcome) -> Step {
+    report(h, &g.scope, &g.key, &g.fence, outcome).expect("report answers a step")
+}
+
+// ---------------------------------------------------------------- dispatch, then done
+
+#[test]
+fn a_grant_reported_success_is_done_confirmed_and_a_repeat_replays() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    assert_eq!((g.attempt, g.tool.as_str(), g.timeout_ms), (1, "refund", 30_000));
+    assert_eq!(g.send_by, g.lease_until - 30_000);
+    let a = done(sent(&h, &g, success(RECEIPT)));
+    assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Replays));
+    assert_eq!(
+        (a.key.as_deref(), a.key_source),
+        (Some("k"), Some(KeySource::Application))
+    );
+    let Ending::Confirmed(c) = a.ending else {
+        panic!("{a:?}")
+    };
+    assert_eq!((c.receipt.as_str(), c.replayed, c.via), (RECEIPT, false, None));
+    assert_eq!(
+        (c.confirmed_by, c.attempt, c.earlier_attempts),
+        (Confirmation::Answer, Some(1), Effect::None)
+    );
+
+    let again = done(start_request(&h, call("k")).unwrap());
+    let Ending::Confirmed(c) = again.ending else {
+        panic!("{again:?}")
+    };
+    assert_eq!(
+        (c.receipt.as_str(), c.replayed, c.via),
+        (RECEIPT, true, Some(ReplayVia::Key))
+    );
+    assert_eq!(view(&h, "k").attempts, 1);
+}
+
+#[test]
+fn not_sent_is_followed_by_the_next_grant_and_a_spent_budget_by_not_sent() {
+    let h = MemoryHost::new();
+    let g1 = dispatch(start_request(&h, call("k")).unwrap());
+    let g2 = dispatch(sent(&h, &g1, Outcome::NotSent));
+    assert_eq!((g2.attempt, g2.provider_key.as_str()), (2, g1.provider_key.as_str()));
+    let a = done(sent(&h, &g2, success(RECEIPT)));
+    let Ending::Confirmed(c) = a.ending else {
+        panic!("{a:?}")
+    };
+    assert_eq!((c.attempt, c.earlier_attempts), (Some(2), Effect::None));
+
+    let mut step = start_request(&h, call("n")).unwrap();
+    for _ in 0..3 {
+        step = sent(&h, &dispatch(step), Outcome::NotSent);
+    }
+    let a = done(step);
+    assert!(matches!(a.ending, Ending::NotSent(ref n) if n.attempts == 3), "{a:?}");
+    assert_eq!((a.effect, a.repeat), (Effect::None, Repeat::Refused));
+}
+
+#[test]
+fn a_lost_reply_is_read_at_once_and_a_found_effect_is_done() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
+    let a = done(sent(&h, &g, Outcome::Ambiguous("connection reset".into())));
+    assert_eq!(h.lookups().len(), 1);
+    let Ending::Confirmed(c) = a.ending else {
+        panic!("{a:?}")
+    };
+    assert_eq!(
+        (c.confirmed_by, c.via, c.replayed),
+        (Confirmation::Provider, Some(ReplayVia::Provider), true)
+    );
+}
+
+#[test]
+fn a_lost_reply_waits_out_max_in_flight_then_the_owed_dispatch_is_granted() {
+    let h = MemoryHost::new();
+    let g1 = dispatch(start_request(&h, call("k")).unwrap());
+    h.advance(SECOND);
+    // Read at once: the answer cannot be later than the dispatch it must follow.
+    h.script_lookup(Evidence::Absent(h.now()));
+    let w = wait(sent(&h, &g1, Outcome::Ambiguous("timeout".into())));
+    assert_eq!((w.reason, w.until), (WaitReason::Reconciliation, h.now() + SECOND));
+    let Ending::Unknown(u) = &w.meanwhile.ending else {
+        panic!("{w:?}")
+    };
+    assert_eq!((u.reason.as_str(), u.next_read), ("timeout", Some(w.until)));
+    assert_eq!(
+        (w.meanwhile.effect, w.meanwhile.repeat),
+        (Effect::Unknown, Repeat::Waits)
+    );
+
+    // Absent now, but an earlier request may still commit until the last dispatch plus max_in_flight.
+    h.advance(w.until - h.now());
+    h.script_lookup(Evidence::Absent(h.now()));
+    let w = wait(resume(&h, "s", "k").unwrap());
+    assert_eq!(
+        (w.reason, w.until),
+        (WaitReason::Reconciliation, T0 + SECOND + MAX_IN_FLIGHT + 1)
+    );
+
+    h.advance(w.until - h.now());
+    h.script_lookup(Evidence::Absent(h.now()));
+    let g2 = dispatch(resume(&h, "s", "k").unwrap());
+    assert_eq!((g2.attempt, g2.provider_key.as_str()), (2, g1.provider_key.as_str()));
+    assert_eq!(h.lookups().len(), 3);
+}
+
+#[test]
+fn a_call_behind_a_live_holder_waits_for_its_outcome() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    let w = wait(start_request(&h, call("k")).unwrap());
+    assert_eq!((w.reason, w.until), (WaitReason::Holder, g.lease_until));
+    assert!(matches!(w.meanwhile.ending, Ending::InFlight(ref i) if i.lease_until == g.lease_until));
+    // Still held: wait again.
+    assert_eq!(wait(resume(&h, "s", "k").unwrap()).reason, WaitReason::Holder);
+    done(sent(&h, &g, success(RECEIPT)));
+    let a = done(resume(&h, "s", "k").unwrap());
+    assert!(matches!(a.ending, Ending::Confirmed(ref c) if c.replayed && c.receipt == RECEIPT));
+    assert_eq!(view(&h, "k").attempts, 1, "the waiter sent nothing");
+}
+
+#[test]
+fn a_rejection_is_done_and_says_the_same_call_retries_while_attempts_are_left() {
+    let h = MemoryHost::new();
+    let mut p = policy();
+    p.attempt_budget = 2;
+    let g = dispatch(start_request(&h, with_policy(call("k"), p.clone())).unwrap());
+    let a = done(sent(&h, &g, rejected()));
+    assert!(matches!(a.ending, Ending::Rejected(ref r) if r.attempt == 1));
+    assert_eq!((a.effect, a.repeat), (Effect::None, Repeat::Retries));
+    let g2 = dispatch(start_request(&h, with_policy(call("k"), p)).unwrap());
+    let a = done(sent(&h, &g2, rejected()));
+    assert_eq!(a.repeat, Repeat::Refused, "no attempt left");
+}
+
+#[test]
+fn a_rejection_after_the_record_moved_on_is_not_reported_as_rejected() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    h.advance(LEASE);
+    assert_eq!(once_guest::engine::sweep(&h, 10).unwrap().expired, 1);
+    let step = sent(&h, &g, rejected());
+    let account = match step {
+        Step::Done(a) => a,
+        Step::Wait(w) => w.meanwhile,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(account.ending, Ending::Unknown(_)), "{account:?}");
+    assert_eq!(view(&h, "k").state, State::Unknown);
+}
+
+/// A host whose store fails for the report.
+struct Failing(MemoryHost, std::cell::Cell<bool>);
+
+impl Host for Failing {
+    fn now(&self) -> u64 {
+        self.0.now()
+    }
+    fn settings(&self) -> once_guest::types::Settings {
+        self.0.settings()
+    }
+    fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Row>, String> {
+        self.0.get(t, s, k)
+    }
+    fn commit(&self, b: &once_guest::types::Batch) -> Result<(), CommitError> {
+        if self.1.get() {
+            return Err(CommitError::Storage("disk full".into()));
+        }
+        self.0.commit(b)
+    }
+    fn scan(
+        &self,
+        t: once_guest::types::Table,
+        st: &[State],
+        d: u64,
+        o: Option<String>,
+        l: u32,
+    ) -> Result<Vec<once_guest::types::Row>, String> {
+        self.0.scan(t, st, d, o, l)
+    }
+    fn audit(&self, s: &str, k: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
+        self.0.audit(s, k)
+    }
+    fn lookup(&self, t: &str, p: &str, a: &str) -> Evidence {
+        self.0.lookup(t, p, a)
+    }
+    fn escalate(&self, e: &once_guest::types::Escalation) -> bool {
+        self.0.escalate(e)
+    }
+}
+
+#[test]
+fn an_outcome_the_ledger_cannot_record_is_told_as_what_the_record_says() {
+    let h = Failing(MemoryHost::new(), std::cell::Cell::new(false));
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    h.1.set(true);
+    let w = wait(report(&h, "s", "k", &g.fence, rejected()).unwrap());
+    assert_eq!((w.reason, w.until), (WaitReason::Holder, g.lease_until));
+    assert!(matches!(w.meanwhile.ending, Ending::InFlight(_)));
+    // A success that cannot be recorded did happen: never an error, never a new intent.
+    let g2 = {
+        h.1.set(false);
+        dispatch(start_request(&h, call("j")).unwrap())
+    };
+    h.1.set(true);
+    let a = done(report(&h, "s", "j", &g2.fence, success(RECEIPT)).unwrap());
+    assert!(matches!(a.ending, Ending::Unrecorded(ref u) if u.response == RECEIPT));
+    assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Waits));
+}
+
+#[test]
+fn a_tool_without_a_lookup_is_never_read_and_says_an_operator_settles_it() {
+    let h = MemoryHost::new();
+    let mut p = policy();
+    p.lookup = false;
+    let g = dispatch(start_request(&h, with_policy(call("k"), p)).unwrap());
+    let a = done(sent(&h, &g, Outcome::Ambiguous("timeout".into())));
+    assert!(
+        matches!(a.ending, Ending::Unknown(ref u) if u.next_read.is_none()),
+        "{a:?}"
+    );
+    assert!(h.lookups().is_empty());
+    assert_eq!(once_guest::engine::sweep(&h, 10).unwrap().reconciled, 0);
+}
+
+#[test]
+fn a_direct_tool_is_sent_as_it_came() {
+    let h = MemoryHost::new();
+    let mut p = policy();
+    p.route = Some(Route::Direct);
+    assert_eq!(start_request(&h, with_policy(call("r"), p)).unwrap(), Step::Direct);
+    assert_nothing_written(&h);
+}
+
+#[test]
+fn refusals_are_done_with_facts() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    done(sent(&h, &g, success(RECEIPT)));
+    let a = done(start_request(&h, refund("k", r#"{"order":1,"amount":1}"#)).unwrap());
+    assert!(matches!(a.ending, Ending::Conflict(ref c) if c.key == "k"));
+    assert_eq!((a.effect, a.repeat), (Effect::None, Repeat::Refused));
+    let mut p = policy();
+    p.identity = IdentityMode::Required;
+    let a = done(start_request(&h, with_policy(req("s", None, "refund", ARGS, policy()), p)).unwrap());
+    assert!(matches!(a.ending, Ending::Blocked(ref b) if b.reason == BlockReason::IdentityRequired));
+    assert_eq!((a.key, a.effect), (None, Effect::None));
+}
+
+// ---------------------------------------------------------------- sweep
+
+#[test]
+fn a_dispatching_sweep_grants_every_owed_dispatch_and_an_operators_only_lists_them() {
+    let h = MemoryHost::new();
+    dispatch(start_request(&h, call("a")).unwrap());
+    dispatch(start_request(&h, call("b")).unwrap());
+    h.advance(LEASE + MAX_IN_FLIGHT + 10);
+    h.script_lookup(Evidence::Absent(h.now()));
+    h.script_lookup(Evidence::Absent(h.now()));
+    let listed = sweep(&h, 10, false).unwrap();
+    assert_eq!(listed.owed.len(), 2);
+    assert!(listed.dispatches.is_empty());
+    assert_eq!(view(&h, "a").state, State::Absent, "listing spends no attempt");
+    let granted = sweep(&h, 10, true).unwrap();
+    assert!(granted.owed.is_empty());
+    assert_eq!(granted.dispatches.len(), 2);
+    for g in &granted.dispatches {
+        assert_eq!(g.attempt, 2);
+        done(sent(&h, g, success(RECEIPT)));
+    }
+}
+
+// ---------------------------------------------------------------- configure
+
+fn configuration(tools: Vec<ToolConfig>) -> Configuration {
+    Configuration {
+        settings: default_settings(),
+        defaults: unset(),
+        tools,
+    }
+}
+
+fn tool(name: &str, policy: PolicyInput) -> ToolConfig {
+    ToolConfig {
+        tool: name.into(),
+        policy,
+        descriptor: None,
+    }
+}
+
+#[test]
+fn configure_fills_what_is_unset_from_the_defaults_then_the_engine() {
+    let mut defaults = unset();
+    defaults.attempt_budget = Some(5);
+    defaults.dispatch_timeout_ms = Some(6_000);
+    let mut own = unset();
+    own.dispatch_timeout_ms = Some(2_000);
+    own.retention_ms = Some(100 * DAY);
+    own.quota = Some(QuotaInput {
+        spend_field: "/amount".into(),
+        ceiling: "500.00".into(),
+        decimals: None,
+        window_ms: DAY,
+        bucket: None,
+    });
+    let mut c = configuration(vec![tool("refund", own)]);
+    c.defaults = defaults;
+    c.settings.clock_skew_ms = 50;
+    let (config, configured) = Config::new(c).unwrap();
+    let p = &configured.tools[0].policy;
+    assert_eq!(configured.tools[0].route, Route::Protect);
+    assert_eq!(p.attempt_budget, 5, "from the defaults");
+    // The lease covers the timeout, a sixth of it (at least 200 ms), and twice the skew.
+    assert_eq!((p.dispatch_timeout_ms, p.lease_ms), (2_000, 2_000 + 333 + 100));
+    assert_eq!(p.tombstone_retention_ms, 100 * DAY, "at least the retention");
+    let q = p.quota.as_ref().unwrap();
+    assert_eq!((q.decimals, q.bucket.as_str()), (2, "refund"));
+    assert_eq!(p.identity, IdentityMode::Derived);
+    // A tool nobody configured gets the defaults.
+    assert_eq!(configured.defaults.dispatch_timeout_ms, 6_000);
+    assert_eq!(config.policy("other").attempt_budget, 5);
+}
+
+#[test]
+fn an_inconsistent_configuration_is_refused_naming_the_tool_and_field() {
+    let mut lease = unset();
+    lease.dispatch_timeout_ms = Some(10_000);
+    lease.lease_ms = Some(5_000);
+    let e = Config::new(configuration(vec![tool("refund", lease)])).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidPolicy(m) if m.starts_with("tool refund: lease_ms 5000")),
+        "{e:?}"
+    );
+
+    let mut tomb = unset();
+    tomb.retention_ms = Some(10 * DAY);
+    tomb.tombstone_retention_ms = Some(DAY);
+    let e = Config::new(configuration(vec![tool("refund", tomb)])).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidPolicy(m) if m.contains("tombstone_retention_ms")),
+        "{e:?}"
+    );
+
+    let quota = |decimals| {
+        let mut p = unset();
+        p.quota = Some(QuotaInput {
+            spend_field: "/amount".into(),
+            ceiling: "500".into(),
+            decimals: Some(decimals),
+            window_ms: DAY,
+            bucket: Some("money".into()),
+        });
+        p
+    };
+    let e = Config::new(configuration(vec![tool("payout", quota(0)), tool("refund", quota(2))])).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidPolicy(m) if m.contains("a bucket has one unit")),
+        "{e:?}"
+    );
+
+    let mut settings = configuration(vec![]);
+    settings.settings.owner = String::new();
+    assert!(matches!(Config::new(settings), Err(Error::InvalidPolicy(_))));
+}
+
+#[test]
+fn start_uses_the_configured_policy_of_the_call_s_tool() {
+    let h = MemoryHost::new();
+    let mut own = unset();
+    own.dispatch_timeout_ms = Some(1_000);
+    own.identity = Some(IdentityMode::Required);
+    let (config, _) = Config::new(configuration(vec![tool("refund", own)])).unwrap();
+    let call = |key: Option<&str>| Call {
+        scope: "s".into(),
+        keys: key.map(|k| vec![("app".into(), k.into())]).unwrap_or_default(),
+        tool: "refund".into(),
+        args: ARGS.into(),
+        supersedes: None,
+        acknowledge_confirmed: false,
+    };
+    let g = dispatch(start(&h, &config, call(Some("k"))).unwrap());
+    assert_eq!(g.timeout_ms, 1_000);
+    let a = done(start(&h, &config, call(None)).unwrap());
+    assert!(matches!(a.ending, Ending::Blocked(ref b) if b.reason == BlockReason::IdentityRequired));
+}
+
+/// A host that counts every import call the engine makes through it.
+struct Counting(MemoryHost, std::cell::RefCell<Vec<&'static str>>);
+
+impl Counting {
+    fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut self.1.borrow_mut())
+    }
+}
+
+impl Host for Counting {
+    fn now(&self) -> u64 {
+        self.1.borrow_mut().push("now");
+        self.0.now()
+    }
+    fn settings(&self) -> once_guest::types::Settings {
+        // Configured once per instance: not an import.
+        self.0.settings()
+    }
+    fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Row>, String> {
+        self.1.borrow_mut().push("get");
+        self.0.get(t, s, k)
+    }
+    fn commit(&self, b: &once_guest::types::Batch) -> Result<(), CommitError> {
+        self.1.borrow_mut().push("commit");
+        self.0.commit(b)
+    }
+    fn scan(
+        &self,
+        t: once_guest::types::Table,
+        st: &[State],
+        d: u64,
+        o: Option<String>,
+        l: u32,
+    ) -> Result<Vec<once_guest::types::Row>, String> {
+        self.1.borrow_mut().push("scan");
+        self.0.scan(t, st, d, o, l)
+    }
+    fn audit(&self, s: &str, k: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
+        self.1.borrow_mut().push("audit");
+        self.0.audit(s, k)
+    }
+    fn lookup(&self, t: &str, p: &str, a: &str) -> Evidence {
+        self.1.borrow_mut().push("lookup");
+        self.0.lookup(t, p, a)
+    }
+    fn escalate(&self, e: &once_guest::types::Escalation) -> bool {
+        self.1.borrow_mut().push("escalate");
+        self.0.escalate(e)
+    }
+}
+
+/// The crossings of one protected call that succeeds, as docs/design.md states them:
+/// two export calls and seven import calls.
+#[test]
+fn a_protected_call_crosses_few_times() {
+    let h = Counting(MemoryHost::new(), Default::default());
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    assert_eq!(h.take(), ["get", "get", "now", "commit"], "start");
+    done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
+    assert_eq!(h.take(), ["get", "now", "commit"], "report");
+    done(start_request(&h, call("k")).unwrap());
+    assert_eq!(h.take(), ["get", "now", "commit"], "a replay (its count is audited)");
+}
