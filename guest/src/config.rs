@@ -43,7 +43,8 @@ impl Config {
         } = configuration;
         check_settings(&settings)?;
         let empty = unset();
-        let default_policy = resolve("(defaults)", &defaults_without_per_tool(&defaults), &empty, &settings)?;
+        check_defaults(&defaults)?;
+        let default_policy = resolve("(defaults)", &defaults, &empty, &settings)?;
         let mut plans = Vec::with_capacity(tools.len());
         let mut registry = BTreeMap::new();
         for tool in tools {
@@ -103,15 +104,20 @@ impl Config {
     }
 }
 
-/// A configuration's defaults as a policy of their own: the fields that
-/// belong to one tool (route, effect fields, quota, pin) are not defaults.
-fn defaults_without_per_tool(defaults: &PolicyInput) -> PolicyInput {
-    PolicyInput {
-        route: None,
-        effect_fields: None,
-        quota: None,
-        descriptor_pin: None,
-        ..defaults.clone()
+/// The fields that belong to one tool (its route, effect fields, quota and
+/// pin) are refused in the defaults, never silently dropped.
+fn check_defaults(defaults: &PolicyInput) -> Result<(), Error> {
+    let per_tool = [
+        ("route", defaults.route.is_some()),
+        ("effect_fields", defaults.effect_fields.is_some()),
+        ("quota", defaults.quota.is_some()),
+        ("descriptor_pin", defaults.descriptor_pin.is_some()),
+    ];
+    match per_tool.iter().find(|(_, set)| *set) {
+        Some((field, _)) => Err(Error::InvalidPolicy(format!(
+            "defaults: {field} belongs to one tool's policy, not to the defaults"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -10,7 +10,8 @@
 
 use crate::config::Config;
 use crate::engine::{
-    self, BeginRequest, await_with_record, begin_keyed, confirmed_info, finish_with_record, reconcile, rejected_info,
+    self, BeginRequest, ReadWhen, await_with_record, begin_keyed, confirmed_info, finish_with_record, reconcile,
+    rejected_info,
 };
 use crate::host::Host;
 use crate::record::OpRecord;
@@ -44,7 +45,15 @@ pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error
 
 /// The `report` export: what the provider answered to a dispatched grant.
 pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<Step, Error> {
-    let (ack, rec) = finish_with_record(h, scope, key, fence, outcome.clone())?;
+    let (ack, rec) = match finish_with_record(h, scope, key, fence, outcome.clone()) {
+        // A success whose response cannot be stored as a receipt still happened: like a
+        // failed write, the record expires into unknown and reconciliation finds the effect.
+        Err(Error::InvalidJson(_)) if matches!(outcome, Outcome::Success(_)) => {
+            let rec = crate::store::load(h, scope, key).ok().flatten().map(|l| l.rec);
+            (FinishAck::Unrecorded, rec)
+        }
+        answer => answer?,
+    };
     let call = CallRef::of(scope, key, rec.as_ref());
     match (outcome, ack) {
         // The effect happened; the ledger could not record it yet: reconciliation will find it.
@@ -77,9 +86,11 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
 
 /// The `resume` export: go on after a wait, or with an operation from the
 /// ledger (after a crash). A waiter takes the holder's outcome; it never
-/// starts an attempt while a holder's lease is live.
+/// starts an attempt while a holder's lease is live; an unknown record's
+/// provider is read only when its next read is due.
 pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
-    let (awaited, rec) = await_with_record(h, scope, key)?;
+    // A read happens when one is due: a caller asking early (or often) gets the same wait.
+    let (awaited, rec) = await_with_record(h, scope, key, ReadWhen::Due)?;
     let call = CallRef::of(scope, key, Some(&rec));
     match awaited {
         Awaited::Pending(holder) => Ok(call.wait_for_holder(h.now(), holder, Some(&rec))),

@@ -101,6 +101,21 @@ fn not_sent_is_followed_by_the_next_grant_and_a_spent_budget_by_not_sent() {
 }
 
 #[test]
+fn a_success_whose_response_is_no_receipt_is_unrecorded_and_stays_in_flight() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    let a = done(sent(&h, &g, success("refunded, id r_1")));
+    assert_eq!(
+        a.ending,
+        Ending::Unrecorded(once_guest::types::UnrecordedInfo {
+            response: "refunded, id r_1".into()
+        })
+    );
+    assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Waits));
+    assert_eq!(view(&h, "k").state, State::InFlight);
+}
+
+#[test]
 fn a_lost_reply_is_read_at_once_and_a_found_effect_is_done() {
     let h = MemoryHost::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
@@ -151,6 +166,29 @@ fn a_lost_reply_waits_out_max_in_flight_then_the_owed_dispatch_is_granted() {
 }
 
 #[test]
+fn resuming_before_a_read_is_due_reads_nothing_and_keeps_the_backoff() {
+    let h = MemoryHost::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    h.script_lookup(Evidence::Unknown("provider down".into()));
+    let w = wait(sent(&h, &g, Outcome::Ambiguous("timeout".into())));
+    assert_eq!(h.lookups().len(), 1, "a lost reply is read at once");
+    // Asked again and again before the next read: the same wait, no read.
+    for _ in 0..3 {
+        h.advance(1);
+        let again = wait(resume(&h, "s", "k").unwrap());
+        assert_eq!((again.next, again.reason), (w.next, WaitReason::Reconciliation));
+    }
+    assert_eq!(h.lookups().len(), 1, "resume read before the read was due");
+    h.advance(w.next - h.now());
+    h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
+    assert!(matches!(
+        done(resume(&h, "s", "k").unwrap()).ending,
+        Ending::Confirmed(_)
+    ));
+    assert_eq!(h.lookups().len(), 2);
+}
+
+#[test]
 fn a_call_behind_a_live_holder_waits_for_its_outcome() {
     let h = MemoryHost::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
@@ -195,24 +233,52 @@ fn a_rejection_after_the_record_moved_on_is_not_reported_as_rejected() {
     assert_eq!(view(&h, "k").state, State::Unknown);
 }
 
-/// A host whose store fails for the report.
-struct Failing(MemoryHost, std::cell::Cell<bool>);
+/// A memory host that logs every import call the engine makes through it,
+/// and whose commits fail while `failing` is set.
+#[derive(Default)]
+struct Observed {
+    host: MemoryHost,
+    failing: std::cell::Cell<bool>,
+    calls: std::cell::RefCell<Vec<&'static str>>,
+}
 
-impl Host for Failing {
+impl Observed {
+    fn new() -> Observed {
+        Observed {
+            host: MemoryHost::new(),
+            ..Observed::default()
+        }
+    }
+
+    /// The import calls since the last `take`.
+    fn take(&self) -> Vec<&'static str> {
+        std::mem::take(&mut self.calls.borrow_mut())
+    }
+
+    fn log(&self, call: &'static str) {
+        self.calls.borrow_mut().push(call);
+    }
+}
+
+impl Host for Observed {
     fn now(&self) -> u64 {
-        self.0.now()
+        self.log("now");
+        self.host.now()
     }
     fn settings(&self) -> once_guest::types::Settings {
-        self.0.settings()
+        // Configured once per instance: not an import.
+        self.host.settings()
     }
     fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Row>, String> {
-        self.0.get(t, s, k)
+        self.log("get");
+        self.host.get(t, s, k)
     }
     fn commit(&self, b: &once_guest::types::Batch) -> Result<(), CommitError> {
-        if self.1.get() {
+        self.log("commit");
+        if self.failing.get() {
             return Err(CommitError::Storage("disk full".into()));
         }
-        self.0.commit(b)
+        self.host.commit(b)
     }
     fn scan(
         &self,
@@ -222,33 +288,37 @@ impl Host for Failing {
         o: Option<String>,
         l: u32,
     ) -> Result<Vec<once_guest::types::Row>, String> {
-        self.0.scan(t, st, d, o, l)
+        self.log("scan");
+        self.host.scan(t, st, d, o, l)
     }
     fn audit(&self, s: &str, k: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
-        self.0.audit(s, k)
+        self.log("audit");
+        self.host.audit(s, k)
     }
     fn lookup(&self, t: &str, p: &str, a: &str) -> Evidence {
-        self.0.lookup(t, p, a)
+        self.log("lookup");
+        self.host.lookup(t, p, a)
     }
     fn escalate(&self, e: &once_guest::types::Escalation) -> bool {
-        self.0.escalate(e)
+        self.log("escalate");
+        self.host.escalate(e)
     }
 }
 
 #[test]
 fn an_outcome_the_ledger_cannot_record_is_told_as_what_the_record_says() {
-    let h = Failing(MemoryHost::new(), std::cell::Cell::new(false));
+    let h = Observed::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
-    h.1.set(true);
+    h.failing.set(true);
     let w = wait(report(&h, "s", "k", &g.fence, rejected()).unwrap());
     assert_eq!((w.reason, w.until), (WaitReason::Holder, g.lease_until));
     assert!(matches!(w.meanwhile.ending, Ending::InFlight(_)));
     // A success that cannot be recorded did happen: never an error, never a new intent.
     let g2 = {
-        h.1.set(false);
+        h.failing.set(false);
         dispatch(start_request(&h, call("j")).unwrap())
     };
-    h.1.set(true);
+    h.failing.set(true);
     let a = done(report(&h, "s", "j", &g2.fence, success(RECEIPT)).unwrap());
     assert!(matches!(a.ending, Ending::Unrecorded(ref u) if u.response == RECEIPT));
     assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Waits));
@@ -407,6 +477,15 @@ fn an_inconsistent_configuration_is_refused_naming_the_tool_and_field() {
     let mut settings = configuration(vec![]);
     settings.settings.owner = String::new();
     assert!(matches!(Config::new(settings), Err(Error::InvalidPolicy(_))));
+
+    // A field that belongs to one tool is refused in the defaults, never dropped.
+    let mut routed = configuration(vec![]);
+    routed.defaults.route = Some(Route::Direct);
+    let e = Config::new(routed).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidPolicy(m) if m.starts_with("defaults: route belongs to one tool")),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -430,62 +509,11 @@ fn start_uses_the_configured_policy_of_the_call_s_tool() {
     assert!(matches!(a.ending, Ending::Blocked(ref b) if b.reason == BlockReason::IdentityRequired));
 }
 
-/// A host that counts every import call the engine makes through it.
-struct Counting(MemoryHost, std::cell::RefCell<Vec<&'static str>>);
-
-impl Counting {
-    fn take(&self) -> Vec<&'static str> {
-        std::mem::take(&mut self.1.borrow_mut())
-    }
-}
-
-impl Host for Counting {
-    fn now(&self) -> u64 {
-        self.1.borrow_mut().push("now");
-        self.0.now()
-    }
-    fn settings(&self) -> once_guest::types::Settings {
-        // Configured once per instance: not an import.
-        self.0.settings()
-    }
-    fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Row>, String> {
-        self.1.borrow_mut().push("get");
-        self.0.get(t, s, k)
-    }
-    fn commit(&self, b: &once_guest::types::Batch) -> Result<(), CommitError> {
-        self.1.borrow_mut().push("commit");
-        self.0.commit(b)
-    }
-    fn scan(
-        &self,
-        t: once_guest::types::Table,
-        st: &[State],
-        d: u64,
-        o: Option<String>,
-        l: u32,
-    ) -> Result<Vec<once_guest::types::Row>, String> {
-        self.1.borrow_mut().push("scan");
-        self.0.scan(t, st, d, o, l)
-    }
-    fn audit(&self, s: &str, k: &str) -> Result<Vec<once_guest::types::AuditEvent>, String> {
-        self.1.borrow_mut().push("audit");
-        self.0.audit(s, k)
-    }
-    fn lookup(&self, t: &str, p: &str, a: &str) -> Evidence {
-        self.1.borrow_mut().push("lookup");
-        self.0.lookup(t, p, a)
-    }
-    fn escalate(&self, e: &once_guest::types::Escalation) -> bool {
-        self.1.borrow_mut().push("escalate");
-        self.0.escalate(e)
-    }
-}
-
 /// The crossings of one protected call that succeeds, as docs/design.md states them:
 /// two export calls and seven import calls.
 #[test]
 fn a_protected_call_crosses_few_times() {
-    let h = Counting(MemoryHost::new(), Default::default());
+    let h = Observed::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
     assert_eq!(h.take(), ["get", "get", "now", "commit"], "start");
     done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());

@@ -8,7 +8,8 @@
 # dependencies, runs the Rust (wasmtime crate), Python (wasmtime from PyPI)
 # and Node.js (jco) runners over the same .wasm, each on an in-memory and a
 # SQLite store plus the deliberately broken stores, requires their six
-# transcripts to be byte-identical, runs the two embedding examples, and
+# transcripts to be byte-identical, runs the two embedding examples (twice
+# each, over one durable ledger file: the second run only replays), and
 # fails if any runner is skipped or runs no scenario. Closes with
 # "N passed, M failed".
 set -euo pipefail
@@ -126,12 +127,24 @@ for runner in rust python node; do
 done
 total_passed=$((total_passed + 1))
 
-step "examples"
-"$venv/bin/python" examples/python/protect.py "$wasm" || die "examples/python failed"
-total_passed=$((total_passed + 1))
-(cd examples/node && rm -rf gen && npx --no-install jco transpile "$wasm" -o gen --instantiation sync --name once --quiet &&
-  node protect.mjs gen) || die "examples/node failed"
-total_passed=$((total_passed + 1))
+step "examples (a durable ledger: the first run sends the refund once, a second run over the same file only replays)"
+# Runs an example twice over a fresh ledger file: "$1" names it, the rest is the command (ledger path last).
+example() {
+  local name=$1 ledger=$PWD/$out/example-$1.db first second
+  shift
+  rm -f "$ledger" "$ledger"-*
+  first=$("$@" "$ledger") || die "examples/$name failed: $first"
+  printf '%s\n' "$first"
+  grep -q '^sent 1 time(s) by this run$' <<<"$first" || die "examples/$name did not send the refund exactly once"
+  second=$("$@" "$ledger") || die "examples/$name failed on its second run: $second"
+  printf '%s\n' "$second"
+  grep -q '^sent 0 time(s) by this run$' <<<"$second" || die "examples/$name sent again over its durable ledger"
+  total_passed=$((total_passed + 1))
+}
+example python "$venv/bin/python" examples/python/protect.py "$wasm"
+(cd examples/node && rm -rf gen && npx --no-install jco transpile "$wasm" -o gen --instantiation sync --name once --quiet) ||
+  die "examples/node: jco transpile failed"
+example node node examples/node/protect.mjs examples/node/gen
 
 step "done: component sha256 $digest"
 echo "$total_passed passed, $total_failed failed"

@@ -108,15 +108,32 @@ pub(crate) fn open_for_service(path: &Path, create: bool) -> Result<Connection, 
     conn.pragma_update(None, "synchronous", "OFF")?;
     if create {
         // WAL lets metric readers and lookups run beside writers. It is persistent, so later connections inherit it.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        switch_to_wal(&conn)?;
     }
     Ok(conn)
 }
 
+/// `journal_mode = WAL`, retried while another process opening the same new file holds it: the
+/// switch needs the file to itself and, unlike a statement, does not wait on the busy timeout.
+fn switch_to_wal(conn: &Connection) -> Result<(), Error> {
+    let give_up = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 /// Creates the schema and seeds order 1234 if the file is new; harmless on an existing ledger.
+/// `IMMEDIATE`: two services creating one file wait for each other instead of failing to upgrade a read.
 pub(crate) fn init_schema(conn: &Connection) -> Result<(), Error> {
     conn.execute_batch(&format!(
-        "BEGIN; {SCHEMA} INSERT OR IGNORE INTO orders (order_id, total_cents, refunded_cents) \
+        "BEGIN IMMEDIATE; {SCHEMA} INSERT OR IGNORE INTO orders (order_id, total_cents, refunded_cents) \
          VALUES ({ORDER_ID}, {ORDER_TOTAL_CENTS}, 0); COMMIT;"
     ))?;
     Ok(())

@@ -14,7 +14,7 @@ pub use begin::{BeginRequest, Begun, begin, begin_keyed, confirmed_info, grant_o
 pub use finish::{finish, finish_with_record};
 pub use maintenance::{SweepReport, prune, sweep};
 pub use operator::{inspect, resolve};
-pub use reconcile::{await_holder, await_with_record, reconcile, rejected_info};
+pub use reconcile::{ReadWhen, await_holder, await_with_record, reconcile, reconcile_when, rejected_info};
 
 use alloc::string::String;
 

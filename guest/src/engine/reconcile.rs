@@ -16,14 +16,29 @@ use crate::types::{
 /// Longest wait between two provider reads of one unknown record.
 const MAX_RECONCILE_BACKOFF_MS: u64 = 5 * 60 * 1_000;
 
+/// When an unknown record's provider is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadWhen {
+    /// Now: an explicit `reconcile` (or `await-holder`) asks for a read.
+    Now,
+    /// Only once its next read is due: the call protocol, whose caller may
+    /// ask again as often as it likes without pushing the backoff out.
+    Due,
+}
+
 /// The `reconcile` export.
 pub fn reconcile(h: &impl Host, scope: &str, key: &str) -> Result<Decision, Error> {
+    reconcile_when(h, scope, key, ReadWhen::Now)
+}
+
+/// [`reconcile`], reading the provider as `when` says.
+pub fn reconcile_when(h: &impl Host, scope: &str, key: &str, when: ReadWhen) -> Result<Decision, Error> {
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
     for _ in 0..MAX_RACES {
         let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
-        match step(h, loaded) {
+        match step(h, loaded, when) {
             Ok(decision) => return Ok(decision),
             Err(LedgerError::Conflict) => continue,
             Err(e) => return Err(storage_error(e)),
@@ -36,12 +51,12 @@ pub fn reconcile(h: &impl Host, scope: &str, key: &str) -> Result<Decision, Erro
 /// rejection as is, anything else as `reconcile` decides it (a confirmed
 /// record replays). It never starts an attempt while the holder's lease is live.
 pub fn await_holder(h: &impl Host, scope: &str, key: &str) -> Result<Awaited, Error> {
-    await_with_record(h, scope, key).map(|(awaited, _)| awaited)
+    await_with_record(h, scope, key, ReadWhen::Now).map(|(awaited, _)| awaited)
 }
 
 /// [`await_holder`], also returning the record as it was read first (its key
 /// source and budget do not change in the step).
-pub fn await_with_record(h: &impl Host, scope: &str, key: &str) -> Result<(Awaited, OpRecord), Error> {
+pub fn await_with_record(h: &impl Host, scope: &str, key: &str, when: ReadWhen) -> Result<(Awaited, OpRecord), Error> {
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
@@ -51,7 +66,7 @@ pub fn await_with_record(h: &impl Host, scope: &str, key: &str) -> Result<(Await
         // "Not sent" is not a rejection: what happens next is reconcile's to say.
         State::Failed if !rec.last_not_sent() => Awaited::Rejected(rejected_info(rec)),
         State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Awaited::Pending(in_flight(rec)),
-        _ => Awaited::Decided(reconcile(h, scope, key)?),
+        _ => Awaited::Decided(reconcile_when(h, scope, key, when)?),
     };
     Ok((awaited, loaded.rec))
 }
@@ -70,7 +85,7 @@ fn in_flight(rec: &OpRecord) -> InFlightInfo {
     }
 }
 
-fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
+fn step(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
     let rec = &loaded.rec;
     // Another owner's record is read through its owner's provider and sent by it: never here.
@@ -88,10 +103,10 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
         State::InFlight if !ours => Ok(unknown(&expire(h, loaded, now)?.rec)),
         State::InFlight => {
             let loaded = expire(h, loaded, now)?;
-            settle(h, loaded)
+            settle(h, loaded, when)
         }
         State::Unknown if !ours => Ok(unknown(rec)),
-        State::Unknown => settle(h, loaded),
+        State::Unknown => settle(h, loaded, when),
         State::Absent | State::Failed if !ours => Ok(other_owner(rec, &h.settings().owner)),
         State::Absent => grant(h, loaded.rec, loaded.version, now),
         // Nothing was sent: the caller's next attempt, within the budget.
@@ -109,10 +124,12 @@ fn step(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
 
 /// Read the provider for an unknown record and act on the answer: a replay,
 /// the owed dispatch, or still unknown. A tool without a lookup is never read:
-/// it waits for its escalation and an operator.
-fn settle(h: &impl Host, loaded: Loaded) -> Result<Decision, LedgerError> {
-    if !loaded.rec.policy.lookup {
-        let now = now_for(h, Some(&loaded.rec));
+/// it waits for its escalation and an operator; with [`ReadWhen::Due`] a read
+/// that is not due yet is not made either.
+fn settle(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, LedgerError> {
+    let now = now_for(h, Some(&loaded.rec));
+    let not_due = when == ReadWhen::Due && loaded.rec.next_check.is_some_and(|t| t > now);
+    if !loaded.rec.policy.lookup || not_due {
         let (loaded, _) = escalation::escalate_if_due(h, loaded, now)?;
         return Ok(unknown(&loaded.rec));
     }

@@ -20,8 +20,19 @@ use serde_json::{Value, json};
 async fn never_retry_gets_one_refund_under_pre_effect_disconnect() {
     let rig = Rig::with_config_file(EXAMPLE_CONFIG);
     let result = never_retry(&rig, "pre_effect_disconnect").await;
+    // The lost request can commit for max_in_flight (3 s), inside the call's wait: the call reads the
+    // provider then, finds no refund, and sends the owed one itself, with the same key.
+    assert_sent_again(&rig, &result, 2);
+    assert_exactly_one_refund(&rig);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_stops_waiting_is_told_unknown_and_the_gateway_settles_it() {
+    // Told not to wait, the call answers what is known at once; the agent never calls again, and the
+    // gateway's worker proves the refund absent and sends it itself, with the same key.
+    let rig = Rig::new(&fast_config("in_flight_wait = \"0ms\""));
+    let result = never_retry(&rig, "pre_effect_disconnect").await;
     assert_unknown_text(&result, "the upstream closed the connection before replying");
-    // The agent never called again: the gateway proved the refund absent and sent it itself, with the same key.
     assert_exactly_one_refund(&rig);
 }
 
@@ -55,7 +66,7 @@ async fn never_retry_without_a_fault_sees_the_upstream_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_retry_gets_one_refund_under_reject_502() {
-    let rig = Rig::new(&fast_config(""));
+    let rig = Rig::new(&fast_config("in_flight_wait = \"0ms\""));
     let result = never_retry(&rig, "reject_502").await;
     assert_unknown_text(&result, "the upstream answered a protocol error");
     assert_exactly_one_refund(&rig);
@@ -65,7 +76,7 @@ async fn never_retry_gets_one_refund_under_reject_502() {
 async fn an_unknown_under_a_key_from_meta_says_to_call_again_with_that_key() {
     // With the key in _meta, the same arguments without it would be a different (derived) operation:
     // the model must be told to reuse the key, not the arguments.
-    let rig = Rig::new(&fast_config(""));
+    let rig = Rig::new(&fast_config("in_flight_wait = \"0ms\""));
     let session = rig.connect("reject_502", 0).await;
     let result = session.refund(200.0, Some("refund-1234-u")).await;
     assert!(session.close().await.success());
@@ -123,9 +134,9 @@ async fn never_retry_gets_one_refund_under_stale_read() {
     // concurrent read could win the ledger's compare-and-swap and leave the stale one unrecorded).
     let rig = Rig::new(&config_with_sweep("3s", ""));
     let result = never_retry(&rig, "stale_read").await;
-    // The reply is lost and the call's one read comes from before the write: it must not count as absent, so
-    // the model is told UNKNOWN; the gateway's next read, in the background, finds the refund.
-    assert_unknown_text(&result, "the upstream answered a protocol error");
+    // The reply is lost and the call's first read comes from before the write: it must not count as absent,
+    // so nothing is sent; the call's next read, once due, finds the refund.
+    assert_confirmed_by_lookup(&rig, &result);
     let trail = rig.audit(&result);
     assert!(
         trail.iter().any(|d| d.contains("not after the last dispatch")),
@@ -281,7 +292,7 @@ async fn replay_conflict_and_two_disagreeing_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retrying_agent_is_told_unknown_then_gets_the_replay() {
-    let rig = Rig::new(&fast_config(""));
+    let rig = Rig::new(&fast_config("in_flight_wait = \"0ms\""));
     let session = rig.connect("reject_502", 0).await;
     let first = session.refund(200.0, Some("refund-1234-t")).await;
     assert!(
@@ -535,7 +546,7 @@ fn bad_config_is_a_clear_error_at_start() {
         ),
         (
             "[tools.refund_order]\nprovider_claims_key = true\n".to_string(),
-            "[tools.refund_order]: provider_claims_key = true, but the provider key never travels to the upstream",
+            "[tools.refund_order]: invalid policy: tool refund_order: provider_claims_key needs the provider key to reach the provider",
         ),
         (
             "[tools.refund_order]\nderived_window = \"30d\"\n".to_string(),

@@ -6,29 +6,15 @@ use once::storage::memory::MemoryStorage;
 use once::types::Route;
 
 use crate::config::{Config, ProviderKey, ScopeMode};
-use crate::handler::{Shared, descriptor_of};
+use crate::handler::Shared;
 use crate::{GatewayError, SESSION_SCOPE_WARNING, owner};
 
-/// `--check-config` without an upstream: every configured tool's policy through the engine's own check.
+/// `--check-config` without an upstream: the file's policies through the engine's own check.
 pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
-    let once = Once::builder(MemoryStorage::new())
+    config
+        .apply(Once::builder(MemoryStorage::new()), &[])
         .build()
-        .map_err(|e| GatewayError::Runtime(e.to_string()))?;
-    let default = once
-        .default_policy()
-        .map_err(|e| GatewayError::Runtime(e.to_string()))?;
-    let mut errors = Vec::new();
-    for tool in config.named_tools() {
-        let checked = config
-            .plan(tool, &default)
-            .and_then(|plan| once.set_policy(tool, plan.policy).map_err(|e| e.to_string()));
-        if let Err(e) = checked {
-            errors.push(format!("{}: [tools.{tool}]: {e}", config.source));
-        }
-    }
-    if !errors.is_empty() {
-        return Err(GatewayError::Config(errors.join("\n")));
-    }
+        .map_err(|e| GatewayError::Config(config.refused(&e)))?;
     println!(
         "{}: ok (give the upstream command after `--` to check tool names and print every route)",
         config.source
@@ -47,6 +33,7 @@ pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
     Ok(())
 }
 
+/// Every upstream tool's route and policy, as the engine configured them.
 pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayError> {
     let config = &shared.config;
     println!(
@@ -66,10 +53,8 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
     }
     for tool in shared.upstream.tools() {
         let name = tool.name.to_string();
-        let plan = shared.plan(once, &name).map_err(GatewayError::Config)?;
-        let route = once
-            .route(&name, Some(&descriptor_of(&tool)))
-            .map_err(|e| GatewayError::Runtime(e.to_string()))?;
+        let plan = once.plan(&name);
+        let upstream = config.upstream_tool(&name);
         let source = if config.routes_explicitly(&name) {
             "config".to_string()
         } else {
@@ -78,26 +63,29 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
                 None => "no annotations: protected by default".to_string(),
             }
         };
-        let mut line = format!("{name:<24} {:<8} {source}", route.to_string());
-        if route == Route::Protect {
+        let mut line = format!("{name:<24} {:<8} {source}", plan.route.to_string());
+        if let Some(why) = &plan.blocked {
+            line.push_str(&format!("; {why}"));
+        }
+        if plan.route == Route::Protect {
             let p = &plan.policy;
             line.push_str(&format!(
-                "; key: _meta {:?} or derived from the arguments; timeout {} ms",
-                config.key_meta, p.dispatch_timeout_ms
+                "; key: _meta {:?} or derived from the arguments; timeout {} ms, lease {} ms",
+                config.key_meta, p.dispatch_timeout_ms, p.lease_ms
             ));
-            match &plan.provider_key {
+            match &upstream.provider_key {
                 ProviderKey::Argument(a) => line.push_str(&format!("; provider key -> argument {a}")),
                 ProviderKey::Meta(m) => line.push_str(&format!("; provider key -> _meta {m}")),
                 ProviderKey::Default => {}
             }
-            match &plan.lookup {
+            match &upstream.lookup {
                 Some(l) => line.push_str(&format!("; reconciles via {}", l.tool)),
                 None => line.push_str("; no lookup: an unknown outcome waits for an operator"),
             }
             if let Some(q) = &p.quota {
                 line.push_str(&format!(
-                    "; quota {} per {} ms on {}",
-                    q.ceiling, q.window_ms, q.spend_field
+                    "; quota {} per {} ms on {} (bucket {})",
+                    q.ceiling, q.window_ms, q.spend_field, q.bucket
                 ));
             }
         }

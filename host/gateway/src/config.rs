@@ -1,14 +1,17 @@
-//! `once.toml`: what the gateway is told about the upstream's tools, mapped onto
-//! engine policies. Nothing here decides a route, an identity or a state: the
-//! file becomes `ToolPolicy` values that the component checks and applies.
-//! A tool's `lookup` table (its templates and evidence) is [`crate::lookup`].
+//! `once.toml`: what the gateway is told about the upstream's tools. The file
+//! becomes policy inputs — only what it sets — that the component fills in
+//! and checks when it is configured (a lease from the timeout, retention and
+//! tombstones, quota decimals, identity); nothing here computes a policy
+//! value or decides a route. What is the gateway's own (where the provider
+//! key travels, what an error result means, the lookup) is an
+//! [`UpstreamTool`]; a `lookup` table's templates are [`crate::lookup`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use once::types::{IdentityMode, QuotaPolicy, Route, ToolPolicy};
+use once::types::{IdentityMode, PolicyInput, QuotaInput, Route, ToolDescriptor};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -20,11 +23,6 @@ pub const DEFAULT_KEY_META: [&str; 2] = ["once/key", "idempotencyKey"];
 pub const SUPERSEDES_META: &str = "once/supersedes";
 /// `_meta` field acknowledging that a superseded original is confirmed.
 pub const ACKNOWLEDGE_META: &str = "once/acknowledge-confirmed";
-/// Slack beyond the dispatch timeout of a lease the file does not set. The gateway makes
-/// sure its upstream is up before it claims, so this only covers claim to send.
-const LEASE_SLACK_MS: u64 = 1_000;
-/// Decimal places of a quota's minor unit when the file names none (cents).
-const DEFAULT_DECIMALS: u8 = 2;
 /// The scope of every call when the file names none: one stable tenant, so an operation
 /// key means the same operation across connections, restarts and gateways on one ledger.
 pub const DEFAULT_SCOPE: &str = "default";
@@ -209,9 +207,10 @@ pub enum ScopeMode {
 }
 
 /// Where the provider key travels on each dispatch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ProviderKey {
     /// Not configured: the engine overwrites `idempotency_key` / `idempotencyKey` when the args have one.
+    #[default]
     Default,
     /// The engine sets this argument to the provider key.
     Argument(String),
@@ -219,19 +218,15 @@ pub enum ProviderKey {
     Meta(String),
 }
 
-/// What the gateway does for one tool: its engine policy and how to talk to the upstream about it.
-#[derive(Debug, Clone)]
-pub struct ToolPlan {
-    /// The engine policy (the component checks it when it is set).
-    pub policy: ToolPolicy,
+/// How the gateway talks to the upstream about one tool; the engine decides everything else.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamTool {
     /// Where the provider key travels.
     pub provider_key: ProviderKey,
     /// What an `isError` result means.
     pub on_tool_error: OnToolError,
     /// The reconciliation read, if any.
     pub lookup: Option<Lookup>,
-    /// The upstream call timeout (the policy's dispatch timeout).
-    pub timeout: Duration,
 }
 
 /// The gateway's configuration, read and checked.
@@ -249,7 +244,7 @@ pub struct Config {
     pub key_meta: Vec<String>,
     /// Declared clock skew bound, ms.
     pub clock_skew_ms: u64,
-    /// How long a call waits for another attempt's outcome.
+    /// How long a call waits for an outcome the engine says is coming (a holder's, a due read).
     pub in_flight_wait: Duration,
     /// How often the background reconciler looks at the ledger.
     pub sweep_interval: Duration,
@@ -257,6 +252,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     defaults: ToolSection,
     tools: BTreeMap<String, ToolSection>,
+    /// Each named tool's dealings with the upstream.
+    upstream_tools: BTreeMap<String, UpstreamTool>,
+    /// A tool the file does not name: `[defaults]`' carrier and error meaning, no lookup.
+    default_tool: UpstreamTool,
 }
 
 impl Default for Config {
@@ -301,7 +300,7 @@ impl Config {
         if file.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
             return Err(format!("{source}: owner is empty"));
         }
-        let config = Config {
+        let mut config = Config {
             source,
             db: file.db,
             scope,
@@ -313,9 +312,112 @@ impl Config {
             shutdown_grace: ms(file.shutdown_grace.map_or(30_000, |m| m.0)),
             defaults: file.defaults.unwrap_or_default(),
             tools: file.tools,
+            upstream_tools: BTreeMap::new(),
+            default_tool: UpstreamTool::default(),
         };
         config.check_static()?;
+        config.default_tool = config.upstream_tool_of(&ToolSection::default())?;
+        for (name, section) in &config.tools {
+            let tool = config.upstream_tool_of(section)?;
+            config.upstream_tools.insert(name.clone(), tool);
+        }
         Ok(config)
+    }
+
+    /// A tool's dealings with the upstream: its own table, then `[defaults]`.
+    fn upstream_tool_of(&self, own: &ToolSection) -> Result<UpstreamTool, String> {
+        let provider_key = match own.provider_key.as_ref().or(self.defaults.provider_key.as_ref()) {
+            Some(text) => parse_provider_key(text)?,
+            None => ProviderKey::Default,
+        };
+        Ok(UpstreamTool {
+            provider_key,
+            on_tool_error: own.on_tool_error.or(self.defaults.on_tool_error).unwrap_or_default(),
+            lookup: own.lookup.as_ref().map(Lookup::from_section).transpose()?,
+        })
+    }
+
+    /// `builder` configured as the file says: the clock skew, the wait for
+    /// another attempt, `[defaults]`, and every tool the upstream lists
+    /// (`descriptors`, for routing by annotations and pinning) or the file names.
+    pub fn apply(&self, builder: once::Builder, descriptors: &[ToolDescriptor]) -> once::Builder {
+        let mut builder = builder
+            .clock_skew(ms(self.clock_skew_ms))
+            .wait_up_to(self.in_flight_wait)
+            .defaults(self.defaults_policy());
+        for d in descriptors {
+            builder = builder.tool(d.name.clone(), self.policy(&d.name), Some(d.clone()));
+        }
+        for name in self.named_tools().filter(|n| !descriptors.iter().any(|d| d.name == *n)) {
+            builder = builder.tool(name, self.policy(name), None);
+        }
+        builder
+    }
+
+    /// An engine refusal of the file's policies, said in the file's terms.
+    pub fn refused(&self, e: &once::OnceError) -> String {
+        let said = e.to_string();
+        // The engine names the tool it refused ("tool NAME: …"); the file calls that a table.
+        let table = std::iter::once(("(defaults)".to_string(), "[defaults]: ".to_string()))
+            .chain(self.named_tools().map(|t| (t.to_string(), format!("[tools.{t}]: "))))
+            .find(|(tool, _)| said.contains(&format!("tool {tool}: ")))
+            .map_or_else(String::new, |(_, table)| table);
+        format!(
+            "{}: {table}{said} (once.toml names: timeout = dispatch_timeout_ms, lease = lease_ms, attempts = attempt_budget, \
+             retention = retention_ms, tombstone_retention = tombstone_retention_ms, derived_window = \
+             derived_window_ms, provider_key = key_argument / key_sent_by_host, pin = descriptor_pin, quota.field = \
+             spend field)",
+            self.source
+        )
+    }
+
+    /// How the gateway talks to the upstream about `tool`.
+    pub fn upstream_tool(&self, tool: &str) -> &UpstreamTool {
+        self.upstream_tools.get(tool).unwrap_or(&self.default_tool)
+    }
+
+    /// What `[defaults]` sets, for the engine to apply to every tool (the
+    /// provider key's carrier travels with each tool's own policy instead, so
+    /// a tool's carrier never mixes with another from `[defaults]`).
+    pub fn defaults_policy(&self) -> PolicyInput {
+        PolicyInput {
+            // A lookup is one tool's: a tool without one has none.
+            lookup: Some(false),
+            ..policy_of(&self.defaults)
+        }
+    }
+
+    /// What the file sets for `tool` (its table, and the carrier from `[defaults]`); the
+    /// engine fills the rest from [`Config::defaults_policy`] and its own defaults.
+    pub fn policy(&self, tool: &str) -> PolicyInput {
+        let none = ToolSection::default();
+        let own = self.tools.get(tool).unwrap_or(&none);
+        let upstream = self.upstream_tool(tool);
+        let (key_argument, key_sent_by_host) = match &upstream.provider_key {
+            ProviderKey::Default => (None, None),
+            ProviderKey::Argument(name) => (Some(name.clone()), Some(false)),
+            ProviderKey::Meta(_) => (None, Some(true)),
+        };
+        PolicyInput {
+            route: own.route.map(|r| match r {
+                RouteName::Protect => Route::Protect,
+                RouteName::Direct => Route::Direct,
+                RouteName::Block => Route::Block,
+            }),
+            key_argument,
+            key_sent_by_host,
+            effect_fields: own.effect_fields.clone(),
+            lookup: Some(upstream.lookup.is_some()),
+            quota: own.quota.as_ref().map(|q| QuotaInput {
+                spend_field: q.field.clone(),
+                ceiling: q.ceiling.0.clone(),
+                decimals: q.decimals,
+                window_ms: q.window.0,
+                bucket: q.bucket.clone(),
+            }),
+            descriptor_pin: own.pin.clone(),
+            ..policy_of(own)
+        }
     }
 
     /// The tools the file names, in order.
@@ -351,16 +453,6 @@ impl Config {
             {
                 err(e);
             }
-            for field in section.effect_fields.iter().flatten() {
-                if let Err(e) = check_pointer(field) {
-                    err(format!("effect_fields: {e}"));
-                }
-            }
-            if let Some(q) = &section.quota
-                && let Err(e) = check_pointer(&q.field)
-            {
-                err(format!("quota.field: {e}"));
-            }
             if let Some(lookup) = &section.lookup
                 && let Err(e) = Lookup::from_section(lookup)
             {
@@ -371,17 +463,6 @@ impl Config {
                 err(
                     "reconcile = \"required\" but no lookup is configured: add lookup = { tool = …, args = …, \
                      found = …, read_position = … }"
-                        .to_string(),
-                );
-            }
-            let carrier = section.provider_key.is_some() || self.defaults.provider_key.is_some();
-            if !is_defaults
-                && section.provider_claims_key.or(self.defaults.provider_claims_key) == Some(true)
-                && !carrier
-            {
-                err(
-                    "provider_claims_key = true, but the provider key never travels to the upstream, and a provider \
-                     cannot claim a key it never saw: set provider_key = \"argument:NAME\" or \"meta:NAME\""
                         .to_string(),
                 );
             }
@@ -399,24 +480,6 @@ impl Config {
         check("defaults", &self.defaults, true);
         for (name, section) in &self.tools {
             check(&format!("tools.{name}"), section, false);
-        }
-        // A shared bucket has one unit: tools that name it must agree (the engine refuses
-        // a disagreeing spend at run time; here the file is refused before anything runs).
-        let mut buckets: BTreeMap<&str, (&str, u8, u64)> = BTreeMap::new();
-        for (name, q) in self.tools.iter().filter_map(|(n, t)| t.quota.as_ref().map(|q| (n, q))) {
-            let bucket = q.bucket.as_deref().unwrap_or(name);
-            let unit = (name.as_str(), q.decimals.unwrap_or(DEFAULT_DECIMALS), q.window.0);
-            match buckets.get(bucket) {
-                Some(&(first, decimals, window)) if (decimals, window) != (unit.1, unit.2) => errors.push(format!(
-                    "{}: [tools.{name}]: quota bucket {bucket:?} counts in {decimals} decimal places over {window} ms \
-                     in [tools.{first}], but here in {} over {} ms: a bucket has one unit",
-                    self.source, unit.1, unit.2
-                )),
-                Some(_) => {}
-                None => {
-                    buckets.insert(bucket, unit);
-                }
-            }
         }
         if errors.is_empty() {
             Ok(())
@@ -452,87 +515,29 @@ impl Config {
             Err(errors.join("\n"))
         }
     }
+}
 
-    /// The plan of `tool`: engine default, then derived identity, then `[defaults]`, then `[tools.NAME]`.
-    pub fn plan(&self, tool: &str, engine_default: &ToolPolicy) -> Result<ToolPlan, String> {
-        let none = ToolSection::default();
-        let own = self.tools.get(tool).unwrap_or(&none);
-        let pick = |f: fn(&ToolSection) -> Option<Millis>| f(own).or(f(&self.defaults)).map(|m| m.0);
-        let mut p = engine_default.clone();
-        // The gateway's default: a call without an application key is deduplicated on its arguments.
-        p.identity = IdentityMode::Derived;
-        if let Some(identity) = own.identity.or(self.defaults.identity) {
-            p.identity = match identity {
-                IdentityName::Derived => IdentityMode::Derived,
-                IdentityName::Required => IdentityMode::Required,
-            };
-        }
-        p.route = own.route.map(|r| match r {
-            RouteName::Protect => Route::Protect,
-            RouteName::Direct => Route::Direct,
-            RouteName::Block => Route::Block,
-        });
-        let provider_key = match own.provider_key.as_ref().or(self.defaults.provider_key.as_ref()) {
-            Some(text) => parse_provider_key(text)?,
-            None => ProviderKey::Default,
-        };
-        p.key_argument = match &provider_key {
-            ProviderKey::Argument(name) => Some(name.clone()),
-            _ => None,
-        };
-        p.key_sent_by_host = matches!(provider_key, ProviderKey::Meta(_));
-        if let Some(t) = pick(|s| s.derived_window) {
-            p.derived_window_ms = t;
-        }
-        p.effect_fields = own.effect_fields.clone();
-        if let Some(t) = pick(|s| s.timeout) {
-            p.dispatch_timeout_ms = t;
-            p.lease_ms = t + LEASE_SLACK_MS + 2 * self.clock_skew_ms;
-        }
-        if let Some(t) = pick(|s| s.lease) {
-            p.lease_ms = t;
-        }
-        if let Some(t) = pick(|s| s.max_in_flight) {
-            p.max_in_flight_ms = t;
-        }
-        if let Some(b) = own.provider_claims_key.or(self.defaults.provider_claims_key) {
-            p.provider_claims_key = b;
-        }
-        if let Some(b) = own.verify_first.or(self.defaults.verify_first) {
-            p.verify_first = b;
-        }
-        if let Some(n) = own.attempts.or(self.defaults.attempts) {
-            p.attempt_budget = n;
-        }
-        if let Some(t) = pick(|s| s.resolve_deadline) {
-            p.resolve_deadline_ms = t;
-        }
-        if let Some(t) = pick(|s| s.reconcile_interval) {
-            p.reconcile_interval_ms = t;
-        }
-        if let Some(t) = pick(|s| s.retention) {
-            p.retention_ms = t;
-            p.tombstone_retention_ms = p.tombstone_retention_ms.max(t);
-        }
-        if let Some(t) = pick(|s| s.tombstone_retention) {
-            p.tombstone_retention_ms = t;
-        }
-        p.quota = own.quota.as_ref().map(|q| QuotaPolicy {
-            spend_field: q.field.clone(),
-            ceiling: q.ceiling.0.clone(),
-            decimals: q.decimals.unwrap_or(DEFAULT_DECIMALS),
-            window_ms: q.window.0,
-            bucket: q.bucket.clone(),
-        });
-        p.descriptor_pin = own.pin.clone();
-        let lookup = own.lookup.as_ref().map(Lookup::from_section).transpose()?;
-        Ok(ToolPlan {
-            timeout: ms(p.dispatch_timeout_ms),
-            policy: p,
-            provider_key,
-            on_tool_error: own.on_tool_error.or(self.defaults.on_tool_error).unwrap_or_default(),
-            lookup,
-        })
+/// The policy fields a table sets that apply to any tool (the ones only a
+/// tool's own table may set are added by [`Config::policy`]).
+fn policy_of(section: &ToolSection) -> PolicyInput {
+    let ms = |m: Option<Millis>| m.map(|m| m.0);
+    PolicyInput {
+        identity: section.identity.map(|i| match i {
+            IdentityName::Derived => IdentityMode::Derived,
+            IdentityName::Required => IdentityMode::Required,
+        }),
+        derived_window_ms: ms(section.derived_window),
+        dispatch_timeout_ms: ms(section.timeout),
+        lease_ms: ms(section.lease),
+        max_in_flight_ms: ms(section.max_in_flight),
+        provider_claims_key: section.provider_claims_key,
+        verify_first: section.verify_first,
+        attempt_budget: section.attempts,
+        resolve_deadline_ms: ms(section.resolve_deadline),
+        reconcile_interval_ms: ms(section.reconcile_interval),
+        retention_ms: ms(section.retention),
+        tombstone_retention_ms: ms(section.tombstone_retention),
+        ..once::policy_input()
     }
 }
 
@@ -550,28 +555,11 @@ fn parse_provider_key(text: &str) -> Result<ProviderKey, String> {
     }
 }
 
-/// RFC 6901 syntax: empty, or `/` segments where `~` is only `~0` or `~1`.
-pub fn check_pointer(pointer: &str) -> Result<(), String> {
-    if pointer.is_empty() {
-        return Ok(());
-    }
-    if !pointer.starts_with('/') {
-        return Err(format!("{pointer:?} is not a JSON pointer: it must start with \"/\""));
-    }
-    let mut chars = pointer.chars();
-    while let Some(c) = chars.next() {
-        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-            return Err(format!(
-                "{pointer:?} is not a JSON pointer: \"~\" must be followed by 0 or 1"
-            ));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use once::Once;
+    use once::storage::memory::MemoryStorage;
 
     #[test]
     fn durations() {
@@ -581,12 +569,9 @@ mod tests {
         assert!(parse_duration("2 weeks").is_err());
     }
 
-    /// The component's own default policy.
-    fn engine_default() -> ToolPolicy {
-        let once = once::Once::builder(once::storage::memory::MemoryStorage::new())
-            .build()
-            .unwrap();
-        once.default_policy().unwrap()
+    /// The engine configured as `config` says, with no upstream.
+    fn engine(config: &Config) -> Result<Once, once::OnceError> {
+        config.apply(Once::builder(MemoryStorage::new()), &[]).build()
     }
 
     #[test]
@@ -604,30 +589,57 @@ mod tests {
             timeout = "2s"
             verify_first = true
             quota = { field = "/amount", ceiling = "500.00", window = "1d" }
+            lookup = { tool = "find", args = { order = "{args/order}" }, found = "/found", read_position = "sent" }
             "#,
             "test.toml",
         )
         .unwrap();
-        let engine = engine_default();
-        let refund = config.plan("refund", &engine).unwrap().policy;
+        let once = engine(&config).unwrap();
+        let bare = engine(&Config::default()).unwrap();
+        let refund = once.policy("refund");
         assert_eq!(refund.retention_ms, 3 * 86_400_000);
         assert_eq!(refund.tombstone_retention_ms, 30 * 86_400_000);
         assert_eq!(refund.attempt_budget, 5, "from [defaults]");
-        assert_eq!((refund.dispatch_timeout_ms, refund.lease_ms), (2_000, 3_000));
-        assert!(refund.verify_first);
-        assert_eq!(refund.quota.as_ref().map(|q| q.ceiling.as_str()), Some("500.00"));
-        assert_eq!(
-            refund.identity,
-            IdentityMode::Derived,
-            "the gateway derives keys by default"
+        assert_eq!(refund.dispatch_timeout_ms, 2_000);
+        assert!(
+            refund.lease_ms > 2_000,
+            "the engine derives a lease that covers the timeout"
         );
+        assert!(refund.verify_first && refund.lookup);
+        let quota = refund.quota.as_ref().unwrap();
+        assert_eq!(
+            (quota.ceiling.as_str(), quota.decimals),
+            ("500.00", 2),
+            "decimals from the engine"
+        );
+        assert_eq!(refund.identity, IdentityMode::Derived, "keys are derived by default");
 
-        let other = config.plan("other", &engine).unwrap().policy;
+        let other = once.policy("other");
         assert_eq!(other.retention_ms, 2 * 86_400_000, "from [defaults]");
-        // A retention past the engine's tombstone retention lifts it, so a pruned key stays refused.
-        assert_eq!(other.tombstone_retention_ms, engine.tombstone_retention_ms);
-        assert_eq!(other.max_in_flight_ms, engine.max_in_flight_ms, "unset: the engine's");
-        assert!(other.quota.is_none() && !other.verify_first);
+        assert_eq!(other.dispatch_timeout_ms, 4_000, "from [defaults]");
+        assert_eq!(
+            other.tombstone_retention_ms,
+            bare.policy("other").tombstone_retention_ms
+        );
+        assert_eq!(
+            other.max_in_flight_ms,
+            bare.policy("other").max_in_flight_ms,
+            "unset: the engine's"
+        );
+        assert!(other.quota.is_none() && !other.verify_first && !other.lookup);
+    }
+
+    /// An inconsistent table is refused by the engine, in the file's terms, never adjusted.
+    #[test]
+    fn an_inconsistent_table_is_refused_not_adjusted() {
+        let config = Config::parse("[tools.refund]\ntimeout = \"10s\"\nlease = \"5s\"\n", "l.toml").unwrap();
+        let e = engine(&config).map(|_| ()).unwrap_err();
+        let said = config.refused(&e);
+        assert!(
+            said.starts_with("l.toml: [tools.refund]: invalid policy: tool refund: lease_ms 5000"),
+            "{said}"
+        );
+        assert!(said.contains("lease = lease_ms"), "{said}");
     }
 
     /// One stable scope unless the file says otherwise; `session` only when chosen.
@@ -646,36 +658,42 @@ mod tests {
     fn derived_window_and_carrier_are_part_of_the_policy() {
         let config = Config::parse(
             r#"
+            [defaults]
+            provider_key = "argument:idempotency_key"
             [tools.a]
             derived_window = "2h"
             provider_key = "meta:once/provider-key"
             provider_claims_key = true
             [tools.b]
-            provider_key = "argument:idempotency_key"
             "#,
             "test.toml",
         )
         .unwrap();
-        let engine = engine_default();
-        let a = config.plan("a", &engine).unwrap().policy;
+        let once = engine(&config).unwrap();
+        let a = once.policy("a");
         assert_eq!(a.derived_window_ms, 2 * 3_600_000);
-        assert!(a.key_sent_by_host && a.provider_claims_key && a.key_argument.is_none());
-        let b = config.plan("b", &engine).unwrap().policy;
-        assert!(!b.key_sent_by_host);
-        assert_eq!(b.key_argument.as_deref(), Some("idempotency_key"));
-        assert_eq!(b.derived_window_ms, engine.derived_window_ms);
-        // A provider cannot claim a key it never saw.
-        let e = Config::parse("[tools.c]\nprovider_claims_key = true\n", "c.toml").unwrap_err();
-        assert!(
-            e.contains("provider_claims_key = true, but the provider key never travels"),
-            "{e}"
+        assert!(a.key_sent_by_host && a.provider_claims_key);
+        assert_eq!(
+            a.key_argument, None,
+            "[defaults]' argument does not mix with a's own carrier"
         );
+        let b = once.policy("b");
+        assert!(!b.key_sent_by_host);
+        assert_eq!(b.key_argument.as_deref(), Some("idempotency_key"), "from [defaults]");
+        assert_eq!(
+            b.derived_window_ms,
+            engine(&Config::default()).unwrap().policy("b").derived_window_ms
+        );
+        // A provider cannot claim a key it never saw: the engine says so.
+        let c = Config::parse("[tools.c]\nprovider_claims_key = true\n", "c.toml").unwrap();
+        let e = config.refused(&engine(&c).map(|_| ()).unwrap_err());
+        assert!(e.contains("tool c: provider_claims_key needs the provider key"), "{e}");
     }
 
-    /// Two tools sharing a bucket in different units are refused at load.
+    /// Two tools sharing a bucket in different units are refused when the engine is configured.
     #[test]
     fn a_shared_bucket_in_two_units_is_refused() {
-        let e = Config::parse(
+        let config = Config::parse(
             r#"
             [tools.payout]
             quota = { field = "/amount", ceiling = 500, decimals = 0, window = "1d", bucket = "money" }
@@ -684,18 +702,11 @@ mod tests {
             "#,
             "q.toml",
         )
-        .unwrap_err();
+        .unwrap();
+        let e = config.refused(&engine(&config).map(|_| ()).unwrap_err());
         assert!(
-            e.contains("[tools.refund]: quota bucket \"money\" counts in 0 decimal places over 86400000 ms in [tools.payout], but here in 2"),
+            e.contains("tool refund: quota bucket \"money\" counts in 0 decimal places"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn pointers() {
-        assert!(check_pointer("").is_ok());
-        assert!(check_pointer("/a/~0/~1").is_ok());
-        assert!(check_pointer("found").is_err());
-        assert!(check_pointer("/a~").is_err());
     }
 }

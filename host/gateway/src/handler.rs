@@ -1,12 +1,13 @@
 //! The MCP server the client talks to: `tools/list` passed through,
-//! `tools/call` run through the engine (begin, dispatch, finish, reconcile),
-//! and the provider lookup over the upstream. The background reconciler is
-//! [`crate::worker`].
+//! `tools/call` run through the engine's call protocol (`Once::call`: it
+//! says when to send, what to wait for and how the call ended), and the
+//! provider lookup over the upstream. The background worker is
+//! [`crate::worker`]; what the model is shown is [`crate::reply`].
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use once::types::{BeginRequest, Evidence, ToolDescriptor, ToolPolicy};
+use once::types::{Call, Evidence, Repeat, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
@@ -17,11 +18,11 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio::runtime::Handle;
 
-use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode, ToolPlan};
+use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode};
 use crate::reply::{self, Capture, Context};
 use crate::upstream::{Reply, Upstream};
 
-/// What the handler, the provider lookup and the reconciler share.
+/// What the handler, the provider lookup and the worker share.
 pub struct Shared {
     /// The configuration.
     pub config: Config,
@@ -29,10 +30,10 @@ pub struct Shared {
     pub upstream: Upstream,
     /// The runtime the upstream lives on, for the engine's synchronous callbacks.
     pub handle: Handle,
-    plans: RwLock<HashMap<String, ToolPlan>>,
-    engine_default: OnceLock<ToolPolicy>,
     /// The ledger's clock (the database's for PostgreSQL): read positions are stamped in it.
     ledger_clock: OnceLock<Arc<dyn Clock>>,
+    /// The definition the engine was configured with for each tool, to notice one that changed.
+    configured: Mutex<HashMap<String, Option<ToolDescriptor>>>,
     /// Operations this gateway answered as not yet settled: drained before exit.
     pending: Mutex<HashSet<(String, String)>>,
 }
@@ -44,33 +45,40 @@ impl Shared {
             config,
             upstream,
             handle,
-            plans: RwLock::new(HashMap::new()),
-            engine_default: OnceLock::new(),
             ledger_clock: OnceLock::new(),
+            configured: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
         }
     }
 
-    /// The plan of `tool`, computing and registering its policy with the engine the first time.
-    pub fn plan(&self, once: &Once, tool: &str) -> Result<ToolPlan, String> {
-        if let Some(plan) = self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
-            return Ok(plan.clone());
+    /// The upstream's tool definitions as the engine routes and pins them.
+    pub fn descriptors(&self) -> Vec<ToolDescriptor> {
+        self.upstream.tools().iter().map(descriptor_of).collect()
+    }
+
+    /// Remember the definitions the engine was built with.
+    pub fn configured_with(&self, descriptors: &[ToolDescriptor]) {
+        let mut configured = self.configured.lock().unwrap_or_else(|p| p.into_inner());
+        for name in self.config.named_tools() {
+            configured.insert(name.to_string(), None);
         }
-        let default = match self.engine_default.get() {
-            Some(p) => p.clone(),
-            None => {
-                let p = once.default_policy().map_err(|e| e.to_string())?;
-                self.engine_default.get_or_init(|| p).clone()
-            }
-        };
-        let plan = self.config.plan(tool, &default)?;
-        once.set_policy(tool, plan.policy.clone())
-            .map_err(|e| format!("{}: [tools.{tool}]: {e}", self.config.source))?;
-        self.plans
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(tool.to_string(), plan.clone());
-        Ok(plan)
+        for d in descriptors {
+            configured.insert(d.name.clone(), Some(d.clone()));
+        }
+    }
+
+    /// Keep the engine's view of `tool` current: a tool it was never told of, or
+    /// whose definition the upstream changed (a restart with a new version), is
+    /// configured again, so routing by annotations and pinning see what is sent.
+    pub fn keep_configured(&self, once: &Once, tool: &str) -> Result<(), OnceError> {
+        let current = self.upstream.tool(tool).as_ref().map(descriptor_of);
+        let mut configured = self.configured.lock().unwrap_or_else(|p| p.into_inner());
+        if configured.get(tool) == Some(&current) {
+            return Ok(());
+        }
+        once.set_tool(tool, self.config.policy(tool), current.clone())?;
+        configured.insert(tool.to_string(), current);
+        Ok(())
     }
 
     /// Stamp read positions with the ledger's clock from now on.
@@ -84,11 +92,6 @@ impl Shared {
             Some(clock) => clock.now(),
             None => once::SystemClock::default().now(),
         }
-    }
-
-    /// The plan of `tool` if one was made (the provider lookup never registers one).
-    fn known_plan(&self, tool: &str) -> Option<ToolPlan> {
-        self.plans.read().unwrap_or_else(|p| p.into_inner()).get(tool).cloned()
     }
 
     /// Whether any operation this gateway answered is still unsettled.
@@ -113,12 +116,24 @@ impl Shared {
             .collect()
     }
 
-    /// Forget an operation the ledger shows settled.
+    /// Forget an operation whose outcome is known.
     pub fn settled(&self, scope: String, key: String) {
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(scope, key));
+    }
+
+    /// Keep `called` for the drain before exit while the same call again would wait for it.
+    fn track_unsettled(&self, scope: &str, called: &Called, capture: &Capture) {
+        let key = match called {
+            Called::Done(account) if account.repeat == Repeat::Waits => account.key.as_deref(),
+            Called::Unreported { .. } => capture.key.as_deref(),
+            _ => None,
+        };
+        if let Some(key) = key {
+            self.track(scope, key);
+        }
     }
 }
 
@@ -157,7 +172,7 @@ pub struct LookupProvider(pub Arc<Shared>);
 impl Provider for LookupProvider {
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
         let shared = &self.0;
-        let Some(lookup) = shared.known_plan(tool).and_then(|p| p.lookup) else {
+        let Some(lookup) = shared.config.upstream_tool(tool).lookup.clone() else {
             return Evidence::Unknown(format!("no lookup is configured for {tool}"));
         };
         let call_args = match serde_json::from_str::<Value>(args).map(|a| lookup.render(provider_key, &a)) {
@@ -219,14 +234,15 @@ fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
     }
 }
 
-/// Send one granted attempt (or a direct call) to the upstream.
-pub fn dispatch(shared: &Shared, once: &Once, plan: &ToolPlan, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
+/// Send one granted attempt (or a direct call) to the upstream, as the engine's `d` says.
+pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
+    let tool = shared.config.upstream_tool(d.tool);
     let arguments: JsonObject = match serde_json::from_str(d.args) {
         Ok(Value::Object(map)) => map,
         _ => JsonObject::new(),
     };
     let mut params = CallToolRequestParams::new(d.tool.to_string()).with_arguments(arguments);
-    if let ProviderKey::Meta(field) = &plan.provider_key
+    if let ProviderKey::Meta(field) = &tool.provider_key
         && !d.provider_key.is_empty()
     {
         params.meta = Some(reply::meta_of(field, d.provider_key).into());
@@ -234,16 +250,13 @@ pub fn dispatch(shared: &Shared, once: &Once, plan: &ToolPlan, d: &Dispatch<'_>,
     let send_by = d.send_by;
     let reply = shared
         .handle
-        .block_on(shared.upstream.call(params, plan.timeout, || once.now() < send_by));
+        .block_on(shared.upstream.call(params, d.timeout, || once.now() < send_by));
     if d.attempt > 0 {
-        capture.attempt = Some(d.attempt);
         capture.key = Some(d.key.to_string());
     }
-    let sent = classify(&reply, plan.on_tool_error);
-    if let Sent::Ambiguous(why) = &sent {
-        capture.lost = Some(why.clone());
-    }
-    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = ?sent_name(&sent), "dispatched");
+    let sent = classify(&reply, tool.on_tool_error);
+    capture.sent |= sent != Sent::NotSent;
+    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = sent_name(&sent), "dispatched");
     capture.last = Some(reply);
     sent
 }
@@ -257,27 +270,11 @@ fn sent_name(sent: &Sent) -> &'static str {
     }
 }
 
-/// begin, then dispatch / finish / reconcile as the engine decides; with the operation key it named.
-fn protect(
-    shared: &Shared,
-    once: &Once,
-    plan: &ToolPlan,
-    request: &BeginRequest,
-    capture: &mut Capture,
-) -> Result<(Option<String>, Called), OnceError> {
-    once.call_keyed(request, |d| dispatch(shared, once, plan, d, capture))
-}
-
-/// A call's outcome, for logs.
+/// How a call ended, for logs.
 pub fn called_name(called: &Called) -> &'static str {
     match called {
-        Called::Confirmed { .. } => "confirmed",
-        Called::Rejected { .. } => "rejected",
-        Called::Unknown(_) => "unknown",
-        Called::InFlight(_) => "in-flight",
-        Called::Conflict(_) => "conflict",
-        Called::Blocked(_) => "blocked",
-        Called::Unrecorded { .. } => "unrecorded",
+        Called::Done(account) => account.ending.name(),
+        Called::Unreported { .. } => "unreported",
         Called::Direct(_) => "direct",
     }
 }
@@ -329,9 +326,13 @@ impl Gateway {
         };
         let mut cx = Context {
             tool: &tool,
-            key: None,
             scope: &scope,
-            lookup: None,
+            lookup: shared
+                .config
+                .upstream_tool(&tool)
+                .lookup
+                .as_ref()
+                .map(|l| l.tool.as_str()),
             key_meta,
             keyed: false,
             output_schema: false,
@@ -340,19 +341,16 @@ impl Gateway {
         if let Some(why) = refused {
             return Ok(reply::engine_error(&OnceError::Component(why), &cx));
         }
-        let plan = match shared.plan(once, &tool) {
-            Ok(plan) => plan,
-            Err(e) => return Ok(reply::engine_error(&OnceError::Component(e), &cx)),
-        };
         // Up before the claim: the lease then covers only claim to send, never a restart.
         if let Err(e) = shared.handle.block_on(shared.upstream.ready()) {
             let e = OnceError::Component(format!("the upstream is not available: {e}"));
             return Ok(reply::engine_error(&e, &cx));
         }
-        let lookup = plan.lookup.as_ref().map(|l| l.tool.clone());
-        cx.lookup = lookup.as_deref();
-        let descriptor = shared.upstream.tool(&tool);
-        cx.output_schema = descriptor.as_ref().is_some_and(|t| t.output_schema.is_some());
+        if let Err(e) = shared.keep_configured(once, &tool) {
+            let e = OnceError::Component(shared.config.refused(&e));
+            return Ok(reply::engine_error(&e, &cx));
+        }
+        cx.output_schema = shared.upstream.tool(&tool).is_some_and(|t| t.output_schema.is_some());
         let mut keys = Vec::new();
         for field in &shared.config.key_meta {
             match meta.get(field) {
@@ -365,36 +363,28 @@ impl Gateway {
             }
         }
         cx.keyed = !keys.is_empty();
-        let request = BeginRequest {
+        let call = Call {
             scope: scope.clone(),
             keys,
             tool: tool.clone(),
             args: Value::Object(request.arguments.unwrap_or_default()).to_string(),
-            policy: plan.policy.clone(),
-            descriptor: descriptor.as_ref().map(descriptor_of),
             supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
             acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
         };
         let mut capture = Capture::default();
-        let outcome = protect(shared, once, &plan, &request, &mut capture);
+        let called = once.call_with(&call, |d| dispatch(shared, once, d, &mut capture));
         cx.capture = capture;
-        match outcome {
-            Ok((key, called)) => {
-                if let Some(key) = &key
-                    && matches!(
-                        called,
-                        Called::Unknown(_) | Called::InFlight(_) | Called::Unrecorded { .. }
-                    )
-                {
-                    shared.track(&scope, key);
-                }
-                cx.key = key.as_deref();
-                tracing::info!(target: "once::gateway", scope, tool, key = cx.key, outcome = called_name(&called), "call");
+        match called {
+            Ok(called) => {
+                shared.track_unsettled(&scope, &called, &cx.capture);
+                tracing::info!(target: "once::gateway", scope, tool, outcome = called_name(&called), "call");
                 reply::render(called, &cx)
             }
             Err(e) => {
                 // Sent, then the engine failed: the record expires into unknown and is ours to settle.
-                if let Some(key) = &cx.capture.key {
+                if cx.capture.sent
+                    && let Some(key) = &cx.capture.key
+                {
                     shared.track(&scope, key);
                 }
                 Ok(reply::engine_error(&e, &cx))
@@ -440,7 +430,6 @@ impl ServerHandler for Gateway {
 mod tests {
     use super::*;
     use once::ManualClock;
-    use once::storage::memory::MemoryStorage;
     use std::path::{Path, PathBuf};
     use std::time::SystemTime;
 
@@ -494,8 +483,6 @@ mod tests {
             .as_millis() as u64
             - 86_400_000;
         shared.set_ledger_clock(Arc::new(ManualClock::new(behind)));
-        let once = Once::builder(MemoryStorage::new()).build().unwrap();
-        shared.plan(&once, "refund_order").unwrap();
         let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-nothing", r#"{"order_id":1234}"#);
         assert_eq!(evidence, Evidence::Absent(behind));
         runtime.block_on(shared.upstream.shutdown());

@@ -2,17 +2,19 @@
 //!
 //! The client speaks MCP to the gateway on stdin/stdout; the gateway starts
 //! the upstream server as a child process and speaks MCP to it over its stdio.
-//! `tools/list` passes through unchanged. Every `tools/call` goes through the
-//! engine with the tool's policy (from `once.toml`, else the engine reads the
-//! tool's annotations): DIRECT calls are forwarded, PROTECT calls are claimed
-//! in the ledger before they are sent, BLOCK calls are answered and never sent.
-//! A background loop reconciles unknown outcomes through the configured lookup
-//! tool and sends owed dispatches itself.
+//! `tools/list` passes through unchanged. Every `tools/call` runs the engine's
+//! call protocol (`Once::call`) with the tool's policy (from `once.toml`,
+//! filled in and checked by the engine, which also routes by the tool's
+//! annotations): DIRECT calls are forwarded, PROTECT calls are claimed in the
+//! ledger before they are sent, BLOCK calls are answered and never sent. A
+//! background worker runs the engine's sweep and sends the owed dispatches it
+//! grants.
 //!
 //! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
 //! evidence), `handler` (the MCP server and the provider lookup), `reply`
-//! (what the model is shown), `upstream` (the MCP client of the real server),
-//! `worker` (the background reconciler) and `check` (`--check-config`).
+//! (what the model is shown, from the engine's account), `upstream` (the MCP
+//! client of the real server), `worker` (the background settle rounds) and
+//! `check` (`--check-config`).
 
 mod check;
 mod config;
@@ -27,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use once::{Once, default_settings};
+use once::{Once, OnceError};
 use rmcp::ServiceExt;
 
 use self::config::{Config, ScopeMode};
@@ -128,36 +130,23 @@ async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayE
     served
 }
 
-/// The engine over the ledger, with the lookup provider and every tool's policy checked now, not at the first call.
+/// The engine over the ledger, with the lookup provider, `[defaults]` and
+/// every tool's policy checked by the engine now, not at the first call.
 fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
-    let settings = once::types::Settings {
-        clock_skew_ms: shared.config.clock_skew_ms,
-        owner: owner(shared),
-        ..default_settings()
-    };
-    let once = Once::open(db)
-        .and_then(|b| {
-            shared.set_ledger_clock(b.ledger_clock());
-            b.provider(LookupProvider(shared.clone()))
-                .settings(settings)
-                .in_flight_wait(shared.config.in_flight_wait)
-                .build()
-        })
-        .map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
-    let mut tools: Vec<String> = shared.upstream.tools().iter().map(|t| t.name.to_string()).collect();
-    tools.extend(shared.config.named_tools().map(str::to_string));
-    let mut errors = Vec::new();
-    for tool in tools {
-        if let Err(e) = shared.plan(&once, &tool) {
-            errors.push(e);
-        }
-    }
-    if errors.is_empty() {
-        Ok(once)
-    } else {
-        errors.dedup();
-        Err(GatewayError::Config(errors.join("\n")))
-    }
+    let builder = Once::open(db).map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
+    shared.set_ledger_clock(builder.ledger_clock());
+    let descriptors = shared.descriptors();
+    let builder = builder.provider(LookupProvider(shared.clone())).owner(owner(shared));
+    let once = shared
+        .config
+        .apply(builder, &descriptors)
+        .build()
+        .map_err(|e| match e {
+            OnceError::Engine(once::types::Error::InvalidPolicy(_)) => GatewayError::Config(shared.config.refused(&e)),
+            e => GatewayError::Runtime(format!("ledger {db}: {e}")),
+        })?;
+    shared.configured_with(&descriptors);
+    Ok(once)
 }
 
 /// Who dispatches this gateway's operations: the configured `owner`, else the upstream's

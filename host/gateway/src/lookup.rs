@@ -8,7 +8,7 @@ use once::types::Evidence;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::config::{Millis, check_pointer};
+use crate::config::Millis;
 
 /// A `lookup = { … }` table, as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -224,9 +224,36 @@ fn render(template: &Value, key: &str, args: &Value) -> Result<Value, String> {
     })
 }
 
+/// RFC 6901 syntax: empty, or `/` segments where `~` is only `~0` or `~1`.
+pub fn check_pointer(pointer: &str) -> Result<(), String> {
+    if pointer.is_empty() {
+        return Ok(());
+    }
+    if !pointer.starts_with('/') {
+        return Err(format!("{pointer:?} is not a JSON pointer: it must start with \"/\""));
+    }
+    let mut chars = pointer.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err(format!(
+                "{pointer:?} is not a JSON pointer: \"~\" must be followed by 0 or 1"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pointers() {
+        assert!(check_pointer("").is_ok());
+        assert!(check_pointer("/a/~0/~1").is_ok());
+        assert!(check_pointer("found").is_err());
+        assert!(check_pointer("/a~").is_err());
+    }
 
     #[test]
     fn templates_keep_types_and_substitute_text() {

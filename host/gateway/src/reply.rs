@@ -1,9 +1,14 @@
-//! What the model is shown for each decision. Every result the gateway makes
+//! What the model is shown for each call. Every result the gateway makes
 //! carries text (what a model reads) and structured content (what a program
-//! reads), and `_meta["once/outcome"]` says the same for hosts. A text says what
-//! is known, what calling again would do, and what once is doing about it.
+//! reads), and `_meta["once/outcome"]` says the same for hosts. Both are
+//! rendered from the engine's account of the call alone — whether the effect
+//! happened, what the same call again would do, how a replay was matched —
+//! plus what the upstream itself answered; nothing here infers more.
 
-use once::types::{BlockReason, Blocked, RecordSummary, ReplayVia, UnknownInfo};
+use once::types::{
+    Account, BlockReason, Blocked, Confirmation, ConfirmedInfo, Effect, Ending, RecordSummary, RejectedInfo, Repeat,
+    ReplayVia, UnknownInfo,
+};
 use once::{Called, OnceError};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData, MetaObject};
 use serde_json::{Value, json};
@@ -18,20 +23,16 @@ pub const OUTCOME_META: &str = "once/outcome";
 pub struct Capture {
     /// The upstream's last reply to a dispatch.
     pub last: Option<Reply>,
-    /// The attempt number of the last dispatch.
-    pub attempt: Option<u32>,
-    /// The operation key of the last dispatch.
+    /// The operation key of the last protected dispatch.
     pub key: Option<String>,
-    /// Why the last dispatch's outcome is unknown, if it is.
-    pub lost: Option<String>,
+    /// Whether any dispatch left the gateway (a reply that was not `NotSent`).
+    pub sent: bool,
 }
 
-/// Everything a text needs besides the decision.
+/// Everything a text needs besides the engine's account.
 pub struct Context<'a> {
     /// The tool called.
     pub tool: &'a str,
-    /// The operation key, when the engine named one.
-    pub key: Option<&'a str>,
     /// The call's scope.
     pub scope: &'a str,
     /// The lookup tool reconciliation reads, if configured.
@@ -47,27 +48,35 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn key(&self) -> &str {
-        self.key.unwrap_or("(none)")
+    /// What a result without an account says of itself.
+    fn info(&self, decision: &str) -> Value {
+        json!({"decision": decision, "tool": self.tool, "operation": Value::Null, "scope": self.scope})
     }
 
-    fn info(&self, decision: &str) -> Value {
-        json!({"decision": decision, "tool": self.tool, "operation": self.key, "scope": self.scope})
+    /// What the result of a protected call says: the decision and the engine's facts.
+    fn account_info(&self, decision: &str, a: &Account) -> Value {
+        json!({
+            "decision": decision, "tool": self.tool, "operation": a.key, "scope": self.scope,
+            "effect": a.effect.to_string(), "repeat": a.repeat.to_string(),
+        })
     }
 
     /// How the model calls this same operation again: a derived key is the same for the same arguments,
     /// a key from `_meta` only for the same key.
-    fn again(&self) -> String {
+    fn again(&self, key: &str) -> String {
         if self.keyed {
             format!(
-                "Calling {} again with operation key {} in _meta \"{}\"",
-                self.tool,
-                self.key(),
-                self.key_meta
+                "Calling {} again with operation key {key} in _meta \"{}\"",
+                self.tool, self.key_meta
             )
         } else {
             format!("Calling {} again with the same arguments", self.tool)
         }
+    }
+
+    /// The reconciliation read, by name.
+    fn read_by(&self) -> &str {
+        self.lookup.unwrap_or("the provider")
     }
 
     /// `result` with once's account in `_meta` and, where the upstream gave none and no schema constrains
@@ -138,162 +147,226 @@ pub fn utc(ms: u64) -> String {
     )
 }
 
-/// The result the model sees for a finished protected (or direct) call.
+/// The result the model sees for a protected (or direct) call.
 pub fn render(called: Called, cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
-    let (tool, key) = (cx.tool, cx.key());
     Ok(match called {
-        Called::Confirmed {
-            receipt,
-            replayed: false,
-            ..
-        } => {
-            let mut info = cx.info("executed");
-            info["attempt"] = json!(cx.capture.attempt);
-            let result = match &cx.capture.last {
-                Some(Reply::Result(r)) => r.clone(),
-                _ => stored_result(&receipt),
-            };
-            match cx.capture.attempt {
-                // A later attempt follows one the model may have been told was UNKNOWN: say what changed.
-                Some(n) if n > 1 => prefixed(
-                    result,
-                    format!("Sent now as attempt {n} of operation {key}; no earlier attempt had an effect."),
-                    &info,
-                    cx,
-                ),
-                _ => cx.annotate(result, &info),
-            }
+        Called::Done(account) => protected(&account, cx),
+        Called::Unreported { response, error } => {
+            let key = cx.capture.key.as_deref().unwrap_or("(none)");
+            let mut info = cx.info("unrecorded");
+            info["operation"] = json!(key);
+            info["effect"] = json!(Effect::Happened.to_string());
+            info["repeat"] = json!(Repeat::Waits.to_string());
+            info["error"] = json!(error);
+            happened_unrecorded(&response, key, &info, cx)
         }
-        Called::Confirmed {
-            receipt,
-            via,
-            at,
-            window_until,
-            ..
-        } => {
-            let via = via.unwrap_or(ReplayVia::Key);
-            let mut info = cx.info("replayed");
-            info["via"] = json!(via.to_string());
-            info["at"] = json!(at);
-            info["window_until"] = json!(window_until);
-            // This very call sent it and lost the reply: however the record got confirmed meanwhile (this
-            // call's reconcile, or the background one), what the model needs is that it did happen.
-            let lost_here = cx.capture.lost.is_some();
-            let text = if lost_here || via == ReplayVia::Provider {
-                format!(
-                    "Replay of operation {key}: {tool} did happen, but its reply was lost; once confirmed it by \
-                     reading {}, and below is what that read returned. Nothing was sent again.",
-                    cx.lookup.unwrap_or("the provider")
-                )
-            } else if via == ReplayVia::Key {
-                format!(
-                    "Replay of operation {key}: {tool} already ran under this operation key; below is its stored \
-                     result. Nothing was sent again."
-                )
-            } else {
-                let ran = at.map_or_else(String::new, |t| format!(" at {}", utc(t)));
-                let until = window_until.map_or_else(String::new, |t| {
-                    format!(
-                        " Until {}, identical calls are this same operation; after that they are new.",
-                        utc(t)
-                    )
-                });
-                format!(
-                    "Replay: an identical {tool} call (same arguments) already ran{ran} as operation {key}; below is \
-                     its stored result. Nothing was sent again. For a deliberate second {tool} with the same \
-                     arguments, give it its own operation key in _meta \"{}\".{until}",
-                    cx.key_meta
-                )
-            };
-            prefixed(stored_result(&receipt), text, &info, cx)
-        }
-        Called::Unknown(u) => unknown(&u, cx),
-        Called::InFlight(i) => {
-            let mut info = cx.info("in-flight");
+        Called::Direct(_) => return direct(cx),
+    })
+}
+
+/// A protected call, from the engine's account.
+fn protected(a: &Account, cx: &Context<'_>) -> CallToolResult {
+    let (tool, key) = (cx.tool, a.key.as_deref().unwrap_or("(none)"));
+    match &a.ending {
+        Ending::Confirmed(c) if !c.replayed => executed(a, c, cx),
+        Ending::Confirmed(c) => replayed(a, c, cx),
+        Ending::Unknown(u) => unknown(a, u, cx),
+        Ending::InFlight(i) => {
+            let mut info = cx.account_info("in-flight", a);
             info["lease_until"] = json!(i.lease_until);
             made(
                 format!(
                     "IN PROGRESS: {tool} (operation {key}) is being sent by another call right now and its outcome \
                      is not known yet. Nothing was sent for this call. {} returns that outcome; it will not be \
                      sent twice.",
-                    cx.again()
+                    cx.again(key)
                 ),
                 info,
                 true,
             )
         }
-        Called::Conflict(summary) => conflict(&summary, cx),
-        Called::Blocked(b) => blocked(&b, cx),
-        Called::Rejected { error } => {
-            let info = cx.info("rejected");
-            let text = format!(
-                "Rejected: the upstream refused {tool} (operation {key}) and did nothing. {} will be refused \
-                 again; a corrected call is a new operation.",
-                cx.again()
-            );
-            match &cx.capture.last {
-                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info, cx),
-                Some(Reply::Error(e)) => made(format!("{text} The upstream said: {}", e.message), info, true),
-                _ => {
-                    let mut result = prefixed(stored_result(&error), text, &info, cx);
-                    result.is_error = Some(true);
-                    result
-                }
-            }
+        Ending::Conflict(summary) => conflict(a, summary, cx),
+        Ending::Blocked(b) => blocked(a, b, cx),
+        Ending::Rejected(r) => rejected(a, r, cx),
+        Ending::NotSent(n) => {
+            let mut info = cx.account_info("not-sent", a);
+            info["attempts"] = json!(n.attempts);
+            made(
+                format!(
+                    "NOT SENT: {tool} (operation {key}) did not happen: none of its {} attempts reached the \
+                     upstream, and it has none left. {} is refused; a new call needs a new operation key.",
+                    n.attempts,
+                    cx.again(key)
+                ),
+                info,
+                true,
+            )
         }
-        Called::Unrecorded { response } => {
-            let info = cx.info("unrecorded");
-            let text = format!(
-                "Note: {tool} (operation {key}) did happen (below), but once could not record it yet. Do not call \
-                 it again to make sure: once reconciles it from the provider."
-            );
-            match &cx.capture.last {
-                Some(Reply::Result(r)) => prefixed(r.clone(), text, &info, cx),
-                _ => prefixed(stored_result(&response), text, &info, cx),
-            }
-        }
-        Called::Direct(_) => return direct(cx),
-    })
+        Ending::Unrecorded(u) => happened_unrecorded(&u.response, key, &cx.account_info("unrecorded", a), cx),
+    }
 }
 
-fn unknown(u: &UnknownInfo, cx: &Context<'_>) -> CallToolResult {
-    let (tool, key) = (cx.tool, cx.key());
-    let mut info = cx.info("unknown");
+/// Sent by this call, and its answer is the receipt.
+fn executed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult {
+    let key = a.key.as_deref().unwrap_or("(none)");
+    let mut info = cx.account_info("executed", a);
+    info["attempt"] = json!(c.attempt);
+    info["possible_duplicate"] = json!(c.possible_duplicate);
+    let result = match &cx.capture.last {
+        Some(Reply::Result(r)) => r.clone(),
+        _ => stored_result(&c.receipt),
+    };
+    let mut said = Vec::new();
+    // A later attempt follows one the model may have been told was UNKNOWN: say what the engine knows of it.
+    if let Some(n) = c.attempt.filter(|n| *n > 1) {
+        let earlier = match c.earlier_attempts {
+            Effect::None => "no earlier attempt had an effect",
+            Effect::Unknown => "whether an earlier attempt had an effect is not known",
+            Effect::Happened => "an earlier attempt had an effect too",
+        };
+        said.push(format!("Sent now as attempt {n} of operation {key}; {earlier}."));
+    }
+    if c.possible_duplicate {
+        said.push(format!(
+            "WARNING: another attempt of operation {key} reported success too, so there may be two effects; an \
+             operator was alerted."
+        ));
+    }
+    if said.is_empty() {
+        cx.annotate(result, &info)
+    } else {
+        prefixed(result, said.join(" "), &info, cx)
+    }
+}
+
+/// Answered from the ledger (or the provider's read) instead of being sent by this call.
+fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult {
+    let (tool, key) = (cx.tool, a.key.as_deref().unwrap_or("(none)"));
+    let via = c.via.unwrap_or(ReplayVia::Key);
+    let mut info = cx.account_info("replayed", a);
+    info["via"] = json!(via.to_string());
+    info["confirmed_by"] = json!(c.confirmed_by.to_string());
+    info["at"] = json!(c.at);
+    info["window_until"] = json!(c.window_until);
+    info["possible_duplicate"] = json!(c.possible_duplicate);
+    let how = match c.confirmed_by {
+        Confirmation::Answer => String::new(),
+        Confirmation::Provider => format!(
+            " (once confirmed it by reading {} after its reply was lost)",
+            cx.read_by()
+        ),
+        Confirmation::Operator => " (an operator confirmed that it happened)".to_string(),
+    };
+    let mut text = match via {
+        ReplayVia::Provider => format!(
+            "Replay of operation {key}: {tool} did happen, but its reply was lost; once confirmed it by reading {}, \
+             and below is what that read returned. Nothing was sent again.",
+            cx.read_by()
+        ),
+        ReplayVia::Key => format!(
+            "Replay of operation {key}: {tool} already ran under this operation key{how}; below is its stored \
+             result. Nothing was sent again."
+        ),
+        ReplayVia::DerivedArgs => {
+            let until = c.window_until.map_or_else(String::new, |t| {
+                format!(
+                    " Until {}, identical calls are this same operation; after that they are new.",
+                    utc(t)
+                )
+            });
+            format!(
+                "Replay: an identical {tool} call (same arguments) already ran at {} as operation {key}{how}; below \
+                 is its stored result. Nothing was sent again. For a deliberate second {tool} with the same \
+                 arguments, give it its own operation key in _meta \"{}\".{until}",
+                utc(c.at),
+                cx.key_meta
+            )
+        }
+    };
+    if c.possible_duplicate {
+        text.push_str(
+            " WARNING: another attempt reported success too, so there may be two effects; an operator was alerted.",
+        );
+    }
+    prefixed(stored_result(&c.receipt), text, &info, cx)
+}
+
+fn rejected(a: &Account, r: &RejectedInfo, cx: &Context<'_>) -> CallToolResult {
+    let (tool, key) = (cx.tool, a.key.as_deref().unwrap_or("(none)"));
+    let mut info = cx.account_info("rejected", a);
+    info["attempt"] = json!(r.attempt);
+    let next = match a.repeat {
+        Repeat::Retries => format!(
+            "{} tries it again as the next attempt of this operation.",
+            cx.again(key)
+        ),
+        _ => format!(
+            "{} will be refused again; a corrected call is a new operation.",
+            cx.again(key)
+        ),
+    };
+    let text = format!("Rejected: the upstream refused {tool} (operation {key}) and did nothing. {next}");
+    match &cx.capture.last {
+        Some(Reply::Result(result)) => prefixed(result.clone(), text, &info, cx),
+        Some(Reply::Error(e)) => made(format!("{text} The upstream said: {}", e.message), info, true),
+        _ => {
+            let mut result = prefixed(stored_result(&r.error), text, &info, cx);
+            result.is_error = Some(true);
+            result
+        }
+    }
+}
+
+/// The effect happened and once could not record it yet.
+fn happened_unrecorded(response: &str, key: &str, info: &Value, cx: &Context<'_>) -> CallToolResult {
+    let tool = cx.tool;
+    let text = format!(
+        "Note: {tool} (operation {key}) did happen (below), but once could not record it yet. Do not call it again \
+         to make sure: once reconciles it from the provider."
+    );
+    match &cx.capture.last {
+        Some(Reply::Result(r)) => prefixed(r.clone(), text, info, cx),
+        _ => prefixed(stored_result(response), text, info, cx),
+    }
+}
+
+fn unknown(a: &Account, u: &UnknownInfo, cx: &Context<'_>) -> CallToolResult {
+    let (tool, key) = (cx.tool, a.key.as_deref().unwrap_or("(none)"));
+    let mut info = cx.account_info("unknown", a);
     info["since"] = json!(u.since);
     info["deadline"] = json!(u.deadline);
-    let why = cx
-        .capture
-        .lost
-        .clone()
-        .unwrap_or_else(|| "an earlier attempt's reply was lost".to_string());
-    info["reason"] = json!(why);
-    let doing = match cx.lookup {
-        Some(lookup) => format!(
-            "once is checking with {lookup} in the background; if that proves it did not happen, once sends it \
-             itself, exactly once, with the same idempotency key. If it is still unsettled by {}, an operator is \
-             alerted.",
+    info["reason"] = json!(u.reason);
+    info["next_read"] = json!(u.next_read);
+    let doing = match u.next_read {
+        Some(next) => format!(
+            "once is checking with {} in the background (next read {}); if that proves it did not happen, once \
+             sends it itself, exactly once, with the same idempotency key. If it is still unsettled by {}, an \
+             operator is alerted.",
+            cx.read_by(),
+            utc(next),
             utc(u.deadline)
         ),
         None => format!(
-            "No automatic check is configured for {tool}, so an operator must settle it (once ledger resolve \
-             {key}); they are alerted at {} if it is still open.",
+            "No read can settle it (no lookup is configured for {tool}), so an operator must (once ledger \
+             resolve {key}); they are alerted at {} if it is still open.",
             utc(u.deadline)
         ),
     };
     made(
         format!(
-            "UNKNOWN: {tool} (operation {key}) may or may not have happened: {why}. Do not report it as done or \
-             as failed yet. {} will not send it again: it returns the outcome once it is known. {doing}",
-            cx.again()
+            "UNKNOWN: {tool} (operation {key}) may or may not have happened: {}. Do not report it as done or as \
+             failed yet. {} will not send it again: it returns the outcome once it is known. {doing}",
+            u.reason,
+            cx.again(key)
         ),
         info,
         true,
     )
 }
 
-fn conflict(s: &RecordSummary, cx: &Context<'_>) -> CallToolResult {
+fn conflict(a: &Account, s: &RecordSummary, cx: &Context<'_>) -> CallToolResult {
     let tool = cx.tool;
-    let mut info = cx.info("conflict");
+    let mut info = cx.account_info("conflict", a);
     let stored_args: Value = serde_json::from_str(&s.args).unwrap_or(Value::String(s.args.clone()));
     info["stored"] = json!({
         "tool": s.tool, "args": stored_args, "state": s.state.name(),
@@ -316,9 +389,9 @@ fn conflict(s: &RecordSummary, cx: &Context<'_>) -> CallToolResult {
     )
 }
 
-fn blocked(b: &Blocked, cx: &Context<'_>) -> CallToolResult {
-    let (tool, key) = (cx.tool, cx.key());
-    let mut info = cx.info("blocked");
+fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
+    let (tool, key) = (cx.tool, a.key.as_deref().unwrap_or("(none)"));
+    let mut info = cx.account_info("blocked", a);
     info["reason"] = json!(b.reason.to_string());
     info["detail"] = json!(b.detail);
     let why = match b.reason {
@@ -383,7 +456,7 @@ pub fn engine_error(e: &OnceError, cx: &Context<'_>) -> CallToolResult {
     let tool = cx.tool;
     let mut info = cx.info("error");
     info["error"] = json!(e.to_string());
-    if cx.capture.attempt.is_some() {
+    if cx.capture.sent {
         return made(
             format!(
                 "UNKNOWN: {tool} was sent, but once could not record what happened ({e}). Do not report it as \

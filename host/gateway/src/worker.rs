@@ -1,17 +1,20 @@
-//! The background worker: every `sweep_interval` one settle round (the
-//! engine's sweep of this gateway's records, then every owed dispatch sent
-//! with its original provider key), and before exit the wait for what this
-//! gateway answered as unsettled.
+//! The background worker: every `sweep_interval` one settle round — the
+//! engine's sweep of this gateway's records, and every owed dispatch it
+//! grants, sent with its original provider key and reported — and before
+//! exit the wait for what this gateway answered as unsettled.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use once::Once;
-use once::types::State;
+use once::types::Repeat;
+use once::{Called, Once};
 use tokio::task::JoinHandle;
 
 use crate::handler::{Shared, called_name, dispatch};
 use crate::reply::Capture;
+
+/// Owed dispatches one round sends at most.
+const ROUND_LIMIT: u32 = 200;
 
 /// Run [`settle_round`] every `sweep_interval`, until the task is aborted.
 pub(crate) fn spawn(shared: Arc<Shared>, once: Arc<Once>) -> JoinHandle<()> {
@@ -36,43 +39,26 @@ pub(crate) async fn drain(shared: &Shared) {
     }
 }
 
-/// One round of background work: sweep this gateway's records (the engine lists every
-/// dispatch still owed, whenever it was proven), then send each with its original provider key.
+/// One round of background work: the engine's sweep with every owed dispatch it
+/// grants sent; then each operation this gateway answered as unsettled, asked
+/// once more (without waiting) until the engine says a repeat would no longer wait.
 pub fn settle_round(shared: &Shared, once: &Once) {
-    let owed = match once.sweep(200) {
-        Ok(report) => report.owed,
-        Err(e) => {
-            tracing::warn!(target: "once::gateway", "sweep: {e}");
-            Vec::new()
+    match once.settle(ROUND_LIMIT, |d| dispatch(shared, once, d, &mut Capture::default())) {
+        Ok(settled) => {
+            for called in &settled.sent {
+                tracing::info!(target: "once::gateway", outcome = called_name(called), "owed dispatch");
+            }
         }
-    };
-    for (scope, key) in owed {
-        let tool = match once.inspect(&scope, &key) {
-            Ok(Some(view)) => view.tool,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(target: "once::gateway", scope, key, "inspect: {e}");
-                continue;
-            }
-        };
-        let plan = match shared.plan(once, &tool) {
-            Ok(plan) => plan,
-            Err(e) => {
-                tracing::warn!(target: "once::gateway", tool, "{e}");
-                continue;
-            }
-        };
-        let mut capture = Capture::default();
-        let called = once.resume(&scope, &key, &tool, |d| dispatch(shared, once, &plan, d, &mut capture));
-        tracing::info!(target: "once::gateway", scope, key, tool, outcome = ?called.as_ref().map(called_name), "owed dispatch");
+        Err(e) => tracing::warn!(target: "once::gateway", "sweep: {e}"),
     }
     for (scope, key) in shared.pending() {
-        let open = matches!(
-            once.inspect(&scope, &key).map(|v| v.map(|v| v.state)),
-            Ok(Some(State::InFlight | State::Unknown | State::Absent))
-        );
-        if !open {
-            shared.settled(scope, key);
+        let called = once.resume_within(&scope, &key, Duration::ZERO, |d| {
+            dispatch(shared, once, d, &mut Capture::default())
+        });
+        match called {
+            Ok(Called::Done(account)) if account.repeat != Repeat::Waits => shared.settled(scope, key),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(target: "once::gateway", scope, key, "resume: {e}"),
         }
     }
 }

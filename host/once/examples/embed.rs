@@ -1,7 +1,7 @@
 //! The README's embedding example (a test keeps the two identical).
 
-use once::types::Evidence;
-use once::{Called, Once, Sent};
+use once::types::{Effect, Evidence};
+use once::{Once, Sent};
 
 fn main() -> Result<(), once::OnceError> {
     let once = Once::sqlite("once.db")?
@@ -13,10 +13,11 @@ fn main() -> Result<(), once::OnceError> {
     let called = once.call("tenant-7", Some("refund-order-1234"), "refund_order", args, |d| {
         send_refund(d.args, d.provider_key) // Sent::Success / Rejected / Ambiguous / NotSent
     })?;
-    match called {
-        Called::Confirmed { receipt, replayed, .. } => println!("done (replayed: {replayed}): {receipt}"),
-        Called::Unknown(u) => println!("{} may have happened; nothing is re-sent until reconciled", u.key),
-        other => println!("{other:?}"),
+    // The engine's account: did it happen, and what would the same call again do.
+    match called.effect() {
+        Effect::Happened => println!("refunded: {}", called.receipt().unwrap_or_default()),
+        Effect::Unknown => println!("may have happened: nothing is re-sent until reconciled"),
+        Effect::None => println!("not refunded: {called:?}"),
     }
     Ok(())
 }

@@ -9,5 +9,5 @@ wasmtime::component::bindgen!({
     additional_derives: [PartialEq, Eq, serde::Serialize, serde::Deserialize],
 });
 
-pub use exports::once::core::engine;
-pub use once::core::types;
+// `self::`: in a doctest the crate `once` is in scope too.
+pub use self::once::core::types;

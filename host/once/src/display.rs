@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::bindings::types::{BlockReason, Decision, Error, JsonErrorKind, ReplayVia, Route, State};
+use crate::bindings::types::{
+    BlockReason, Confirmation, Decision, Effect, Ending, Error, JsonErrorKind, Repeat, ReplayVia, Route, State,
+};
 
 impl Error {
     /// One human line saying what was wrong.
@@ -15,6 +17,7 @@ impl Error {
             Error::NotFound => "no record for this scope and key".to_string(),
             Error::FenceMismatch => "the fence belongs to no attempt of this record".to_string(),
             Error::InvalidTransition(m) => format!("not allowed: {m}"),
+            Error::NotConfigured => "the component was called before configure".to_string(),
         }
     }
 }
@@ -116,5 +119,52 @@ impl Decision {
             Decision::Blocked(_) => "blocked",
             Decision::Direct => "direct",
         }
+    }
+}
+
+impl Ending {
+    /// The ending's WIT case name (`confirmed`, `unknown`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Ending::Confirmed(_) => "confirmed",
+            Ending::Rejected(_) => "rejected",
+            Ending::NotSent(_) => "not-sent",
+            Ending::Unknown(_) => "unknown",
+            Ending::InFlight(_) => "in-flight",
+            Ending::Conflict(_) => "conflict",
+            Ending::Blocked(_) => "blocked",
+            Ending::Unrecorded(_) => "unrecorded",
+        }
+    }
+}
+
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Effect::Happened => "happened",
+            Effect::None => "none",
+            Effect::Unknown => "unknown",
+        })
+    }
+}
+
+impl fmt::Display for Repeat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Repeat::Replays => "replays",
+            Repeat::Waits => "waits",
+            Repeat::Retries => "retries",
+            Repeat::Refused => "refused",
+        })
+    }
+}
+
+impl fmt::Display for Confirmation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Confirmation::Answer => "answer",
+            Confirmation::Provider => "provider",
+            Confirmation::Operator => "operator",
+        })
     }
 }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::bindings::once::core::{clock, ledger, operator, provider, types};
 use crate::bindings::types::{
-    AuditEvent, Batch, CommitError, Escalation, Evidence, Row, Settings, State, Table, Timestamp,
+    Audited, Batch, Committed, Escalation, Evidence, Failure, Got, Rows, Scanned, State, Table, Timestamp, Trail,
 };
 use crate::storage::{self, Flush, Storage};
 
@@ -145,23 +145,26 @@ pub struct HostState {
     pub provider: Arc<dyn Provider>,
     /// The escalation sink.
     pub operator: Arc<dyn Operator>,
-    /// Limits and declared clock skew.
-    pub settings: Settings,
 }
 
 impl types::Host for HostState {}
 
 impl ledger::Host for HostState {
-    fn get(&mut self, table: Table, scope: String, key: String) -> Result<Option<Row>, String> {
-        self.storage.get(table, &scope, &key).map_err(|e| e.to_string())
+    fn get(&mut self, table: Table, scope: String, key: String) -> Got {
+        match self.storage.get(table, &scope, &key) {
+            Ok(Some(row)) => Got::Found(row),
+            Ok(None) => Got::Missing,
+            Err(e) => Got::Failed(failure(e)),
+        }
     }
 
-    fn commit(&mut self, batch: Batch) -> Result<(), CommitError> {
+    fn commit(&mut self, batch: Batch) -> Committed {
         let flush = COMMIT_FLUSH.with(std::cell::Cell::get);
-        self.storage.commit_with(&batch, flush).map_err(|e| match e {
-            storage::CommitError::Conflict => CommitError::Conflict,
-            storage::CommitError::Storage(e) => CommitError::Storage(e.to_string()),
-        })
+        match self.storage.commit_with(&batch, flush) {
+            Ok(()) => Committed::Applied,
+            Err(storage::CommitError::Conflict) => Committed::Conflict,
+            Err(storage::CommitError::Storage(e)) => Committed::Failed(failure(e)),
+        }
     }
 
     fn scan(
@@ -171,24 +174,28 @@ impl ledger::Host for HostState {
         due_before: Timestamp,
         owner: Option<String>,
         limit: u32,
-    ) -> Result<Vec<Row>, String> {
-        self.storage
-            .scan(table, &states, due_before, owner.as_deref(), limit)
-            .map_err(|e| e.to_string())
+    ) -> Scanned {
+        match self.storage.scan(table, &states, due_before, owner.as_deref(), limit) {
+            Ok(rows) => Scanned::Found(Rows { rows }),
+            Err(e) => Scanned::Failed(failure(e)),
+        }
     }
 
-    fn audit(&mut self, scope: String, key: String) -> Result<Vec<AuditEvent>, String> {
-        self.storage.audit(&scope, &key).map_err(|e| e.to_string())
+    fn audit(&mut self, scope: String, key: String) -> Audited {
+        match self.storage.audit(&scope, &key) {
+            Ok(events) => Audited::Found(Trail { events }),
+            Err(e) => Audited::Failed(failure(e)),
+        }
     }
+}
+
+fn failure(e: storage::StorageError) -> Failure {
+    Failure { message: e.to_string() }
 }
 
 impl clock::Host for HostState {
     fn now(&mut self) -> Timestamp {
         self.clock.now()
-    }
-
-    fn get_settings(&mut self) -> Settings {
-        self.settings.clone()
     }
 }
 

@@ -1,32 +1,62 @@
 //! once host: runs the once component under wasmtime and supplies its I/O.
 //!
-//! ```ignore
-//! use once::{Called, Once, Sent};
+//! ```no_run
+//! use once::{Once, Sent};
+//! use once::types::Effect;
 //!
 //! let once = Once::sqlite("once.db")?.build()?;
 //! let called = once.call("tenant-1", Some("refund-1234"), "refund_order", r#"{"order":1234,"amount":200}"#, |d| {
-//!     // send d.args with d.provider_key as the idempotency key
+//!     // send d.args with d.provider_key as the idempotency key, within d.timeout
 //!     Sent::Success(r#"{"refund_id":"r_1"}"#.to_string())
 //! })?;
-//! assert!(matches!(called, Called::Confirmed { .. }));
+//! assert_eq!(called.effect(), Effect::Happened);
 //! # Ok::<(), once::OnceError>(())
 //! ```
 //!
-//! Cargo features: `postgres` (off by default) adds the PostgreSQL ledger
-//! (`storage::postgres`, `postgres://…` locations).
+//! [`Once::call`] is the call protocol's loop; the component decides every
+//! step. Cargo features: `postgres` (off by default) adds the PostgreSQL
+//! ledger (`storage::postgres`, `postgres://…` locations).
 #![warn(missing_docs)]
 
 mod bindings;
 mod display;
 pub mod io;
+mod listing;
 pub(crate) mod once;
 pub mod runtime;
 pub mod storage;
 
 pub use crate::bindings::types;
 pub use crate::io::{Clock, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock};
+pub use crate::listing::ListedRecord;
 pub use crate::once::{
-    Builder, Called, DEFAULT_OWNER, Dispatch, ListedRecord, Once, OnceError, Sent, default_settings,
+    Builder, Called, DEFAULT_OWNER, Dispatch, Once, OnceError, Sent, Settled, Transitions, default_settings,
 };
 pub use crate::runtime::{GuestLimit, GuestLimits};
 pub use crate::storage::Stats;
+
+/// A tool policy with nothing set: set the fields the user configured, and
+/// the engine fills the rest (`Builder::policy`, `Builder::defaults`).
+pub fn policy_input() -> types::PolicyInput {
+    types::PolicyInput {
+        route: None,
+        identity: None,
+        key_argument: None,
+        key_sent_by_host: None,
+        effect_fields: None,
+        verify_first: None,
+        provider_claims_key: None,
+        lookup: None,
+        max_in_flight_ms: None,
+        dispatch_timeout_ms: None,
+        lease_ms: None,
+        attempt_budget: None,
+        derived_window_ms: None,
+        resolve_deadline_ms: None,
+        reconcile_interval_ms: None,
+        retention_ms: None,
+        tombstone_retention_ms: None,
+        quota: None,
+        descriptor_pin: None,
+    }
+}

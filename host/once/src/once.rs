@@ -1,20 +1,23 @@
 //! The `Once` handle: the Rust API over the component.
 //!
-//! [`Once::call`] runs begin -> dispatch -> finish for one protected tool
-//! call; the raw exports are methods of the same name. Every decision comes
-//! from the component; this file only moves data and waits.
+//! [`Once::call`] runs the call protocol for one tool call, the same loop
+//! every host runs: start it, send each grant the engine gives (and report
+//! what happened), sleep through each wait, and stop at the account the
+//! engine states. Every decision — retries, reconciliation, waiting for
+//! another attempt, what the outcome means — is the component's; this file
+//! only moves data, sends and sleeps.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::bindings::types::{
-    Awaited, BeginRequest, Blocked, Decision, Error, Execute, FinishAck, InFlightInfo, JsonError, Outcome, PruneReport,
-    RecordSummary, RecordView, ReplayVia, Resolution, Route, Row, Settings, State, SweepReport, ToolDescriptor,
-    ToolPolicy, UnknownInfo,
+    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Decision, Effect, Ending, Error, FinishAck,
+    Grant, JsonError, Outcome, PolicyInput, PruneReport, RecordView, Resolution, Settings, State, Step, SweepResult,
+    ToolConfig, ToolDescriptor, ToolPlan, ToolPolicy,
 };
 use crate::io::{Clock, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock};
+use crate::listing::ListedRecord;
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
 use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
 use crate::storage::{Stats, Storage, StorageError};
@@ -39,17 +42,9 @@ pub enum OnceError {
 /// The owner name of a host that names none (see [`Builder::owner`]).
 pub const DEFAULT_OWNER: &str = "default";
 
-/// Default engine settings: 1 MiB JSON inputs, nesting depth 128, 512-byte
-/// scopes and keys, no declared clock skew (one host, one clock), owner
-/// [`DEFAULT_OWNER`].
-pub fn default_settings() -> Settings {
-    Settings {
-        max_input_bytes: 1 << 20,
-        max_depth: 128,
-        max_key_bytes: 512,
-        clock_skew_ms: 0,
-        owner: DEFAULT_OWNER.to_string(),
-    }
+/// The engine's default settings, as the component states them.
+pub fn default_settings() -> Result<Settings, OnceError> {
+    Runtime::shared()?.default_settings()
 }
 
 /// What the dispatcher is asked to send.
@@ -57,18 +52,35 @@ pub fn default_settings() -> Settings {
 pub struct Dispatch<'a> {
     /// Scope.
     pub scope: &'a str,
-    /// Operation key.
+    /// Operation key (empty for a DIRECT call).
     pub key: &'a str,
     /// Tool.
     pub tool: &'a str,
-    /// Attempt number.
+    /// Attempt number (0 for a DIRECT call).
     pub attempt: u32,
-    /// The key to hand the provider (argument, header): derived from (scope, key).
+    /// The key to hand the provider (argument, header): derived from (scope, key); empty for a DIRECT call.
     pub provider_key: &'a str,
-    /// Canonical args to send (a key argument, if any, already set to the provider key).
+    /// The args to send (a key argument, if any, already set to the provider key).
     pub args: &'a str,
-    /// Last moment to send, in the ledger's clock.
+    /// Do not start sending at or after this (ledger clock); [`Once::call`] checks it just before.
     pub send_by: u64,
+    /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`].
+    pub timeout: Duration,
+}
+
+impl<'a> Dispatch<'a> {
+    fn of(grant: &'a Grant) -> Dispatch<'a> {
+        Dispatch {
+            scope: &grant.scope,
+            key: &grant.key,
+            tool: &grant.tool,
+            attempt: grant.attempt,
+            provider_key: &grant.provider_key,
+            args: &grant.args,
+            send_by: grant.send_by,
+            timeout: Duration::from_millis(grant.timeout_ms),
+        }
+    }
 }
 
 /// What the provider did, as the dispatcher saw it.
@@ -84,86 +96,113 @@ pub enum Sent {
     NotSent,
 }
 
-/// How a protected call ended. Only [`Called::Confirmed`] and
-/// [`Called::Rejected`] are final answers about the effect; every other case
-/// says what is still open, so the caller must look at it.
+impl Sent {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Sent::Success(response) => Outcome::Success(response.clone()),
+            Sent::Rejected(error) => Outcome::Rejected(error.clone()),
+            Sent::Ambiguous(reason) => Outcome::Ambiguous(reason.clone()),
+            Sent::NotSent => Outcome::NotSent,
+        }
+    }
+}
+
+/// How a call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "how the call ended: an unknown, in-flight or unrecorded outcome is not a failure and must not be retried blind"]
 pub enum Called {
-    /// The effect happened: executed now (`replayed: false`) or answered from the ledger.
-    Confirmed {
-        /// The receipt (response) as JSON text.
-        receipt: String,
-        /// Whether it was replayed rather than executed now.
-        replayed: bool,
-        /// How a replay was matched.
-        via: Option<ReplayVia>,
-        /// For a replay: when the effect was recorded (ledger clock).
-        at: Option<u64>,
-        /// For a replay of a derived key: until when identical arguments are this operation.
-        window_until: Option<u64>,
-    },
-    /// The provider definitively rejected the call; nothing happened.
-    Rejected {
-        /// What the provider said.
+    /// A protected call ended (or the wait for it was given up): the engine's account of it.
+    Done(Account),
+    /// The effect happened, but recording it failed inside once (the component stopped);
+    /// the record expires into unknown and is reconciled. Never a reason to mint a new intent.
+    Unreported {
+        /// The provider's response.
+        response: String,
+        /// What failed.
         error: String,
     },
-    /// The effect may or may not exist; once will not send it again until reconciled.
-    Unknown(UnknownInfo),
-    /// Another attempt still holds the operation after the wait.
-    InFlight(InFlightInfo),
-    /// Same key, different payload.
-    Conflict(RecordSummary),
-    /// Refused.
-    Blocked(Blocked),
-    /// The effect happened but the ledger could not record it; it will be reconciled.
-    Unrecorded {
-        /// The response.
-        response: String,
-    },
-    /// A read-only tool was dispatched without a record.
+    /// A DIRECT tool was sent unprotected; what the dispatcher saw.
     Direct(Sent),
 }
 
-/// One operation record as an operator lists it ([`Once::list`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListedRecord {
-    /// Scope.
-    pub scope: String,
-    /// Operation key.
-    pub key: String,
-    /// The record's state (the engine always sets one on an operation record).
-    pub state: Option<State>,
-    /// The record's version, its compare-and-swap counter.
-    pub version: u64,
-    /// Whose background work may touch it (see [`Builder::owner`]).
-    pub owner: Option<String>,
-    /// When it next needs attention (lease end, reconciliation, retention), in the ledger's clock.
-    pub due_at: Option<u64>,
-}
-
-impl From<Row> for ListedRecord {
-    fn from(row: Row) -> ListedRecord {
-        ListedRecord {
-            scope: row.scope,
-            key: row.key,
-            state: row.state,
-            version: row.version,
-            owner: row.owner,
-            due_at: row.due_at,
+impl Called {
+    /// The account of a protected call.
+    pub fn account(&self) -> Option<&Account> {
+        match self {
+            Called::Done(account) => Some(account),
+            _ => None,
         }
     }
+
+    /// How a protected call ended.
+    pub fn ending(&self) -> Option<&Ending> {
+        self.account().map(|a| &a.ending)
+    }
+
+    /// The confirmation of a call whose effect is recorded (sent now or replayed).
+    pub fn confirmed(&self) -> Option<&ConfirmedInfo> {
+        match self.ending() {
+            Some(Ending::Confirmed(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The refusal of a call that was blocked before anything was sent.
+    pub fn blocked(&self) -> Option<&Blocked> {
+        match self.ending() {
+            Some(Ending::Blocked(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Whether the effect happened, as far as the ledger knows (a DIRECT call's is not tracked).
+    pub fn effect(&self) -> Effect {
+        match self {
+            Called::Done(account) => account.effect,
+            Called::Unreported { .. } => Effect::Happened,
+            Called::Direct(_) => Effect::Unknown,
+        }
+    }
+
+    /// The receipt of a confirmed call (or the response of one that was not recorded).
+    pub fn receipt(&self) -> Option<&str> {
+        match self {
+            Called::Done(Account {
+                ending: Ending::Confirmed(c),
+                ..
+            }) => Some(&c.receipt),
+            Called::Done(Account {
+                ending: Ending::Unrecorded(u),
+                ..
+            }) => Some(&u.response),
+            Called::Unreported { response, .. } => Some(response),
+            _ => None,
+        }
+    }
+}
+
+/// What [`Once::settle`] did: the sweep's counts, and how each owed dispatch it sent ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "how each owed dispatch ended: an unknown one is not a failure"]
+pub struct Settled {
+    /// The sweep's counts (its `dispatches` were sent; `owed` is empty).
+    pub sweep: SweepResult,
+    /// Each owed dispatch sent, and how it ended.
+    pub sent: Vec<Called>,
 }
 
 /// Builds a [`Once`].
 pub struct Builder {
     storage: Arc<dyn Storage>,
     clock: Arc<dyn Clock>,
-    provider: Arc<dyn Provider>,
+    provider: Option<Arc<dyn Provider>>,
     operator: Arc<dyn Operator>,
-    settings: Settings,
-    policies: Vec<(String, ToolPolicy)>,
-    in_flight_wait: Duration,
+    settings: Option<Settings>,
+    owner: Option<String>,
+    clock_skew: Option<Duration>,
+    defaults: PolicyInput,
+    tools: Vec<ToolConfig>,
+    wait: Duration,
     runtime: Option<Arc<Runtime>>,
     limits: GuestLimits,
 }
@@ -179,9 +218,13 @@ impl Builder {
     pub fn ledger_clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
     }
-    /// The provider lookup used by reconciliation and verify-first.
+    /// The provider's authoritative read, used by reconciliation and verify-first.
+    /// Without one, tools default to no lookup: an unknown outcome waits for an
+    /// operator. The choice is kept with every record a handle creates, so
+    /// hosts sharing a ledger should share their provider (or set `lookup`
+    /// explicitly in the policy, for a host that leaves reading to another).
     pub fn provider(mut self, provider: impl Provider + 'static) -> Self {
-        self.provider = Arc::new(provider);
+        self.provider = Some(Arc::new(provider));
         self
     }
     /// The escalation sink (default: the log).
@@ -189,9 +232,9 @@ impl Builder {
         self.operator = Arc::new(operator);
         self
     }
-    /// Engine settings (limits, declared clock skew, owner).
+    /// Engine settings, whole (start from [`default_settings`]).
     pub fn settings(mut self, settings: Settings) -> Self {
-        self.settings = settings;
+        self.settings = Some(settings);
         self
     }
     /// Who dispatches for this handle (default [`DEFAULT_OWNER`]): records it
@@ -200,17 +243,36 @@ impl Builder {
     /// operations (replicas of one service) share a name; hosts in front of
     /// different providers on one ledger must not.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.settings.owner = owner.into();
+        self.owner = Some(owner.into());
         self
     }
-    /// A tool's policy (checked when built).
-    pub fn policy(mut self, tool: impl Into<String>, policy: ToolPolicy) -> Self {
-        self.policies.push((tool.into(), policy));
+    /// The declared bound on skew between the clocks of hosts sharing the ledger.
+    pub fn clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = Some(skew);
         self
     }
-    /// How long [`Once::call`] waits for another attempt's outcome (default 10 s).
-    pub fn in_flight_wait(mut self, wait: Duration) -> Self {
-        self.in_flight_wait = wait;
+    /// What applies to every tool for what its own policy leaves unset, and to tools not named.
+    pub fn defaults(mut self, defaults: PolicyInput) -> Self {
+        self.defaults = defaults;
+        self
+    }
+    /// A tool's policy as configured (the engine fills the rest and checks it when built).
+    pub fn policy(self, tool: impl Into<String>, policy: PolicyInput) -> Self {
+        self.tool(tool, policy, None)
+    }
+    /// A tool's policy and its advertised definition (routing by annotations, pinning).
+    pub fn tool(mut self, tool: impl Into<String>, policy: PolicyInput, descriptor: Option<ToolDescriptor>) -> Self {
+        self.tools.push(ToolConfig {
+            tool: tool.into(),
+            policy,
+            descriptor,
+        });
+        self
+    }
+    /// How long [`Once::call`] waits — for another attempt's outcome, or a read
+    /// that is due — before it answers what is known meanwhile (default 10 s).
+    pub fn wait_up_to(mut self, wait: Duration) -> Self {
+        self.wait = wait;
         self
     }
     /// Use this runtime instead of the process-wide one.
@@ -229,33 +291,62 @@ impl Builder {
         self
     }
 
-    /// Load the component (once per process) and check every policy.
+    /// Load the component (once per process), and configure it: the engine
+    /// fills every unset setting and policy field and checks them all now,
+    /// not at the first call.
     pub fn build(self) -> Result<Once, OnceError> {
         let runtime = match self.runtime {
             Some(rt) => rt,
             None => Runtime::shared()?,
         };
+        let mut settings = match self.settings {
+            Some(settings) => settings,
+            None => runtime.default_settings()?,
+        };
+        if let Some(owner) = self.owner {
+            settings.owner = owner;
+        }
+        if let Some(skew) = self.clock_skew {
+            settings.clock_skew_ms = skew.as_millis() as u64;
+        }
+        let mut defaults = self.defaults;
+        // A fact of this host: without a provider, no tool can be read.
+        if self.provider.is_none() && defaults.lookup.is_none() {
+            defaults.lookup = Some(false);
+        }
         let state = HostState {
             storage: self.storage,
             clock: self.clock,
-            provider: self.provider,
+            provider: self.provider.unwrap_or_else(|| Arc::new(NoProvider)),
             operator: self.operator,
-            settings: self.settings,
+        };
+        let configuration = Configuration {
+            settings,
+            defaults,
+            tools: self.tools,
         };
         let once = Once {
             runtime,
             state,
             pool: Mutex::new(Vec::new()),
-            policies: RwLock::new(HashMap::new()),
-            default_policy: RwLock::new(None),
-            in_flight_wait: self.in_flight_wait,
+            config: RwLock::new(Config {
+                configuration: configuration.clone(),
+                configured: None,
+                generation: 0,
+            }),
+            wait: self.wait,
             limits: self.limits,
         };
-        for (tool, policy) in self.policies {
-            once.set_policy(tool, policy)?;
-        }
+        once.reconfigure(configuration)?;
         Ok(once)
     }
+}
+
+/// The configuration every instance runs with, and what the engine made of it.
+struct Config {
+    configuration: Configuration,
+    configured: Option<Configured>,
+    generation: u64,
 }
 
 /// A handle on the once engine over one ledger. Cheap to share across threads.
@@ -263,9 +354,8 @@ pub struct Once {
     runtime: Arc<Runtime>,
     state: HostState,
     pool: Mutex<Vec<Instance>>,
-    policies: RwLock<HashMap<String, ToolPolicy>>,
-    default_policy: RwLock<Option<ToolPolicy>>,
-    in_flight_wait: Duration,
+    config: RwLock<Config>,
+    wait: Duration,
     limits: GuestLimits,
 }
 
@@ -287,11 +377,14 @@ impl Once {
         Builder {
             storage,
             clock,
-            provider: Arc::new(NoProvider),
+            provider: None,
             operator: Arc::new(LogOperator),
-            settings: default_settings(),
-            policies: Vec::new(),
-            in_flight_wait: Duration::from_secs(10),
+            settings: None,
+            owner: None,
+            clock_skew: None,
+            defaults: crate::policy_input(),
+            tools: Vec::new(),
+            wait: Duration::from_secs(10),
             runtime: None,
             limits: GuestLimits::DEFAULT,
         }
@@ -301,6 +394,265 @@ impl Once {
     pub fn sqlite(path: impl AsRef<Path>) -> Result<Builder, OnceError> {
         let storage = SqliteStorage::open(path, SqliteOptions::default()).map_err(storage_error)?;
         Ok(Once::builder(storage))
+    }
+
+    // ------------------------------------------------------------ configuration
+
+    /// Check `configuration` on a fresh instance; on success every instance runs it from now on.
+    fn reconfigure(&self, configuration: Configuration) -> Result<Configured, OnceError> {
+        let generation = self.read_config(|c| c.generation) + 1;
+        let mut instance = self.runtime.instantiate_limited(self.state.clone(), &self.limits)?;
+        let configured = instance.configure(&configuration, generation)??;
+        let mut config = self.config.write().unwrap_or_else(|p| p.into_inner());
+        *config = Config {
+            configuration,
+            configured: Some(configured.clone()),
+            generation,
+        };
+        drop(config);
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
+        Ok(configured)
+    }
+
+    fn read_config<R>(&self, f: impl FnOnce(&Config) -> R) -> R {
+        f(&self.config.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Configure (or reconfigure) one tool: its policy as configured, and its definition if known.
+    pub fn set_tool(
+        &self,
+        tool: impl Into<String>,
+        policy: PolicyInput,
+        descriptor: Option<ToolDescriptor>,
+    ) -> Result<ToolPlan, OnceError> {
+        let tool = tool.into();
+        let mut configuration = self.read_config(|c| c.configuration.clone());
+        configuration.tools.retain(|t| t.tool != tool);
+        configuration.tools.push(ToolConfig {
+            tool: tool.clone(),
+            policy,
+            descriptor,
+        });
+        let configured = self.reconfigure(configuration)?;
+        Ok(plan_of(&configured, &tool))
+    }
+
+    /// What the engine made of the configuration: every tool's route and policy.
+    pub fn configured(&self) -> Configured {
+        self.read_config(|c| c.configured.clone().expect("a built handle is configured"))
+    }
+
+    /// How `tool` is handled: its route and policy, every field decided.
+    pub fn plan(&self, tool: &str) -> ToolPlan {
+        plan_of(&self.configured(), tool)
+    }
+
+    /// The policy of `tool`, every field decided.
+    pub fn policy(&self, tool: &str) -> ToolPolicy {
+        self.plan(tool).policy
+    }
+
+    /// Run `f` on a pooled instance configured with the current configuration
+    /// (each export call gets a full fuel budget). A trap or an exhausted limit
+    /// discards the instance (it is dropped, not pooled), so no half-finished
+    /// guest state is ever reused.
+    fn with_instance<R>(&self, f: impl FnOnce(&mut Instance) -> Result<R, OnceError>) -> Result<R, OnceError> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut instance = match pooled {
+            Some(instance) => instance,
+            None => self.runtime.instantiate_limited(self.state.clone(), &self.limits)?,
+        };
+        let (configuration, generation) = self.read_config(|c| (c.configuration.clone(), c.generation));
+        if instance.configured() != Some(generation) {
+            // It was accepted when it was set: refused now, the component changed under us.
+            instance.configure(&configuration, generation)??;
+        }
+        let result = f(&mut instance)?;
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
+        Ok(result)
+    }
+
+    // ------------------------------------------------------------ the call protocol
+
+    /// A call of `tool` with the application's operation key (or none, for a derived one).
+    pub fn call_of(scope: &str, key: Option<&str>, tool: &str, args: &str) -> Call {
+        Call {
+            scope: scope.to_string(),
+            keys: key
+                .map(|k| vec![("application".to_string(), k.to_string())])
+                .unwrap_or_default(),
+            tool: tool.to_string(),
+            args: args.to_string(),
+            supersedes: None,
+            acknowledge_confirmed: false,
+        }
+    }
+
+    /// Protect one tool call. `key` is the operation key the application
+    /// minted before the first attempt (`None` for a derived key); `send`
+    /// sends one grant and says what the provider did.
+    pub fn call(
+        &self,
+        scope: &str,
+        key: Option<&str>,
+        tool: &str,
+        args: &str,
+        send: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        self.call_with(&Once::call_of(scope, key, tool, args), send)
+    }
+
+    /// [`Once::call`] with a whole call (several key carriers, supersedes).
+    pub fn call_with(&self, call: &Call, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Called, OnceError> {
+        let step = self.with_instance(|i| i.start(call))??;
+        trace_step("start", &call.scope, &call.tool, &step);
+        self.drive(step, Some(call), self.wait, &mut send)
+    }
+
+    /// Go on with an operation from the ledger (after a crash, or to settle it
+    /// in the background): its holder's outcome, a read, or the owed dispatch.
+    pub fn resume(&self, scope: &str, key: &str, send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Called, OnceError> {
+        self.resume_within(scope, key, self.wait, send)
+    }
+
+    /// [`Once::resume`], waiting at most `patience` instead of [`Builder::wait_up_to`]
+    /// (`Duration::ZERO`: answer what is known now, as a background round does).
+    pub fn resume_within(
+        &self,
+        scope: &str,
+        key: &str,
+        patience: Duration,
+        mut send: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let step = self.resume_step(scope, key)?;
+        self.drive(step, None, patience, &mut send)
+    }
+
+    /// One round of background work for a host that sends: the sweep, then
+    /// every owed dispatch it granted, sent with `send` and reported.
+    pub fn settle(&self, limit: u32, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Settled, OnceError> {
+        let mut sweep = self.with_instance(|i| i.sweep(limit, true))??;
+        let grants = std::mem::take(&mut sweep.dispatches);
+        let mut sent = Vec::with_capacity(grants.len());
+        for grant in grants {
+            sent.push(self.drive(Step::Dispatch(grant), None, Duration::ZERO, &mut send)?);
+        }
+        Ok(Settled { sweep, sent })
+    }
+
+    /// The loop every host runs: send, report, sleep, resume, until the
+    /// engine says done (or the wait would outlast `patience`).
+    fn drive(
+        &self,
+        mut step: Step,
+        call: Option<&Call>,
+        patience: Duration,
+        send: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
+        let give_up_at = self.now().saturating_add(patience.as_millis() as u64);
+        let patience = Instant::now() + patience;
+        loop {
+            step = match step {
+                Step::Dispatch(grant) => {
+                    // Never send after send-by: the whole timeout must end inside the lease.
+                    let sent = if self.now() >= grant.send_by {
+                        Sent::NotSent
+                    } else {
+                        send(&Dispatch::of(&grant))
+                    };
+                    match self.report(&grant, &sent) {
+                        Ok(next) => next,
+                        // The effect happened: an error now would make the caller mint a new intent.
+                        Err(error) => match sent {
+                            Sent::Success(response) => {
+                                tracing::warn!(target: "once", scope = grant.scope, key = grant.key, "report failed after a success: {error}");
+                                return Ok(Called::Unreported {
+                                    response,
+                                    error: error.to_string(),
+                                });
+                            }
+                            _ => return Err(error),
+                        },
+                    }
+                }
+                Step::Wait(wait) => {
+                    if wait.next > give_up_at || Instant::now() >= patience {
+                        return Ok(Called::Done(wait.meanwhile));
+                    }
+                    let pause = Duration::from_millis(wait.next.saturating_sub(self.now()))
+                        .min(patience.saturating_duration_since(Instant::now()));
+                    std::thread::sleep(pause);
+                    self.resume_step(&wait.scope, &wait.key)?
+                }
+                Step::Done(account) => return Ok(Called::Done(account)),
+                Step::Direct => {
+                    let Some(call) = call else {
+                        return Err(OnceError::Component("a resumed operation answered direct".to_string()));
+                    };
+                    let timeout = Duration::from_millis(self.policy(&call.tool).dispatch_timeout_ms);
+                    let direct = Dispatch {
+                        scope: &call.scope,
+                        key: "",
+                        tool: &call.tool,
+                        attempt: 0,
+                        provider_key: "",
+                        args: &call.args,
+                        send_by: u64::MAX,
+                        timeout,
+                    };
+                    return Ok(Called::Direct(send(&direct)));
+                }
+            };
+        }
+    }
+
+    fn report(&self, grant: &Grant, sent: &Sent) -> Result<Step, OnceError> {
+        let outcome = sent.outcome();
+        let report = || self.with_instance(|i| i.report(&grant.scope, &grant.key, &grant.fence, &outcome));
+        // Only a success's commit may be deferred (the durability budget): a lost
+        // success is found again by reconciliation, a lost rejection would not be.
+        let step = match outcome {
+            Outcome::Success(_) => crate::io::deferring_commits(report),
+            _ => report(),
+        }??;
+        trace_step("report", &grant.scope, &grant.tool, &step);
+        Ok(step)
+    }
+
+    fn resume_step(&self, scope: &str, key: &str) -> Result<Step, OnceError> {
+        let step = self.with_instance(|i| i.resume(scope, key))??;
+        trace_step("resume", scope, "", &step);
+        Ok(step)
+    }
+
+    // ------------------------------------------------------------ operators
+
+    /// An operator's sweep (it sends nothing): expire leases, read due
+    /// unknowns, escalate; owed dispatches are listed, not granted.
+    pub fn sweep(&self, limit: u32) -> Result<SweepResult, OnceError> {
+        Ok(self.with_instance(|i| i.sweep(limit, false))??)
+    }
+
+    /// Records past retention become tombstones.
+    pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
+        Ok(self.with_instance(|i| i.prune(limit))??)
+    }
+
+    /// A record and its audit trail. Read-only.
+    pub fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, OnceError> {
+        Ok(self.with_instance(|i| i.inspect(scope, key))??)
+    }
+
+    /// An operator's resolution of an unknown or absent record, audited with `note`.
+    pub fn resolve(
+        &self,
+        scope: &str,
+        key: &str,
+        resolution: &Resolution,
+        note: &str,
+        force: bool,
+    ) -> Result<State, OnceError> {
+        Ok(self.with_instance(|i| i.resolve(scope, key, resolution, note, force))??)
     }
 
     /// Operation records, optionally only those in `state`, ordered by scope
@@ -315,128 +667,6 @@ impl Once {
         self.state.storage.stats().map_err(storage_error)
     }
 
-    /// The ledger's clock.
-    pub fn now(&self) -> u64 {
-        self.state.clock.now()
-    }
-
-    /// The per-call limits of the component.
-    pub fn guest_limits(&self) -> GuestLimits {
-        self.limits
-    }
-
-    /// Run `f` on a pooled instance (each export call gets a full fuel
-    /// budget). A trap or an exhausted limit discards the instance (it is
-    /// dropped, not pooled), so no half-finished guest state is ever reused.
-    fn with_instance<R>(&self, f: impl FnOnce(&mut Instance) -> Result<R, OnceError>) -> Result<R, OnceError> {
-        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut instance = match pooled {
-            Some(instance) => instance,
-            None => self.runtime.instantiate_limited(self.state.clone(), &self.limits)?,
-        };
-        let result = f(&mut instance)?;
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(instance);
-        Ok(result)
-    }
-
-    /// The engine's default policy for a protected tool.
-    pub fn default_policy(&self) -> Result<ToolPolicy, OnceError> {
-        if let Some(policy) = self.default_policy.read().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Ok(policy);
-        }
-        let policy = self.with_instance(Instance::default_policy)?;
-        *self.default_policy.write().unwrap_or_else(|p| p.into_inner()) = Some(policy.clone());
-        Ok(policy)
-    }
-
-    /// Set a tool's policy after the engine has checked it.
-    pub fn set_policy(&self, tool: impl Into<String>, policy: ToolPolicy) -> Result<(), OnceError> {
-        let tool = tool.into();
-        self.with_instance(|i| i.check_policy(&policy))?.map_err(|e| match e {
-            Error::InvalidPolicy(m) => Error::InvalidPolicy(format!("tool {tool}: {m}")),
-            other => other,
-        })?;
-        self.policies
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(tool, policy);
-        Ok(())
-    }
-
-    /// The policy of `tool`: its own, or the default.
-    pub fn policy(&self, tool: &str) -> Result<ToolPolicy, OnceError> {
-        match self.policies.read().unwrap_or_else(|p| p.into_inner()).get(tool) {
-            Some(policy) => Ok(policy.clone()),
-            None => self.default_policy(),
-        }
-    }
-
-    /// The route of a tool from its policy and descriptor.
-    pub fn route(&self, tool: &str, descriptor: Option<&ToolDescriptor>) -> Result<Route, OnceError> {
-        let policy = self.policy(tool)?;
-        self.with_instance(|i| i.route_of(&policy, descriptor))
-    }
-
-    /// The `begin` export.
-    pub fn begin(&self, request: &BeginRequest) -> Result<Decision, OnceError> {
-        let decision = self.with_instance(|i| i.begin(request))??;
-        trace_decision("begin", &request.scope, &request.tool, &decision);
-        Ok(decision)
-    }
-
-    /// The `finish` export.
-    pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
-        let call = || self.with_instance(|i| i.finish(scope, key, fence, outcome));
-        // Only a success's commit may be deferred (DESIGN.md "Durability budget"): a lost
-        // success is found again by reconciliation, but a lost rejection would turn a
-        // reported refusal into an owed dispatch.
-        let ack = match outcome {
-            Outcome::Success(_) => crate::io::deferring_commits(call),
-            _ => call(),
-        }??;
-        tracing::info!(target: "once", scope, key, ?ack, "finish");
-        Ok(ack)
-    }
-
-    /// The `reconcile` export.
-    pub fn reconcile(&self, scope: &str, key: &str) -> Result<Decision, OnceError> {
-        let decision = self.with_instance(|i| i.reconcile(scope, key))??;
-        trace_decision("reconcile", scope, "", &decision);
-        Ok(decision)
-    }
-
-    /// The `await-holder` export: for a caller answered `in-flight`, the holder's outcome once there is one.
-    pub fn await_holder(&self, scope: &str, key: &str) -> Result<Awaited, OnceError> {
-        Ok(self.with_instance(|i| i.await_holder(scope, key))??)
-    }
-
-    /// The `sweep` export.
-    pub fn sweep(&self, limit: u32) -> Result<SweepReport, OnceError> {
-        Ok(self.with_instance(|i| i.sweep(limit))??)
-    }
-
-    /// The `prune` export.
-    pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
-        Ok(self.with_instance(|i| i.prune(limit))??)
-    }
-
-    /// The `inspect` export.
-    pub fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, OnceError> {
-        Ok(self.with_instance(|i| i.inspect(scope, key))??)
-    }
-
-    /// The `resolve` export (operator resolution, audited with `note`).
-    pub fn resolve(
-        &self,
-        scope: &str,
-        key: &str,
-        resolution: &Resolution,
-        note: &str,
-        force: bool,
-    ) -> Result<State, OnceError> {
-        Ok(self.with_instance(|i| i.resolve(scope, key, resolution, note, force))??)
-    }
-
     /// RFC 8785 canonical form of a JSON text, computed by the component.
     pub fn canonicalize(&self, json: &[u8]) -> Result<String, OnceError> {
         Ok(self.with_instance(|i| i.canonicalize(json))??)
@@ -447,236 +677,61 @@ impl Once {
         Ok(self.with_instance(|i| i.fingerprint(tool, args))??)
     }
 
-    /// A begin request for `tool` under its policy, with the application's key.
-    pub fn request(&self, scope: &str, key: Option<&str>, tool: &str, args: &str) -> Result<BeginRequest, OnceError> {
-        Ok(BeginRequest {
-            scope: scope.to_string(),
-            keys: key
-                .map(|k| vec![("application".to_string(), k.to_string())])
-                .unwrap_or_default(),
+    /// The ledger's clock.
+    pub fn now(&self) -> u64 {
+        self.state.clock.now()
+    }
+
+    /// The per-call limits of the component.
+    pub fn guest_limits(&self) -> GuestLimits {
+        self.limits
+    }
+
+    /// The record state machine's single transitions, for tests and tools
+    /// that examine the engine step by step. A host drives [`Once::call`].
+    pub fn transitions(&self) -> Transitions<'_> {
+        Transitions(self)
+    }
+}
+
+/// Single transitions (`begin`, `finish`, `reconcile`, `await-holder`): see [`Once::transitions`].
+pub struct Transitions<'a>(&'a Once);
+
+impl Transitions<'_> {
+    /// Claim a call before dispatch.
+    pub fn begin(&self, call: &Call) -> Result<Decision, OnceError> {
+        Ok(self.0.with_instance(|i| i.begin(call))??)
+    }
+
+    /// Record what the provider answered to an attempt.
+    pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
+        Ok(self.0.with_instance(|i| i.finish(scope, key, fence, outcome))??)
+    }
+
+    /// Resolve an unknown (or lease-expired) record against the provider.
+    pub fn reconcile(&self, scope: &str, key: &str) -> Result<Decision, OnceError> {
+        Ok(self.0.with_instance(|i| i.reconcile(scope, key))??)
+    }
+
+    /// For a caller answered in-flight: the holder's outcome once there is one.
+    pub fn await_holder(&self, scope: &str, key: &str) -> Result<crate::types::Awaited, OnceError> {
+        Ok(self.0.with_instance(|i| i.await_holder(scope, key))??)
+    }
+}
+
+/// A tool's plan from what the engine configured: its own, or the defaults'.
+fn plan_of(configured: &Configured, tool: &str) -> ToolPlan {
+    configured
+        .tools
+        .iter()
+        .find(|p| p.tool == tool)
+        .cloned()
+        .unwrap_or_else(|| ToolPlan {
             tool: tool.to_string(),
-            args: args.to_string(),
-            policy: self.policy(tool)?,
-            descriptor: None,
-            supersedes: None,
-            acknowledge_confirmed: false,
+            route: configured.defaults.route.unwrap_or(crate::types::Route::Protect),
+            blocked: None,
+            policy: configured.defaults.clone(),
         })
-    }
-
-    /// Protect one tool call: begin, dispatch (only when the engine says
-    /// execute), finish, and on a lost reply reconcile before anything is sent
-    /// again. `key` is the operation key the application minted before the
-    /// first attempt; `None` only for tools whose identity may be derived.
-    pub fn call(
-        &self,
-        scope: &str,
-        key: Option<&str>,
-        tool: &str,
-        args: &str,
-        dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<Called, OnceError> {
-        let request = self.request(scope, key, tool, args)?;
-        self.call_with(&request, dispatch)
-    }
-
-    /// [`Once::call`] with a full request (descriptor, supersedes, several key carriers).
-    pub fn call_with(
-        &self,
-        request: &BeginRequest,
-        dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<Called, OnceError> {
-        Ok(self.call_keyed(request, dispatch)?.1)
-    }
-
-    /// [`Once::call_with`], also naming the operation key the engine used (a
-    /// derived one included); none for a direct or refused call.
-    pub fn call_keyed(
-        &self,
-        request: &BeginRequest,
-        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<(Option<String>, Called), OnceError> {
-        let decision = self.begin(request)?;
-        if decision == Decision::Direct {
-            let direct = Dispatch {
-                scope: &request.scope,
-                key: "",
-                tool: &request.tool,
-                attempt: 0,
-                provider_key: "",
-                args: &request.args,
-                send_by: u64::MAX,
-            };
-            return Ok((None, Called::Direct(dispatch(&direct))));
-        }
-        let key = key_of(&decision).map(str::to_string);
-        let called = self.drive(
-            &request.scope,
-            &request.tool,
-            decision,
-            request.policy.attempt_budget,
-            &mut dispatch,
-        )?;
-        Ok((key, called))
-    }
-
-    /// Continue an operation from the ledger (after a crash, or for an owed
-    /// dispatch): reconcile, then dispatch only if the engine says execute.
-    pub fn resume(
-        &self,
-        scope: &str,
-        key: &str,
-        tool: &str,
-        mut dispatch: impl FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<Called, OnceError> {
-        let decision = self.reconcile(scope, key)?;
-        let budget = self.policy(tool)?.attempt_budget;
-        self.drive(scope, tool, decision, budget, &mut dispatch)
-    }
-
-    /// Follow decisions until one is final. Each step is bounded by the
-    /// engine's attempt budget, so this loop ends.
-    fn drive(
-        &self,
-        scope: &str,
-        tool: &str,
-        mut decision: Decision,
-        budget: u32,
-        dispatch: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<Called, OnceError> {
-        let mut reconciled = false;
-        for _ in 0..(budget as usize) * 2 + 4 {
-            decision = match decision {
-                Decision::Execute(grant) => match self.execute(scope, tool, &grant, dispatch)? {
-                    Step::Done(called) => return Ok(called),
-                    Step::Again(next) => {
-                        reconciled = true;
-                        next
-                    }
-                },
-                Decision::Replay(r) => {
-                    return Ok(Called::Confirmed {
-                        receipt: r.receipt,
-                        replayed: true,
-                        via: Some(r.via),
-                        at: Some(r.at),
-                        window_until: r.window_until,
-                    });
-                }
-                // A lost reply is reconciled before anything is sent again.
-                Decision::Unknown(u) if !reconciled => {
-                    reconciled = true;
-                    self.reconcile(scope, &u.key)?
-                }
-                Decision::Unknown(u) => return Ok(Called::Unknown(u)),
-                Decision::InFlight(info) => match self.wait_for_holder(scope, info)? {
-                    Waited::Done(called) => return Ok(called),
-                    Waited::Decided(next) => next,
-                },
-                Decision::Conflict(summary) => return Ok(Called::Conflict(summary)),
-                Decision::Blocked(blocked) => return Ok(Called::Blocked(blocked)),
-                Decision::Direct => unreachable!("direct is answered before the protocol starts"),
-            };
-        }
-        Err(OnceError::Component(
-            "the engine kept granting attempts past the attempt budget".to_string(),
-        ))
-    }
-
-    /// Dispatch one granted attempt and record its outcome.
-    fn execute(
-        &self,
-        scope: &str,
-        tool: &str,
-        grant: &Execute,
-        dispatch: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
-    ) -> Result<Step, OnceError> {
-        // Never send after the lease: re-check the clock right before sending.
-        let sent = if self.state.clock.now() >= grant.send_by {
-            Sent::NotSent
-        } else {
-            dispatch(&Dispatch {
-                scope,
-                key: &grant.key,
-                tool,
-                attempt: grant.attempt,
-                provider_key: &grant.provider_key,
-                args: &grant.args,
-                send_by: grant.send_by,
-            })
-        };
-        let outcome = match &sent {
-            Sent::Success(response) => Outcome::Success(response.clone()),
-            Sent::Rejected(error) => Outcome::Rejected(error.clone()),
-            Sent::Ambiguous(reason) => Outcome::Ambiguous(reason.clone()),
-            Sent::NotSent => Outcome::NotSent,
-        };
-        let (sent, ack) = match (self.finish(scope, &grant.key, &grant.fence, &outcome), sent) {
-            (Ok(ack), sent) => (sent, ack),
-            // The effect happened; an error here would make the caller believe it did not. The
-            // record stays in flight, expires into unknown and is reconciled.
-            (Err(e), Sent::Success(response)) => {
-                tracing::warn!(target: "once", scope, key = grant.key, "finish failed after a success: {e}");
-                return Ok(Step::Done(Called::Unrecorded { response }));
-            }
-            (Err(e), _) => return Err(e),
-        };
-        Ok(match (sent, ack) {
-            (Sent::Success(response), FinishAck::Unrecorded) => Step::Done(Called::Unrecorded { response }),
-            (Sent::Success(receipt), _) => Step::Done(Called::Confirmed {
-                receipt,
-                replayed: false,
-                via: None,
-                at: None,
-                window_until: None,
-            }),
-            // A rejection is reported only once the ledger holds it; otherwise the caller is
-            // told what the record says, because the record may still be dispatched.
-            (Sent::Rejected(error), FinishAck::Recorded(State::Failed)) => Step::Done(Called::Rejected { error }),
-            (_, FinishAck::Unrecorded) => Step::Done(Called::InFlight(InFlightInfo {
-                key: grant.key.clone(),
-                lease_until: grant.lease_until,
-            })),
-            // Not sent, a lost reply, or a rejection that came after the record moved on:
-            // the engine says what happens next (the next attempt, a reconciliation, …).
-            (Sent::Rejected(_) | Sent::NotSent | Sent::Ambiguous(_), _) => {
-                Step::Again(self.reconcile(scope, &grant.key)?)
-            }
-        })
-    }
-
-    /// Wait (bounded by `in_flight_wait`) for another attempt's holder: the
-    /// engine says when it has an outcome to take; this only polls and sleeps.
-    fn wait_for_holder(&self, scope: &str, mut held: InFlightInfo) -> Result<Waited, OnceError> {
-        let give_up = Instant::now() + self.in_flight_wait;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            match self.await_holder(scope, &held.key)? {
-                Awaited::Pending(info) => held = info,
-                Awaited::Rejected(error) => return Ok(Waited::Done(Called::Rejected { error })),
-                Awaited::Decided(decision) => {
-                    trace_decision("await-holder", scope, "", &decision);
-                    return Ok(Waited::Decided(decision));
-                }
-            }
-            if Instant::now() >= give_up {
-                return Ok(Waited::Done(Called::InFlight(held)));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(100));
-        }
-    }
-}
-
-#[must_use]
-enum Waited {
-    Done(Called),
-    Decided(Decision),
-}
-
-#[must_use]
-enum Step {
-    Done(Called),
-    Again(Decision),
 }
 
 /// A storage failure as the engine reports one (`Error::Storage`).
@@ -684,23 +739,12 @@ fn storage_error(e: StorageError) -> OnceError {
     OnceError::Engine(Error::Storage(e.0))
 }
 
-/// The operation key a decision names, if any.
-fn key_of(decision: &Decision) -> Option<&str> {
-    match decision {
-        Decision::Execute(e) => Some(&e.key),
-        Decision::Replay(r) => Some(&r.key),
-        Decision::Conflict(c) => Some(&c.key),
-        Decision::InFlight(i) => Some(&i.key),
-        Decision::Unknown(u) => Some(&u.key),
-        Decision::Blocked(_) | Decision::Direct => None,
-    }
-}
-
-fn trace_decision(export: &str, scope: &str, tool: &str, decision: &Decision) {
-    let key = key_of(decision).unwrap_or_default();
-    let attempt = match decision {
-        Decision::Execute(e) => Some(e.attempt),
-        _ => None,
+fn trace_step(export: &str, scope: &str, tool: &str, step: &Step) {
+    let (step_name, key, attempt) = match step {
+        Step::Dispatch(g) => ("dispatch", g.key.as_str(), Some(g.attempt)),
+        Step::Wait(w) => ("wait", w.key.as_str(), None),
+        Step::Done(a) => (a.ending.name(), a.key.as_deref().unwrap_or_default(), None),
+        Step::Direct => ("direct", "", None),
     };
-    tracing::info!(target: "once", export, scope, key, tool, decision = decision.name(), attempt, "decision");
+    tracing::info!(target: "once", export, scope, key, tool, step = step_name, attempt, "step");
 }

@@ -21,10 +21,9 @@ use anyhow::Context as _;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
-use crate::bindings::engine::Guest;
 use crate::bindings::types::{
-    Awaited, BeginRequest, Decision, Error, FinishAck, JsonError, Outcome, PruneReport, RecordView, Resolution, Route,
-    State, SweepReport, ToolDescriptor, ToolPolicy,
+    Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, Outcome, PruneReport, RecordView,
+    Resolution, Settings, State, Step, SweepResult,
 };
 use crate::bindings::{Once as OnceWorld, OncePre};
 use crate::io::HostState;
@@ -145,6 +144,8 @@ pub struct Instance {
     store: Store<StoreData>,
     world: OnceWorld,
     limits: GuestLimits,
+    /// Which configuration `configure` last installed (see [`Instance::configured`]).
+    configured: Option<u64>,
 }
 
 impl Runtime {
@@ -200,15 +201,18 @@ impl Runtime {
 
     /// Instantiate over an in-memory ledger once, to prove the runtime works.
     pub fn instantiate_check(&self) -> Result<(), OnceError> {
+        self.default_settings().map(|_| ())
+    }
+
+    /// The engine's default settings (the component's `default-settings`).
+    pub fn default_settings(&self) -> Result<Settings, OnceError> {
         let state = crate::io::HostState {
             storage: std::sync::Arc::new(crate::storage::memory::MemoryStorage::new()),
             clock: std::sync::Arc::new(crate::io::SystemClock::default()),
             provider: std::sync::Arc::new(crate::io::NoProvider),
             operator: std::sync::Arc::new(crate::io::LogOperator),
-            settings: crate::once::default_settings(),
         };
-        self.instantiate(state)?.default_policy()?;
-        Ok(())
+        self.instantiate(state)?.default_settings()
     }
 
     /// A fresh instance over the given host state, under the default limits.
@@ -234,17 +238,18 @@ impl Runtime {
             store,
             world,
             limits: *limits,
+            configured: None,
         })
     }
 }
 
 impl Instance {
-    /// The state the imports reach (storage, clock, provider, operator, settings).
+    /// The state the imports reach (storage, clock, provider, operator).
     pub fn host(&self) -> &HostState {
         &self.store.data().host
     }
 
-    /// The imports' state, to change between calls (e.g. the settings `clock.get-settings` returns).
+    /// The imports' state, to change between calls.
     pub fn host_mut(&mut self) -> &mut HostState {
         &mut self.store.data_mut().host
     }
@@ -259,64 +264,87 @@ impl Instance {
         self.limits
     }
 
+    /// Change the fuel every later export call of this instance starts with
+    /// (e.g. configure on the full budget, then run untrusted calls on less).
+    pub fn set_fuel_per_call(&mut self, fuel: u64) {
+        self.limits.fuel = fuel;
+    }
+
+    /// The generation of the configuration this instance runs with, if any.
+    pub fn configured(&self) -> Option<u64> {
+        self.configured
+    }
+
     /// One export call on a full fuel budget.
     fn call<R>(
         &mut self,
-        f: impl FnOnce(&Guest, &mut Store<StoreData>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&OnceWorld, &mut Store<StoreData>) -> wasmtime::Result<R>,
     ) -> Result<R, OnceError> {
         let limits = self.limits;
         self.store.set_fuel(limits.fuel).map_err(|e| failure(&e, &limits))?;
-        f(self.world.once_core_engine(), &mut self.store).map_err(|e| failure(&e, &limits))
+        f(&self.world, &mut self.store).map_err(|e| failure(&e, &limits))
     }
 
-    /// The `default-policy` export.
-    pub fn default_policy(&mut self) -> Result<ToolPolicy, OnceError> {
-        self.call(|e, s| e.call_default_policy(s))
+    /// The `default-settings` export.
+    pub fn default_settings(&mut self) -> Result<Settings, OnceError> {
+        self.call(|w, s| w.once_core_engine().call_default_settings(s))
     }
 
-    /// The `check-policy` export.
-    pub fn check_policy(&mut self, policy: &ToolPolicy) -> Answer<()> {
-        self.call(|e, s| e.call_check_policy(s, policy))
+    /// The `configure` export; on success the instance runs configuration `generation`.
+    pub fn configure(&mut self, configuration: &Configuration, generation: u64) -> Answer<Configured> {
+        let answer = self.call(|w, s| w.once_core_engine().call_configure(s, configuration))?;
+        self.configured = answer.is_ok().then_some(generation);
+        Ok(answer)
     }
 
-    /// The `route-of` export.
-    pub fn route_of(&mut self, policy: &ToolPolicy, descriptor: Option<&ToolDescriptor>) -> Result<Route, OnceError> {
-        self.call(|e, s| e.call_route_of(s, policy, descriptor))
+    /// The `start` export.
+    pub fn start(&mut self, call: &Call) -> Answer<Step> {
+        self.call(|w, s| w.once_core_protocol().call_start(s, call))
     }
 
-    /// The `begin` export.
-    pub fn begin(&mut self, request: &BeginRequest) -> Answer<Decision> {
-        self.call(|e, s| e.call_begin(s, request))
+    /// The `report` export.
+    pub fn report(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<Step> {
+        self.call(|w, s| w.once_core_protocol().call_report(s, scope, key, fence, outcome))
     }
 
-    /// The `finish` export.
-    pub fn finish(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<FinishAck> {
-        self.call(|e, s| e.call_finish(s, scope, key, fence, outcome))
-    }
-
-    /// The `reconcile` export.
-    pub fn reconcile(&mut self, scope: &str, key: &str) -> Answer<Decision> {
-        self.call(|e, s| e.call_reconcile(s, scope, key))
-    }
-
-    /// The `await-holder` export.
-    pub fn await_holder(&mut self, scope: &str, key: &str) -> Answer<Awaited> {
-        self.call(|e, s| e.call_await_holder(s, scope, key))
+    /// The `resume` export.
+    pub fn resume(&mut self, scope: &str, key: &str) -> Answer<Step> {
+        self.call(|w, s| w.once_core_protocol().call_resume(s, scope, key))
     }
 
     /// The `sweep` export.
-    pub fn sweep(&mut self, limit: u32) -> Answer<SweepReport> {
-        self.call(|e, s| e.call_sweep(s, limit))
+    pub fn sweep(&mut self, limit: u32, dispatch: bool) -> Answer<SweepResult> {
+        self.call(|w, s| w.once_core_protocol().call_sweep(s, limit, dispatch))
+    }
+
+    /// The `begin` transition.
+    pub fn begin(&mut self, call: &Call) -> Answer<Decision> {
+        self.call(|w, s| w.once_core_transitions().call_begin(s, call))
+    }
+
+    /// The `finish` transition.
+    pub fn finish(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<FinishAck> {
+        self.call(|w, s| w.once_core_transitions().call_finish(s, scope, key, fence, outcome))
+    }
+
+    /// The `reconcile` transition.
+    pub fn reconcile(&mut self, scope: &str, key: &str) -> Answer<Decision> {
+        self.call(|w, s| w.once_core_transitions().call_reconcile(s, scope, key))
+    }
+
+    /// The `await-holder` transition.
+    pub fn await_holder(&mut self, scope: &str, key: &str) -> Answer<Awaited> {
+        self.call(|w, s| w.once_core_transitions().call_await_holder(s, scope, key))
     }
 
     /// The `prune` export.
     pub fn prune(&mut self, limit: u32) -> Answer<PruneReport> {
-        self.call(|e, s| e.call_prune(s, limit))
+        self.call(|w, s| w.once_core_engine().call_prune(s, limit))
     }
 
     /// The `inspect` export.
     pub fn inspect(&mut self, scope: &str, key: &str) -> Answer<Option<RecordView>> {
-        self.call(|e, s| e.call_inspect(s, scope, key))
+        self.call(|w, s| w.once_core_engine().call_inspect(s, scope, key))
     }
 
     /// The `resolve` export.
@@ -328,17 +356,20 @@ impl Instance {
         note: &str,
         force: bool,
     ) -> Answer<State> {
-        self.call(|e, s| e.call_resolve(s, scope, key, resolution, note, force))
+        self.call(|w, s| {
+            w.once_core_engine()
+                .call_resolve(s, scope, key, resolution, note, force)
+        })
     }
 
     /// The `canonicalize` export.
     pub fn canonicalize(&mut self, json: &[u8]) -> Answer<String, JsonError> {
-        self.call(|e, s| e.call_canonicalize(s, json))
+        self.call(|w, s| w.once_core_engine().call_canonicalize(s, json))
     }
 
     /// The `fingerprint` export.
     pub fn fingerprint(&mut self, tool: &str, args: &str) -> Answer<String, JsonError> {
-        self.call(|e, s| e.call_fingerprint(s, tool, args))
+        self.call(|w, s| w.once_core_engine().call_fingerprint(s, tool, args))
     }
 }
 

@@ -2,13 +2,14 @@
 //!
 //! This is the Rust runner: it loads the component file with the host
 //! crate's loader (`once::runtime`, wasmtime) and supplies only the imports
-//! the scenarios script: a
-//! compare-and-swap store (the host crate's memory and SQLite backends,
-//! wrapped to inject storage failures and races), a manual clock, scripted
-//! provider evidence and a recording escalation sink. Every decision comes
-//! from the component; nothing here knows a rule. The Python and Node.js
-//! runners do the same and must write byte-identical transcripts
-//! (`tests/conformance/run-all.sh` compares them).
+//! the scenarios script: a compare-and-swap store (the host crate's memory
+//! and SQLite backends, wrapped to inject storage failures and races), a
+//! manual clock, scripted provider evidence and a recording escalation sink
+//! — and configures each instance (`configure`) with the settings and the
+//! tool policy a step needs. Every decision comes from the component;
+//! nothing here knows a rule. The Python and Node.js runners do the same and
+//! must write byte-identical transcripts (`tests/conformance/run-all.sh`
+//! compares them).
 //!
 //! Environment: `ONCE_CONFORMANCE_COMPONENT` (the `.wasm` to load; default:
 //! the one `host/once/build.rs` built), `ONCE_CONFORMANCE_TRANSCRIPTS` (a folder
@@ -28,9 +29,11 @@ use once::storage::memory::MemoryStorage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
-    AuditEvent, Awaited, Batch, BeginRequest, BlockReason, Decision, Error, Escalation, Evidence, FinishAck,
-    IdentityMode, JsonError, JsonErrorKind, KeySource, Outcome, PruneReport, QuotaPolicy, RecordView, ReplayVia,
-    Resolution, Route, Row, Settings, State, SweepReport, Table, Timestamp, ToolDescriptor, ToolPolicy,
+    Account, AuditEvent, Awaited, Batch, BlockReason, Blocked, Call, Configuration, Configured, Confirmation,
+    ConfirmedInfo, Decision, Effect, Ending, Error, Escalation, Evidence, FinishAck, Grant, IdentityMode, InFlightInfo,
+    JsonError, JsonErrorKind, KeySource, Outcome, PolicyInput, PruneReport, QuotaInput, RecordSummary, RecordView,
+    RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step, SweepResult, Table, Timestamp,
+    ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
 };
 use serde_json::{Map, Value, json};
 
@@ -414,6 +417,52 @@ fn route_name(r: Route) -> &'static str {
     }
 }
 
+fn identity_name(i: IdentityMode) -> &'static str {
+    match i {
+        IdentityMode::Required => "required",
+        IdentityMode::Derived => "derived",
+    }
+}
+
+fn key_source_name(k: KeySource) -> &'static str {
+    match k {
+        KeySource::Application => "application",
+        KeySource::Derived => "derived",
+    }
+}
+
+fn effect_name(e: Effect) -> &'static str {
+    match e {
+        Effect::Happened => "happened",
+        Effect::None => "none",
+        Effect::Unknown => "unknown",
+    }
+}
+
+fn repeat_name(r: Repeat) -> &'static str {
+    match r {
+        Repeat::Replays => "replays",
+        Repeat::Waits => "waits",
+        Repeat::Retries => "retries",
+        Repeat::Refused => "refused",
+    }
+}
+
+fn confirmation_name(c: Confirmation) -> &'static str {
+    match c {
+        Confirmation::Answer => "answer",
+        Confirmation::Provider => "provider",
+        Confirmation::Operator => "operator",
+    }
+}
+
+fn wait_reason_name(r: WaitReason) -> &'static str {
+    match r {
+        WaitReason::Holder => "holder",
+        WaitReason::Reconciliation => "reconciliation",
+    }
+}
+
 fn kind_name(k: JsonErrorKind) -> &'static str {
     match k {
         JsonErrorKind::Syntax => "syntax",
@@ -442,37 +491,67 @@ fn render_error(e: &Error) -> Value {
         Error::NotFound => json!("not-found"),
         Error::FenceMismatch => json!("fence-mismatch"),
         Error::InvalidTransition(m) => json!({"invalid-transition": m}),
+        Error::NotConfigured => json!("not-configured"),
     };
     json!({ "error": inner })
 }
 
+fn render_grant(g: &Grant) -> Value {
+    json!({
+        "scope": g.scope, "key": g.key, "tool": g.tool, "attempt": g.attempt, "fence": g.fence,
+        "provider-key": g.provider_key, "args": g.args, "lease-until": g.lease_until, "send-by": g.send_by,
+        "timeout-ms": g.timeout_ms,
+    })
+}
+
+fn render_confirmed(c: &ConfirmedInfo) -> Value {
+    json!({
+        "receipt": c.receipt, "replayed": c.replayed, "via": c.via.map(via_name),
+        "confirmed-by": confirmation_name(c.confirmed_by), "at": c.at, "window-until": c.window_until,
+        "attempt": c.attempt, "earlier-attempts": effect_name(c.earlier_attempts),
+        "possible-duplicate": c.possible_duplicate,
+    })
+}
+
+fn render_rejected(r: &RejectedInfo) -> Value {
+    json!({"error": r.error, "attempt": r.attempt})
+}
+
+fn render_unknown(u: &UnknownInfo) -> Value {
+    json!({"since": u.since, "deadline": u.deadline, "reason": u.reason, "next-read": u.next_read})
+}
+
+fn render_in_flight(i: &InFlightInfo) -> Value {
+    json!({"lease-until": i.lease_until})
+}
+
+fn render_summary(s: &RecordSummary) -> Value {
+    json!({
+        "key": s.key, "tool": s.tool, "fingerprint": s.fingerprint, "args": s.args,
+        "state": state_name(s.state), "created-at": s.created_at,
+    })
+}
+
+fn render_blocked(b: &Blocked) -> Value {
+    json!({"reason": reason_name(b.reason), "detail": b.detail, "receipt": b.receipt})
+}
+
 fn render_decision(d: &Decision) -> Value {
     match d {
-        Decision::Execute(e) => json!({"execute": {
-            "attempt": e.attempt, "fence": e.fence, "provider-key": e.provider_key,
-            "lease-until": e.lease_until, "send-by": e.send_by, "key": e.key, "args": e.args,
-        }}),
-        Decision::Replay(r) => json!({"replay": {
-            "receipt": r.receipt, "replayed": r.replayed, "via": via_name(r.via), "key": r.key,
-            "at": r.at, "window-until": r.window_until,
-        }}),
-        Decision::Conflict(s) => json!({"conflict": {
-            "key": s.key, "tool": s.tool, "fingerprint": s.fingerprint, "args": s.args,
-            "state": state_name(s.state), "created-at": s.created_at,
-        }}),
-        Decision::InFlight(i) => json!({"in-flight": {"key": i.key, "lease-until": i.lease_until}}),
-        Decision::Unknown(u) => json!({"unknown": {"key": u.key, "since": u.since, "deadline": u.deadline}}),
-        Decision::Blocked(b) => json!({"blocked": {
-            "reason": reason_name(b.reason), "detail": b.detail, "receipt": b.receipt,
-        }}),
+        Decision::Execute(g) => json!({ "execute": render_grant(g) }),
+        Decision::Replay(c) => json!({ "replay": render_confirmed(c) }),
+        Decision::Conflict(s) => json!({ "conflict": render_summary(s) }),
+        Decision::InFlight(i) => json!({ "in-flight": render_in_flight(i) }),
+        Decision::Unknown(u) => json!({ "unknown": render_unknown(u) }),
+        Decision::Blocked(b) => json!({ "blocked": render_blocked(b) }),
         Decision::Direct => json!("direct"),
     }
 }
 
 fn render_awaited(a: &Awaited) -> Value {
     match a {
-        Awaited::Pending(i) => json!({"pending": {"key": i.key, "lease-until": i.lease_until}}),
-        Awaited::Rejected(error) => json!({ "rejected": error }),
+        Awaited::Pending(i) => json!({ "pending": render_in_flight(i) }),
+        Awaited::Rejected(r) => json!({ "rejected": render_rejected(r) }),
         Awaited::Decided(d) => json!({ "decided": render_decision(d) }),
     }
 }
@@ -482,6 +561,38 @@ fn render_ack(a: &FinishAck) -> Value {
         FinishAck::Recorded(s) => json!({"recorded": state_name(*s)}),
         FinishAck::Ignored(s) => json!({"ignored": state_name(*s)}),
         FinishAck::Unrecorded => json!("unrecorded"),
+    }
+}
+
+fn render_ending(e: &Ending) -> Value {
+    match e {
+        Ending::Confirmed(c) => json!({ "confirmed": render_confirmed(c) }),
+        Ending::Rejected(r) => json!({ "rejected": render_rejected(r) }),
+        Ending::NotSent(n) => json!({"not-sent": {"attempts": n.attempts}}),
+        Ending::Unknown(u) => json!({ "unknown": render_unknown(u) }),
+        Ending::InFlight(i) => json!({ "in-flight": render_in_flight(i) }),
+        Ending::Conflict(s) => json!({ "conflict": render_summary(s) }),
+        Ending::Blocked(b) => json!({ "blocked": render_blocked(b) }),
+        Ending::Unrecorded(u) => json!({"unrecorded": {"response": u.response}}),
+    }
+}
+
+fn render_account(a: &Account) -> Value {
+    json!({
+        "scope": a.scope, "key": a.key, "key-source": a.key_source.map(key_source_name), "tool": a.tool,
+        "ending": render_ending(&a.ending), "effect": effect_name(a.effect), "repeat": repeat_name(a.repeat),
+    })
+}
+
+fn render_step(s: &Step) -> Value {
+    match s {
+        Step::Dispatch(g) => json!({ "dispatch": render_grant(g) }),
+        Step::Wait(w) => json!({"wait": {
+            "scope": w.scope, "key": w.key, "next": w.next, "until": w.until,
+            "reason": wait_reason_name(w.reason), "meanwhile": render_account(&w.meanwhile),
+        }}),
+        Step::Done(a) => json!({ "done": render_account(a) }),
+        Step::Direct => json!("direct"),
     }
 }
 
@@ -495,8 +606,7 @@ fn render_event(e: &AuditEvent) -> Value {
 
 fn render_view(v: &RecordView) -> Value {
     json!({
-        "scope": v.scope, "key": v.key,
-        "key-source": match v.key_source { KeySource::Application => "application", KeySource::Derived => "derived" },
+        "scope": v.scope, "key": v.key, "key-source": key_source_name(v.key_source),
         "tool": v.tool, "fingerprint": v.fingerprint, "args": v.args, "provider-key": v.provider_key,
         "owner": v.owner, "state": state_name(v.state), "version": v.version, "attempts": v.attempts,
         "receipt": v.receipt, "error": v.error, "escalated": v.escalated,
@@ -514,11 +624,11 @@ fn render_escalation(e: &Escalation) -> Value {
     })
 }
 
-fn render_sweep(r: &SweepReport) -> Value {
+fn render_sweep(r: &SweepResult) -> Value {
     json!({
-        "expired": r.expired, "reconciled": r.reconciled, "confirmed": r.confirmed,
+        "expired": r.expired, "reconciled": r.reconciled, "confirmed": r.confirmed, "escalated": r.escalated,
         "owed": r.owed.iter().map(|(s, k)| json!([s, k])).collect::<Vec<_>>(),
-        "escalated": r.escalated,
+        "dispatches": r.dispatches.iter().map(render_grant).collect::<Vec<_>>(),
     })
 }
 
@@ -528,20 +638,29 @@ fn render_prune(r: &PruneReport) -> Value {
 
 fn render_policy(p: &ToolPolicy) -> Value {
     json!({
-        "route": p.route.map(route_name),
-        "identity": match p.identity { IdentityMode::Required => "required", IdentityMode::Derived => "derived" },
-        "key-argument": p.key_argument, "effect-fields": p.effect_fields,
-        "verify-first": p.verify_first, "provider-claims-key": p.provider_claims_key,
+        "route": p.route.map(route_name), "identity": identity_name(p.identity),
+        "key-argument": p.key_argument, "key-sent-by-host": p.key_sent_by_host,
+        "effect-fields": p.effect_fields, "verify-first": p.verify_first,
+        "provider-claims-key": p.provider_claims_key, "lookup": p.lookup,
         "max-in-flight-ms": p.max_in_flight_ms, "dispatch-timeout-ms": p.dispatch_timeout_ms,
         "lease-ms": p.lease_ms, "attempt-budget": p.attempt_budget,
-        "derived-window-ms": p.derived_window_ms, "key-sent-by-host": p.key_sent_by_host,
-        "resolve-deadline-ms": p.resolve_deadline_ms, "reconcile-interval-ms": p.reconcile_interval_ms,
-        "retention-ms": p.retention_ms, "tombstone-retention-ms": p.tombstone_retention_ms,
+        "derived-window-ms": p.derived_window_ms, "resolve-deadline-ms": p.resolve_deadline_ms,
+        "reconcile-interval-ms": p.reconcile_interval_ms, "retention-ms": p.retention_ms,
+        "tombstone-retention-ms": p.tombstone_retention_ms,
         "quota": p.quota.as_ref().map(|q| json!({
             "spend-field": q.spend_field, "ceiling": q.ceiling, "decimals": q.decimals,
             "window-ms": q.window_ms, "bucket": q.bucket,
         })),
         "descriptor-pin": p.descriptor_pin,
+    })
+}
+
+fn render_configured(c: &Configured) -> Value {
+    json!({
+        "defaults": render_policy(&c.defaults),
+        "tools": c.tools.iter().map(|t| json!({
+            "tool": t.tool, "route": route_name(t.route), "blocked": t.blocked, "policy": render_policy(&t.policy),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -581,6 +700,10 @@ fn num(v: &Value, what: &str) -> Res<u64> {
         .ok_or_else(|| format!("{what}: expected an unsigned integer, got {v}"))
 }
 
+fn opt_num(v: &Value, what: &str) -> Res<Option<u64>> {
+    if v.is_null() { Ok(None) } else { num(v, what).map(Some) }
+}
+
 fn small(v: &Value, what: &str) -> Res<u32> {
     u32::try_from(num(v, what)?).map_err(|_| format!("{what}: too large"))
 }
@@ -588,6 +711,10 @@ fn small(v: &Value, what: &str) -> Res<u32> {
 fn flag(v: &Value, what: &str) -> Res<bool> {
     v.as_bool()
         .ok_or_else(|| format!("{what}: expected a boolean, got {v}"))
+}
+
+fn opt_flag(v: &Value, what: &str) -> Res<Option<bool>> {
+    if v.is_null() { Ok(None) } else { flag(v, what).map(Some) }
 }
 
 fn parse_route(v: &Value) -> Res<Route> {
@@ -599,8 +726,10 @@ fn parse_route(v: &Value) -> Res<Route> {
     }
 }
 
-fn parse_policy(overrides: &Value, base: &ToolPolicy) -> Res<ToolPolicy> {
-    let mut p = base.clone();
+/// A scenario's policy (an object of `policy-input` fields by WIT name; a
+/// field not given, or `null`, is unset and the engine fills it).
+fn parse_policy(overrides: &Value) -> Res<PolicyInput> {
+    let mut p = once::policy_input();
     let Some(map) = overrides.as_object() else {
         return Err(format!("policy: expected an object, got {overrides}"));
     };
@@ -609,12 +738,14 @@ fn parse_policy(overrides: &Value, base: &ToolPolicy) -> Res<ToolPolicy> {
             "route" => p.route = if v.is_null() { None } else { Some(parse_route(v)?) },
             "identity" => {
                 p.identity = match v.as_str() {
-                    Some("required") => IdentityMode::Required,
-                    Some("derived") => IdentityMode::Derived,
+                    None if v.is_null() => None,
+                    Some("required") => Some(IdentityMode::Required),
+                    Some("derived") => Some(IdentityMode::Derived),
                     _ => return Err(format!("identity: {v}")),
                 }
             }
             "key-argument" => p.key_argument = opt_text(v, k)?,
+            "key-sent-by-host" => p.key_sent_by_host = opt_flag(v, k)?,
             "effect-fields" => {
                 p.effect_fields = match v {
                     Value::Null => None,
@@ -622,27 +753,30 @@ fn parse_policy(overrides: &Value, base: &ToolPolicy) -> Res<ToolPolicy> {
                     _ => return Err(format!("effect-fields: {v}")),
                 }
             }
-            "verify-first" => p.verify_first = flag(v, k)?,
-            "provider-claims-key" => p.provider_claims_key = flag(v, k)?,
-            "max-in-flight-ms" => p.max_in_flight_ms = num(v, k)?,
-            "dispatch-timeout-ms" => p.dispatch_timeout_ms = num(v, k)?,
-            "lease-ms" => p.lease_ms = num(v, k)?,
-            "attempt-budget" => p.attempt_budget = small(v, k)?,
-            "derived-window-ms" => p.derived_window_ms = num(v, k)?,
-            "key-sent-by-host" => p.key_sent_by_host = flag(v, k)?,
-            "resolve-deadline-ms" => p.resolve_deadline_ms = num(v, k)?,
-            "reconcile-interval-ms" => p.reconcile_interval_ms = num(v, k)?,
-            "retention-ms" => p.retention_ms = num(v, k)?,
-            "tombstone-retention-ms" => p.tombstone_retention_ms = num(v, k)?,
+            "verify-first" => p.verify_first = opt_flag(v, k)?,
+            "provider-claims-key" => p.provider_claims_key = opt_flag(v, k)?,
+            "lookup" => p.lookup = opt_flag(v, k)?,
+            "max-in-flight-ms" => p.max_in_flight_ms = opt_num(v, k)?,
+            "dispatch-timeout-ms" => p.dispatch_timeout_ms = opt_num(v, k)?,
+            "lease-ms" => p.lease_ms = opt_num(v, k)?,
+            "attempt-budget" => p.attempt_budget = if v.is_null() { None } else { Some(small(v, k)?) },
+            "derived-window-ms" => p.derived_window_ms = opt_num(v, k)?,
+            "resolve-deadline-ms" => p.resolve_deadline_ms = opt_num(v, k)?,
+            "reconcile-interval-ms" => p.reconcile_interval_ms = opt_num(v, k)?,
+            "retention-ms" => p.retention_ms = opt_num(v, k)?,
+            "tombstone-retention-ms" => p.tombstone_retention_ms = opt_num(v, k)?,
             "descriptor-pin" => p.descriptor_pin = opt_text(v, k)?,
             "quota" => {
                 p.quota = if v.is_null() {
                     None
                 } else {
-                    Some(QuotaPolicy {
+                    Some(QuotaInput {
                         spend_field: text(&v["spend-field"], "spend-field")?,
                         ceiling: text(&v["ceiling"], "ceiling")?,
-                        decimals: u8::try_from(num(&v["decimals"], "decimals")?).map_err(|_| "decimals")?,
+                        decimals: match opt_num(&v["decimals"], "decimals")? {
+                            None => None,
+                            Some(d) => Some(u8::try_from(d).map_err(|_| "decimals: too large")?),
+                        },
                         window_ms: num(&v["window-ms"], "window-ms")?,
                         bucket: opt_text(&v["bucket"], "bucket")?,
                     })
@@ -663,6 +797,29 @@ fn parse_descriptor(v: &Value) -> Res<Option<ToolDescriptor>> {
         input_schema: text(&v["input-schema"], "input-schema")?,
         annotations: opt_text(&v["annotations"], "annotations")?,
     }))
+}
+
+/// A configuration in its neutral form: `{"settings", "defaults", "tools": [{"tool", "policy", "descriptor"}]}`,
+/// every policy already an object of overrides.
+fn parse_configuration(v: &Value) -> Res<Configuration> {
+    let mut settings = default_settings();
+    apply_settings(&mut settings, &v["settings"])?;
+    Ok(Configuration {
+        settings,
+        defaults: parse_policy(&v["defaults"])?,
+        tools: v["tools"]
+            .as_array()
+            .ok_or("configuration: tools must be a list")?
+            .iter()
+            .map(|t| {
+                Ok(ToolConfig {
+                    tool: text(&t["tool"], "tool")?,
+                    policy: parse_policy(&t["policy"])?,
+                    descriptor: parse_descriptor(&t["descriptor"])?,
+                })
+            })
+            .collect::<Res<_>>()?,
+    })
 }
 
 /// A one-key object `{"case": payload}` or a bare `"case"`.
@@ -707,17 +864,19 @@ fn parse_resolution(v: &Value) -> Res<Resolution> {
     })
 }
 
+/// The engine's default settings, from the component's own `default-settings`.
 fn default_settings() -> Settings {
-    Settings {
-        max_input_bytes: 1 << 20,
-        max_depth: 128,
-        max_key_bytes: 512,
-        clock_skew_ms: 0,
-        owner: "default".to_string(),
-    }
+    static DEFAULTS: OnceLock<Settings> = OnceLock::new();
+    DEFAULTS
+        .get_or_init(|| runtime().default_settings().expect("default-settings"))
+        .clone()
 }
 
+/// Settings overrides (`null`: none) applied to `s`.
 fn apply_settings(s: &mut Settings, v: &Value) -> Res<()> {
+    if v.is_null() {
+        return Ok(());
+    }
     for (k, v) in v.as_object().ok_or("settings: expected an object")? {
         match k.as_str() {
             "max-input-bytes" => s.max_input_bytes = small(v, k)?,
@@ -729,6 +888,13 @@ fn apply_settings(s: &mut Settings, v: &Value) -> Res<()> {
         }
     }
     Ok(())
+}
+
+fn render_settings(s: &Settings) -> Value {
+    json!({
+        "max-input-bytes": s.max_input_bytes, "max-depth": s.max_depth, "max-key-bytes": s.max_key_bytes,
+        "clock-skew-ms": s.clock_skew_ms, "owner": s.owner,
+    })
 }
 
 // ------------------------------------------------------------------ vectors
@@ -765,8 +931,39 @@ fn csv_value(path: &str, key: &str) -> Res<String> {
 
 // ------------------------------------------------------------------ a scenario run
 
-/// One component instance with its own store: an agent.
-type Agent = Instance;
+/// One component instance over the scenario's store, and the configuration
+/// it was last configured with (neutral JSON), so it is reconfigured only
+/// when a step needs another one.
+struct Agent {
+    instance: Instance,
+    configured: Option<Value>,
+    generation: u64,
+}
+
+impl Agent {
+    /// Configure the instance as `configuration` unless it already is; a
+    /// refusal is the step's answer (the instance keeps its configuration).
+    fn ensure(&mut self, configuration: &Value) -> Res<Option<Value>> {
+        if self.configured.as_ref() == Some(configuration) {
+            return Ok(None);
+        }
+        Ok(self.configure(configuration)?.err())
+    }
+
+    /// The `configure` export: `Ok(configured)`, or `Err(the rendered error)`.
+    fn configure(&mut self, configuration: &Value) -> Res<Result<Value, Value>> {
+        let wit = parse_configuration(configuration)?;
+        self.generation += 1;
+        match self.instance.configure(&wit, self.generation) {
+            Ok(Ok(c)) => {
+                self.configured = Some(configuration.clone());
+                Ok(Ok(render_configured(&c)))
+            }
+            Ok(Err(e)) => Ok(Err(render_error(&e))),
+            Err(trap) => Err(format!("trap: {trap}")),
+        }
+    }
+}
 
 struct Run {
     name: String,
@@ -774,7 +971,6 @@ struct Run {
     env: Arc<Env>,
     storage: Arc<Scripted>,
     start: u64,
-    default_policy: ToolPolicy,
     vars: Mutex<BTreeMap<String, Value>>,
     transcript: Mutex<Vec<String>>,
     failures: Mutex<Vec<String>>,
@@ -790,9 +986,37 @@ impl Run {
             clock: Arc::new(EnvClock(self.env.clone())),
             provider: self.env.clone(),
             operator: self.env.clone(),
-            settings: lock(&self.env.settings).clone(),
         };
-        rt.instantiate(state).expect("instantiating the component")
+        Agent {
+            instance: rt.instantiate(state).expect("instantiating the component"),
+            configured: None,
+            generation: 0,
+        }
+    }
+
+    /// The settings the host runs with now, neutral.
+    fn settings(&self) -> Value {
+        render_settings(&lock(&self.env.settings))
+    }
+
+    /// What a step that is not a call needs: the current settings (any tools).
+    fn ensure_settings(&self, agent: &mut Agent) -> Res<Option<Value>> {
+        let settings = self.settings();
+        if agent.configured.as_ref().is_some_and(|c| c["settings"] == settings) {
+            return Ok(None);
+        }
+        agent.ensure(&json!({"settings": settings, "defaults": {}, "tools": []}))
+    }
+
+    /// What a `begin` or `start` needs: its tool with the step's policy and
+    /// descriptor (none of either: the engine's defaults for every tool).
+    fn ensure_tool(&self, agent: &mut Agent, tool: &str, policy: Value, descriptor: Value) -> Res<Option<Value>> {
+        let tools = if policy.as_object().is_some_and(Map::is_empty) && descriptor.is_null() {
+            json!([])
+        } else {
+            json!([{"tool": tool, "policy": policy, "descriptor": descriptor}])
+        };
+        agent.ensure(&json!({"settings": self.settings(), "defaults": {}, "tools": tools}))
     }
 
     fn fail(&self, label: &str, msg: String) {
@@ -806,17 +1030,19 @@ impl Run {
         }
     }
 
-    fn policy(&self, v: &Value) -> Res<ToolPolicy> {
-        match v {
-            Value::Null => Ok(self.default_policy.clone()),
-            Value::String(name) => {
-                let named = self.scenario["policies"]
-                    .get(name)
-                    .ok_or_else(|| format!("no policy named {name:?}"))?;
-                parse_policy(named, &self.default_policy)
-            }
-            other => parse_policy(other, &self.default_policy),
-        }
+    /// A step's policy as an object of `policy-input` overrides: a name from
+    /// `policies`, an object, or `null` (nothing set).
+    fn policy(&self, v: &Value) -> Res<Value> {
+        let p = match v {
+            Value::Null => json!({}),
+            Value::String(name) => self.scenario["policies"]
+                .get(name)
+                .cloned()
+                .ok_or_else(|| format!("no policy named {name:?}"))?,
+            other => other.clone(),
+        };
+        parse_policy(&p)?; // refuse an unknown field here, in every runner alike
+        Ok(p)
     }
 
     /// Replace `{"$": "var/path"}`, `{"$t": n}`, `{"$now": n}`, `{"$file": p}` in an input.
@@ -973,8 +1199,12 @@ impl Run {
     }
 
     fn call_inspect(&self, agent: &mut Agent, scope: &str, key: &str) -> Value {
-        agent.host_mut().settings = lock(&self.env.settings).clone();
-        match agent.inspect(scope, key) {
+        match self.ensure_settings(agent) {
+            Ok(None) => {}
+            Ok(Some(error)) => return error,
+            Err(e) => return json!({"trap": e}),
+        }
+        match agent.instance.inspect(scope, key) {
             Ok(Ok(Some(v))) => render_view(&v),
             Ok(Ok(None)) => Value::Null,
             Ok(Err(e)) => render_error(&e),
@@ -984,10 +1214,6 @@ impl Run {
 
     fn exec(self: &Arc<Self>, agent: &mut Agent, op: &str, step: &Value, label: &str, now: u64) -> Res<Value> {
         let input = |field: &str| -> Res<Value> { self.resolve(&self.defaults(step, field), now) };
-        let scope = || -> Res<String> { text(&input("scope")?, "scope") };
-        let key = || -> Res<String> { text(&input("key")?, "key") };
-        agent.host_mut().settings = lock(&self.env.settings).clone();
-        let trap = |e: once::OnceError| format!("trap: {e}");
         Ok(match op {
             // ---- host-side script
             "advance" => {
@@ -1050,66 +1276,139 @@ impl Run {
                 Value::Null
             }
             // ---- the exports
-            "begin" => {
-                let keys = match step.get("keys") {
-                    Some(k) => self
-                        .resolve(k, now)?
+            export => self.call(agent, export, step, now)?,
+        })
+    }
+
+    /// The `call` record of a `begin` or `start` step.
+    fn call_of(&self, step: &Value, now: u64) -> Res<Call> {
+        let input = |field: &str| -> Res<Value> { self.resolve(&self.defaults(step, field), now) };
+        let keys = match step.get("keys") {
+            Some(k) => self
+                .resolve(k, now)?
+                .as_array()
+                .ok_or("keys: expected a list of [carrier, key]")?
+                .iter()
+                .map(|pair| Ok((text(&pair[0], "carrier")?, text(&pair[1], "key")?)))
+                .collect::<Res<Vec<_>>>()?,
+            None => match input("key")? {
+                Value::Null => Vec::new(),
+                k => vec![("api".to_string(), text(&k, "key")?)],
+            },
+        };
+        Ok(Call {
+            scope: text(&input("scope")?, "scope")?,
+            keys,
+            tool: text(&input("tool")?, "tool")?,
+            args: text(&input("args")?, "args")?,
+            supersedes: opt_text(&input("supersedes")?, "supersedes")?,
+            acknowledge_confirmed: input("acknowledge-confirmed")?.as_bool().unwrap_or(false),
+        })
+    }
+
+    /// A step that calls an export. The instance is configured first as the
+    /// step needs (a refusal is the step's result).
+    fn call(&self, agent: &mut Agent, op: &str, step: &Value, now: u64) -> Res<Value> {
+        let input = |field: &str| -> Res<Value> { self.resolve(&self.defaults(step, field), now) };
+        let scope = || -> Res<String> { text(&input("scope")?, "scope") };
+        let key = || -> Res<String> { text(&input("key")?, "key") };
+        let trap = |e: once::OnceError| format!("trap: {e}");
+        let refused = match op {
+            "configure" => None,
+            "begin" | "start" => {
+                let tool = text(&input("tool")?, "tool")?;
+                let policy = self.policy(&input("policy")?)?;
+                self.ensure_tool(agent, &tool, policy, input("descriptor")?)?
+            }
+            _ if EXPORTS.contains(&op) => self.ensure_settings(agent)?,
+            other => return Err(format!("unknown op {other:?}")),
+        };
+        if let Some(error) = refused {
+            return Ok(error);
+        }
+        let a = &mut agent.instance;
+        Ok(match op {
+            "configure" => {
+                let mut settings = lock(&self.env.settings).clone();
+                apply_settings(&mut settings, &input("settings")?)?;
+                let tools = match step.get("tools") {
+                    None => Vec::new(),
+                    Some(t) => t
                         .as_array()
-                        .ok_or("keys: expected a list of [carrier, key]")?
+                        .ok_or("tools: expected a list")?
                         .iter()
-                        .map(|pair| Ok((text(&pair[0], "carrier")?, text(&pair[1], "key")?)))
+                        .map(|t| {
+                            let tool = match t.get("tool") {
+                                Some(name) => name.clone(),
+                                None => input("tool")?,
+                            };
+                            let policy = self.policy(t.get("policy").unwrap_or(&Value::Null))?;
+                            let descriptor = self.resolve(t.get("descriptor").unwrap_or(&Value::Null), now)?;
+                            Ok(json!({"tool": tool, "policy": policy, "descriptor": descriptor}))
+                        })
                         .collect::<Res<Vec<_>>>()?,
-                    None => match input("key")? {
-                        Value::Null => Vec::new(),
-                        k => vec![("api".to_string(), text(&k, "key")?)],
-                    },
                 };
-                let req = BeginRequest {
-                    scope: scope()?,
-                    keys,
-                    tool: text(&input("tool")?, "tool")?,
-                    args: text(&input("args")?, "args")?,
-                    policy: self.policy(&input("policy")?)?,
-                    descriptor: parse_descriptor(&input("descriptor")?)?,
-                    supersedes: opt_text(&input("supersedes")?, "supersedes")?,
-                    acknowledge_confirmed: input("acknowledge-confirmed")?.as_bool().unwrap_or(false),
-                };
-                match agent.begin(&req).map_err(trap)? {
-                    Ok(d) => render_decision(&d),
-                    Err(e) => render_error(&e),
+                let configuration = json!({
+                    "settings": render_settings(&settings),
+                    "defaults": self.policy(step.get("defaults").unwrap_or(&Value::Null))?,
+                    "tools": tools,
+                });
+                match agent.configure(&configuration)? {
+                    Ok(c) | Err(c) => c,
                 }
             }
-            "finish" => {
-                let outcome = parse_outcome(&input("outcome")?)?;
-                let fence = text(&input("fence")?, "fence")?;
-                match agent.finish(&scope()?, &key()?, &fence, &outcome).map_err(trap)? {
-                    Ok(a) => render_ack(&a),
-                    Err(e) => render_error(&e),
-                }
-            }
-            "reconcile" => match agent.reconcile(&scope()?, &key()?).map_err(trap)? {
+            "begin" => match a.begin(&self.call_of(step, now)?).map_err(trap)? {
                 Ok(d) => render_decision(&d),
                 Err(e) => render_error(&e),
             },
-            "await-holder" => match agent.await_holder(&scope()?, &key()?).map_err(trap)? {
-                Ok(a) => render_awaited(&a),
+            "start" => match a.start(&self.call_of(step, now)?).map_err(trap)? {
+                Ok(s) => render_step(&s),
+                Err(e) => render_error(&e),
+            },
+            "finish" => {
+                let outcome = parse_outcome(&input("outcome")?)?;
+                let fence = text(&input("fence")?, "fence")?;
+                match a.finish(&scope()?, &key()?, &fence, &outcome).map_err(trap)? {
+                    Ok(ack) => render_ack(&ack),
+                    Err(e) => render_error(&e),
+                }
+            }
+            "report" => {
+                let outcome = parse_outcome(&input("outcome")?)?;
+                let fence = text(&input("fence")?, "fence")?;
+                match a.report(&scope()?, &key()?, &fence, &outcome).map_err(trap)? {
+                    Ok(s) => render_step(&s),
+                    Err(e) => render_error(&e),
+                }
+            }
+            "resume" => match a.resume(&scope()?, &key()?).map_err(trap)? {
+                Ok(s) => render_step(&s),
+                Err(e) => render_error(&e),
+            },
+            "reconcile" => match a.reconcile(&scope()?, &key()?).map_err(trap)? {
+                Ok(d) => render_decision(&d),
+                Err(e) => render_error(&e),
+            },
+            "await-holder" => match a.await_holder(&scope()?, &key()?).map_err(trap)? {
+                Ok(aw) => render_awaited(&aw),
                 Err(e) => render_error(&e),
             },
             "sweep" => {
                 let limit = input("limit")?.as_u64().unwrap_or(100) as u32;
-                match agent.sweep(limit).map_err(trap)? {
+                let dispatch = input("dispatch")?.as_bool().unwrap_or(false);
+                match a.sweep(limit, dispatch).map_err(trap)? {
                     Ok(r) => render_sweep(&r),
                     Err(e) => render_error(&e),
                 }
             }
             "prune" => {
                 let limit = input("limit")?.as_u64().unwrap_or(100) as u32;
-                match agent.prune(limit).map_err(trap)? {
+                match a.prune(limit).map_err(trap)? {
                     Ok(r) => render_prune(&r),
                     Err(e) => render_error(&e),
                 }
             }
-            "inspect" => match agent.inspect(&scope()?, &key()?).map_err(trap)? {
+            "inspect" => match a.inspect(&scope()?, &key()?).map_err(trap)? {
                 Ok(Some(v)) => render_view(&v),
                 Ok(None) => Value::Null,
                 Err(e) => render_error(&e),
@@ -1118,10 +1417,7 @@ impl Run {
                 let resolution = parse_resolution(&input("resolution")?)?;
                 let note = text(&input("note")?, "note")?;
                 let force = input("force")?.as_bool().unwrap_or(false);
-                match agent
-                    .resolve(&scope()?, &key()?, &resolution, &note, force)
-                    .map_err(trap)?
-                {
+                match a.resolve(&scope()?, &key()?, &resolution, &note, force).map_err(trap)? {
                     Ok(state) => json!(state_name(state)),
                     Err(e) => render_error(&e),
                 }
@@ -1136,7 +1432,7 @@ impl Run {
                 } else {
                     return Err("canonicalize needs text, hex or file".to_string());
                 };
-                match agent.canonicalize(&bytes).map_err(trap)? {
+                match a.canonicalize(&bytes).map_err(trap)? {
                     Ok(t) => json!(t),
                     Err(e) => json!({"error": render_json_error(&e)}),
                 }
@@ -1144,23 +1440,10 @@ impl Run {
             "fingerprint" => {
                 let tool = text(&input("tool")?, "tool")?;
                 let args = text(&input("args")?, "args")?;
-                match agent.fingerprint(&tool, &args).map_err(trap)? {
+                match a.fingerprint(&tool, &args).map_err(trap)? {
                     Ok(t) => json!(t),
                     Err(e) => json!({"error": render_json_error(&e)}),
                 }
-            }
-            "default-policy" => render_policy(&agent.default_policy().map_err(trap)?),
-            "check-policy" => {
-                let policy = self.policy(&input("policy")?)?;
-                match agent.check_policy(&policy).map_err(trap)? {
-                    Ok(()) => Value::Null,
-                    Err(e) => render_error(&e),
-                }
-            }
-            "route-of" => {
-                let policy = self.policy(&input("policy")?)?;
-                let descriptor = parse_descriptor(&input("descriptor")?)?;
-                json!(route_name(agent.route_of(&policy, descriptor.as_ref()).map_err(trap)?))
             }
             other => return Err(format!("unknown op {other:?}")),
         })
@@ -1340,20 +1623,21 @@ fn audit_invariants(view: &Map<String, Value>) -> Res<()> {
 }
 
 /// The ops that call an export of the component: each must say what it expects.
-const EXPORTS: [&str; 13] = [
+const EXPORTS: [&str; 14] = [
+    "configure",
+    "start",
+    "report",
+    "resume",
+    "sweep",
     "begin",
     "finish",
     "reconcile",
     "await-holder",
-    "sweep",
     "prune",
     "inspect",
     "resolve",
     "canonicalize",
     "fingerprint",
-    "default-policy",
-    "check-policy",
-    "route-of",
 ];
 
 struct ScenarioRun {
@@ -1377,41 +1661,17 @@ fn run_scenario(name: &str, scenario: &Value, backend: Backend, broken: Broken) 
         ack: AtomicBool::new(true),
     });
     let storage = Arc::new(Scripted::new(backend, dir.path(), broken));
-    let mut run = Run {
+    let run = Run {
         name: name.to_string(),
         scenario: scenario.clone(),
         env,
         storage,
         start,
-        default_policy: ToolPolicy {
-            route: None,
-            identity: IdentityMode::Required,
-            key_argument: None,
-            effect_fields: None,
-            verify_first: false,
-            provider_claims_key: false,
-            max_in_flight_ms: 0,
-            dispatch_timeout_ms: 0,
-            lease_ms: 0,
-            attempt_budget: 0,
-            derived_window_ms: 0,
-            key_sent_by_host: false,
-            resolve_deadline_ms: 0,
-            reconcile_interval_ms: 0,
-            retention_ms: 0,
-            tombstone_retention_ms: 0,
-            quota: None,
-            descriptor_pin: None,
-        },
         vars: Mutex::new(BTreeMap::new()),
         transcript: Mutex::new(Vec::new()),
         failures: Mutex::new(Vec::new()),
         other: Mutex::new(None),
     };
-    // The defaults every policy override starts from: the engine's own.
-    let mut agent = run.agent();
-    run.default_policy = agent.default_policy().expect("default-policy");
-    drop(agent);
     let run = Arc::new(run);
     run.run();
     // Break the cycle a pending race hook would hold.
@@ -1437,7 +1697,9 @@ fn transcript_of(all: &[(String, ScenarioRun)]) -> String {
 
 /// What the suite as run must have shown, measured from the results (not
 /// from what the scenario files claim): every state of DESIGN.md's state
-/// table, every decision and blocked reason, every finish outcome and answer.
+/// table, every decision and blocked reason, every finish outcome and answer,
+/// every protocol step, wait reason, ending and account fact, a dispatching
+/// sweep's grant, and configure's answer and refusal.
 fn check_coverage(all: &[(String, ScenarioRun)]) {
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for (_, o) in all {
@@ -1459,6 +1721,39 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
                     if let Some(via) = r["replay"]["via"].as_str() {
                         seen.insert(format!("via:{via}"));
                     }
+                }
+                "start" | "report" | "resume" => {
+                    let (kind, body) = match r {
+                        Value::String(s) => (s.clone(), Value::Null),
+                        Value::Object(m) => m.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap_or_default(),
+                        _ => Default::default(),
+                    };
+                    seen.insert(format!("step:{kind}"));
+                    let account = match kind.as_str() {
+                        "wait" => {
+                            seen.insert(format!("wait:{}", body["reason"].as_str().unwrap_or_default()));
+                            body["meanwhile"].clone()
+                        }
+                        "done" => body,
+                        _ => Value::Null,
+                    };
+                    if let Some(ending) = account["ending"].as_object().and_then(|m| m.keys().next()) {
+                        seen.insert(format!("ending:{ending}"));
+                    }
+                    for fact in ["effect", "repeat"] {
+                        if let Some(v) = account[fact].as_str() {
+                            seen.insert(format!("{fact}:{v}"));
+                        }
+                    }
+                }
+                "sweep" if r["dispatches"].as_array().is_some_and(|d| !d.is_empty()) => {
+                    seen.insert("sweep:dispatches".to_string());
+                }
+                "configure" => {
+                    seen.insert(format!(
+                        "configure:{}",
+                        if is_error(r) { "refused" } else { "configured" }
+                    ));
                 }
                 "finish" => match r {
                     Value::String(s) => {
@@ -1565,6 +1860,42 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
         "pruned",
     ] {
         required.push(format!("event:{e}"));
+    }
+    for k in [
+        "step:dispatch",
+        "step:wait",
+        "step:done",
+        "step:direct",
+        "wait:holder",
+        "wait:reconciliation",
+    ] {
+        required.push(k.to_string());
+    }
+    for e in [
+        "confirmed",
+        "rejected",
+        "not-sent",
+        "unknown",
+        "in-flight",
+        "conflict",
+        "blocked",
+        "unrecorded",
+    ] {
+        required.push(format!("ending:{e}"));
+    }
+    for f in [
+        "effect:happened",
+        "effect:none",
+        "effect:unknown",
+        "repeat:replays",
+        "repeat:waits",
+        "repeat:retries",
+        "repeat:refused",
+        "sweep:dispatches",
+        "configure:configured",
+        "configure:refused",
+    ] {
+        required.push(f.to_string());
     }
     let missing: Vec<&String> = required.iter().filter(|r| !seen.contains(*r)).collect();
     assert!(missing.is_empty(), "the scenarios never showed: {missing:?}");
@@ -1674,11 +2005,59 @@ fn a_store_that_never_reports_a_conflict_is_caught() {
         Broken::NoConflicts,
         &[
             "race-concurrent-begins",
+            "race-concurrent-starts",
             "race-quota-reservations",
             "race-finish-vs-sweep",
             "race-original-retried-while-superseded",
         ],
     );
+}
+
+/// Settings and policies arrive once per instance: before `configure`, every
+/// export that needs them is refused (`error.not-configured`), and nothing is read or written.
+#[test]
+fn every_export_before_configure_is_not_configured() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let env = Arc::new(Env {
+        clock: ScriptClock(AtomicU64::new(1_000_000)),
+        settings: Mutex::new(default_settings()),
+        evidence: Mutex::new(VecDeque::new()),
+        lookups: Mutex::new(Vec::new()),
+        escalations: Mutex::new(Vec::new()),
+        ack: AtomicBool::new(true),
+    });
+    let storage = Arc::new(Scripted::new(Backend::Memory, dir.path(), Broken::No));
+    let state = HostState {
+        storage: storage.clone(),
+        clock: Arc::new(EnvClock(env.clone())),
+        provider: env.clone(),
+        operator: env,
+    };
+    let mut i = runtime().instantiate(state).expect("instantiating the component");
+    let call = Call {
+        scope: "s".into(),
+        keys: vec![("api".into(), "k".into())],
+        tool: "refund".into(),
+        args: "{}".into(),
+        supersedes: None,
+        acknowledge_confirmed: false,
+    };
+    let refused = |name: &str, e: Option<Error>| assert_eq!(e, Some(Error::NotConfigured), "{name}");
+    refused("start", i.start(&call).unwrap().err());
+    refused("report", i.report("s", "k", "f", &Outcome::NotSent).unwrap().err());
+    refused("resume", i.resume("s", "k").unwrap().err());
+    refused("sweep", i.sweep(10, true).unwrap().err());
+    refused("begin", i.begin(&call).unwrap().err());
+    refused("finish", i.finish("s", "k", "f", &Outcome::NotSent).unwrap().err());
+    refused("reconcile", i.reconcile("s", "k").unwrap().err());
+    refused("await-holder", i.await_holder("s", "k").unwrap().err());
+    refused("prune", i.prune(10).unwrap().err());
+    refused("inspect", i.inspect("s", "k").unwrap().err());
+    refused(
+        "resolve",
+        i.resolve("s", "k", &Resolution::Absent, "n", false).unwrap().err(),
+    );
+    assert_eq!(storage.counts()["events"], 0);
 }
 
 /// The harness itself: every kind of check reports a wrong expectation (so a
@@ -1691,7 +2070,9 @@ fn a_wrong_expectation_is_reported() {
         "steps": [
             {"op": "begin", "key": "k", "as": "e1", "expect": {"execute": {"attempt": 2}}},
             {"op": "begin", "key": "k", "expect": {"in-flight": {"lease-until": {"$t": 1}}}},
-            {"op": "begin", "key": "k", "expect": {"in-flight": {"key": {"$not": "k"}}}},
+            {"op": "begin", "key": "k", "expect": {"in-flight": {"lease-until": {"$not": {"$t": 35000}}}}},
+            {"op": "start", "key": "k", "expect": {"done": {}}},
+            {"op": "configure", "tools": [{"policy": {"lease-ms": 1}}], "expect": {"tools": []}},
             {"op": "begin", "key": "k", "expect": {"replay": {}}},
             {"op": "inspect", "key": "k", "expect": {"fingerprint": {"$": "e1/execute/provider-key"}}},
             {"op": "finish", "key": "k", "fence": {"$": "e1/execute/fence"}, "outcome": {"success": "{}"},
@@ -1712,11 +2093,11 @@ fn a_wrong_expectation_is_reported() {
         .iter()
         .map(|f| f.split(':').next().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(steps.len(), 14, "each wrong step is reported: {:#?}", run.failures);
+    assert_eq!(steps.len(), 16, "each wrong step is reported: {:#?}", run.failures);
     assert!(
         run.failures
             .iter()
-            .any(|f| f.starts_with("self-test step 14: sweep: ") && f.contains("needs an \"expect\"")),
+            .any(|f| f.starts_with("self-test step 16: sweep: ") && f.contains("needs an \"expect\"")),
         "a step that calls the component without an expect is reported: {:#?}",
         run.failures
     );

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-use once::runtime::Runtime;
+use once::io::HostState;
+use once::runtime::{Instance, Runtime};
 use once::storage::Storage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{Decision, QuotaPolicy, State, Table};
+use once::types::{Configuration, Decision, FinishAck, Outcome, QuotaInput, State, Table, ToolConfig};
 use once::{GuestLimit, GuestLimits, Once, OnceError};
 
 const TARGET: &str = "wasm32-wasip2";
@@ -99,17 +100,26 @@ fn the_defaults_are_finite_and_the_builder_sets_them() {
     assert_eq!(GuestLimits::default(), GuestLimits::DEFAULT);
     const { assert!(GuestLimits::DEFAULT.fuel < u64::MAX && GuestLimits::DEFAULT.memory_bytes < 4 << 30) };
     let once = Once::builder(sqlite(&dir.path().join("once.db")))
-        .fuel_per_call(123)
+        .fuel_per_call(123 << 20)
         .memory_limit(456 << 16)
         .build()
         .unwrap();
     assert_eq!(
         once.guest_limits(),
         GuestLimits {
-            fuel: 123,
+            fuel: 123 << 20,
             memory_bytes: 456 << 16
         }
     );
+    // Configuring is an export call too: a budget too small for it fails the build, not the first call.
+    match Once::builder(sqlite(&dir.path().join("once.db")))
+        .fuel_per_call(123)
+        .build()
+    {
+        Err(OnceError::Limit(GuestLimit::Fuel(123))) => {}
+        Err(other) => panic!("expected the fuel limit, got {other:?}"),
+        Ok(_) => panic!("123 fuel configured the engine"),
+    }
 }
 
 #[test]
@@ -185,9 +195,9 @@ fn a_guest_stopped_after_a_write_leaves_the_whole_batch_and_nothing_more() {
                 misdeed.to_string()
             };
             let key = format!("key-{tool}");
-            let mut request = once.request("s", Some(&key), &tool, "{}").unwrap();
-            request.tool = tool.clone();
-            let result = once.begin(&request);
+            let result = once.call("s", Some(&key), &tool, "{}", |_| {
+                panic!("{tool}: the hostile guest granted a dispatch")
+            });
             match (misdeed, &result) {
                 ("loop", Err(OnceError::Limit(GuestLimit::Fuel(_))))
                 | ("alloc", Err(OnceError::Limit(GuestLimit::Memory(_))))
@@ -218,16 +228,25 @@ fn a_guest_stopped_after_a_write_leaves_the_whole_batch_and_nothing_more() {
     assert_eq!(served(&once), 1);
 }
 
-fn quota_policy(once: &Once) -> once::types::ToolPolicy {
-    let mut policy = once.default_policy().unwrap();
-    policy.quota = Some(QuotaPolicy {
+/// The tool `pay` with a spend ceiling, as a user configures it.
+fn configuration() -> Configuration {
+    let mut pay = once::policy_input();
+    pay.quota = Some(QuotaInput {
         spend_field: "/amount".to_string(),
         ceiling: "1000000.00".to_string(),
-        decimals: 2,
+        decimals: None,
         window_ms: 86_400_000,
         bucket: None,
     });
-    policy
+    Configuration {
+        settings: once::default_settings().unwrap(),
+        defaults: once::policy_input(),
+        tools: vec![ToolConfig {
+            tool: "pay".to_string(),
+            policy: pay,
+            descriptor: None,
+        }],
+    }
 }
 
 /// What the ledger holds for one key after a probe, checked whole: the audit
@@ -272,24 +291,35 @@ const START: u64 = 1_800_000_000_000;
 const ARGS: &str = r#"{"amount":12.5,"to":"acct-1"}"#;
 
 /// One probe's ledger: a fresh SQLite file, a full-budget handle to set up
-/// and check with, and a handle whose calls get `fuel`.
+/// and check with, and an instance configured on the full budget whose
+/// calls from then on get `fuel`.
 struct Probe {
     _dir: tempfile::TempDir,
     storage: Arc<SqliteStorage>,
     full: Once,
-    limited: Once,
+    limited: Instance,
 }
 
 fn probe(fuel: u64) -> Probe {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("once.db");
     let clock = once::ManualClock::new(START);
-    let full = Once::builder(sqlite(&path)).clock(clock.clone()).build().unwrap();
-    let limited = Once::builder(sqlite(&path))
-        .clock(clock)
-        .fuel_per_call(fuel)
+    let configuration = configuration();
+    let pay = configuration.tools[0].policy.clone();
+    let full = Once::builder(sqlite(&path))
+        .clock(clock.clone())
+        .policy("pay", pay)
         .build()
         .unwrap();
+    let state = HostState {
+        storage: Arc::new(sqlite(&path)),
+        clock: Arc::new(clock),
+        provider: Arc::new(once::NoProvider),
+        operator: Arc::new(once::LogOperator),
+    };
+    let mut limited = Runtime::shared().unwrap().instantiate(state).unwrap();
+    limited.configure(&configuration, 1).unwrap().unwrap();
+    limited.set_fuel_per_call(fuel);
     Probe {
         _dir: dir,
         storage: Arc::new(sqlite(&path)),
@@ -315,13 +345,11 @@ fn least(mut lo: u64, mut hi: u64, mut works: impl FnMut(u64) -> bool) -> u64 {
 #[test]
 fn the_real_guest_stopped_anywhere_in_begin_leaves_no_record_or_a_whole_one() {
     let outcome = |fuel: u64| -> (Option<State>, bool) {
-        let p = probe(fuel);
-        let mut request = p.full.request("s", Some("k"), "pay", ARGS).unwrap();
-        request.policy = quota_policy(&p.full);
-        let result = p.limited.begin(&request);
+        let mut p = probe(fuel);
+        let result = p.limited.begin(&Once::call_of("s", Some("k"), "pay", ARGS));
         let state = whole_state(p.storage.as_ref(), &p.full, "k");
         match result {
-            Ok(Decision::Execute(_)) => {
+            Ok(Ok(Decision::Execute(_))) => {
                 assert_eq!(state, Some(State::InFlight), "fuel {fuel}: execute without an intent");
                 (state, true)
             }
@@ -352,17 +380,16 @@ fn the_real_guest_stopped_anywhere_in_begin_leaves_no_record_or_a_whole_one() {
 #[test]
 fn the_real_guest_stopped_anywhere_in_finish_never_reports_an_unstored_success() {
     let outcome = |fuel: u64| -> (Option<State>, bool) {
-        let p = probe(fuel);
-        let mut request = p.full.request("s", Some("k"), "pay", ARGS).unwrap();
-        request.policy = quota_policy(&p.full);
-        let Decision::Execute(grant) = p.full.begin(&request).unwrap() else {
+        let mut p = probe(fuel);
+        let call = Once::call_of("s", Some("k"), "pay", ARGS);
+        let Decision::Execute(grant) = p.full.transitions().begin(&call).unwrap() else {
             panic!("a fresh key executes")
         };
-        let success = once::types::Outcome::Success(r#"{"paid":true}"#.to_string());
+        let success = Outcome::Success(r#"{"paid":true}"#.to_string());
         let result = p.limited.finish("s", "k", &grant.fence, &success);
         let state = whole_state(p.storage.as_ref(), &p.full, "k");
         match result {
-            Ok(once::types::FinishAck::Recorded(State::Confirmed)) => {
+            Ok(Ok(FinishAck::Recorded(State::Confirmed))) => {
                 assert_eq!(
                     state,
                     Some(State::Confirmed),
@@ -405,14 +432,14 @@ fn the_memory_limit_stops_a_large_call_before_any_write_and_the_default_takes_it
     big.push_str("0]}");
     assert!(big.len() <= 1 << 20);
     let small = Once::builder(sqlite(&path)).memory_limit(8 << 20).build().unwrap();
-    let request = small.request("s", Some("big"), "pay", &big).unwrap();
-    match small.begin(&request) {
+    let request = Once::call_of("s", Some("big"), "pay", &big);
+    match small.transitions().begin(&request) {
         Err(OnceError::Limit(GuestLimit::Memory(bytes))) => assert_eq!(bytes, 8 << 20),
         other => panic!("expected the memory limit, got {other:?}"),
     }
     assert!(small.inspect("s", "big").unwrap().is_none(), "a write happened");
     let roomy = Once::builder(sqlite(&path)).build().unwrap();
-    assert!(matches!(roomy.begin(&request), Ok(Decision::Execute(_))));
+    assert!(matches!(roomy.transitions().begin(&request), Ok(Decision::Execute(_))));
     assert_eq!(roomy.inspect("s", "big").unwrap().unwrap().state, State::InFlight);
     // The small handle's pool is usable again after the failure.
     assert!(small.inspect("s", "big").unwrap().is_some());

@@ -9,8 +9,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use isolation_common::{ARGS, RECEIPT_A, TOOL, open, scope_a};
-use once::types::{BlockReason, Decision, Error, IdentityMode, Outcome, Resolution};
-use once::{Called, OnceError, Sent};
+use once::types::{BlockReason, Decision, Error, Outcome, Resolution};
+use once::{Called, Once, OnceError, Sent};
+
+/// Confirmed by this call's own send (not a replay).
+fn sent_now(called: &Called) -> bool {
+    called.confirmed().is_some_and(|c| !c.replayed)
+}
 
 #[test]
 fn the_library_keeps_scopes_apart() {
@@ -24,7 +29,7 @@ fn the_library_keeps_scopes_apart() {
     assert!(once.inspect("B", "k").unwrap().is_none());
     assert!(once.inspect("B", "u").unwrap().is_none());
     assert!(matches!(
-        once.reconcile("B", "u"),
+        once.transitions().reconcile("B", "u"),
         Err(OnceError::Engine(Error::NotFound))
     ));
     for resolution in [Resolution::Confirmed(RECEIPT_A.into()), Resolution::Absent] {
@@ -34,7 +39,9 @@ fn the_library_keeps_scopes_apart() {
             "{resolved:?}"
         );
     }
-    let finished = once.finish("B", "u", &grant_u.fence, &Outcome::Success("{}".into()));
+    let finished = once
+        .transitions()
+        .finish("B", "u", &grant_u.fence, &Outcome::Success("{}".into()));
     assert!(
         matches!(finished, Err(OnceError::Engine(Error::NotFound))),
         "{finished:?}"
@@ -45,9 +52,9 @@ fn the_library_keeps_scopes_apart() {
     );
 
     // Supersede: A's key does not exist in B.
-    let mut request = once.request("B", Some("k2"), TOOL, ARGS).unwrap();
-    request.supersedes = Some("u".to_string());
-    match once.begin(&request).unwrap() {
+    let mut call = Once::call_of("B", Some("k2"), TOOL, ARGS);
+    call.supersedes = Some("u".to_string());
+    match once.transitions().begin(&call).unwrap() {
         Decision::Blocked(b) => assert_eq!(b.reason, BlockReason::SupersedesMissing),
         other => panic!("superseding another scope's key: {other:?}"),
     }
@@ -59,7 +66,7 @@ fn the_library_keeps_scopes_apart() {
         })
         .unwrap();
     assert!(
-        matches!(&over, Called::Blocked(b) if b.reason == BlockReason::Quota),
+        over.blocked().is_some_and(|b| b.reason == BlockReason::Quota),
         "{over:?}"
     );
 
@@ -74,10 +81,7 @@ fn the_library_keeps_scopes_apart() {
             Sent::Success(r#"{"refund_id":"r_b"}"#.into())
         })
         .unwrap();
-    assert!(
-        matches!(called, Called::Confirmed { replayed: false, .. }),
-        "{called:?}"
-    );
+    assert!(sent_now(&called), "{called:?}");
     assert_eq!(sent.load(Ordering::SeqCst), 1);
     assert_ne!(provider_key, a_k.provider_key);
     // Same key, other args: no conflict with A's record (B's own is the one that counts).
@@ -86,26 +90,22 @@ fn the_library_keeps_scopes_apart() {
             Sent::Success("{}".into())
         })
         .unwrap();
-    assert!(
-        matches!(called, Called::Confirmed { replayed: false, .. }),
-        "{called:?}"
-    );
+    assert!(sent_now(&called), "{called:?}");
     // A's fence means nothing to B's record of the same name.
-    let finished = once.finish("B", "u", &grant_u.fence, &Outcome::Rejected("no".into()));
+    let finished = once
+        .transitions()
+        .finish("B", "u", &grant_u.fence, &Outcome::Rejected("no".into()));
     assert!(
         matches!(finished, Err(OnceError::Engine(Error::FenceMismatch))),
         "{finished:?}"
     );
 
-    // Derived identity: identical args in two scopes are two operations.
-    let mut derived = once.policy(TOOL).unwrap();
-    derived.identity = IdentityMode::Derived;
-    derived.quota = None;
+    // Derived identity (a tool without a quota, on the defaults): identical
+    // args in two scopes are two operations.
     let mut derived_key = Vec::new();
     for scope in ["A", "B"] {
-        let mut request = once.request(scope, None, TOOL, r#"{"order_id":5,"amount":1}"#).unwrap();
-        request.policy = derived.clone();
-        match once.begin(&request).unwrap() {
+        let call = Once::call_of(scope, None, "refund_keyless", r#"{"order_id":5,"amount":1}"#);
+        match once.transitions().begin(&call).unwrap() {
             Decision::Execute(e) => derived_key.push((e.key, e.provider_key)),
             other => panic!("{scope}: {other:?}"),
         }

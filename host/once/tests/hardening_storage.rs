@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
-use once::types::{BlockReason, Decision, Evidence, Execute, FinishAck, Outcome, State};
+use once::types::{BlockReason, Decision, Ending, Evidence, FinishAck, Grant, Outcome, State, UnrecordedInfo};
 use once::{Called, ManualClock, Once, OnceError, Sent};
 
 const CHILD: &str = "ONCE_HARDENING_CHILD";
@@ -38,7 +38,7 @@ fn open(path: &Path, clock: &ManualClock) -> Once {
     Once::builder(storage)
         .clock(clock.clone())
         .provider(|_: &str, _: &str, _: &str| Evidence::Confirmed(RECEIPT.to_string()))
-        .in_flight_wait(Duration::ZERO)
+        .wait_up_to(Duration::ZERO)
         .build()
         .unwrap()
 }
@@ -48,28 +48,41 @@ fn args(i: usize, pad: usize) -> String {
 }
 
 /// A key confirmed and a key in flight (its grant kept), while the file is healthy.
-fn healthy_start(once: &Once) -> Execute {
+fn healthy_start(once: &Once) -> Grant {
     let confirmed = once
         .call("s", Some("done"), "pay", &args(0, 10), |_| {
             Sent::Success(RECEIPT.into())
         })
         .unwrap();
-    assert!(matches!(confirmed, Called::Confirmed { replayed: false, .. }));
-    let request = once.request("s", Some("pending"), "pay", &args(1, 10)).unwrap();
-    match once.begin(&request).unwrap() {
+    assert!(sent_now(&confirmed), "{confirmed:?}");
+    match once
+        .transitions()
+        .begin(&Once::call_of("s", Some("pending"), "pay", &args(1, 10)))
+        .unwrap()
+    {
         Decision::Execute(grant) => grant,
         other => panic!("a fresh key executes: {other:?}"),
     }
 }
 
 fn is_storage_block(called: &Called) -> bool {
-    matches!(called, Called::Blocked(b) if b.reason == BlockReason::Storage)
+    called.blocked().is_some_and(|b| b.reason == BlockReason::Storage)
+}
+
+/// Confirmed by this call's own send (not a replay).
+fn sent_now(called: &Called) -> bool {
+    called.confirmed().is_some_and(|c| !c.replayed)
+}
+
+/// The effect happened and the ledger could not record it.
+fn is_unrecorded(called: &Called) -> bool {
+    matches!(called.ending(), Some(Ending::Unrecorded(_)))
 }
 
 /// The broken ledger's checks: a new call is blocked(storage) and dispatches
 /// nothing; the pending holder's success is unrecorded and the record stays
 /// in flight; what was stored before is still there.
-fn assert_fails_closed(once: &Once, pending: &Execute, what: &str) {
+fn assert_fails_closed(once: &Once, pending: &Grant, what: &str) {
     let dispatched = AtomicU32::new(0);
     let called = once.call("s", Some("new"), "pay", &args(2, 10), |_| {
         dispatched.fetch_add(1, Ordering::SeqCst);
@@ -84,7 +97,9 @@ fn assert_fails_closed(once: &Once, pending: &Execute, what: &str) {
         0,
         "{what}: dispatched without a durable intent"
     );
-    let ack = once.finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
+    let ack = once
+        .transitions()
+        .finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
     assert_eq!(
         ack.unwrap(),
         FinishAck::Unrecorded,
@@ -155,11 +170,11 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
         let sent = dispatched.load(Ordering::SeqCst) - before;
         let stored = once.inspect("s", &key).unwrap().map(|v| v.state);
         match called {
-            Called::Confirmed { replayed: false, .. } => {
+            c if sent_now(&c) => {
                 assert_eq!((sent, stored), (1, Some(State::Confirmed)), "{key}");
             }
             // The intent was stored, the outcome could not be: in flight, never confirmed.
-            Called::Unrecorded { .. } => assert_eq!((sent, stored), (1, Some(State::InFlight)), "{key}"),
+            c if is_unrecorded(&c) => assert_eq!((sent, stored), (1, Some(State::InFlight)), "{key}"),
             c if is_storage_block(&c) => {
                 assert_eq!((sent, stored), (0, None), "{key}: blocked, yet something happened");
                 blocked_at = Some(i);
@@ -177,7 +192,9 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
     if let Some(filler) = filler {
         std::fs::remove_file(filler).unwrap();
         // The holder retries its finish: the outcome is kept.
-        let ack = once.finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
+        let ack = once
+            .transitions()
+            .finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
         assert_eq!(ack.unwrap(), FinishAck::Recorded(State::Confirmed));
         // The refused key left nothing behind: it now runs once, normally.
         let key = format!("fill-{blocked_at}");
@@ -188,10 +205,7 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
                 Sent::Success(RECEIPT.into())
             })
             .unwrap();
-        assert!(
-            matches!(called, Called::Confirmed { replayed: false, .. }),
-            "{called:?}"
-        );
+        assert!(sent_now(&called), "{called:?}");
         assert_eq!(sent.load(Ordering::SeqCst), 1);
     }
 }
@@ -290,7 +304,7 @@ fn a_write_lock_held_by_another_process_fails_closed() {
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
     // The lease ends; sweep expires it into unknown and reconciles: confirmed.
-    let policy = once.policy("pay").unwrap();
+    let policy = once.policy("pay");
     clock.advance(policy.lease_ms + 1);
     once.sweep(100).unwrap();
     let view = once.inspect("s", "pending").unwrap().unwrap();
@@ -300,10 +314,7 @@ fn a_write_lock_held_by_another_process_fails_closed() {
     let called = once
         .call("s", Some("new"), "pay", &args(2, 10), |_| Sent::Success(RECEIPT.into()))
         .unwrap();
-    assert!(
-        matches!(called, Called::Confirmed { replayed: false, .. }),
-        "{called:?}"
-    );
+    assert!(sent_now(&called), "{called:?}");
 }
 
 /// The lock is taken by another process while our dispatch is out: `call`
@@ -345,10 +356,11 @@ fn a_lock_taken_during_dispatch_makes_the_success_unrecorded() {
         })
         .unwrap();
     assert_eq!(
-        called,
-        Called::Unrecorded {
+        called.ending(),
+        Some(&Ending::Unrecorded(UnrecordedInfo {
             response: RECEIPT.into()
-        }
+        })),
+        "{called:?}"
     );
     assert_eq!(once.inspect("s", "k").unwrap().unwrap().state, State::InFlight);
     let (mut holder, lines) = holder.unwrap();
@@ -462,15 +474,14 @@ fn a_ledger_turned_read_only_under_us_fails_closed_and_recovers() {
     assert_fails_closed(&once, &pending, "read-only under us");
     assert_eq!(once.inspect("s", "pending").unwrap().unwrap().state, State::InFlight);
     drop(guard);
-    let ack = once.finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
+    let ack = once
+        .transitions()
+        .finish("s", "pending", &pending.fence, &Outcome::Success(RECEIPT.into()));
     assert_eq!(ack.unwrap(), FinishAck::Recorded(State::Confirmed));
     let called = once
         .call("s", Some("new"), "pay", &args(2, 10), |_| Sent::Success(RECEIPT.into()))
         .unwrap();
-    assert!(
-        matches!(called, Called::Confirmed { replayed: false, .. }),
-        "{called:?}"
-    );
+    assert!(sent_now(&called), "{called:?}");
 }
 
 /// The ledger file is deleted while we hold it open: writes must not go on

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use once::storage::Storage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{BlockReason, Decision, Evidence, IdentityMode, Outcome, ReplayVia, State, ToolPolicy};
-use once::{Called, ManualClock, Once, Sent};
+use once::types::{
+    BlockReason, Decision, Effect, Ending, Evidence, IdentityMode, Outcome, Repeat, ReplayVia, State, UnrecordedInfo,
+};
+use once::{Called, ManualClock, Once, Sent, policy_input};
 
 const TOOL: &str = "refund_order";
 const ARGS: &str = r#"{"order_id":1234,"amount":200}"#;
@@ -20,15 +22,19 @@ fn sqlite(path: &Path) -> SqliteStorage {
 /// A confirmed call with this receipt, replayed or not, matched how.
 #[track_caller]
 fn assert_confirmed(called: &Called, receipt: &str, replayed: bool, via: Option<ReplayVia>) {
-    match called {
-        Called::Confirmed {
-            receipt: r,
-            replayed: p,
-            via: v,
-            ..
-        } if r == receipt && *p == replayed && *v == via => {}
-        other => panic!("expected confirmed({receipt}, replayed: {replayed}, via: {via:?}), got {other:?}"),
+    match called.confirmed() {
+        Some(c) if c.receipt == receipt && c.replayed == replayed && c.via == via => {}
+        _ => panic!("expected confirmed({receipt}, replayed: {replayed}, via: {via:?}), got {called:?}"),
     }
+    assert_eq!(called.effect(), Effect::Happened);
+}
+
+/// How a protected call ended.
+#[track_caller]
+fn ending(called: &Called) -> &Ending {
+    called
+        .ending()
+        .unwrap_or_else(|| panic!("not a protected call: {called:?}"))
 }
 
 fn counting(effects: &AtomicU32, reply: Sent) -> impl FnMut(&once::Dispatch<'_>) -> Sent + '_ {
@@ -63,16 +69,8 @@ fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
             counting(&effects, Sent::Success("{}".into())),
         )
         .unwrap();
-    let Called::Confirmed {
-        receipt: replayed_receipt,
-        replayed: true,
-        via: Some(ReplayVia::Key),
-        ..
-    } = again
-    else {
-        panic!("expected a replay, got {again:?}")
-    };
-    assert_eq!(replayed_receipt, receipt, "the receipt as the provider sent it");
+    // The receipt as the provider sent it.
+    assert_confirmed(&again, receipt, true, Some(ReplayVia::Key));
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     // A changed payload under the same key is a conflict, never a retry.
     let changed = once.call(
@@ -82,7 +80,15 @@ fn a_repeat_replays_the_receipt_and_dispatches_nothing() {
         r#"{"order_id":1234,"amount":300}"#,
         counting(&effects, Sent::NotSent),
     );
-    assert!(matches!(changed.unwrap(), Called::Conflict(s) if s.args == r#"{"amount":200,"order_id":1234}"#));
+    let changed = changed.unwrap();
+    assert!(
+        matches!(ending(&changed), Ending::Conflict(s) if s.args == r#"{"amount":200,"order_id":1234}"#),
+        "{changed:?}"
+    );
+    assert_eq!(
+        (changed.effect(), changed.account().unwrap().repeat),
+        (Effect::None, Repeat::Refused)
+    );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
@@ -116,7 +122,11 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
     let dir = tempfile::tempdir().unwrap();
     let effect_at_provider = Arc::new(Mutex::new(None::<String>));
     let lookup_view = effect_at_provider.clone();
+    let clock = ManualClock::new(1_000_000);
     let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .clock(clock.clone())
+        // Answer what is known at once rather than sleep until the next read.
+        .wait_up_to(Duration::ZERO)
         .provider(
             move |_: &str, _: &str, _: &str| match lookup_view.lock().unwrap().clone() {
                 Some(receipt) => Evidence::Confirmed(receipt),
@@ -133,8 +143,16 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
             Sent::Ambiguous("connection reset after send".into())
         })
         .unwrap();
-    assert!(matches!(lost, Called::Unknown(_)), "{lost:?}");
-    // An agent retrying blind gets unknown again: nothing is sent.
+    // The protocol read the provider once at once: it could not tell.
+    let Ending::Unknown(unknown) = ending(&lost) else {
+        panic!("{lost:?}")
+    };
+    let next_read = unknown.next_read.expect("the tool has a lookup: it is read again");
+    assert_eq!(
+        (lost.effect(), lost.account().unwrap().repeat),
+        (Effect::Unknown, Repeat::Waits)
+    );
+    // An agent retrying blind before the next read gets unknown again: nothing is sent.
     let retry = once
         .call(
             "t1",
@@ -144,10 +162,11 @@ fn a_lost_reply_is_unknown_and_is_reconciled_before_anything_is_sent_again() {
             counting(&effects, Sent::Success("{}".into())),
         )
         .unwrap();
-    assert!(matches!(retry, Called::Unknown(_)), "{retry:?}");
+    assert!(matches!(ending(&retry), Ending::Unknown(_)), "{retry:?}");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
-    // The lookup comes back and finds the effect: the retry is a replay.
+    // The lookup comes back and finds the effect: the retry once the read is due is a replay.
     *effect_at_provider.lock().unwrap() = Some(r#"{"refund_id":"r_9"}"#.into());
+    clock.set(next_read);
     let settled = once
         .call(
             "t1",
@@ -170,19 +189,22 @@ fn verify_first_survives_a_lost_ledger_file() {
     let provider: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let build = |provider: Arc<Mutex<Vec<(String, String)>>>| {
         let lookup = provider.clone();
-        let once = Once::builder(sqlite(&db))
+        Once::builder(sqlite(&db))
             .provider(
                 move |_: &str, key: &str, _: &str| match lookup.lock().unwrap().iter().find(|(k, _)| k == key) {
                     Some((_, receipt)) => Evidence::Confirmed(receipt.clone()),
                     None => Evidence::Absent(u64::MAX / 2),
                 },
             )
+            .policy(
+                TOOL,
+                once::types::PolicyInput {
+                    verify_first: Some(true),
+                    ..policy_input()
+                },
+            )
             .build()
-            .unwrap();
-        let mut policy = once.default_policy().unwrap();
-        policy.verify_first = true;
-        once.set_policy(TOOL, policy).unwrap();
-        once
+            .unwrap()
     };
     let dispatch = |provider: Arc<Mutex<Vec<(String, String)>>>| {
         move |d: &once::Dispatch<'_>| {
@@ -197,7 +219,7 @@ fn verify_first_survives_a_lost_ledger_file() {
     let first = once
         .call("t1", Some("refund-1234"), TOOL, ARGS, dispatch(provider.clone()))
         .unwrap();
-    assert!(matches!(first, Called::Confirmed { replayed: false, .. }));
+    assert_confirmed(&first, r#"{"refund_id":"r_1"}"#, false, None);
     drop(once);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
@@ -249,9 +271,9 @@ fn eight_threads_racing_begin_on_one_key_get_one_execute() {
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 let once = Once::builder(sqlite(&db)).build().unwrap();
-                let request = once.request("t1", Some("race"), TOOL, ARGS).unwrap();
+                let call = Once::call_of("t1", Some("race"), TOOL, ARGS);
                 barrier.wait();
-                once.begin(&request).unwrap()
+                once.transitions().begin(&call).unwrap()
             })
         })
         .collect();
@@ -295,10 +317,12 @@ fn a_waiter_gets_the_holders_receipt_instead_of_an_error() {
         )
         .unwrap();
     assert_confirmed(&waiter, r#"{"refund_id":"r_slow"}"#, true, Some(ReplayVia::Key));
-    assert!(matches!(
-        holder.join().unwrap().unwrap(),
-        Called::Confirmed { replayed: false, .. }
-    ));
+    assert_confirmed(
+        &holder.join().unwrap().unwrap(),
+        r#"{"refund_id":"r_slow"}"#,
+        false,
+        None,
+    );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
@@ -306,7 +330,10 @@ fn a_waiter_gets_the_holders_receipt_instead_of_an_error() {
 fn bad_input_is_a_typed_error_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let storage = Arc::new(sqlite(&dir.path().join("once.db")));
-    let once = Once::builder(SharedStorage(storage.clone())).build().unwrap();
+    // Never broken: the test keeps its own handle on the storage the engine uses.
+    let once = Once::builder(Breakable(storage.clone(), Arc::default()))
+        .build()
+        .unwrap();
     let huge = format!(r#"{{"note":"{}"}}"#, "x".repeat(16 << 20));
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
     for args in [
@@ -341,8 +368,8 @@ fn the_intent_is_durable_before_execute_is_returned() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("once.db");
     let once = Once::builder(sqlite(&db)).build().unwrap();
-    let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
-    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+    let call = Once::call_of("t1", Some("k"), TOOL, ARGS);
+    let Decision::Execute(grant) = once.transitions().begin(&call).unwrap() else {
         panic!("expected execute")
     };
     // Another connection (as another process would) sees the claim already.
@@ -353,7 +380,8 @@ fn the_intent_is_durable_before_execute_is_returned() {
         .expect("the intent row is committed");
     assert_eq!(row.state, Some(State::InFlight));
     assert_eq!(
-        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+        once.transitions()
+            .finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
             .unwrap(),
         once::types::FinishAck::Recorded(State::Confirmed)
     );
@@ -367,22 +395,24 @@ fn an_expired_lease_becomes_unknown_with_a_manual_clock() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let request = once.request("t1", Some("k"), TOOL, ARGS).unwrap();
-    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+    let call = Once::call_of("t1", Some("k"), TOOL, ARGS);
+    let t = once.transitions();
+    let Decision::Execute(grant) = t.begin(&call).unwrap() else {
         panic!("expected execute")
     };
-    assert!(matches!(once.begin(&request).unwrap(), Decision::InFlight(_)));
+    assert!(matches!(t.begin(&call).unwrap(), Decision::InFlight(_)));
     clock.set(grant.lease_until);
-    assert!(matches!(once.begin(&request).unwrap(), Decision::Unknown(_)));
+    assert!(matches!(t.begin(&call).unwrap(), Decision::Unknown(_)));
     // The holder comes back late: a stale claim of failure changes nothing...
     assert_eq!(
-        once.finish("t1", "k", &grant.fence, &Outcome::Rejected("late".into()))
+        t.finish("t1", "k", &grant.fence, &Outcome::Rejected("late".into()))
             .unwrap(),
         once::types::FinishAck::Ignored(State::Unknown)
     );
     // ...but its success is evidence.
     assert_eq!(
-        once.finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
+        once.transitions()
+            .finish("t1", "k", &grant.fence, &Outcome::Success("{}".into()))
             .unwrap(),
         once::types::FinishAck::Recorded(State::Confirmed)
     );
@@ -391,15 +421,26 @@ fn an_expired_lease_becomes_unknown_with_a_manual_clock() {
 #[test]
 fn identity_required_blocks_a_call_without_a_key_and_derived_dedupes() {
     let dir = tempfile::tempdir().unwrap();
-    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
+    let required = once::types::PolicyInput {
+        identity: Some(IdentityMode::Required),
+        ..policy_input()
+    };
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .policy(TOOL, required)
+        .build()
+        .unwrap();
     let effects = AtomicU32::new(0);
     let blocked = once
         .call("t1", None, TOOL, ARGS, counting(&effects, Sent::Success("{}".into())))
         .unwrap();
-    assert!(matches!(blocked, Called::Blocked(b) if b.reason == BlockReason::IdentityRequired));
-    let mut policy: ToolPolicy = once.default_policy().unwrap();
-    policy.identity = IdentityMode::Derived;
-    once.set_policy("send_message", policy).unwrap();
+    assert!(
+        blocked
+            .blocked()
+            .is_some_and(|b| b.reason == BlockReason::IdentityRequired),
+        "{blocked:?}"
+    );
+    // A tool left to the defaults derives its key from the args.
+    assert_eq!(once.policy("send_message").identity, IdentityMode::Derived);
     let args = r#"{"to":"ana","text":"hi"}"#;
     let _ = once
         .call(
@@ -419,64 +460,40 @@ fn identity_required_blocks_a_call_without_a_key_and_derived_dedupes() {
             counting(&effects, Sent::Success(r#"{"id":2}"#.into())),
         )
         .unwrap();
-    assert!(
-        matches!(
-            again,
-            Called::Confirmed {
-                replayed: true,
-                via: Some(ReplayVia::DerivedArgs),
-                ..
-            }
-        ),
-        "{again:?}"
-    );
+    assert_confirmed(&again, r#"{"id":1}"#, true, Some(ReplayVia::DerivedArgs));
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
 #[test]
-fn an_inconsistent_policy_is_refused_when_loaded() {
+fn an_inconsistent_policy_is_refused_when_loaded_never_adjusted() {
     let dir = tempfile::tempdir().unwrap();
-    let once = Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap();
-    let mut policy = once.default_policy().unwrap();
-    policy.lease_ms = policy.dispatch_timeout_ms;
-    let err = once.set_policy(TOOL, policy).unwrap_err();
+    let path = dir.path().join("once.db");
+    let inconsistent = once::types::PolicyInput {
+        dispatch_timeout_ms: Some(30_000),
+        lease_ms: Some(30_000),
+        ..policy_input()
+    };
+    let refused = Once::builder(sqlite(&path)).policy(TOOL, inconsistent.clone()).build();
+    match refused {
+        Err(once::OnceError::Engine(once::types::Error::InvalidPolicy(why))) => {
+            assert!(why.contains("lease_ms") && why.contains(TOOL), "{why}")
+        }
+        Err(other) => panic!("expected invalid-policy, got {other:?}"),
+        Ok(_) => panic!("an inconsistent policy was accepted"),
+    }
+    // Set on a running handle: refused too, and the tool keeps the policy it had.
+    let once = Once::builder(sqlite(&path)).build().unwrap();
+    let before = once.policy(TOOL);
+    let err = once.set_tool(TOOL, inconsistent, None).unwrap_err();
     assert!(err.to_string().contains("lease_ms"), "{err}");
-}
-
-/// Lets a test keep its own handle on the storage the engine uses.
-struct SharedStorage(Arc<SqliteStorage>);
-
-impl Storage for SharedStorage {
-    fn get(
-        &self,
-        t: once::types::Table,
-        s: &str,
-        k: &str,
-    ) -> Result<Option<once::types::Row>, once::storage::StorageError> {
-        self.0.get(t, s, k)
-    }
-    fn commit(&self, b: &once::types::Batch) -> Result<(), once::storage::CommitError> {
-        self.0.commit(b)
-    }
-    fn scan(
-        &self,
-        t: once::types::Table,
-        st: &[State],
-        due: u64,
-        owner: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
-        self.0.scan(t, st, due, owner, limit)
-    }
-    fn audit(&self, s: &str, k: &str) -> Result<Vec<once::types::AuditEvent>, once::storage::StorageError> {
-        self.0.audit(s, k)
-    }
-    fn list(&self, st: Option<State>, limit: u32) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
-        self.0.list(st, limit)
-    }
-    fn stats(&self) -> Result<once::storage::Stats, once::storage::StorageError> {
-        self.0.stats()
-    }
+    assert_eq!(once.policy(TOOL), before);
+    // Only the timeout set: the engine derives a lease that covers it.
+    let timed = once::types::PolicyInput {
+        dispatch_timeout_ms: Some(1_000),
+        ..policy_input()
+    };
+    let plan = once.set_tool(TOOL, timed, None).unwrap();
+    assert!(plan.policy.lease_ms > 1_000, "{plan:?}");
 }
 
 #[test]
@@ -485,7 +502,7 @@ fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
     let clock = ManualClock::new(1_000_000);
     let once = Once::builder(sqlite(&dir.path().join("once.db")))
         .clock(clock.clone())
-        .in_flight_wait(Duration::from_millis(20))
+        .wait_up_to(Duration::from_millis(20))
         .build()
         .unwrap();
     let effects = AtomicU32::new(0);
@@ -500,17 +517,21 @@ fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
         )
         .unwrap();
     assert_eq!(
-        called,
-        Called::Unrecorded {
+        ending(&called),
+        &Ending::Unrecorded(UnrecordedInfo {
             response: "refunded, id r_1".into()
-        }
+        })
     );
+    assert_eq!(called.effect(), Effect::Happened);
     assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
     // A repeat never dispatches again while the record is open.
     let again = once
         .call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::NotSent))
         .unwrap();
-    assert!(matches!(again, Called::InFlight(_) | Called::Unknown(_)), "{again:?}");
+    assert!(
+        matches!(ending(&again), Ending::InFlight(_) | Ending::Unknown(_)),
+        "{again:?}"
+    );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
@@ -523,13 +544,17 @@ fn a_rejection_the_ledger_did_not_record_is_not_reported_as_rejected() {
     let clock = ManualClock::new(1_000_000);
     let once = Once::builder(once::storage::memory::MemoryStorage::new())
         .clock(clock.clone())
-        .in_flight_wait(Duration::from_millis(20))
+        .wait_up_to(Duration::from_millis(20))
+        .policy(
+            TOOL,
+            once::types::PolicyInput {
+                dispatch_timeout_ms: Some(1_000),
+                lease_ms: Some(1_200),
+                ..policy_input()
+            },
+        )
         .build()
         .unwrap();
-    let mut policy = once.default_policy().unwrap();
-    policy.dispatch_timeout_ms = 1_000;
-    policy.lease_ms = 1_200;
-    once.set_policy(TOOL, policy).unwrap();
     let called = once
         .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
             // The reply takes longer than the lease; the background sweep expires it meanwhile.
@@ -538,7 +563,7 @@ fn a_rejection_the_ledger_did_not_record_is_not_reported_as_rejected() {
             Sent::Rejected(r#"{"error":"declined"}"#.into())
         })
         .unwrap();
-    assert!(matches!(called, Called::Unknown(_)), "{called:?}");
+    assert!(matches!(ending(&called), Ending::Unknown(_)), "{called:?}");
     let view = once.inspect("t1", "refund-1").unwrap().unwrap();
     assert_eq!(view.state, State::Unknown);
 }
@@ -550,7 +575,10 @@ fn a_rejection_that_could_not_be_stored_is_reported_as_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(sqlite(&dir.path().join("once.db")));
     let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let once = Once::builder(Breakable(store, broken.clone())).build().unwrap();
+    let once = Once::builder(Breakable(store, broken.clone()))
+        .wait_up_to(Duration::from_millis(20))
+        .build()
+        .unwrap();
     let called = once
         .call("t1", Some("refund-1"), TOOL, ARGS, |_| {
             // The ledger stops taking writes between dispatch and report.
@@ -559,11 +587,11 @@ fn a_rejection_that_could_not_be_stored_is_reported_as_in_flight() {
         })
         .unwrap();
     broken.store(false, Ordering::SeqCst);
-    assert!(matches!(called, Called::InFlight(_)), "{called:?}");
+    assert!(matches!(ending(&called), Ending::InFlight(_)), "{called:?}");
     assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
 }
 
-/// An SQLite store whose commits fail while the flag is set.
+/// An SQLite store whose commits fail while the flag is set (and a test's own handle on it).
 struct Breakable(Arc<SqliteStorage>, Arc<std::sync::atomic::AtomicBool>);
 
 impl Storage for Breakable {
@@ -633,13 +661,62 @@ fn not_sent_then_success_is_confirmed_by_the_next_attempt() {
     let called = once
         .call("t1", Some("refund-2"), TOOL, ARGS, |_| Sent::NotSent)
         .unwrap();
-    match called {
-        Called::Blocked(b) => {
-            assert_eq!(b.reason, BlockReason::AttemptBudget);
-            assert!(b.detail.contains("none of them was sent"), "{}", b.detail);
-        }
-        other => panic!("expected blocked(attempt-budget), got {other:?}"),
-    }
+    assert!(
+        matches!(ending(&called), Ending::NotSent(n) if n.attempts == 3),
+        "{called:?}"
+    );
+    assert_eq!(called.effect(), Effect::None);
+}
+
+/// A lost reply whose process died: a new handle's background round reads
+/// the provider once the old request can no longer commit, proves absence
+/// and sends the owed dispatch — once, under the same provider key.
+#[test]
+fn settle_sends_an_owed_dispatch_after_a_restart_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let clock = ManualClock::new(1_000_000);
+    let build = || {
+        Once::builder(sqlite(&db))
+            .clock(clock.clone())
+            .wait_up_to(Duration::ZERO)
+            .provider(|_: &str, _: &str, _: &str| Evidence::Absent(u64::MAX / 2))
+            .build()
+            .unwrap()
+    };
+    let first_key = {
+        let once = build();
+        let mut key = String::new();
+        let lost = once
+            .call("t1", Some("refund-1"), TOOL, ARGS, |d| {
+                key = d.provider_key.to_string();
+                Sent::Ambiguous("the process died before the reply".into())
+            })
+            .unwrap();
+        assert!(matches!(ending(&lost), Ending::Unknown(_)), "{lost:?}");
+        key
+    };
+    let once = build();
+    // Too early: the lost request could still commit; nothing is owed yet.
+    let early = once.settle(10, |_| panic!("sent before absence was proven")).unwrap();
+    assert!(early.sent.is_empty(), "{early:?}");
+    clock.advance(once.policy(TOOL).max_in_flight_ms + 1);
+    let mut sent = Vec::new();
+    let settled = once
+        .settle(10, |d| {
+            sent.push((d.key.to_string(), d.provider_key.to_string(), d.attempt));
+            Sent::Success(r#"{"refund_id":"r_1"}"#.into())
+        })
+        .unwrap();
+    assert_eq!(sent, [("refund-1".to_string(), first_key, 2)]);
+    assert_eq!(settled.sent.len(), 1);
+    assert_confirmed(&settled.sent[0], r#"{"refund_id":"r_1"}"#, false, None);
+    // Settled: the next round has nothing to send, and the caller's retry replays.
+    assert!(once.settle(10, |_| panic!("sent twice")).unwrap().sent.is_empty());
+    let again = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |_| panic!("sent twice"))
+        .unwrap();
+    assert_confirmed(&again, r#"{"refund_id":"r_1"}"#, true, Some(ReplayVia::Key));
 }
 
 #[test]

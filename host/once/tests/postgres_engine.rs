@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use once::storage::postgres::{PostgresOptions, PostgresStorage};
-use once::types::{BlockReason, Decision, Evidence, FinishAck, Outcome, State, ToolPolicy};
+use once::types::{BlockReason, Decision, Ending, Evidence, FinishAck, Outcome, PolicyInput, State, UnrecordedInfo};
 use once::{Called, Once, Sent};
 use postgres_common::TestSchema;
 
@@ -200,13 +200,14 @@ fn child_racer() {
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let requests: Vec<_> = order
+    let calls: Vec<_> = order
         .iter()
         .map(|k| {
             let key = format!("key-{k}");
-            once.request("race", Some(&key), TOOL, &args_of(&key)).unwrap()
+            Once::call_of("race", Some(&key), TOOL, &args_of(&key))
         })
         .collect();
+    let transitions = once.transitions();
 
     std::fs::write(sync.join(format!("ready-{index}")), b"").unwrap();
     let give_up = Instant::now() + Duration::from_secs(120);
@@ -216,11 +217,11 @@ fn child_racer() {
     }
 
     let (mut executed, mut others) = (0, 0);
-    for request in &requests {
-        match once.begin(request).unwrap() {
+    for call in &calls {
+        match transitions.begin(call).unwrap() {
             Decision::Execute(grant) => {
                 sink.record(&grant.key);
-                let ack = once
+                let ack = transitions
                     .finish(
                         "race",
                         &grant.key,
@@ -232,7 +233,7 @@ fn child_racer() {
                 executed += 1;
             }
             Decision::InFlight(_) | Decision::Replay(_) => others += 1,
-            other => panic!("process {index}: {} got {other:?}", request.keys[0].1),
+            other => panic!("process {index}: {} got {other:?}", call.keys[0].1),
         }
     }
     println!("racer {index}: executed {executed} others {others}");
@@ -336,15 +337,23 @@ fn sqlite_8_processes_race_begin_on_200_keys() {
 const LEASE_MS: u64 = 300;
 const MAX_IN_FLIGHT_MS: u64 = 50;
 
-fn short_policy(once: &Once) -> ToolPolicy {
-    let mut p = once.default_policy().unwrap();
-    p.dispatch_timeout_ms = 50;
-    p.lease_ms = LEASE_MS;
-    p.max_in_flight_ms = MAX_IN_FLIGHT_MS;
-    p.reconcile_interval_ms = 10;
-    p.attempt_budget = 4;
-    p.resolve_deadline_ms = 60_000;
-    p
+fn short_policy() -> PolicyInput {
+    PolicyInput {
+        dispatch_timeout_ms: Some(50),
+        lease_ms: Some(LEASE_MS),
+        max_in_flight_ms: Some(MAX_IN_FLIGHT_MS),
+        reconcile_interval_ms: Some(10),
+        attempt_budget: Some(4),
+        resolve_deadline_ms: Some(60_000),
+        ..once::policy_input()
+    }
+}
+
+/// How the call ended (it is a protected one).
+fn ending(called: &Called) -> &Ending {
+    called
+        .ending()
+        .unwrap_or_else(|| panic!("not a protected call: {called:?}"))
 }
 
 /// The provider's authoritative read: the effects table, through a session
@@ -389,8 +398,13 @@ fn child_holder() {
     let effects = env(EFFECTS);
     let (url, schema) = effects.split_once('|').unwrap();
     let delays: Vec<u64> = env(DELAYS).split(',').map(|d| d.parse().unwrap()).collect();
-    let once = Once::open(&env(LEDGER)).unwrap().build().unwrap();
-    once.set_policy(TOOL, short_policy(&once)).unwrap();
+    // The same provider as every host of this ledger: the records it creates can be read.
+    let once = Once::open(&env(LEDGER))
+        .unwrap()
+        .provider(effects_lookup(url, schema))
+        .policy(TOOL, short_policy())
+        .build()
+        .unwrap();
     let mut effects = postgres_common::client(url);
     let called = once
         .call("kill", Some(&key), TOOL, &args_of(&key), |d| {
@@ -430,9 +444,9 @@ fn postgres_holders_sigkilled_between_execute_and_finish() {
     let once = Once::open(&schema.location())
         .unwrap()
         .provider(effects_lookup(&schema.url, &schema.name))
+        .policy(TOOL, short_policy())
         .build()
         .unwrap();
-    once.set_policy(TOOL, short_policy(&once)).unwrap();
     let effects_location = format!("{}|{}", schema.url, schema.name);
     let rng = Mutex::new(Rng::seeded("holders"));
     let next = AtomicUsize::new(0);
@@ -498,20 +512,20 @@ fn postgres_holders_sigkilled_between_execute_and_finish() {
                     let give_up = Instant::now() + Duration::from_secs(20);
                     loop {
                         let called = once
-                            .resume("kill", &key, TOOL, |d| {
+                            .resume("kill", &key, |d| {
                                 record_effect(&mut effects, &schema.name, d.key, d.provider_key, "reconciler");
                                 Sent::Success(receipt_of(d.key))
                             })
                             .unwrap();
-                        match called {
-                            Called::Confirmed { receipt, .. } => {
-                                assert_eq!(receipt, receipt_of(&key));
+                        match ending(&called) {
+                            Ending::Confirmed(c) => {
+                                assert_eq!(c.receipt, receipt_of(&key));
                                 break;
                             }
-                            Called::Unknown(_) | Called::InFlight(_) => {}
-                            other => panic!("{key}: {other:?}"),
+                            Ending::Unknown(_) | Ending::InFlight(_) => {}
+                            _ => panic!("{key}: {called:?}"),
                         }
-                        assert!(Instant::now() < give_up, "{key} never settled");
+                        assert!(Instant::now() < give_up, "{key} never settled: {called:?}");
                         std::thread::sleep(Duration::from_millis(20));
                     }
 
@@ -603,13 +617,12 @@ fn killable(schema: &TestSchema, app: &str) -> Once {
             schema.name
         ))
         .unwrap();
-    let once = Once::builder(storage)
+    Once::builder(storage)
         .clock(clock)
         .provider(effects_lookup(&schema.url, &schema.name))
+        .policy(TOOL, short_policy())
         .build()
-        .unwrap();
-    once.set_policy(TOOL, short_policy(&once)).unwrap();
-    once
+        .unwrap()
 }
 
 #[test]
@@ -641,9 +654,9 @@ fn postgres_connection_terminated_during_begin_blocks_without_dispatch() {
         call.join().unwrap().unwrap()
     });
     tx.rollback().unwrap();
-    match &called {
-        Called::Blocked(b) => assert_eq!(b.reason, BlockReason::Storage, "{b:?}"),
-        other => panic!("expected blocked(storage), got {other:?}"),
+    match called.blocked() {
+        Some(b) => assert_eq!(b.reason, BlockReason::Storage, "{b:?}"),
+        None => panic!("expected blocked(storage), got {called:?}"),
     }
     assert_eq!(
         dispatched.load(Ordering::SeqCst),
@@ -659,10 +672,7 @@ fn postgres_connection_terminated_during_begin_blocks_without_dispatch() {
             Sent::Success(receipt_of("k"))
         })
         .unwrap();
-    assert!(
-        matches!(called, Called::Confirmed { replayed: false, .. }),
-        "{called:?}"
-    );
+    assert!(called.confirmed().is_some_and(|c| !c.replayed), "{called:?}");
     assert_eq!(dispatched.load(Ordering::SeqCst), 1);
 }
 
@@ -697,10 +707,10 @@ fn postgres_connection_terminated_during_finish_loses_no_outcome() {
     tx.take().unwrap().rollback().unwrap();
     // The caller is told the effect happened (never an error that would make it mint a new intent).
     assert_eq!(
-        called,
-        Called::Unrecorded {
+        ending(&called),
+        &Ending::Unrecorded(UnrecordedInfo {
             response: receipt_of("f")
-        }
+        })
     );
     assert_eq!(once.inspect("term", "f").unwrap().unwrap().state, State::InFlight);
 
@@ -709,7 +719,7 @@ fn postgres_connection_terminated_during_finish_loses_no_outcome() {
     while once.now() <= lease_end {
         std::thread::sleep(Duration::from_millis(10));
     }
-    match once.reconcile("term", "f").unwrap() {
+    match once.transitions().reconcile("term", "f").unwrap() {
         Decision::Replay(r) => assert_eq!(r.receipt, receipt_of("f")),
         other => panic!("expected the effect to be found, got {other:?}"),
     }
@@ -722,7 +732,7 @@ fn postgres_connection_terminated_during_finish_loses_no_outcome() {
             panic!("must not dispatch again")
         })
         .unwrap();
-    assert!(matches!(again, Called::Confirmed { replayed: true, .. }), "{again:?}");
+    assert!(again.confirmed().is_some_and(|c| c.replayed), "{again:?}");
 }
 
 /// A TCP proxy to the test server that, once armed, forwards the next
@@ -826,9 +836,9 @@ fn postgres_commit_with_a_lost_reply_blocks_then_recovers_once() {
     let once = Once::builder(storage)
         .clock(clock)
         .provider(effects_lookup(&schema.url, &schema.name))
+        .policy(TOOL, short_policy())
         .build()
         .unwrap();
-    once.set_policy(TOOL, short_policy(&once)).unwrap();
     let mut effects = postgres_common::client(&schema.url);
     effects
         .batch_execute(&format!(
@@ -848,12 +858,12 @@ fn postgres_commit_with_a_lost_reply_blocks_then_recovers_once() {
         .call("lost", Some("c"), TOOL, &args_of("c"), &mut dispatch)
         .unwrap();
     assert_eq!(cutter.cuts.load(Ordering::SeqCst), 1, "the claim's COMMIT was cut");
-    match &called {
-        Called::Blocked(b) => {
+    match called.blocked() {
+        Some(b) => {
             assert_eq!(b.reason, BlockReason::Storage, "{b:?}");
             assert!(b.detail.contains("COMMIT"), "the outcome is reported unknown: {b:?}");
         }
-        other => panic!("expected blocked(storage), got {other:?}"),
+        None => panic!("expected blocked(storage), got {called:?}"),
     }
     assert_eq!(dispatched.load(Ordering::SeqCst), 0, "no dispatch on an unknown commit");
     // It did commit: the claim is there, in flight, carrying its attempt.
@@ -868,16 +878,16 @@ fn postgres_commit_with_a_lost_reply_blocks_then_recovers_once() {
     }
     let give_up = Instant::now() + Duration::from_secs(10);
     loop {
-        match once
+        let called = once
             .call("lost", Some("c"), TOOL, &args_of("c"), &mut dispatch)
-            .unwrap()
-        {
-            Called::Confirmed { receipt, .. } => {
-                assert_eq!(receipt, receipt_of("c"));
+            .unwrap();
+        match ending(&called) {
+            Ending::Confirmed(c) => {
+                assert_eq!(c.receipt, receipt_of("c"));
                 break;
             }
-            Called::Unknown(_) | Called::InFlight(_) => {}
-            other => panic!("{other:?}"),
+            Ending::Unknown(_) | Ending::InFlight(_) => {}
+            _ => panic!("{called:?}"),
         }
         assert!(Instant::now() < give_up, "never settled");
         std::thread::sleep(Duration::from_millis(20));

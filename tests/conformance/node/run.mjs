@@ -3,8 +3,9 @@
 // The component file is transpiled by jco (`jco transpile --instantiation sync`)
 // into a temporary folder; this runner supplies only its imports: a
 // compare-and-swap record store (in memory, or SQLite via better-sqlite3), a
-// manual clock, scripted provider evidence and a recording escalation sink.
-// Every decision comes from the component.
+// manual clock, scripted provider evidence and a recording escalation sink —
+// and configures each instance (`configure`) with the settings and the tool
+// policy a step needs. Every decision comes from the component.
 //
 //   node run.mjs --component once_guest.wasm [--store memory|sqlite|all]
 //                [--transcripts DIR] [--filter TEXT] [--negative]
@@ -84,8 +85,8 @@ class StepError extends Error {}
 
 // The ops that call an export of the component: each must say what it expects.
 const EXPORTS = [
-  "begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize",
-  "fingerprint", "default-policy", "check-policy", "route-of",
+  "configure", "start", "report", "resume", "sweep", "begin", "finish", "reconcile", "await-holder", "prune",
+  "inspect", "resolve", "canonicalize", "fingerprint",
 ];
 
 // ---------------------------------------------------------------- stores
@@ -350,15 +351,15 @@ const eventOut = (e) => ({
 });
 
 function imports(run) {
-  const reads = () => {
-    if (run.storage.failReads) throw { payload: READ_FAILURE };
-  };
+  const failed = (message) => ({ tag: "failed", val: { message } });
+  const readsFail = () => run.storage.failReads;
   const ifaces = {
-    "once:core/types@0.1.0": {},
-    "once:core/ledger@0.1.0": {
+    "once:core/types@0.2.0": {},
+    "once:core/ledger@0.2.0": {
       get(table, scope, key) {
-        reads();
-        return rowOut(run.storage.inner.get(table, scope, key)) ?? undefined;
+        if (readsFail()) return failed(READ_FAILURE);
+        const row = run.storage.inner.get(table, scope, key);
+        return row ? { tag: "found", val: rowOut(row) } : { tag: "missing" };
       },
       commit(batch) {
         const puts = batch.puts.map((p) => ({
@@ -369,35 +370,29 @@ function imports(run) {
           row: rowIn(p.row),
         }));
         const outcome = run.storage.commit(puts, batch.events.map(eventIn));
-        if (outcome === "conflict") throw { payload: { tag: "conflict" } };
-        if (outcome !== null) throw { payload: { tag: "storage", val: outcome } };
+        if (outcome === null) return { tag: "applied" };
+        return outcome === "conflict" ? { tag: "conflict" } : failed(outcome);
       },
       scan(table, states, dueBefore, owner, limit) {
-        reads();
-        return run.storage.inner.scan(table, states, BigInt(dueBefore), owner ?? null, limit).map(rowOut);
+        if (readsFail()) return failed(READ_FAILURE);
+        const rows = run.storage.inner.scan(table, states, BigInt(dueBefore), owner ?? null, limit).map(rowOut);
+        return { tag: "found", val: { rows } };
       },
       audit(scope, key) {
-        reads();
-        return run.storage.inner.audit(scope, key).map(eventOut);
+        if (readsFail()) return failed(READ_FAILURE);
+        return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@0.1.0": {
+    "once:core/clock@0.2.0": {
       now: () => BigInt(run.now),
-      getSettings: () => ({
-        maxInputBytes: run.settings["max-input-bytes"],
-        maxDepth: run.settings["max-depth"],
-        maxKeyBytes: run.settings["max-key-bytes"],
-        clockSkewMs: BigInt(run.settings["clock-skew-ms"]),
-        owner: run.settings.owner,
-      }),
     },
-    "once:core/provider@0.1.0": {
+    "once:core/provider@0.2.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@0.1.0": {
+    "once:core/operator@0.2.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
@@ -428,18 +423,85 @@ async function loadRuntime(component) {
     if (!modules.has(path)) modules.set(path, new WebAssembly.Module(readFileSync(join(dir, path))));
     return modules.get(path);
   };
-  return { dir, instantiate: (imp) => mod.instantiate(getCoreModule, imp).engine };
+  // One object per instance with every export of `engine`, `protocol` and `transitions`.
+  const instantiate = (imp) => {
+    const exports = mod.instantiate(getCoreModule, imp);
+    return { ...exports.engine, ...exports.protocol, ...exports.transitions };
+  };
+  return { dir, instantiate };
+}
+
+// policy-input fields (WIT names) and those that are u64 (BigInt in jco).
+const POLICY_FIELDS = [
+  "route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first", "provider-claims-key",
+  "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "attempt-budget", "derived-window-ms",
+  "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "quota", "descriptor-pin",
+];
+const U64_FIELDS = new Set([
+  "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "derived-window-ms", "resolve-deadline-ms",
+  "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms",
+]);
+
+/** A neutral policy (an object of policy-input overrides) as jco's policy-input: the rest unset. */
+function policyRecord(p) {
+  const out = Object.fromEntries(POLICY_FIELDS.map((k) => [camel(k), undefined]));
+  for (const [k, x] of Object.entries(p)) {
+    if (!POLICY_FIELDS.includes(k)) throw new StepError(`unknown policy field ${k}`);
+    if (x === null || x === undefined) continue;
+    if (k === "quota") {
+      out.quota = {
+        spendField: x["spend-field"],
+        ceiling: x.ceiling,
+        decimals: x.decimals ?? undefined,
+        windowMs: BigInt(x["window-ms"]),
+        bucket: x.bucket ?? undefined,
+      };
+    } else out[camel(k)] = U64_FIELDS.has(k) ? BigInt(x) : x;
+  }
+  return out;
+}
+
+function descriptorRecord(v) {
+  if (v === null || v === undefined) return undefined;
+  return { name: v.name, inputSchema: v["input-schema"], annotations: v.annotations ?? undefined };
+}
+
+function configurationRecord(c) {
+  const s = c.settings;
+  return {
+    settings: {
+      maxInputBytes: s["max-input-bytes"],
+      maxDepth: s["max-depth"],
+      maxKeyBytes: s["max-key-bytes"],
+      clockSkewMs: BigInt(s["clock-skew-ms"]),
+      owner: s.owner,
+    },
+    defaults: policyRecord(c.defaults),
+    tools: c.tools.map((t) => ({ tool: t.tool, policy: policyRecord(t.policy), descriptor: descriptorRecord(t.descriptor) })),
+  };
+}
+
+/** An instance of the component, and the configuration (neutral JSON) it was last configured with. */
+class Agent {
+  constructor(exports) {
+    this.x = exports;
+    this.configured = null;
+  }
+  /** The `configure` export with a neutral configuration: its answer in neutral JSON. */
+  configure(configuration) {
+    const answer = exportResult(() => this.x.configure(configurationRecord(configuration)));
+    if (!isError(answer)) this.configured = canonical(configuration);
+    return answer;
+  }
+  /** Configure as `configuration` unless already so; a refusal is the step's answer. */
+  ensure(configuration) {
+    if (this.configured === canonical(configuration)) return null;
+    const answer = this.configure(configuration);
+    return isError(answer) ? answer : null;
+  }
 }
 
 // ---------------------------------------------------------------- a scenario run
-
-const DEFAULT_SETTINGS = {
-  "max-input-bytes": 1 << 20,
-  "max-depth": 128,
-  "max-key-bytes": 512,
-  "clock-skew-ms": 0,
-  owner: "default",
-};
 
 function special(v) {
   if (v && typeof v === "object" && !Array.isArray(v)) {
@@ -468,7 +530,7 @@ class Run {
     Object.assign(this, { runtime, vectors, name, scenario });
     this.start = scenario.start ?? 1000000;
     this.now = this.start;
-    this.settings = { ...DEFAULT_SETTINGS, ...(scenario.settings ?? {}) };
+    this.settings = {};
     this.evidence = [];
     this.lookups = [];
     this.escalations = [];
@@ -478,11 +540,35 @@ class Run {
     this.transcript = [];
     this.failures = [];
     this.other = null;
-    this.defaultPolicy = this.agent().defaultPolicy();
+    // The engine's own default settings, then the scenario's.
+    this.settings = render(this.agent().x.defaultSettings());
+    Run.setSettings(this.settings, scenario.settings);
   }
 
   agent() {
-    return this.runtime.instantiate(imports(this));
+    return new Agent(this.runtime.instantiate(imports(this)));
+  }
+
+  static setSettings(settings, overrides) {
+    for (const [k, v] of Object.entries(overrides ?? {})) {
+      if (!(k in settings)) throw new StepError(`unknown setting ${k}`);
+      settings[k] = v;
+    }
+  }
+
+  /** What a step that is not a call needs: the current settings (any tools). */
+  ensureSettings(agent) {
+    if (agent.configured !== null && canonical(JSON.parse(agent.configured).settings) === canonical(this.settings)) return null;
+    return agent.ensure({ settings: this.settings, defaults: {}, tools: [] });
+  }
+
+  /** What a begin or start needs: its tool with the step's policy and descriptor (none of either: the defaults). */
+  ensureTool(agent, tool, policy, descriptor) {
+    const tools =
+      Object.keys(policy).length === 0 && (descriptor === null || descriptor === undefined)
+        ? []
+        : [{ tool, policy, descriptor: descriptor ?? null }];
+    return agent.ensure({ settings: this.settings, defaults: {}, tools });
   }
 
   fail(label, msg) {
@@ -533,36 +619,15 @@ class Run {
     return v;
   }
 
+  /** A step's policy as an object of policy-input overrides: a name from `policies`, an object, or null. */
   policy(v) {
     let overrides = {};
     if (typeof v === "string") {
       overrides = (this.scenario.policies ?? {})[v];
       if (!overrides) throw new StepError(`no policy named ${v}`);
     } else if (v) overrides = v;
-    const p = { ...this.defaultPolicy };
-    for (const [k, x] of Object.entries(overrides)) {
-      const field = camel(k);
-      if (!(field in p)) throw new StepError(`unknown policy field ${k}`);
-      if (k === "quota" && x !== null) {
-        p.quota = {
-          spendField: x["spend-field"],
-          ceiling: x.ceiling,
-          decimals: x.decimals,
-          windowMs: BigInt(x["window-ms"]),
-          bucket: x.bucket ?? undefined,
-        };
-      } else if (typeof x === "number" && typeof this.defaultPolicy[field] === "bigint") {
-        p[field] = BigInt(x);
-      } else {
-        p[field] = x === null ? undefined : x;
-      }
-    }
-    return p;
-  }
-
-  static descriptor(v) {
-    if (v === null || v === undefined) return undefined;
-    return { name: v.name, inputSchema: v["input-schema"], annotations: v.annotations ?? undefined };
+    policyRecord(overrides); // refuse an unknown field here, in every runner alike
+    return overrides;
   }
 
   execute() {
@@ -612,7 +677,7 @@ class Run {
         this.fail(label, `a record check needs a scope and a key: ${canonical(check)}`);
         continue;
       }
-      const view = orTrap(() => exportResult(() => agent.inspect(scope, key)));
+      const view = orTrap(() => this.ensureSettings(agent) ?? exportResult(() => agent.x.inspect(scope, key)));
       records.push(view);
       if (view && typeof view === "object" && "audit" in view) {
         const problem = auditInvariants(view);
@@ -682,10 +747,7 @@ class Run {
         this.ack = Boolean(inp("ack"));
         return null;
       case "settings":
-        for (const [k, v] of Object.entries(inp("set"))) {
-          if (!(k in this.settings)) throw new StepError(`unknown setting ${k}`);
-          this.settings[k] = v;
-        }
+        Run.setSettings(this.settings, inp("set"));
         return null;
       case "wipe-ledger":
         this.storage.wipe();
@@ -698,45 +760,83 @@ class Run {
         };
         return null;
       }
-      case "begin": {
-        let keys;
-        if ("keys" in step) keys = this.resolve(step.keys, now).map(([c, k]) => [c, k]);
-        else {
-          const key = inp("key");
-          keys = key === null ? [] : [["api", key]];
-        }
-        const req = {
-          scope: inp("scope"),
-          keys,
-          tool: inp("tool"),
-          args: inp("args"),
-          policy: this.policy(inp("policy")),
-          descriptor: Run.descriptor(inp("descriptor")),
-          supersedes: inp("supersedes") ?? undefined,
-          acknowledgeConfirmed: Boolean(inp("acknowledge-confirmed")),
-        };
-        return exportResult(() => agent.begin(req));
+      default:
+        return this.call(agent, op, step, now);
+    }
+  }
+
+  /** The `call` record of a begin or start step. */
+  callOf(step, now) {
+    const inp = (field) => this.resolve(this.dflt(step, field), now);
+    let keys;
+    if ("keys" in step) keys = this.resolve(step.keys, now).map(([c, k]) => [c, k]);
+    else {
+      const key = inp("key");
+      keys = key === null ? [] : [["api", key]];
+    }
+    return {
+      scope: inp("scope"),
+      keys,
+      tool: inp("tool"),
+      args: inp("args"),
+      supersedes: inp("supersedes") ?? undefined,
+      acknowledgeConfirmed: Boolean(inp("acknowledge-confirmed")),
+    };
+  }
+
+  /** A step that calls an export; the instance is configured first as the step needs (a refusal is its result). */
+  call(agent, op, step, now) {
+    const inp = (field) => this.resolve(this.dflt(step, field), now);
+    let refused = null;
+    if (op === "begin" || op === "start") {
+      refused = this.ensureTool(agent, inp("tool"), this.policy(inp("policy")), inp("descriptor"));
+    } else if (op !== "configure") {
+      if (!EXPORTS.includes(op)) throw new StepError(`unknown op ${JSON.stringify(op)}`);
+      refused = this.ensureSettings(agent);
+    }
+    if (refused !== null) return refused;
+    const x = agent.x;
+    const outcome = () => {
+      const [tag, val] = caseOf(inp("outcome"));
+      if (!["success", "rejected", "ambiguous", "not-sent"].includes(tag)) throw new StepError(`outcome ${tag}`);
+      return val === undefined ? { tag } : { tag, val };
+    };
+    switch (op) {
+      case "configure": {
+        const settings = { ...this.settings };
+        Run.setSettings(settings, inp("settings"));
+        const tools = (step.tools ?? []).map((t) => ({
+          tool: "tool" in t ? t.tool : inp("tool"),
+          policy: this.policy(t.policy ?? null),
+          descriptor: this.resolve(t.descriptor ?? null, now),
+        }));
+        return agent.configure({ settings, defaults: this.policy(step.defaults ?? null), tools });
       }
-      case "finish": {
-        const [tag, val] = caseOf(inp("outcome"));
-        if (!["success", "rejected", "ambiguous", "not-sent"].includes(tag)) throw new StepError(`outcome ${tag}`);
-        return exportResult(() => agent.finish(inp("scope"), inp("key"), inp("fence"), val === undefined ? { tag } : { tag, val }));
-      }
+      case "begin":
+        return exportResult(() => x.begin(this.callOf(step, now)));
+      case "start":
+        return exportResult(() => x.start(this.callOf(step, now)));
+      case "finish":
+        return exportResult(() => x.finish(inp("scope"), inp("key"), inp("fence"), outcome()));
+      case "report":
+        return exportResult(() => x.report(inp("scope"), inp("key"), inp("fence"), outcome()));
+      case "resume":
+        return exportResult(() => x.resume(inp("scope"), inp("key")));
       case "reconcile":
-        return exportResult(() => agent.reconcile(inp("scope"), inp("key")));
+        return exportResult(() => x.reconcile(inp("scope"), inp("key")));
       case "await-holder":
-        return exportResult(() => agent.awaitHolder(inp("scope"), inp("key")));
+        return exportResult(() => x.awaitHolder(inp("scope"), inp("key")));
       case "sweep":
-        return exportResult(() => agent.sweep(inp("limit") ?? 100));
+        return exportResult(() => x.sweep(inp("limit") ?? 100, Boolean(inp("dispatch"))));
       case "prune":
-        return exportResult(() => agent.prune(inp("limit") ?? 100));
+        return exportResult(() => x.prune(inp("limit") ?? 100));
       case "inspect":
-        return exportResult(() => agent.inspect(inp("scope"), inp("key")));
+        return exportResult(() => x.inspect(inp("scope"), inp("key")));
       case "resolve": {
         const [tag, val] = caseOf(inp("resolution"));
         if (!["confirmed", "absent"].includes(tag)) throw new StepError(`resolution ${tag}`);
         const resolution = tag === "confirmed" ? { tag, val } : { tag };
-        return exportResult(() => agent.resolve(inp("scope"), inp("key"), resolution, inp("note"), Boolean(inp("force"))));
+        return exportResult(() => x.resolve(inp("scope"), inp("key"), resolution, inp("note"), Boolean(inp("force"))));
       }
       case "canonicalize": {
         let data;
@@ -744,16 +844,10 @@ class Run {
         else if ("hex" in step) data = hexBytes(step.hex);
         else if ("file" in step) data = new Uint8Array(this.vector(step.file));
         else throw new StepError("canonicalize needs text, hex or file");
-        return exportResult(() => agent.canonicalize(data));
+        return exportResult(() => x.canonicalize(data));
       }
       case "fingerprint":
-        return exportResult(() => agent.fingerprint(inp("tool"), inp("args")));
-      case "default-policy":
-        return render(agent.defaultPolicy());
-      case "check-policy":
-        return exportResult(() => agent.checkPolicy(this.policy(inp("policy"))));
-      case "route-of":
-        return render(agent.routeOf(this.policy(inp("policy")), Run.descriptor(inp("descriptor"))));
+        return exportResult(() => x.fingerprint(inp("tool"), inp("args")));
       default:
         throw new StepError(`unknown op ${JSON.stringify(op)}`);
     }
@@ -925,6 +1019,7 @@ const NEGATIVE = {
   "cas-ignores-version": ["race-quota-reservations"],
   "no-conflicts": [
     "race-concurrent-begins",
+    "race-concurrent-starts",
     "race-quota-reservations",
     "race-finish-vs-sweep",
     "race-original-retried-while-superseded",

@@ -3,7 +3,10 @@
 The `wasmtime` package (PyPI) loads the component file; this runner supplies
 only its imports: a compare-and-swap record store (in memory, or SQLite via
 the standard library's sqlite3), a manual clock, scripted provider evidence
-and a recording escalation sink. Every decision comes from the component.
+and a recording escalation sink — and configures each instance (`configure`)
+with the settings and the tool policy a step needs. Every decision comes from
+the component. wasmtime-py takes and gives every WIT value as it is (tagged
+`Variant`s where cases share a Python class); nothing of it is patched.
 
     python run.py --component once_guest.wasm [--store memory|sqlite|all]
                   [--transcripts DIR] [--filter TEXT] [--negative]
@@ -24,18 +27,17 @@ from importlib import metadata
 
 import wasmtime
 import wasmtime.component as wc
-from wasmtime.component import Record, Variant
-from wasmtime.component import _types as _wc_types
-
-# wasmtime-py lifts and lowers a `result` whose cases hold different Python
-# classes "untagged" (the bare payload), and there an `ok` case that can hold
-# None swallows every value: `ledger.get` could never return its error. Make
-# every result tagged: Variant("ok", value) / Variant("err", error), both ways.
-_wc_types.ResultType._tagged = lambda self: True
+from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-ENGINE_IFACE = "once:core/engine@0.1.0"
+VERSION = "0.2.0"
+# Which interface exports each function.
+INTERFACES = {
+    "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
+    "protocol": ("start", "report", "resume", "sweep"),
+    "transitions": ("begin", "finish", "reconcile", "await-holder"),
+}
 
 
 # ---------------------------------------------------------------- neutral JSON
@@ -59,12 +61,49 @@ def render(v):
     return v
 
 
-def render_result(v):
-    """An export's result<T, E>: T as is, an error as {"error": E}."""
-    assert isinstance(v, Variant) and v.tag in ("ok", "err"), v
-    if v.tag == "ok":
-        return None if v.payload is None else render(v.payload)
-    return {"error": render(v.payload)}
+def classes(ty):
+    """The Python classes wasmtime-py lifts a value of type `ty` to (`object`: a case without payload)."""
+    out = set()
+    if ty is None:
+        out.add(object)
+    else:
+        ty.add_classes(out)
+    return out
+
+
+def tagged(cases):
+    """Whether wasmtime-py lifts and lowers a variant of these case types tagged (as `Variant`):
+    when two cases share a Python class. Otherwise a value is its bare payload."""
+    seen = set()
+    for ty in cases:
+        c = classes(ty)
+        if c & seen:
+            return True
+        seen |= c
+    return False
+
+
+def outcome_of(result_ty, value):
+    """An export's result<T, E> as ("ok" | "err", payload). wasmtime-py lifts a result whose
+    two sides hold disjoint Python classes untagged (the bare value): then the value's class
+    says which side it is."""
+    if tagged([result_ty.ok, result_ty.err]):
+        assert isinstance(value, Variant) and value.tag in ("ok", "err"), value
+        return value.tag, value.payload
+    ok, err = classes(result_ty.ok), classes(result_ty.err)
+    if object not in err:
+        return ("err" if isinstance(value, tuple(err)) else "ok"), value
+    if object not in ok:
+        return ("ok" if isinstance(value, tuple(ok)) else "err"), value
+    raise TypeError("a result wasmtime-py cannot tell apart")
+
+
+def render_answer(answer):
+    """An export's answer as neutral JSON: a result's ok value as is, its error as {"error": E}."""
+    side, payload = answer
+    if side == "err":
+        return {"error": render(payload)}
+    return render(payload)
 
 
 def record_from(d):
@@ -322,10 +361,14 @@ class Host:
         def reads_fail():
             return run.storage.fail_reads
 
+        def failed(message):
+            return Variant("failed", record_from({"message": message}))
+
         def get(_, table, scope, key):
             if reads_fail():
-                return Variant("err", READ_FAILURE)
-            return Variant("ok", to_row(run.storage.inner.get(table, scope, key)))
+                return failed(READ_FAILURE)
+            row = run.storage.inner.get(table, scope, key)
+            return Variant("missing") if row is None else Variant("found", to_row(row))
 
         def commit(_, batch):
             puts = [
@@ -335,20 +378,20 @@ class Host:
             events = [dict(vars(e)) for e in batch.events]
             outcome = run.storage.commit(puts, events)
             if outcome is None:
-                return Variant("ok", None)
-            # commit-error lowers untagged: conflict is None, storage is its message.
-            return Variant("err", None if outcome == "conflict" else outcome)
+                return Variant("applied")
+            return Variant("conflict") if outcome == "conflict" else failed(outcome)
 
         def scan(_, table, states, due_before, owner, limit):
             if reads_fail():
-                return Variant("err", READ_FAILURE)
+                return failed(READ_FAILURE)
             rows = run.storage.inner.scan(table, list(states), due_before, owner, limit)
-            return Variant("ok", [to_row(r) for r in rows])
+            return Variant("found", record_from({"rows": [to_row(r) for r in rows]}))
 
         def audit(_, scope, key):
             if reads_fail():
-                return Variant("err", READ_FAILURE)
-            return Variant("ok", [record_from(e) for e in run.storage.inner.audit(scope, key)])
+                return failed(READ_FAILURE)
+            events = [record_from(e) for e in run.storage.inner.audit(scope, key)]
+            return Variant("found", record_from({"events": events}))
 
         def lookup(_, tool, provider_key, args):
             run.lookups.append({"tool": tool, "provider-key": provider_key, "args": args})
@@ -361,36 +404,102 @@ class Host:
             return run.ack
 
         with linker.root() as root:
-            with root.add_instance("once:core/ledger@0.1.0") as i:
+            with root.add_instance(f"once:core/ledger@{VERSION}") as i:
                 i.add_func("get", get)
                 i.add_func("commit", commit)
                 i.add_func("scan", scan)
                 i.add_func("audit", audit)
-            with root.add_instance("once:core/clock@0.1.0") as i:
+            with root.add_instance(f"once:core/clock@{VERSION}") as i:
                 i.add_func("now", lambda _: run.now)
-                i.add_func("get-settings", lambda _: record_from(dict(run.settings)))
-            with root.add_instance("once:core/provider@0.1.0") as i:
+            with root.add_instance(f"once:core/provider@{VERSION}") as i:
                 i.add_func("lookup", lookup)
-            with root.add_instance("once:core/operator@0.1.0") as i:
+            with root.add_instance(f"once:core/operator@{VERSION}") as i:
                 i.add_func("escalate", escalate)
         return linker
 
 
 class Agent:
-    """One instance of the component in its own wasmtime store."""
+    """One instance of the component in its own wasmtime store, and the configuration
+    (neutral JSON) it was last configured with, so it is reconfigured only when a step
+    needs another one."""
 
     def __init__(self, runtime, linker):
         self.store = wasmtime.Store(runtime.engine)
         self.instance = linker.instantiate(self.store, runtime.component)
-        self.iface = self.instance.get_export_index(self.store, ENGINE_IFACE)
         self.funcs = {}
+        self.configured = None
+
+    def func(self, name):
+        """Export `name`, with its parameter types and result type."""
+        found = self.funcs.get(name)
+        if found is None:
+            iface = next(i for i, names in INTERFACES.items() if name in names)
+            index = self.instance.get_export_index(self.store, f"once:core/{iface}@{VERSION}")
+            f = self.instance.get_func(self.store, self.instance.get_export_index(self.store, name, index))
+            ty = f.type(self.store)
+            found = self.funcs[name] = (f, dict(ty.params), ty.result)
+        return found
 
     def call(self, name, *args):
-        f = self.funcs.get(name)
-        if f is None:
-            f = self.instance.get_func(self.store, self.instance.get_export_index(self.store, name, self.iface))
-            self.funcs[name] = f
-        return f(self.store, *args)
+        """An export's plain value, or, for one whose WIT result is result<T, E>, ("ok" | "err", payload)."""
+        f, _, result_ty = self.func(name)
+        value = f(self.store, *args)
+        return outcome_of(result_ty, value) if isinstance(result_ty, ResultType) else value
+
+    def case(self, name, param, tag, payload):
+        """A variant argument of export `name`, tagged or bare as wasmtime-py lowers its type."""
+        ty = self.func(name)[1][param]
+        if tagged([t for _, t in ty.cases]):
+            return Variant(tag, payload)
+        return payload
+
+    def configure(self, configuration):
+        """The `configure` export with a neutral configuration: ("ok", configured) or ("err", error)."""
+        answer = self.call("configure", configuration_record(configuration))
+        if answer[0] == "ok":
+            self.configured = canonical(configuration)
+        return answer
+
+    def ensure(self, configuration):
+        """Configure as `configuration` unless already so; a refusal is the step's answer."""
+        if self.configured == canonical(configuration):
+            return None
+        answer = self.configure(configuration)
+        return None if answer[0] == "ok" else render_answer(answer)
+
+
+def policy_record(p):
+    """A neutral policy (an object of policy-input overrides) as a WIT policy-input: the rest unset."""
+    fields = {k: None for k in POLICY_FIELDS}
+    for k, x in p.items():
+        if k not in fields:
+            raise StepError(f"unknown policy field {k!r}")
+        if k == "quota" and x is not None:
+            x = record_from({"spend-field": x["spend-field"], "ceiling": x["ceiling"], "decimals": x.get("decimals"),
+                             "window-ms": x["window-ms"], "bucket": x.get("bucket")})
+        fields[k] = x
+    return record_from(fields)
+
+
+def descriptor_record(v):
+    if v is None:
+        return None
+    return record_from({"name": v["name"], "input-schema": v["input-schema"], "annotations": v.get("annotations")})
+
+
+def configuration_record(c):
+    return record_from({
+        "settings": record_from(c["settings"]),
+        "defaults": policy_record(c["defaults"]),
+        "tools": [record_from({"tool": t["tool"], "policy": policy_record(t["policy"]),
+                               "descriptor": descriptor_record(t["descriptor"])}) for t in c["tools"]],
+    })
+
+
+POLICY_FIELDS = ("route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first",
+                 "provider-claims-key", "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms",
+                 "attempt-budget", "derived-window-ms", "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms",
+                 "tombstone-retention-ms", "quota", "descriptor-pin")
 
 
 # ---------------------------------------------------------------- vectors
@@ -426,17 +535,13 @@ def hex_bytes(text):
 
 # ---------------------------------------------------------------- a scenario run
 
-DEFAULT_SETTINGS = {"max-input-bytes": 1 << 20, "max-depth": 128, "max-key-bytes": 512, "clock-skew-ms": 0,
-                    "owner": "default"}
-
-
 class StepError(Exception):
     pass
 
 
 # The ops that call an export of the component: each must say what it expects.
-EXPORTS = ("begin", "finish", "reconcile", "await-holder", "sweep", "prune", "inspect", "resolve", "canonicalize",
-           "fingerprint", "default-policy", "check-policy", "route-of")
+EXPORTS = ("configure", "start", "report", "resume", "sweep", "begin", "finish", "reconcile", "await-holder", "prune",
+           "inspect", "resolve", "canonicalize", "fingerprint")
 
 
 def special(v):
@@ -456,8 +561,7 @@ class Run:
         self.runtime, self.vectors, self.name, self.scenario = runtime, vectors, name, scenario
         self.start = scenario.get("start", 1_000_000)
         self.now = self.start
-        self.settings = dict(DEFAULT_SETTINGS)
-        self.settings.update(scenario.get("settings", {}))
+        self.settings = {}
         self.evidence = []
         self.lookups = []
         self.escalations = []
@@ -468,8 +572,9 @@ class Run:
         self.failures = []
         self.linker = Host(self).linker(runtime.engine)
         self.other = None
-        agent = self.agent()
-        self.default_policy = agent.call("default-policy")
+        # The engine's own default settings, then the scenario's.
+        self.settings = render(self.agent().call("default-settings"))
+        self.set_settings(self.settings, scenario.get("settings", {}))
 
     def agent(self):
         return Agent(self.runtime, self.linker)
@@ -518,6 +623,7 @@ class Run:
         return v
 
     def policy(self, v):
+        """A step's policy as an object of policy-input overrides: a name from `policies`, an object, or null."""
         if v is None:
             overrides = {}
         elif isinstance(v, str):
@@ -526,21 +632,27 @@ class Run:
             overrides = self.scenario["policies"][v]
         else:
             overrides = v
-        fields = dict(vars(self.default_policy))
-        for k, x in overrides.items():
-            if k not in fields:
-                raise StepError(f"unknown policy field {k!r}")
-            if k == "quota" and x is not None:
-                x = record_from({"spend-field": x["spend-field"], "ceiling": x["ceiling"], "decimals": x["decimals"],
-                                 "window-ms": x["window-ms"], "bucket": x.get("bucket")})
-            fields[k] = x
-        return record_from(fields)
+        policy_record(overrides)  # refuse an unknown field here, in every runner alike
+        return overrides
 
     @staticmethod
-    def descriptor(v):
-        if v is None:
+    def set_settings(settings, overrides):
+        for k, v in (overrides or {}).items():
+            if k not in settings:
+                raise StepError(f"unknown setting {k!r}")
+            settings[k] = v
+
+    def ensure_settings(self, agent):
+        """What a step that is not a call needs: the current settings (any tools)."""
+        if agent.configured is not None and json.loads(agent.configured)["settings"] == self.settings:
             return None
-        return record_from({"name": v["name"], "input-schema": v["input-schema"], "annotations": v.get("annotations")})
+        return agent.ensure({"settings": self.settings, "defaults": {}, "tools": []})
+
+    def ensure_tool(self, agent, tool, policy, descriptor):
+        """What a begin or start needs: its tool with the step's policy and descriptor
+        (none of either: the engine's defaults for every tool)."""
+        tools = [] if policy == {} and descriptor is None else [{"tool": tool, "policy": policy, "descriptor": descriptor}]
+        return agent.ensure({"settings": self.settings, "defaults": {}, "tools": tools})
 
     # -- steps
 
@@ -623,7 +735,10 @@ class Run:
         )
 
     def inspect(self, agent, scope, key):
-        return render_result(agent.call("inspect", scope, key))
+        refused = self.ensure_settings(agent)
+        if refused is not None:
+            return refused
+        return render_answer(agent.call("inspect", scope, key))
 
     def exec(self, agent, op, step, label, now):
         def inp(field):
@@ -657,10 +772,7 @@ class Run:
             self.ack = bool(inp("ack"))
             return None
         if op == "settings":
-            for k, v in inp("set").items():
-                if k not in self.settings:
-                    raise StepError(f"unknown setting {k!r}")
-                self.settings[k] = v
+            self.set_settings(self.settings, inp("set"))
             return None
         if op == "wipe-ledger":
             self.storage.wipe()
@@ -676,46 +788,81 @@ class Run:
 
             self.storage.race = hook
             return None
-        if op == "begin":
-            if "keys" in step:
-                keys = [(c, k) for c, k in self.resolve(step["keys"], now)]
-            else:
-                key = inp("key")
-                keys = [] if key is None else [("api", key)]
-            req = record_from({
-                "scope": inp("scope"), "keys": keys, "tool": inp("tool"), "args": inp("args"),
-                "policy": self.policy(inp("policy")), "descriptor": self.descriptor(inp("descriptor")),
-                "supersedes": inp("supersedes"), "acknowledge-confirmed": bool(inp("acknowledge-confirmed")),
-            })
-            return render_result(agent.call("begin", req))
-        if op == "finish":
+        return self.call(agent, op, step, now)
+
+    def call_of(self, step, now):
+        """The `call` record of a begin or start step."""
+        def inp(field):
+            return self.resolve(self.default(step, field), now)
+
+        if "keys" in step:
+            keys = [(c, k) for c, k in self.resolve(step["keys"], now)]
+        else:
+            key = inp("key")
+            keys = [] if key is None else [("api", key)]
+        return record_from({
+            "scope": inp("scope"), "keys": keys, "tool": inp("tool"), "args": inp("args"),
+            "supersedes": inp("supersedes"), "acknowledge-confirmed": bool(inp("acknowledge-confirmed")),
+        })
+
+    def call(self, agent, op, step, now):
+        """A step that calls an export. The instance is configured first as the step needs
+        (a refusal is the step's result)."""
+        def inp(field):
+            return self.resolve(self.default(step, field), now)
+
+        if op == "configure":
+            refused = None
+        elif op in ("begin", "start"):
+            refused = self.ensure_tool(agent, inp("tool"), self.policy(inp("policy")), inp("descriptor"))
+        elif op in EXPORTS:
+            refused = self.ensure_settings(agent)
+        else:
+            raise StepError(f"unknown op {op!r}")
+        if refused is not None:
+            return refused
+
+        def outcome(name):
             tag, payload = case(inp("outcome"))
             if tag not in ("success", "rejected", "ambiguous", "not-sent"):
                 raise StepError(f"outcome {tag!r}")
-            return render_result(agent.call("finish", inp("scope"), inp("key"), inp("fence"), Variant(tag, payload)))
+            return agent.case(name, "outcome", tag, payload)
+
+        if op == "configure":
+            settings = dict(self.settings)
+            self.set_settings(settings, inp("settings"))
+            tools = []
+            for t in step.get("tools", []):
+                tools.append({"tool": t["tool"] if "tool" in t else inp("tool"), "policy": self.policy(t.get("policy")),
+                              "descriptor": self.resolve(t.get("descriptor"), now)})
+            configuration = {"settings": settings, "defaults": self.policy(step.get("defaults")), "tools": tools}
+            return render_answer(agent.configure(configuration))
+        if op == "begin":
+            return render_answer(agent.call("begin", self.call_of(step, now)))
+        if op == "start":
+            return render_answer(agent.call("start", self.call_of(step, now)))
+        if op == "finish":
+            return render_answer(agent.call("finish", inp("scope"), inp("key"), inp("fence"), outcome("finish")))
+        if op == "report":
+            return render_answer(agent.call("report", inp("scope"), inp("key"), inp("fence"), outcome("report")))
+        if op == "resume":
+            return render_answer(agent.call("resume", inp("scope"), inp("key")))
         if op == "reconcile":
-            return render_result(agent.call("reconcile", inp("scope"), inp("key")))
+            return render_answer(agent.call("reconcile", inp("scope"), inp("key")))
         if op == "await-holder":
-            result = agent.call("await-holder", inp("scope"), inp("key"))
-            if result.tag == "ok":
-                # awaited lifts untagged (its cases hold different classes): retag it by class.
-                v = result.payload
-                tag = "pending" if isinstance(v, Record) else "rejected" if isinstance(v, str) else "decided"
-                result = Variant("ok", Variant(tag, v))
-            return render_result(result)
+            return render_answer(agent.call("await-holder", inp("scope"), inp("key")))
         if op == "sweep":
-            return render_result(agent.call("sweep", inp("limit") or 100))
+            return render_answer(agent.call("sweep", inp("limit") or 100, bool(inp("dispatch"))))
         if op == "prune":
-            return render_result(agent.call("prune", inp("limit") or 100))
+            return render_answer(agent.call("prune", inp("limit") or 100))
         if op == "inspect":
-            return render_result(agent.call("inspect", inp("scope"), inp("key")))
+            return render_answer(agent.call("inspect", inp("scope"), inp("key")))
         if op == "resolve":
             tag, payload = case(inp("resolution"))
-            # resolution lowers untagged: confirmed is its receipt, absent is None.
-            resolution = payload if tag == "confirmed" else None
             if tag not in ("confirmed", "absent"):
                 raise StepError(f"resolution {tag!r}")
-            return render_result(
+            resolution = agent.case("resolve", "resolution", tag, payload)
+            return render_answer(
                 agent.call("resolve", inp("scope"), inp("key"), resolution, inp("note"), bool(inp("force")))
             )
         if op == "canonicalize":
@@ -727,15 +874,9 @@ class Run:
                 data = self.vectors.bytes(step["file"])
             else:
                 raise StepError("canonicalize needs text, hex or file")
-            return render_result(agent.call("canonicalize", data))
+            return render_answer(agent.call("canonicalize", data))
         if op == "fingerprint":
-            return render_result(agent.call("fingerprint", inp("tool"), inp("args")))
-        if op == "default-policy":
-            return render(agent.call("default-policy"))
-        if op == "check-policy":
-            return render_result(agent.call("check-policy", self.policy(inp("policy"))))
-        if op == "route-of":
-            return render(agent.call("route-of", self.policy(inp("policy")), self.descriptor(inp("descriptor"))))
+            return render_answer(agent.call("fingerprint", inp("tool"), inp("args")))
         raise StepError(f"unknown op {op!r}")
 
     # -- matching
@@ -872,6 +1013,7 @@ NEGATIVE = {
     "cas-ignores-version": ["race-quota-reservations"],
     "no-conflicts": [
         "race-concurrent-begins",
+        "race-concurrent-starts",
         "race-quota-reservations",
         "race-finish-vs-sweep",
         "race-original-retried-while-superseded",

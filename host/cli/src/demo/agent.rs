@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use once::types::{Evidence, State};
+use once::types::{Effect, Error, Evidence, PolicyInput, Repeat};
 use once::{Called, Dispatch, Once, OnceError, Sent};
 use refund::{CallError, Client, ORDER_ID};
 
@@ -177,22 +177,19 @@ pub fn settle(env: &Env, within: Duration) -> Result<(), OnceError> {
     let once = protected_once(&env.ledger, &client)?;
     let give_up = Instant::now() + within;
     loop {
-        let state = once.inspect(&env.scope, &env.key)?.map(|v| v.state);
-        match state {
-            None | Some(State::Confirmed | State::Failed | State::Superseded) => return Ok(()),
-            Some(_) if Instant::now() >= give_up => return Ok(()),
-            // The next round reads the outcome from the ledger.
-            Some(State::Absent) => {
-                let _ = once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
-            }
-            // In flight, unknown: reconcile (on a live lease this waits for the
-            // holder; the engine decides whether a lookup counts), and dispatch
-            // only a refund the engine says is owed.
-            Some(_) => {
-                let _ = once.resume(&env.scope, &env.key, TOOL, |d| dispatch(&client, d))?;
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        // The engine reads the provider when a read is due, and grants the owed dispatch
+        // once absence is proven; this loop only sends what it is told to.
+        let called = match once.resume(&env.scope, &env.key, |d| dispatch(&client, d)) {
+            Ok(called) => called,
+            // No record: the agent never claimed the operation, so nothing is owed.
+            Err(OnceError::Engine(Error::NotFound)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let waits = called.account().is_none_or(|a| a.repeat == Repeat::Waits);
+        if !waits || Instant::now() >= give_up {
+            return Ok(());
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -210,18 +207,22 @@ fn protected_once(ledger: &str, client: &Client) -> Result<Once, OnceError> {
                 Err(e) => Evidence::Unknown(e.to_string()),
             },
         )
-        .in_flight_wait(Duration::from_secs(5))
+        .wait_up_to(Duration::from_secs(5))
+        .policy(
+            TOOL,
+            PolicyInput {
+                // The engine derives the lease from it.
+                dispatch_timeout_ms: Some(CLIENT_TIMEOUT.as_millis() as u64),
+                // The service commits a request within the client's timeout or never: an
+                // old request cannot arrive later than this.
+                max_in_flight_ms: Some(300),
+                reconcile_interval_ms: Some(25),
+                attempt_budget: Some(4),
+                resolve_deadline_ms: Some(10_000),
+                ..once::policy_input()
+            },
+        )
         .build()?;
-    let mut policy = once.default_policy()?;
-    policy.dispatch_timeout_ms = CLIENT_TIMEOUT.as_millis() as u64;
-    policy.lease_ms = policy.dispatch_timeout_ms + 250;
-    // The service commits a request within the client's timeout or never: an
-    // old request cannot arrive later than this.
-    policy.max_in_flight_ms = 300;
-    policy.reconcile_interval_ms = 25;
-    policy.attempt_budget = 4;
-    policy.resolve_deadline_ms = 10_000;
-    once.set_policy(TOOL, policy)?;
     Ok(once)
 }
 
@@ -235,10 +236,11 @@ fn dispatch(client: &Client, d: &Dispatch<'_>) -> Sent {
     }
 }
 
+/// What the agent tells its user: whether the engine says the effect happened.
 fn report_of(called: &Called) -> Report {
-    match called {
-        Called::Confirmed { .. } | Called::Unrecorded { .. } => Report::Refunded,
-        Called::Unknown(_) | Called::InFlight(_) => Report::Unknown,
-        Called::Rejected { .. } | Called::Conflict(_) | Called::Blocked(_) | Called::Direct(_) => Report::Failed,
+    match called.effect() {
+        Effect::Happened => Report::Refunded,
+        Effect::Unknown => Report::Unknown,
+        Effect::None => Report::Failed,
     }
 }

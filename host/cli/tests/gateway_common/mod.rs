@@ -284,6 +284,19 @@ pub fn assert_unknown_text(result: &CallToolResult, reason: &str) {
     );
 }
 
+/// The call itself sent the owed refund as attempt `n`, after proving no earlier attempt had an effect.
+pub fn assert_sent_again(rig: &Rig, result: &CallToolResult, n: u32) {
+    let t = text(result);
+    assert_ne!(result.is_error, Some(true), "{t}\n{}", rig.logs());
+    assert!(t.starts_with(&format!("Sent now as attempt {n} of operation ")), "{t}");
+    assert!(t.ends_with("; no earlier attempt had an effect."), "{t}");
+    assert_eq!(outcome(result)["decision"], "executed");
+    assert_eq!(outcome(result)["attempt"], n);
+    assert_eq!(outcome(result)["effect"], "happened");
+    let trail = rig.audit(result);
+    assert!(trail.iter().any(|e| e.starts_with("reconciled-absent")), "{trail:#?}");
+}
+
 /// The model is told the refund happened and how once knows; the ledger's audit trail says the same.
 pub fn assert_confirmed_by_lookup(rig: &Rig, result: &CallToolResult) {
     let t = text(result);

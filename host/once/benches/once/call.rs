@@ -1,5 +1,5 @@
-//! Row 2: a warm protected call (`begin` + `finish`, memory store) through
-//! the component vs the same engine called natively.
+//! Row 2: a warm protected call (`start` + `report`, memory store) through
+//! the component vs the same protocol called natively.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -9,10 +9,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use criterion::Criterion;
 use once::Once;
 use once::storage::memory::MemoryStorage;
-use once_guest::host::Host;
+use once_guest::config::{Config, default_settings};
+use once_guest::host::{CommitError, Host};
 use once_guest::types::{
-    AuditEvent, Batch, BeginRequest, CommitError, Decision, Escalation, Evidence, FinishAck, Outcome, Row, Settings,
-    State, Table,
+    AuditEvent, Batch, Call, Configuration, Escalation, Evidence, Outcome, PolicyInput, Row, Settings, State, Step,
+    Table,
 };
 
 /// The native core's ledger: the host's `MemoryStorage` semantics (ordered
@@ -40,13 +41,7 @@ impl Host for NativeHost {
             .map_or(0, |d| d.as_millis() as u64)
     }
     fn settings(&self) -> Settings {
-        Settings {
-            max_input_bytes: 1 << 20,
-            max_depth: 128,
-            max_key_bytes: 512,
-            clock_skew_ms: 0,
-            owner: "default".to_string(),
-        }
+        default_settings()
     }
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
         Ok(self
@@ -130,7 +125,16 @@ use crate::{ARGS, RECEIPT};
 pub fn bench(c: &mut Criterion) {
     let once = Once::builder(MemoryStorage::new()).build().expect("the once component");
     let host = NativeHost::default();
-    let policy = once_guest::policy::default_policy();
+    // As `Once` configures it without a provider: no tool has a lookup.
+    let (config, _) = Config::new(Configuration {
+        settings: default_settings(),
+        defaults: PolicyInput {
+            lookup: Some(false),
+            ..once_guest::policy::unset()
+        },
+        tools: Vec::new(),
+    })
+    .expect("the default configuration");
     let mut next = 0u64;
     let samples = 30;
     let mut g = c.benchmark_group("call");
@@ -153,27 +157,25 @@ pub fn bench(c: &mut Criterion) {
             let start = Instant::now();
             for _ in 0..iters {
                 next += 1;
-                let request = BeginRequest {
+                let call = Call {
                     scope: "tenant".into(),
                     keys: vec![("application".into(), format!("op-{next}"))],
                     tool: "refund".into(),
                     args: ARGS.into(),
-                    policy: policy.clone(),
-                    descriptor: None,
                     supersedes: None,
                     acknowledge_confirmed: false,
                 };
-                let Ok(Decision::Execute(grant)) = once_guest::engine::begin(&host, request) else {
-                    panic!("begin did not grant an attempt");
+                let Ok(Step::Dispatch(grant)) = once_guest::protocol::start(&host, &config, call) else {
+                    panic!("start did not grant an attempt");
                 };
-                let ack = once_guest::engine::finish(
+                let step = once_guest::protocol::report(
                     &host,
                     "tenant",
                     &grant.key,
                     &grant.fence,
                     Outcome::Success(RECEIPT.into()),
                 );
-                assert!(matches!(black_box(ack), Ok(FinishAck::Recorded(_))), "finish");
+                assert!(matches!(black_box(step), Ok(Step::Done(_))), "report");
             }
             start.elapsed()
         })

@@ -8,7 +8,7 @@ use criterion::{Criterion, SamplingMode};
 use once::io::{HostState, SystemClock};
 use once::runtime::{COMPONENT, Runtime};
 use once::storage::memory::MemoryStorage;
-use once::{GuestLimits, LogOperator, NoProvider, default_settings};
+use once::{GuestLimits, LogOperator, NoProvider};
 
 use crate::record::{compare, timed};
 
@@ -52,7 +52,6 @@ pub fn bench(c: &mut Criterion) {
         clock: Arc::new(SystemClock::default()),
         provider: Arc::new(NoProvider),
         operator: Arc::new(LogOperator),
-        settings: default_settings(),
     };
     let samples = 30;
     let mut g = c.benchmark_group("cold");

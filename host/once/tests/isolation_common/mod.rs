@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{Decision, Evidence, Execute, Outcome, QuotaPolicy, RecordView, State};
-use once::{Called, Once, Sent};
+use once::types::{Decision, Evidence, Grant, Outcome, QuotaInput, RecordView, State};
+use once::{Once, Sent};
 
 pub const TOOL: &str = "refund_order";
 pub const ARGS: &str = r#"{"order_id":1234,"amount":200}"#;
@@ -17,15 +17,11 @@ pub const RECEIPT_A: &str = r#"{"refund_id":"r_a"}"#;
 
 /// A ledger whose provider records every lookup it is asked.
 pub fn open(path: &Path, lookups: &'static Mutex<Vec<String>>) -> Once {
-    let mut policy = Once::builder(SqliteStorage::open(path, SqliteOptions::default()).unwrap())
-        .build()
-        .unwrap()
-        .default_policy()
-        .unwrap();
-    policy.quota = Some(QuotaPolicy {
+    let mut policy = once::policy_input();
+    policy.quota = Some(QuotaInput {
         spend_field: "/amount".to_string(),
         ceiling: "200".to_string(),
-        decimals: 0,
+        decimals: Some(0),
         window_ms: 86_400_000,
         bucket: None,
     });
@@ -40,18 +36,17 @@ pub fn open(path: &Path, lookups: &'static Mutex<Vec<String>>) -> Once {
 }
 
 /// Scope A: `k` confirmed (spending the whole quota), `u` unknown.
-pub fn scope_a(once: &Once) -> (Execute, RecordView, RecordView) {
+pub fn scope_a(once: &Once) -> (Grant, RecordView, RecordView) {
     let called = once
         .call("A", Some("k"), TOOL, ARGS, |_| Sent::Success(RECEIPT_A.into()))
         .unwrap();
-    assert!(matches!(called, Called::Confirmed { replayed: false, .. }));
-    let request = once
-        .request("A", Some("u"), TOOL, r#"{"order_id":7,"amount":0}"#)
-        .unwrap();
-    let Decision::Execute(grant) = once.begin(&request).unwrap() else {
+    assert!(called.confirmed().is_some_and(|c| !c.replayed), "{called:?}");
+    let call = Once::call_of("A", Some("u"), TOOL, r#"{"order_id":7,"amount":0}"#);
+    let Decision::Execute(grant) = once.transitions().begin(&call).unwrap() else {
         panic!("a fresh key executes")
     };
-    once.finish("A", "u", &grant.fence, &Outcome::Ambiguous("timeout".into()))
+    once.transitions()
+        .finish("A", "u", &grant.fence, &Outcome::Ambiguous("timeout".into()))
         .unwrap();
     let k = once.inspect("A", "k").unwrap().unwrap();
     let u = once.inspect("A", "u").unwrap().unwrap();

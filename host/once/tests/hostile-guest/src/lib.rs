@@ -1,6 +1,6 @@
 //! A hostile component of world `once`: the host must survive it.
 //!
-//! `begin` acts on the request's tool name and `canonicalize` on its input
+//! `start` and `begin` act on the call's tool name and `canonicalize` on its input
 //! bytes, so one build covers every case:
 //!
 //! | command | what the guest does |
@@ -12,7 +12,8 @@
 //! | `recurse` | recurses without bound |
 //! | `write-then-X` | commits one batch (an operation row, a quota row, an audit event), then does X |
 //!
-//! Anything else is refused with an error. Every other export is inert.
+//! Anything else is refused with an error. `configure` accepts anything;
+//! every other export is inert.
 #![no_std]
 #![allow(missing_docs, clippy::all)]
 
@@ -28,7 +29,6 @@ wit_bindgen::generate!({
     world: "once",
 });
 
-use exports::once::core::engine::Guest;
 use once::core::ledger;
 use once::core::types::*;
 
@@ -99,7 +99,7 @@ fn write(scope: &str, key: &str) {
             detail: "{}".to_string(),
         }],
     };
-    if ledger::commit(&batch).is_err() {
+    if !matches!(ledger::commit(&batch), Committed::Applied) {
         core::arch::wasm32::unreachable();
     }
 }
@@ -141,20 +141,22 @@ fn misbehave(command: &str, scope: &str, key: &str) -> Option<String> {
     }
 }
 
+/// A decided policy, for `configure`'s answer (this guest applies none).
 fn policy() -> ToolPolicy {
     ToolPolicy {
         route: None,
         identity: IdentityMode::Required,
         key_argument: None,
+        key_sent_by_host: false,
         effect_fields: None,
         verify_first: false,
         provider_claims_key: false,
+        lookup: false,
         max_in_flight_ms: 60_000,
         dispatch_timeout_ms: 30_000,
         lease_ms: 35_000,
         attempt_budget: 3,
         derived_window_ms: 86_400_000,
-        key_sent_by_host: false,
         resolve_deadline_ms: 900_000,
         reconcile_interval_ms: 5_000,
         retention_ms: 7 * 86_400_000,
@@ -168,42 +170,38 @@ fn refused() -> Error {
     Error::InvalidRequest("the hostile guest does not do that".to_string())
 }
 
+/// Misbehave as the call's tool says, then refuse.
+fn misbehave_on(call: &Call) -> Error {
+    let key = call.keys.first().map(|(_, k)| k.as_str()).unwrap_or("no-key");
+    misbehave(&call.tool, &call.scope, key);
+    refused()
+}
+
 struct Hostile;
 
-impl Guest for Hostile {
-    fn default_policy() -> ToolPolicy {
-        policy()
+impl exports::once::core::engine::Guest for Hostile {
+    fn default_settings() -> Settings {
+        Settings {
+            max_input_bytes: 1 << 20,
+            max_depth: 128,
+            max_key_bytes: 512,
+            clock_skew_ms: 0,
+            owner: "default".to_string(),
+        }
     }
-    fn check_policy(_: ToolPolicy) -> Result<(), Error> {
-        Ok(())
-    }
-    fn route_of(_: ToolPolicy, _: Option<ToolDescriptor>) -> Route {
-        Route::Protect
-    }
-    fn begin(request: BeginRequest) -> Result<Decision, Error> {
-        let key = request.keys.first().map(|(_, k)| k.as_str()).unwrap_or("no-key");
-        misbehave(&request.tool, &request.scope, key);
-        Err(refused())
-    }
-    fn finish(_: String, _: String, _: String, _: Outcome) -> Result<FinishAck, Error> {
-        Err(refused())
-    }
-    fn reconcile(_: String, _: String) -> Result<Decision, Error> {
-        Err(refused())
-    }
-    fn await_holder(_: String, _: String) -> Result<Awaited, Error> {
-        Err(refused())
-    }
-    fn sweep(_: u32) -> Result<SweepReport, Error> {
-        Err(refused())
-    }
-    fn prune(_: u32) -> Result<PruneReport, Error> {
-        Err(refused())
+    fn configure(_: Configuration) -> Result<Configured, Error> {
+        Ok(Configured {
+            defaults: policy(),
+            tools: Vec::new(),
+        })
     }
     fn inspect(_: String, _: String) -> Result<Option<RecordView>, Error> {
         Ok(None)
     }
     fn resolve(_: String, _: String, _: Resolution, _: String, _: bool) -> Result<State, Error> {
+        Err(refused())
+    }
+    fn prune(_: u32) -> Result<PruneReport, Error> {
         Err(refused())
     }
     fn canonicalize(json: Vec<u8>) -> Result<String, JsonError> {
@@ -222,6 +220,36 @@ impl Guest for Hostile {
             offset: 0,
             message: "the hostile guest does not do that".to_string(),
         })
+    }
+}
+
+impl exports::once::core::protocol::Guest for Hostile {
+    fn start(call: Call) -> Result<Step, Error> {
+        Err(misbehave_on(&call))
+    }
+    fn report(_: String, _: String, _: String, _: Outcome) -> Result<Step, Error> {
+        Err(refused())
+    }
+    fn resume(_: String, _: String) -> Result<Step, Error> {
+        Err(refused())
+    }
+    fn sweep(_: u32, _: bool) -> Result<SweepResult, Error> {
+        Err(refused())
+    }
+}
+
+impl exports::once::core::transitions::Guest for Hostile {
+    fn begin(call: Call) -> Result<Decision, Error> {
+        Err(misbehave_on(&call))
+    }
+    fn finish(_: String, _: String, _: String, _: Outcome) -> Result<FinishAck, Error> {
+        Err(refused())
+    }
+    fn reconcile(_: String, _: String) -> Result<Decision, Error> {
+        Err(refused())
+    }
+    fn await_holder(_: String, _: String) -> Result<Awaited, Error> {
+        Err(refused())
     }
 }
 

@@ -1,0 +1,93 @@
+//! Every host loop only sends, sleeps and reports what the engine's steps
+//! say: none reads a record's state to decide what to do next. A loop that
+//! did would be a second copy of the rules, free to drift from the guest's
+//! (as the 0.1 hosts' loops did). This test reads the loops' source and
+//! fails if one names a record state or reads records; display code (what a
+//! caller is shown) and operator commands are not loops and are not checked.
+
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(rel: &str) -> String {
+    let path = repo().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The Rust files that drive calls: the `Once` loop, the gateway's request
+/// handler and background worker, the demo's agents and settle loop.
+const RUST_LOOPS: [&str; 4] = [
+    "host/once/src/once.rs",
+    "host/gateway/src/handler.rs",
+    "host/gateway/src/worker.rs",
+    "host/cli/src/demo/agent.rs",
+];
+
+/// What deciding by record state looks like in Rust: a state named, a state
+/// field read, a record fetched to look at.
+const RUST_TELLS: [&str; 3] = ["State::", ".state", ".inspect("];
+
+#[test]
+fn no_rust_host_loop_decides_by_record_state() {
+    for file in RUST_LOOPS {
+        // Unit tests below the code may set up records as they like.
+        let text = read(file);
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            for tell in RUST_TELLS {
+                assert!(
+                    !line.contains(tell),
+                    "{file}:{}: a host loop reads record state ({tell:?}): {}",
+                    n + 1,
+                    line.trim()
+                );
+            }
+        }
+    }
+}
+
+/// The body of the top-level function a Python or JavaScript file opens
+/// with `opener`: its first line and every indented line after it.
+fn body(text: &str, opener: &str) -> String {
+    let start = text.find(opener).unwrap_or_else(|| panic!("no {opener:?}"));
+    let mut lines = text[start..].lines();
+    let mut out: Vec<&str> = lines.next().into_iter().collect();
+    out.extend(lines.take_while(|l| l.is_empty() || l.starts_with([' ', '\t'])));
+    out.join("\n")
+}
+
+#[test]
+fn the_python_and_node_examples_loop_on_steps_only() {
+    for (file, opener) in [
+        ("examples/python/protect.py", "def protect("),
+        ("examples/node/protect.mjs", "function protect("),
+    ] {
+        let text = read(file);
+        let loop_body = body(&text, opener);
+        assert!(
+            loop_body.contains("report") && loop_body.contains("resume"),
+            "{file}: {loop_body}"
+        );
+        for tell in ["state", "inspect", "absent", "in-flight", "superseded"] {
+            assert!(
+                !loop_body.to_lowercase().contains(tell),
+                "{file}: the protocol loop names {tell:?}:\n{loop_body}"
+            );
+        }
+    }
+}
+
+/// The check itself: it finds a state read where there is one.
+#[test]
+fn the_check_finds_a_state_read() {
+    let python = "def protect(a):\n    if rec.state == 'absent':\n        send()\nx = 1\n";
+    assert!(body(python, "def protect(").contains("absent"));
+    assert!(!body(python, "def protect(").contains("x = 1"));
+    let js = "function protect(a) {\n  if (s.tag === 'wait') f();\n}\nconst y = 2;\n";
+    assert!(body(js, "function protect(").contains("'wait'"));
+    assert!(!body(js, "function protect(").contains("const y"));
+    assert!(RUST_TELLS.iter().any(|t| "match view.state {".contains(t)));
+}
