@@ -6,6 +6,7 @@
 //! the vectors can never silently stop being checked.
 //!
 //! Included by path (`#[path = …] mod shared_vectors;`) from each test crate.
+#![allow(dead_code)] // Each includer uses what it needs.
 
 use std::path::{Path, PathBuf};
 

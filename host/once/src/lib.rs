@@ -21,17 +21,15 @@
 mod bindings;
 mod display;
 pub mod io;
-mod listing;
 pub(crate) mod once;
+mod operators;
 pub mod runtime;
 pub mod storage;
 
 pub use crate::bindings::types;
 pub use crate::io::{Clock, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock};
-pub use crate::listing::ListedRecord;
-pub use crate::once::{
-    Builder, Called, DEFAULT_OWNER, Dispatch, Once, OnceError, Sent, Settled, Transitions, default_settings,
-};
+pub use crate::once::{Builder, Called, DEFAULT_OWNER, Dispatch, Once, OnceError, Sent, Settled, default_settings};
+pub use crate::operators::{ListedRecord, Transitions};
 pub use crate::runtime::{GuestLimit, GuestLimits};
 pub use crate::storage::Stats;
 

@@ -5,22 +5,22 @@
 //! what happened), sleep through each wait, and stop at the account the
 //! engine states. Every decision — retries, reconciliation, waiting for
 //! another attempt, what the outcome means — is the component's; this file
-//! only moves data, sends and sleeps.
+//! only moves data, sends and sleeps. What operators do with a handle
+//! (sweeps that send nothing, inspection, resolution, listings, single
+//! transitions) is [`crate::operators`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::bindings::types::{
-    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Decision, Effect, Ending, Error, FinishAck,
-    Grant, JsonError, Outcome, PolicyInput, PruneReport, RecordView, Resolution, Settings, State, Step, SweepResult,
-    ToolConfig, ToolDescriptor, ToolPlan, ToolPolicy,
+    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError, Outcome,
+    PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan, ToolPolicy,
 };
 use crate::io::{Clock, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock};
-use crate::listing::ListedRecord;
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
 use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
-use crate::storage::{Stats, Storage, StorageError};
+use crate::storage::{Storage, StorageError};
 
 /// Why a call into once failed (as opposed to a decision it made).
 #[derive(Debug, thiserror::Error)]
@@ -314,7 +314,7 @@ impl Builder {
         if self.provider.is_none() && defaults.lookup.is_none() {
             defaults.lookup = Some(false);
         }
-        let state = HostState {
+        let host = HostState {
             storage: self.storage,
             clock: self.clock,
             provider: self.provider.unwrap_or_else(|| Arc::new(NoProvider)),
@@ -327,7 +327,7 @@ impl Builder {
         };
         let once = Once {
             runtime,
-            state,
+            host,
             pool: Mutex::new(Vec::new()),
             config: RwLock::new(Config {
                 configuration: configuration.clone(),
@@ -352,7 +352,7 @@ struct Config {
 /// A handle on the once engine over one ledger. Cheap to share across threads.
 pub struct Once {
     runtime: Arc<Runtime>,
-    state: HostState,
+    pub(crate) host: HostState,
     pool: Mutex<Vec<Instance>>,
     config: RwLock<Config>,
     wait: Duration,
@@ -401,7 +401,7 @@ impl Once {
     /// Check `configuration` on a fresh instance; on success every instance runs it from now on.
     fn reconfigure(&self, configuration: Configuration) -> Result<Configured, OnceError> {
         let generation = self.read_config(|c| c.generation) + 1;
-        let mut instance = self.runtime.instantiate_limited(self.state.clone(), &self.limits)?;
+        let mut instance = self.runtime.instantiate_limited(self.host.clone(), &self.limits)?;
         let configured = instance.configure(&configuration, generation)??;
         let mut config = self.config.write().unwrap_or_else(|p| p.into_inner());
         *config = Config {
@@ -456,11 +456,14 @@ impl Once {
     /// (each export call gets a full fuel budget). A trap or an exhausted limit
     /// discards the instance (it is dropped, not pooled), so no half-finished
     /// guest state is ever reused.
-    fn with_instance<R>(&self, f: impl FnOnce(&mut Instance) -> Result<R, OnceError>) -> Result<R, OnceError> {
+    pub(crate) fn with_instance<R>(
+        &self,
+        f: impl FnOnce(&mut Instance) -> Result<R, OnceError>,
+    ) -> Result<R, OnceError> {
         let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut instance = match pooled {
             Some(instance) => instance,
-            None => self.runtime.instantiate_limited(self.state.clone(), &self.limits)?,
+            None => self.runtime.instantiate_limited(self.host.clone(), &self.limits)?,
         };
         let (configuration, generation) = self.read_config(|c| (c.configuration.clone(), c.generation));
         if instance.configured() != Some(generation) {
@@ -625,48 +628,6 @@ impl Once {
         Ok(step)
     }
 
-    // ------------------------------------------------------------ operators
-
-    /// An operator's sweep (it sends nothing): expire leases, read due
-    /// unknowns, escalate; owed dispatches are listed, not granted.
-    pub fn sweep(&self, limit: u32) -> Result<SweepResult, OnceError> {
-        Ok(self.with_instance(|i| i.sweep(limit, false))??)
-    }
-
-    /// Records past retention become tombstones.
-    pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
-        Ok(self.with_instance(|i| i.prune(limit))??)
-    }
-
-    /// A record and its audit trail. Read-only.
-    pub fn inspect(&self, scope: &str, key: &str) -> Result<Option<RecordView>, OnceError> {
-        Ok(self.with_instance(|i| i.inspect(scope, key))??)
-    }
-
-    /// An operator's resolution of an unknown or absent record, audited with `note`.
-    pub fn resolve(
-        &self,
-        scope: &str,
-        key: &str,
-        resolution: &Resolution,
-        note: &str,
-        force: bool,
-    ) -> Result<State, OnceError> {
-        Ok(self.with_instance(|i| i.resolve(scope, key, resolution, note, force))??)
-    }
-
-    /// Operation records, optionally only those in `state`, ordered by scope
-    /// and key, at most `limit` (what `once ledger list` prints). Read-only.
-    pub fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<ListedRecord>, OnceError> {
-        let rows = self.state.storage.list(state, limit).map_err(storage_error)?;
-        Ok(rows.into_iter().map(ListedRecord::from).collect())
-    }
-
-    /// Operation records per state and audit events per kind (what `once ledger stats` prints). Read-only.
-    pub fn stats(&self) -> Result<Stats, OnceError> {
-        self.state.storage.stats().map_err(storage_error)
-    }
-
     /// RFC 8785 canonical form of a JSON text, computed by the component.
     pub fn canonicalize(&self, json: &[u8]) -> Result<String, OnceError> {
         Ok(self.with_instance(|i| i.canonicalize(json))??)
@@ -679,43 +640,12 @@ impl Once {
 
     /// The ledger's clock.
     pub fn now(&self) -> u64 {
-        self.state.clock.now()
+        self.host.clock.now()
     }
 
     /// The per-call limits of the component.
     pub fn guest_limits(&self) -> GuestLimits {
         self.limits
-    }
-
-    /// The record state machine's single transitions, for tests and tools
-    /// that examine the engine step by step. A host drives [`Once::call`].
-    pub fn transitions(&self) -> Transitions<'_> {
-        Transitions(self)
-    }
-}
-
-/// Single transitions (`begin`, `finish`, `reconcile`, `await-holder`): see [`Once::transitions`].
-pub struct Transitions<'a>(&'a Once);
-
-impl Transitions<'_> {
-    /// Claim a call before dispatch.
-    pub fn begin(&self, call: &Call) -> Result<Decision, OnceError> {
-        Ok(self.0.with_instance(|i| i.begin(call))??)
-    }
-
-    /// Record what the provider answered to an attempt.
-    pub fn finish(&self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Result<FinishAck, OnceError> {
-        Ok(self.0.with_instance(|i| i.finish(scope, key, fence, outcome))??)
-    }
-
-    /// Resolve an unknown (or lease-expired) record against the provider.
-    pub fn reconcile(&self, scope: &str, key: &str) -> Result<Decision, OnceError> {
-        Ok(self.0.with_instance(|i| i.reconcile(scope, key))??)
-    }
-
-    /// For a caller answered in-flight: the holder's outcome once there is one.
-    pub fn await_holder(&self, scope: &str, key: &str) -> Result<crate::types::Awaited, OnceError> {
-        Ok(self.0.with_instance(|i| i.await_holder(scope, key))??)
     }
 }
 
@@ -735,7 +665,7 @@ fn plan_of(configured: &Configured, tool: &str) -> ToolPlan {
 }
 
 /// A storage failure as the engine reports one (`Error::Storage`).
-fn storage_error(e: StorageError) -> OnceError {
+pub(crate) fn storage_error(e: StorageError) -> OnceError {
     OnceError::Engine(Error::Storage(e.0))
 }
 
