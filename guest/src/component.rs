@@ -130,6 +130,9 @@ impl engine_export::Guest for Component {
         *CONFIG.0.borrow_mut() = Some(config);
         Ok(configured)
     }
+    fn queue(filter: QueueFilter, limit: u32) -> Result<OperatorQueue, Error> {
+        with_config(|_| engine::queue(&Imports, &filter, limit))
+    }
     fn inspect(scope: String, key: String) -> Result<Option<RecordView>, Error> {
         with_config(|_| engine::inspect(&Imports, &scope, &key))
     }

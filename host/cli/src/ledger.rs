@@ -135,7 +135,7 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
             Ok(())
         }
         LedgerCommand::Stats => {
-            let stats = once.stats()?;
+            let stats = once.stats(None)?;
             println!("records by state:");
             for state in State::ALL {
                 let n = stats.by_state.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);

@@ -2,6 +2,7 @@
 
 mod demo;
 mod ledger;
+mod ui;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -63,6 +64,8 @@ enum Command {
     },
     /// An MCP proxy: serve an upstream MCP server's tools over stdio, protected by once.
     Gateway(GatewayArgs),
+    /// The operator's page: the queue of unknown records, audit trails, audited resolution, /metrics.
+    Ui(ui::UiArgs),
     /// Prune confirmed, failed and superseded records past retention to tombstones.
     Prune {
         #[command(flatten)]
@@ -156,6 +159,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Demo(args) => demo::run(args),
         Command::DemoAgent(args) => demo::run_agent(args),
         Command::Gateway(args) => Ok(once_gateway::run(args.into())?),
+        Command::Ui(args) => ui::run(args),
         Command::Canon => {
             let input = read_stdin()?;
             let canonical = engine_only()?.canonicalize(&input)?;

@@ -5,7 +5,8 @@
 //! what is here.
 
 use crate::bindings::types::{
-    Awaited, Call, Decision, FinishAck, Outcome, PruneReport, RecordView, Resolution, Row, State, SweepResult,
+    Awaited, Call, Decision, FinishAck, OperatorQueue, Outcome, PruneReport, QueueFilter, RecordView, Resolution, Row,
+    State, SweepResult,
 };
 use crate::once::{Once, OnceError, storage_error};
 use crate::storage::Stats;
@@ -20,6 +21,13 @@ impl Once {
     /// Records past retention become tombstones.
     pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
         Ok(self.with_instance(|i| i.prune(limit))??)
+    }
+
+    /// What needs a person (unknown, absent, lease-expired records matching
+    /// `filter`), judged by the engine at the ledger clock; at most `limit`
+    /// pending records are examined. Read-only.
+    pub fn queue(&self, filter: &QueueFilter, limit: u32) -> Result<OperatorQueue, OnceError> {
+        Ok(self.with_instance(|i| i.queue(filter, limit))??)
     }
 
     /// A record and its audit trail. Read-only.
@@ -46,9 +54,10 @@ impl Once {
         Ok(rows.into_iter().map(ListedRecord::from).collect())
     }
 
-    /// Operation records per state and audit events per kind (what `once ledger stats` prints). Read-only.
-    pub fn stats(&self) -> Result<Stats, OnceError> {
-        self.host.storage.stats().map_err(storage_error)
+    /// Operation records per state and audit events per kind (what `once ledger stats` prints);
+    /// with `scope`, that scope's only. Read-only.
+    pub fn stats(&self, scope: Option<&str>) -> Result<Stats, OnceError> {
+        self.host.storage.stats(scope).map_err(storage_error)
     }
 
     /// The record state machine's single transitions, for tests and tools

@@ -22,8 +22,8 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use crate::bindings::types::{
-    Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, Outcome, PruneReport, RecordView,
-    Resolution, Settings, State, Step, SweepResult,
+    Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, OperatorQueue, Outcome,
+    PruneReport, QueueFilter, RecordView, Resolution, Settings, State, Step, SweepResult,
 };
 use crate::bindings::{Once as OnceWorld, OncePre};
 use crate::io::HostState;
@@ -340,6 +340,11 @@ impl Instance {
     /// The `prune` export.
     pub fn prune(&mut self, limit: u32) -> Answer<PruneReport> {
         self.call(|w, s| w.once_core_engine().call_prune(s, limit))
+    }
+
+    /// The `queue` export.
+    pub fn queue(&mut self, filter: &QueueFilter, limit: u32) -> Answer<OperatorQueue> {
+        self.call(|w, s| w.once_core_engine().call_queue(s, filter, limit))
     }
 
     /// The `inspect` export.

@@ -294,7 +294,7 @@ impl Scripted {
             }
         }
         let events: u64 = inner
-            .stats()
+            .stats(None)
             .expect("counting events")
             .events
             .iter()
@@ -383,8 +383,8 @@ impl Storage for Scripted {
         self.inner().list(state, limit)
     }
 
-    fn stats(&self) -> Result<Stats, StorageError> {
-        self.inner().stats()
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
+        self.inner().stats(scope)
     }
 }
 

@@ -627,8 +627,8 @@ impl Storage for Breakable {
     fn list(&self, st: Option<State>, limit: u32) -> Result<Vec<once::types::Row>, once::storage::StorageError> {
         self.0.list(st, limit)
     }
-    fn stats(&self) -> Result<once::storage::Stats, once::storage::StorageError> {
-        self.0.stats()
+    fn stats(&self, scope: Option<&str>) -> Result<once::storage::Stats, once::storage::StorageError> {
+        self.0.stats(scope)
     }
 }
 

@@ -97,8 +97,8 @@ impl Storage for Observed {
     fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
         self.store.list(state, limit)
     }
-    fn stats(&self) -> Result<Stats, StorageError> {
-        self.store.stats()
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
+        self.store.stats(scope)
     }
 }
 

@@ -439,7 +439,7 @@ fn scan_filters_and_orders(s: &dyn Storage) {
 }
 
 fn list_and_stats(s: &dyn Storage) {
-    assert_eq!(s.stats().unwrap(), Stats::default());
+    assert_eq!(s.stats(None).unwrap(), Stats::default());
     assert!(s.list(None, 10).unwrap().is_empty());
 
     s.commit(&batch(
@@ -477,12 +477,21 @@ fn list_and_stats(s: &dyn Storage) {
     assert!(s.list(Some(State::Absent), 10).unwrap().is_empty());
 
     assert_eq!(
-        s.stats().unwrap(),
+        s.stats(None).unwrap(),
         Stats {
             by_state: vec![(State::InFlight, 1), (State::Confirmed, 2), (State::Unknown, 1)],
             events: vec![("begin".into(), 2), ("lease-expired".into(), 1), ("replay".into(), 2)],
         }
     );
+    // One scope's counts: an operator limited to it sees nothing of another's.
+    assert_eq!(
+        s.stats(Some("b")).unwrap(),
+        Stats {
+            by_state: vec![(State::Unknown, 1)],
+            events: vec![("lease-expired".into(), 1)],
+        }
+    );
+    assert_eq!(s.stats(Some("c")).unwrap(), Stats::default());
 }
 
 /// Names sort by their UTF-8 bytes on every backend (upper case before lower,

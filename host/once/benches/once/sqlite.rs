@@ -107,8 +107,8 @@ impl Storage for Shared {
     fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
         self.0.list(state, limit)
     }
-    fn stats(&self) -> Result<Stats, StorageError> {
-        self.0.stats()
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
+        self.0.stats(scope)
     }
 }
 

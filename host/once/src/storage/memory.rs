@@ -136,12 +136,13 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
-    fn stats(&self) -> Result<Stats, StorageError> {
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         let inner = self.lock();
         let t = table_index(Table::Operation);
         let mut counts = [0u64; State::ALL.len()];
-        for ((tbl, _, _), row) in &inner.rows {
-            if let (true, Some(state)) = (*tbl == t, row.state) {
+        let in_scope = |s: &str| scope.is_none_or(|want| want == s);
+        for ((tbl, row_scope, _), row) in &inner.rows {
+            if let (true, Some(state)) = (*tbl == t && in_scope(row_scope), row.state) {
                 counts[state as usize] += 1;
             }
         }
@@ -152,7 +153,7 @@ impl Storage for MemoryStorage {
             .map(|(s, n)| (*s, n))
             .collect();
         let mut events: BTreeMap<&str, u64> = BTreeMap::new();
-        for event in inner.audit.values() {
+        for event in inner.audit.values().filter(|e| in_scope(&e.scope)) {
             *events.entry(event.kind.as_str()).or_default() += 1;
         }
         Ok(Stats {

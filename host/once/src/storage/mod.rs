@@ -84,8 +84,8 @@ pub trait Storage: Send + Sync {
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError>;
     /// Operation rows, optionally in one state, ordered by scope and key.
     fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError>;
-    /// Operation records per state and audit events per kind.
-    fn stats(&self) -> Result<Stats, StorageError>;
+    /// Operation records per state and audit events per kind; with `scope`, that scope's only.
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError>;
 }
 
 /// Checks shared by every backend before a batch touches the store: a put's

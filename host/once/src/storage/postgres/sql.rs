@@ -78,9 +78,14 @@ impl Sql {
                     "SELECT {ROW_COLUMNS} FROM {s}.rows WHERE tbl = $1 AND state = $2 ORDER BY scope, key LIMIT $3"
                 ),
                 Q::StatsStates => {
-                    format!("SELECT state, count(*) FROM {s}.rows WHERE tbl = $1 AND state IS NOT NULL GROUP BY state")
+                    format!(
+                        "SELECT state, count(*) FROM {s}.rows
+                         WHERE tbl = $1 AND state IS NOT NULL AND ($2::text IS NULL OR scope = $2) GROUP BY state"
+                    )
                 }
-                Q::StatsEvents => format!("SELECT kind, count(*) FROM {s}.audit GROUP BY kind ORDER BY kind"),
+                Q::StatsEvents => format!(
+                    "SELECT kind, count(*) FROM {s}.audit WHERE ($1::text IS NULL OR scope = $1) GROUP BY kind ORDER BY kind"
+                ),
                 Q::Now => NOW_SQL.to_string(),
             }
         };

@@ -418,7 +418,7 @@ impl Storage for PostgresStorage {
         }
     }
 
-    fn stats(&self) -> Result<Stats, StorageError> {
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         let (by_state, events) = self.shared.read("stats", |conn, sql| {
             let states = conn.statement(sql, Q::StatsStates)?;
             let kinds = conn.statement(sql, Q::StatsEvents)?;
@@ -429,8 +429,8 @@ impl Storage for PostgresStorage {
                 .isolation_level(postgres::IsolationLevel::RepeatableRead)
                 .read_only(true)
                 .start()?;
-            let by_state = tx.query(&states, &[&codec::table_name(Table::Operation)])?;
-            let events = tx.query(&kinds, &[])?;
+            let by_state = tx.query(&states, &[&codec::table_name(Table::Operation), &scope])?;
+            let events = tx.query(&kinds, &[&scope])?;
             tx.commit()?;
             Ok((by_state, events))
         })?;

@@ -441,23 +441,27 @@ impl Storage for SqliteStorage {
         })
     }
 
-    fn stats(&self) -> Result<Stats, StorageError> {
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         self.read(|conn| {
             // One read transaction: both counts from the same snapshot.
             let tx = conn.transaction().map_err(|e| err("stats", e))?;
             let by_state: Vec<(String, i64)> = tx
                 .prepare_cached(
                     "SELECT state, count(*) FROM rows
-                     WHERE tbl = ?1 AND state IS NOT NULL GROUP BY state",
+                     WHERE tbl = ?1 AND state IS NOT NULL AND (?2 IS NULL OR scope = ?2) GROUP BY state",
                 )
                 .and_then(|mut s| {
-                    s.query_map([codec::table_name(Table::Operation)], |r| Ok((r.get(0)?, r.get(1)?)))?
-                        .collect()
+                    s.query_map(params![codec::table_name(Table::Operation), scope], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?
+                    .collect()
                 })
                 .map_err(|e| err("stats", e))?;
             let events: Vec<(String, i64)> = tx
-                .prepare_cached("SELECT kind, count(*) FROM audit GROUP BY kind ORDER BY kind")
-                .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .prepare_cached(
+                    "SELECT kind, count(*) FROM audit WHERE (?1 IS NULL OR scope = ?1) GROUP BY kind ORDER BY kind",
+                )
+                .and_then(|mut s| s.query_map([scope], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
                 .map_err(|e| err("stats", e))?;
             tx.finish().map_err(|e| err("stats", e))?;
             SQLITE.stats(by_state, events)

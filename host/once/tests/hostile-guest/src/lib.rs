@@ -195,6 +195,9 @@ impl exports::once::core::engine::Guest for Hostile {
             tools: Vec::new(),
         })
     }
+    fn queue(_: QueueFilter, _: u32) -> Result<OperatorQueue, Error> {
+        Err(refused())
+    }
     fn inspect(_: String, _: String) -> Result<Option<RecordView>, Error> {
         Ok(None)
     }

@@ -1,0 +1,106 @@
+//! `once ui`: serve the operator's page over a ledger.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use once::Once;
+use once_ui::{Access, Operator, Ui};
+
+use crate::Failure;
+
+/// `once ui [--db …] [--listen 127.0.0.1:PORT] [--operators FILE | --token T]`
+#[derive(clap::Args)]
+pub struct UiArgs {
+    /// The ledger: an SQLite file, or a PostgreSQL URL.
+    #[arg(long, env = "ONCE_DB", default_value = "once.db")]
+    db: String,
+    /// Where to listen (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8377")]
+    listen: SocketAddr,
+    /// Allow a listen address other than loopback (put TLS in front of it).
+    #[arg(long)]
+    public: bool,
+    /// Operators and the scopes each may see (TOML, tokens as SHA-256); without it, one operator with --token.
+    #[arg(long, conflicts_with = "token")]
+    operators: Option<PathBuf>,
+    /// The one operator's token [default: a random one, printed at start].
+    #[arg(long, env = "ONCE_UI_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Most pending records one queue examines.
+    #[arg(long, default_value_t = once_ui::DEFAULT_LIMIT)]
+    limit: u32,
+}
+
+pub fn run(args: UiArgs) -> Result<(), Failure> {
+    let bad = |message: String| Failure { code: 2, message };
+    if !args.public && !once_ui::is_loopback(&args.listen) {
+        return Err(bad(format!(
+            "--listen {} is not a loopback address: the page resolves records, so it stays on 127.0.0.1 \
+             unless you pass --public (and put TLS in front of it)",
+            args.listen
+        )));
+    }
+    let (operators, printed_token) = match &args.operators {
+        Some(path) => (once_ui::load_operators(path).map_err(|e| bad(e.to_string()))?, None),
+        None => {
+            let token = match &args.token {
+                Some(t) if t.trim().is_empty() => return Err(bad("--token is empty".into())),
+                Some(t) => t.trim().to_string(),
+                None => once_ui::random_token().map_err(|e| Failure {
+                    code: 1,
+                    message: e.to_string(),
+                })?,
+            };
+            let operator = Operator {
+                name: "operator".into(),
+                token_sha256: once_ui::token_sha256(&token),
+                scopes: None,
+            };
+            (vec![operator], args.token.is_none().then_some(token))
+        }
+    };
+    let once = Arc::new(Once::open(&args.db)?.build()?);
+    let access = Access::new(operators).map_err(|e| Failure {
+        code: 1,
+        message: e.to_string(),
+    })?;
+    let ui = Ui::new(once, access).limit(args.limit);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("starting the server runtime: {e}"),
+        })?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| Failure {
+            code: 1,
+            message: format!("listening on {}: {e}", args.listen),
+        })?;
+        let addr = listener.local_addr().map_err(|e| Failure {
+            code: 1,
+            message: e.to_string(),
+        })?;
+        // The first line is the address to open (tests and scripts read it). A closed stdout must not stop
+        // the server, so a failed write is ignored.
+        let first = match &printed_token {
+            Some(token) => format!("once ui: http://{addr}/login?token={token}"),
+            None => format!("once ui: http://{addr}/ (sign in with your operator token)"),
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{first}");
+        let _ = writeln!(
+            out,
+            "ledger {}; metrics at http://{addr}/metrics (Authorization: Bearer <token>)",
+            args.db
+        );
+        let _ = out.flush();
+        drop(out);
+        once_ui::serve(listener, ui).await.map_err(|e| Failure {
+            code: 1,
+            message: format!("serving: {e}"),
+        })
+    })
+}

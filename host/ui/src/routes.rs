@@ -1,0 +1,352 @@
+//! The HTTP routes. Every request but `/login` needs an operator's token
+//! (a bearer header or the login cookie); a state-changing request is a POST
+//! that also carries the operator's CSRF token. Ledger work runs on the
+//! blocking pool: the engine and the ledger are synchronous.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Form, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use once::types::{Error, QueueFilter, Resolution};
+use once::{OnceError, Stats};
+use serde::Deserialize;
+
+use crate::Ui;
+use crate::access::{COOKIE_NAME, Operator};
+use crate::html::{page, record_href};
+use crate::metrics;
+use crate::pages::{self, Banner, FilterForm};
+
+pub fn router(ui: Arc<Ui>) -> Router {
+    Router::new()
+        .route("/", get(queue))
+        .route("/record", get(record))
+        .route("/resolve", axum::routing::post(resolve))
+        .route("/metrics", get(metrics_text))
+        .route("/login", get(login_link).post(login_form))
+        .with_state(ui)
+}
+
+/// A response that is an HTML page, never cached, never framed, no scripts.
+fn html(status: StatusCode, title: &str, operator: Option<&Operator>, body: &str) -> Response {
+    let mut r = (status, page(title, operator.map(|o| o.name.as_str()), body)).into_response();
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    r
+}
+
+fn unauthorized() -> Response {
+    let mut r = html(StatusCode::UNAUTHORIZED, "sign in", None, &pages::login(false));
+    r.headers_mut()
+        .insert("www-authenticate", HeaderValue::from_static("Bearer realm=\"once ui\""));
+    r
+}
+
+/// The operator a request comes from, if its token is one.
+fn signed_in(ui: &Ui, headers: &HeaderMap) -> Option<Operator> {
+    ui.access.authenticate(headers).cloned()
+}
+
+/// Run ledger work off the async threads.
+async fn blocking<T: Send + 'static>(
+    ui: &Arc<Ui>,
+    work: impl FnOnce(&Ui) -> T + Send + 'static,
+) -> Result<T, Response> {
+    let ui = Arc::clone(ui);
+    tokio::task::spawn_blocking(move || work(&ui)).await.map_err(|e| {
+        html(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "error",
+            None,
+            &pages::message(&e.to_string()),
+        )
+    })
+}
+
+fn failed(operator: &Operator, e: &OnceError) -> Response {
+    let status = match e {
+        OnceError::Json(_)
+        | OnceError::Engine(Error::InvalidJson(_) | Error::InvalidRequest(_) | Error::InvalidPolicy(_)) => {
+            StatusCode::BAD_REQUEST
+        }
+        OnceError::Engine(Error::InvalidTransition(_)) => StatusCode::CONFLICT,
+        OnceError::Engine(Error::NotFound) => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    html(status, "error", Some(operator), &pages::message(&e.to_string()))
+}
+
+fn filter_for(operator: &Operator, form: &FilterForm) -> QueueFilter {
+    let set = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
+    let scopes = match set(&form.scope) {
+        // A scope the operator may not see matches nothing (an empty list), not everything.
+        Some(scope) => Some(if operator.sees(&scope) { vec![scope] } else { Vec::new() }),
+        None => operator.scopes.clone(),
+    };
+    QueueFilter {
+        scopes,
+        tool: set(&form.tool),
+        key_prefix: set(&form.key),
+    }
+}
+
+/// Counts of the scopes `filter` admits: the whole ledger's only for an operator who sees every scope.
+fn stats_for(ui: &Ui, filter: &QueueFilter) -> Result<Stats, OnceError> {
+    let Some(scopes) = &filter.scopes else {
+        return ui.once.stats(None);
+    };
+    let mut total = Stats::default();
+    for scope in scopes {
+        let s = ui.once.stats(Some(scope))?;
+        for (state, n) in s.by_state {
+            match total.by_state.iter_mut().find(|(t, _)| *t == state) {
+                Some((_, m)) => *m += n,
+                None => total.by_state.push((state, n)),
+            }
+        }
+        for (kind, n) in s.events {
+            match total.events.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, m)) => *m += n,
+                None => total.events.push((kind, n)),
+            }
+        }
+    }
+    Ok(total)
+}
+
+async fn queue(State(ui): State<Arc<Ui>>, headers: HeaderMap, Query(form): Query<FilterForm>) -> Response {
+    let Some(operator) = signed_in(&ui, &headers) else {
+        return unauthorized();
+    };
+    let filter = filter_for(&operator, &form);
+    let read = blocking(&ui, move |ui| {
+        let queue = ui.once.queue(&filter, ui.limit)?;
+        let stats = stats_for(ui, &filter)?;
+        Ok::<_, OnceError>((queue, stats, ui.limit))
+    })
+    .await;
+    match read {
+        Ok(Ok((queue, stats, limit))) => html(
+            StatusCode::OK,
+            "what needs a person",
+            Some(&operator),
+            &pages::queue(&queue, &stats, &form, limit),
+        ),
+        Ok(Err(e)) => failed(&operator, &e),
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct RecordQuery {
+    scope: String,
+    key: String,
+    #[serde(default)]
+    resolved: Option<String>,
+}
+
+async fn record(State(ui): State<Arc<Ui>>, headers: HeaderMap, Query(q): Query<RecordQuery>) -> Response {
+    let Some(operator) = signed_in(&ui, &headers) else {
+        return unauthorized();
+    };
+    let banner = q.resolved.map(|_| Shown::Resolved);
+    render_record(&ui, &operator, q.scope, q.key, StatusCode::OK, banner).await
+}
+
+/// What a record's page says above the record.
+enum Shown {
+    /// A resolution was applied: the state shown is read back from the ledger.
+    Resolved,
+    /// A resolution was refused, for this reason.
+    Refused(String),
+}
+
+/// A record's page, with `banner` above it.
+async fn render_record(
+    ui: &Arc<Ui>,
+    operator: &Operator,
+    scope: String,
+    key: String,
+    status: StatusCode,
+    banner: Option<Shown>,
+) -> Response {
+    let not_found = format!("no record for key {key:?} in scope {scope:?}");
+    // Another scope's record does not exist for this operator: the same answer as a missing one.
+    if !operator.sees(&scope) {
+        return html(
+            StatusCode::NOT_FOUND,
+            "not found",
+            Some(operator),
+            &pages::message(&not_found),
+        );
+    }
+    let view = match blocking(ui, move |ui| ui.once.inspect(&scope, &key)).await {
+        Ok(Ok(Some(view))) => view,
+        Ok(Ok(None)) => {
+            return html(
+                StatusCode::NOT_FOUND,
+                "not found",
+                Some(operator),
+                &pages::message(&not_found),
+            );
+        }
+        Ok(Err(e)) => return failed(operator, &e),
+        Err(r) => return r,
+    };
+    let banner = banner.map(|shown| match shown {
+        Shown::Refused(why) => Banner::Refused(why),
+        Shown::Resolved => Banner::Resolved(view.state),
+    });
+    let title = format!("{} · {}", view.scope, view.key);
+    html(
+        status,
+        &title,
+        Some(operator),
+        &pages::record(&view, &ui.access.csrf_token(operator), banner.as_ref()),
+    )
+}
+
+#[derive(Deserialize)]
+struct ResolveForm {
+    #[serde(default)]
+    csrf: String,
+    scope: String,
+    key: String,
+    #[serde(default)]
+    resolution: String,
+    #[serde(default)]
+    receipt: String,
+    #[serde(default)]
+    note: String,
+    #[serde(default)]
+    force: Option<String>,
+}
+
+async fn resolve(State(ui): State<Arc<Ui>>, headers: HeaderMap, Form(form): Form<ResolveForm>) -> Response {
+    let Some(operator) = signed_in(&ui, &headers) else {
+        return unauthorized();
+    };
+    if !ui.access.csrf_ok(&operator, &form.csrf) {
+        return html(
+            StatusCode::FORBIDDEN,
+            "refused",
+            Some(&operator),
+            &pages::message(
+                "This form's CSRF token is missing or stale: nothing was resolved. Reload the record and try again.",
+            ),
+        );
+    }
+    let refuse = |why: &str| Some(Shown::Refused(why.to_string()));
+    let resolution = match form.resolution.as_str() {
+        "confirmed" => Resolution::Confirmed(form.receipt.clone()),
+        "absent" => Resolution::Absent,
+        _ => {
+            let why = refuse("choose confirmed (with its receipt) or absent");
+            return render_record(&ui, &operator, form.scope, form.key, StatusCode::BAD_REQUEST, why).await;
+        }
+    };
+    if form.note.trim().is_empty() {
+        let why = refuse("a resolution needs a note: why you know what happened");
+        return render_record(&ui, &operator, form.scope, form.key, StatusCode::BAD_REQUEST, why).await;
+    }
+    if !operator.sees(&form.scope) {
+        return render_record(&ui, &operator, form.scope, form.key, StatusCode::NOT_FOUND, None).await;
+    }
+    // Who and why, in the engine's audit event for the resolution.
+    let note = format!("{} (once ui): {}", operator.name, form.note.trim());
+    let force = form.force.is_some();
+    let (scope, key) = (form.scope.clone(), form.key.clone());
+    let done = blocking(&ui, move |ui| ui.once.resolve(&scope, &key, &resolution, &note, force)).await;
+    match done {
+        Ok(Ok(_)) => {
+            let to = format!("{}&resolved=1", record_href(&form.scope, &form.key));
+            let mut r = StatusCode::SEE_OTHER.into_response();
+            if let Ok(v) = HeaderValue::from_str(&to) {
+                r.headers_mut().insert(LOCATION, v);
+            }
+            r
+        }
+        Ok(Err(e)) => {
+            let status = match &e {
+                OnceError::Engine(Error::InvalidTransition(_)) => StatusCode::CONFLICT,
+                OnceError::Engine(Error::NotFound) => StatusCode::NOT_FOUND,
+                OnceError::Engine(Error::Storage(_)) | OnceError::Component(_) | OnceError::Limit(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+                _ => StatusCode::BAD_REQUEST,
+            };
+            render_record(
+                &ui,
+                &operator,
+                form.scope,
+                form.key,
+                status,
+                Some(Shown::Refused(e.to_string())),
+            )
+            .await
+        }
+        Err(r) => r,
+    }
+}
+
+async fn metrics_text(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    let Some(operator) = signed_in(&ui, &headers) else {
+        return unauthorized();
+    };
+    let filter = filter_for(&operator, &FilterForm::default());
+    let read = blocking(&ui, move |ui| {
+        let queue = ui.once.queue(&filter, ui.limit)?;
+        let stats = stats_for(ui, &filter)?;
+        Ok::<_, OnceError>(metrics::render(&stats, &queue))
+    })
+    .await;
+    match read {
+        Ok(Ok(text)) => ([(CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenForm {
+    #[serde(default)]
+    token: Option<String>,
+}
+
+async fn login_link(State(ui): State<Arc<Ui>>, Query(q): Query<TokenForm>) -> Response {
+    match q.token {
+        Some(token) => sign_in(&ui, &token),
+        None => html(StatusCode::OK, "sign in", None, &pages::login(false)),
+    }
+}
+
+async fn login_form(State(ui): State<Arc<Ui>>, Form(f): Form<TokenForm>) -> Response {
+    sign_in(&ui, f.token.as_deref().unwrap_or(""))
+}
+
+/// A valid token becomes the browser's cookie (HttpOnly, SameSite=Strict), and the token leaves the address bar.
+fn sign_in(ui: &Ui, token: &str) -> Response {
+    let token = token.trim();
+    if ui.access.by_token(token).is_none() {
+        return html(StatusCode::UNAUTHORIZED, "sign in", None, &pages::login(true));
+    }
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    let cookie = format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(SET_COOKIE, v);
+    }
+    r.headers_mut().insert(LOCATION, HeaderValue::from_static("/"));
+    r
+}
