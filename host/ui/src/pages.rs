@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use once::Stats;
-use once::types::{Attention, OperatorQueue, QueueEntry, RecordView, State};
+use once::types::{Attention, KeySource, OperatorQueue, QueueEntry, RecordView, State};
 
 use crate::html::{age, esc, record_href, time};
 
@@ -181,7 +181,11 @@ pub fn record(view: &RecordView, csrf: &str, banner: Option<&Banner>) -> String 
         ("scope", esc(&view.scope)),
         (
             "key",
-            format!("{} <span class=muted>({:?})</span>", esc(&view.key), view.key_source),
+            format!(
+                "{} <span class=muted>({})</span>",
+                esc(&view.key),
+                key_source(view.key_source)
+            ),
         ),
         ("tool", esc(&view.tool)),
         (
@@ -248,6 +252,13 @@ pub fn record(view: &RecordView, csrf: &str, banner: Option<&Banner>) -> String 
     b.push_str(&esc(&view.body));
     b.push_str("</pre></details>");
     b
+}
+
+fn key_source(source: KeySource) -> &'static str {
+    match source {
+        KeySource::Application => "the application's key",
+        KeySource::Derived => "derived from the args",
+    }
 }
 
 fn resolve_form(b: &mut String, view: &RecordView, csrf: &str) {
