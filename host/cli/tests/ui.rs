@@ -45,7 +45,7 @@ fn without_a_valid_token_every_request_is_401_and_nothing_is_written() {
     let before = record(&db, "tenant-a", "k-tenant-a");
     let ui = UiProcess::start(&db, &[]);
     for token in [None, Some("not-the-token")] {
-        for path in ["/", "/record?scope=tenant-a&key=k-tenant-a", "/metrics"] {
+        for path in ["/", "/record?scope=tenant-a&key=k-tenant-a", "/record", "/metrics"] {
             let (status, _) = get(&format!("{}{path}", ui.base), token);
             assert_eq!(status, 401, "{path} with {token:?}");
         }

@@ -149,9 +149,12 @@ async fn queue(State(ui): State<Arc<Ui>>, headers: HeaderMap, Query(form): Query
     }
 }
 
+// Every field defaults, so a request without a token is answered 401, not a decoding error.
 #[derive(Deserialize)]
 struct RecordQuery {
+    #[serde(default)]
     scope: String,
+    #[serde(default)]
     key: String,
     #[serde(default)]
     resolved: Option<String>,
@@ -222,7 +225,9 @@ async fn render_record(
 struct ResolveForm {
     #[serde(default)]
     csrf: String,
+    #[serde(default)]
     scope: String,
+    #[serde(default)]
     key: String,
     #[serde(default)]
     resolution: String,
