@@ -94,7 +94,7 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
         let _ = writeln!(
             out,
             "ledger {}; metrics at http://{addr}/metrics (Authorization: Bearer <token>)",
-            args.db
+            without_password(&args.db)
         );
         let _ = out.flush();
         drop(out);
@@ -103,4 +103,32 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
             message: format!("serving: {e}"),
         })
     })
+}
+
+/// A ledger location fit to print: a URL's password replaced by `***`.
+fn without_password(db: &str) -> String {
+    let Some((scheme, rest)) = db.split_once("://") else {
+        return db.to_string();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => db.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_printed_ledger_url_keeps_no_password() {
+        use super::without_password;
+        assert_eq!(
+            without_password("postgres://u:s3cret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(without_password("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(without_password("once.db"), "once.db");
+    }
 }
