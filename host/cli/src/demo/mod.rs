@@ -1,9 +1,11 @@
-//! `once demo`: the refund fault matrix, end to end, measured from the
-//! service's effect ledger.
+//! `once demo`: the published studies, end to end, measured from the
+//! server's own tables.
 //!
-//! Every cell is policy × protection × fault; every trial gets a fresh refund
-//! service (unsafe mode: it records the key and never dedupes, like the
-//! study's server), a fresh fault proxy and a fresh once ledger.
+//! The default (`--study lost-reply`) is the refund fault matrix: every cell
+//! is policy × protection × fault; every trial gets a fresh refund service
+//! (unsafe mode: it records the key and never dedupes, like the study's
+//! server), a fresh fault proxy and a fresh once ledger. `--study
+//! retry-cost` is the second study ([`retry_cost`]).
 
 mod agent;
 mod chart;
@@ -12,6 +14,7 @@ mod ledger;
 mod output;
 mod pool;
 mod report;
+mod retry_cost;
 mod trial;
 
 use std::path::PathBuf;
@@ -25,12 +28,24 @@ use trial::Cell;
 /// Most trials per cell a run accepts (every trial is queued before the first runs).
 const MAX_TRIALS: u64 = 100_000;
 
+/// Which published study `once demo` reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Study {
+    /// The first study: scripted agents, a lost reply before or after the effect (the fault matrix).
+    LostReply,
+    /// The second study: four client retry policies against a tool server, what each costs in attempts and text.
+    RetryCost,
+}
+
 /// `once demo` options.
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Trials per cell.
-    #[arg(long, default_value_t = 30)]
-    trials: u64,
+    /// The study to reproduce.
+    #[arg(long, value_enum, default_value_t = Study::LostReply)]
+    study: Study,
+    /// Trials per cell [default: 30; retry-cost: 50, the study's N].
+    #[arg(long)]
+    trials: Option<u64>,
     /// Seed for the order trials run in.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -43,15 +58,15 @@ pub struct DemoArgs {
     /// Trials run at once (they mostly wait on timeouts, not the CPU).
     #[arg(long, default_value_t = 12)]
     jobs: usize,
-    /// Only this policy (always_retry, never_retry, read_then_decide).
+    /// Only this policy (always_retry, never_retry, read_then_decide); lost-reply only.
     #[arg(long, value_parser = parse_policy)]
     policy: Option<Policy>,
-    /// Only this fault.
+    /// Only this fault; lost-reply only.
     #[arg(long)]
     fault: Option<Fault>,
     /// once's ledger for protected agents: a postgres:// URL puts every trial in one
     /// schema made for this run (dropped afterwards), each trial in its own scope.
-    /// Default: a fresh SQLite file per trial.
+    /// Default: a fresh SQLite file per trial. Lost-reply only.
     #[arg(long)]
     db: Option<String>,
 }
@@ -101,16 +116,35 @@ pub fn run_agent(args: AgentArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Run the matrix and print the table.
+/// Run the chosen study and print its table.
 pub fn run(args: DemoArgs) -> Result<(), Failure> {
-    let fail = |message: String| Failure { code: 1, message };
-    if !(1..=MAX_TRIALS).contains(&args.trials) {
-        return Err(Failure {
-            code: 2,
-            message: format!("--trials must be 1 to {MAX_TRIALS}"),
-        });
+    let bad = |message: &str| Failure {
+        code: 2,
+        message: message.to_string(),
+    };
+    if args.trials.is_some_and(|n| !(1..=MAX_TRIALS).contains(&n)) {
+        return Err(bad(&format!("--trials must be 1 to {MAX_TRIALS}")));
     }
-    let trials = args.trials;
+    match args.study {
+        Study::LostReply => lost_reply(args),
+        Study::RetryCost if args.policy.is_some() || args.fault.is_some() || args.db.is_some() => Err(bad(
+            "--policy, --fault and --db choose cells and ledgers of the lost-reply study; \
+             the retry-cost study always runs all of its cells, each on a fresh SQLite ledger",
+        )),
+        Study::RetryCost => retry_cost::run(&retry_cost::Options {
+            trials: args.trials.unwrap_or(retry_cost::STUDY_TRIALS),
+            seed: args.seed,
+            jobs: args.jobs,
+            json: args.json,
+            svg: args.svg,
+        }),
+    }
+}
+
+/// The first study's fault matrix.
+fn lost_reply(args: DemoArgs) -> Result<(), Failure> {
+    let fail = |message: String| Failure { code: 1, message };
+    let trials = args.trials.unwrap_or(30);
     if let Some(url) = &args.db {
         ledger::RunSchema::check(url).map_err(|message| Failure { code: 2, message })?;
     }
