@@ -78,8 +78,13 @@ fn protected_once(ledger: &Path, client: &ToolClient) -> Result<Once, OnceError>
         .policy(
             TOOL,
             PolicyInput {
-                // The client's timeout; the engine derives the lease from it.
+                // The client's timeout.
                 dispatch_timeout_ms: Some(CLIENT_TIMEOUT.as_millis() as u64),
+                // A grant must be sent before its lease less the timeout; the derived lease (0.32 s) leaves
+                // 0.2 s, which a busy machine used up between grant and send in a few of 1,300 trials (the
+                // grant went unsent and spent an attempt). A longer lease costs nothing here: every attempt's
+                // end is reported, so no read waits for a lease to run out.
+                lease_ms: Some(1_000),
                 // The provider key travels in the Idempotency-Key header.
                 key_sent_by_host: Some(true),
                 // The server commits a request as it arrives or never (a stall before the commit writes
