@@ -7,6 +7,8 @@ use plotters::prelude::*;
 pub struct Series {
     /// Legend text.
     pub label: String,
+    /// Palette index: a policy's two series share one colour.
+    pub colour: usize,
     /// Drawn pale (the unprotected rows), so each policy's protected bar stands out beside it.
     pub pale: bool,
     /// One value per category.
@@ -23,13 +25,15 @@ pub fn policy_series<P: Copy>(
 ) -> Vec<Series> {
     policies
         .iter()
-        .flat_map(|&p| [(p, false), (p, true)])
-        .map(|(policy, protected)| Series {
+        .enumerate()
+        .flat_map(|(i, &p)| [(i, p, false), (i, p, true)])
+        .map(|(colour, policy, protected)| Series {
             label: format!(
                 "{} {}",
                 name(policy),
                 if protected { "(once)" } else { "(unprotected)" }
             ),
+            colour,
             pale: !protected,
             values: (0..categories).map(|c| value(policy, protected, c)).collect(),
         })
@@ -64,12 +68,16 @@ pub fn grouped_bars(
             let category = on_category.then(|| categories.get(i as usize)).flatten();
             category.map(|c| c.to_string()).unwrap_or_default()
         })
-        .y_label_formatter(&|y| if *y <= y_max { format!("{y:.0}") } else { String::new() })
+        .y_label_formatter(&|y| match *y {
+            y if y > y_max => String::new(),
+            y if (y - y.round()).abs() < 1e-9 => format!("{y:.0}"),
+            y => format!("{y:.1}"),
+        })
         .y_desc(y_desc)
         .draw()?;
     let width = 0.8 / series.len().max(1) as f64;
     for (i, s) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = Palette99::pick(s.colour).to_rgba();
         let style = if s.pale {
             color.mix(0.45).filled()
         } else {
