@@ -108,19 +108,9 @@ struct LookupWire {
 impl Client {
     /// A client for `base_url` (e.g. `http://127.0.0.1:4000`) whose every call ends within `timeout`.
     pub fn new(base_url: impl Into<String>, timeout: Duration) -> Client {
-        let config = Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .http_status_as_error(false)
-            // Environment proxies must not reroute loopback traffic; pooling and redirects would blur what one call
-            // did on the wire.
-            .proxy(None)
-            .max_idle_connections(0)
-            .max_redirects(0)
-            .user_agent("once-refund-example")
-            .build();
         Client {
             base_url: base_url.into().trim_end_matches('/').to_string(),
-            agent: config.into(),
+            agent: agent(timeout),
         }
     }
 
@@ -173,18 +163,41 @@ impl Client {
     }
 
     fn call(&self, send: impl FnOnce(&Agent) -> Result<Response<Body>, ureq::Error>) -> Result<String, CallError> {
-        let mut response = send(&self.agent).map_err(classify)?;
-        let status = response.status().as_u16();
-        // A status without its whole body is still an unfinished exchange: call it ambiguous, not a refusal.
-        let body = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| CallError::Ambiguous(format!("status {status}, body cut off: {e}")))?;
-        match status {
-            200..=299 => Ok(body),
-            400..=499 => Err(CallError::Rejected { status, body }),
-            _ => Err(CallError::Ambiguous(format!("status {status}: {body}"))),
-        }
+        exchange(&self.agent, send)
+    }
+}
+
+/// An HTTP agent whose every call ends within `timeout`, for the clients of this crate's servers.
+pub(crate) fn agent(timeout: Duration) -> Agent {
+    Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        // Environment proxies must not reroute loopback traffic; pooling and redirects would blur what one call
+        // did on the wire.
+        .proxy(None)
+        .max_idle_connections(0)
+        .max_redirects(0)
+        .user_agent("once-refund-example")
+        .build()
+        .into()
+}
+
+/// One exchange, its body on a 2xx, and otherwise what the failure means (4xx definite, the rest ambiguous).
+pub(crate) fn exchange(
+    agent: &Agent,
+    send: impl FnOnce(&Agent) -> Result<Response<Body>, ureq::Error>,
+) -> Result<String, CallError> {
+    let mut response = send(agent).map_err(classify)?;
+    let status = response.status().as_u16();
+    // A status without its whole body is still an unfinished exchange: call it ambiguous, not a refusal.
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| CallError::Ambiguous(format!("status {status}, body cut off: {e}")))?;
+    match status {
+        200..=299 => Ok(body),
+        400..=499 => Err(CallError::Rejected { status, body }),
+        _ => Err(CallError::Ambiguous(format!("status {status}: {body}"))),
     }
 }
 
@@ -203,7 +216,7 @@ fn classify(e: ureq::Error) -> CallError {
     }
 }
 
-fn parse<'a, T: Deserialize<'a>>(raw: &'a str) -> Result<T, CallError> {
+pub(crate) fn parse<'a, T: Deserialize<'a>>(raw: &'a str) -> Result<T, CallError> {
     // A 2xx we cannot read may still have done the work.
     serde_json::from_str(raw).map_err(|e| CallError::Ambiguous(format!("unreadable reply: {e}")))
 }

@@ -52,10 +52,9 @@ pub struct EffectLedger {
 impl EffectLedger {
     /// Opens an existing ledger; a missing file is an error, so a wrong path cannot read as "zero refunds".
     pub fn open(path: impl AsRef<Path>) -> Result<EffectLedger, Error> {
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags)?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        Ok(EffectLedger { conn })
+        Ok(EffectLedger {
+            conn: open_existing(path.as_ref())?,
+        })
     }
 
     /// Every refund of an order, oldest first.
@@ -82,6 +81,14 @@ impl EffectLedger {
         let sql = "SELECT COALESCE(SUM(amount_cents), 0) FROM refunds WHERE order_id = ?1";
         Ok(self.conn.query_row(sql, [order_id], |r| r.get(0))?)
     }
+}
+
+/// Opens an existing file for a metrics reader; a missing one is an error, never an empty ledger.
+pub(crate) fn open_existing(path: &Path) -> Result<Connection, Error> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(conn)
 }
 
 pub(crate) fn row_to_refund(row: &rusqlite::Row<'_>) -> rusqlite::Result<Refund> {

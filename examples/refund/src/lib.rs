@@ -1,6 +1,7 @@
 //! A refund service for the `once demo` fault-injection trials: an effect ledger (SQLite), a tiny HTTP API in two
 //! modes (unsafe: never dedupes; idempotent: dedupes by key), a fault-injecting proxy that loses, delays or rejects
-//! the first refund request, and a small client that classifies failures as definite or ambiguous.
+//! the first refund request, and a small client that classifies failures as definite or ambiguous. The second
+//! study's [`tool_server`] (one `POST /tool`, effects and responses tables, server-side stalls) lives here too.
 //!
 //! Everything binds to 127.0.0.1 on ephemeral ports and stops on `Drop`, joining every thread it started, so a demo
 //! can run thousands of fresh service + proxy pairs in one process.
@@ -15,6 +16,7 @@ mod money;
 mod proxy;
 mod server;
 mod service;
+pub mod tool_server;
 
 pub use client::{CallError, Client, Lookup, Order, RefundReceipt};
 pub use ledger::{EffectLedger, ORDER_ID, ORDER_TOTAL_CENTS, Refund};

@@ -31,7 +31,7 @@ struct Db {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The refund fault matrix: every agent policy, unprotected and through once, under every fault.
+    /// The published studies, reproduced: the refund fault matrix (default), or `--study retry-cost`.
     Demo(demo::DemoArgs),
     /// One demo agent as its own process (used by `once demo`).
     #[command(hide = true)]

@@ -3,9 +3,9 @@
 //! `crash_after_dispatch`, racing under `concurrent_duplicate`). Every verdict
 //! comes from the service's effect ledger.
 
-use std::process::Command;
+mod demo_common;
 
-use serde_json::Value;
+use demo_common::{DemoRun, cell, refused, run_demo};
 
 const FAULTS: [&str; 8] = [
     "none",
@@ -19,34 +19,9 @@ const FAULTS: [&str; 8] = [
 ];
 const POLICIES: [&str; 3] = ["always_retry", "never_retry", "read_then_decide"];
 
-fn cell<'a>(report: &'a Value, policy: &str, protected: bool, fault: &str) -> &'a Value {
-    report["cells"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["policy"] == policy && c["protected"] == protected && c["fault"] == fault)
-        .unwrap_or_else(|| panic!("no cell {policy} {protected} {fault}"))
-}
-
 #[test]
 fn the_fault_matrix_at_three_trials_per_cell() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("demo.json");
-    let svg = dir.path().join("demo.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_once"))
-        .args(["demo", "--trials", "3", "--seed", "7", "--json"])
-        .arg(&json)
-        .arg("--svg")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let DemoRun { report, stdout, chart } = run_demo(&["--trials", "3", "--seed", "7"]);
     assert_eq!(report["trials_per_cell"], 3);
     assert_eq!(report["cells"].as_array().unwrap().len(), 48);
 
@@ -96,22 +71,11 @@ fn the_fault_matrix_at_three_trials_per_cell() {
         stdout.contains("always_retry (unprotected)") && stdout.contains("stale_read"),
         "{stdout}"
     );
-    assert!(stdout.contains("per trial"), "the cost per trial is printed: {stdout}");
-    let chart = std::fs::read_to_string(&svg).unwrap();
-    assert!(chart.starts_with("<svg") && chart.contains("post_commit_disconnect"));
+    assert!(chart.contains("post_commit_disconnect"), "the chart names every fault");
 }
 
 #[test]
 fn bad_demo_arguments_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_once"))
-        .args(["demo", "--trials", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let out = Command::new(env!("CARGO_BIN_EXE_once"))
-        .args(["demo", "--fault", "gremlins"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("gremlins"));
+    refused(&["--trials", "0"]);
+    assert!(refused(&["--fault", "gremlins"]).contains("gremlins"));
 }

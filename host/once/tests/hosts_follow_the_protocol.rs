@@ -17,12 +17,14 @@ fn read(rel: &str) -> String {
 }
 
 /// The Rust files that drive calls: the `Once` loop, the gateway's request
-/// handler and background worker, the demo's agents and settle loop.
-const RUST_LOOPS: [&str; 4] = [
+/// handler and background worker, the demo's agents and settle loop, the
+/// retry-cost study's protected client.
+const RUST_LOOPS: [&str; 5] = [
     "host/once/src/once.rs",
     "host/gateway/src/handler.rs",
     "host/gateway/src/worker.rs",
     "host/cli/src/demo/agent.rs",
+    "host/cli/src/demo/retry_cost/protected.rs",
 ];
 
 /// What deciding by record state looks like in Rust: a state named, a state

@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use once::types::{Effect, Error, Evidence, PolicyInput, Repeat};
+use once::types::{Effect, Error, PolicyInput, Repeat};
 use once::{Called, Dispatch, Once, OnceError, Sent};
 use refund::{CallError, Client, ORDER_ID};
+
+use super::classify::{evidence, sent};
 
 /// The tool once protects.
 pub const TOOL: &str = "refund_order";
@@ -198,15 +200,10 @@ pub fn settle(env: &Env, within: Duration) -> Result<(), OnceError> {
 fn protected_once(ledger: &str, client: &Client) -> Result<Once, OnceError> {
     let lookup = client.clone();
     let once = Once::open(ledger)?
-        .provider(
-            move |_tool: &str, provider_key: &str, _args: &str| match lookup.find_refund_by_key(provider_key) {
-                Ok(found) => match found.refund {
-                    Some(refund) if found.found => Evidence::Confirmed(refund.raw),
-                    _ => Evidence::Absent(found.read_position),
-                },
-                Err(e) => Evidence::Unknown(e.to_string()),
-            },
-        )
+        .provider(move |_tool: &str, provider_key: &str, _args: &str| {
+            let found = lookup.find_refund_by_key(provider_key);
+            evidence(found.map(|f| (f.refund.filter(|_| f.found).map(|r| r.raw), f.read_position)))
+        })
         .wait_up_to(Duration::from_secs(5))
         .policy(
             TOOL,
@@ -228,12 +225,7 @@ fn protected_once(ledger: &str, client: &Client) -> Result<Once, OnceError> {
 
 /// Send one granted attempt: the provider key is the refund's idempotency key.
 fn dispatch(client: &Client, d: &Dispatch<'_>) -> Sent {
-    match client.refund_order(ORDER_ID, AMOUNT, d.provider_key) {
-        Ok(receipt) => Sent::Success(receipt.raw),
-        Err(CallError::Rejected { body, .. }) => Sent::Rejected(body),
-        Err(CallError::Ambiguous(why)) => Sent::Ambiguous(why),
-        Err(CallError::NotSent(_)) => Sent::NotSent,
-    }
+    sent(client.refund_order(ORDER_ID, AMOUNT, d.provider_key).map(|r| r.raw))
 }
 
 /// What the agent tells its user: whether the engine says the effect happened.

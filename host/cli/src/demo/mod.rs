@@ -1,34 +1,51 @@
-//! `once demo`: the refund fault matrix, end to end, measured from the
-//! service's effect ledger.
+//! `once demo`: the published studies, end to end, measured from the
+//! server's own tables.
 //!
-//! Every cell is policy × protection × fault; every trial gets a fresh refund
-//! service (unsafe mode: it records the key and never dedupes, like the
-//! study's server), a fresh fault proxy and a fresh once ledger.
+//! The default (`--study lost-reply`) is the refund fault matrix: every cell
+//! is policy × protection × fault; every trial gets a fresh refund service
+//! (unsafe mode: it records the key and never dedupes, like the study's
+//! server), a fresh fault proxy and a fresh once ledger. `--study
+//! retry-cost` is the second study ([`retry_cost`]).
 
 mod agent;
+mod chart;
+mod classify;
 mod ledger;
+mod output;
+mod pool;
 mod report;
+mod retry_cost;
 mod trial;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use refund::Fault;
 
 use crate::Failure;
 use agent::{Env, Policy};
-use trial::{Cell, Verdict};
+use trial::Cell;
+
+/// Most trials per cell a run accepts (every trial is queued before the first runs).
+const MAX_TRIALS: u64 = 100_000;
+
+/// Which published study `once demo` reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Study {
+    /// The first study: scripted agents, a lost reply before or after the effect (the fault matrix).
+    LostReply,
+    /// The second study: four client retry policies against a tool server, what each costs in attempts and text.
+    RetryCost,
+}
 
 /// `once demo` options.
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Trials per cell.
-    #[arg(long, default_value_t = 30)]
-    trials: u64,
+    /// The study to reproduce.
+    #[arg(long, value_enum, default_value_t = Study::LostReply)]
+    study: Study,
+    /// Trials per cell [default: 30; retry-cost: 50, the study's N].
+    #[arg(long)]
+    trials: Option<u64>,
     /// Seed for the order trials run in.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -41,15 +58,15 @@ pub struct DemoArgs {
     /// Trials run at once (they mostly wait on timeouts, not the CPU).
     #[arg(long, default_value_t = 12)]
     jobs: usize,
-    /// Only this policy (always_retry, never_retry, read_then_decide).
+    /// Only this policy (always_retry, never_retry, read_then_decide); lost-reply only.
     #[arg(long, value_parser = parse_policy)]
     policy: Option<Policy>,
-    /// Only this fault.
+    /// Only this fault; lost-reply only.
     #[arg(long)]
     fault: Option<Fault>,
     /// once's ledger for protected agents: a postgres:// URL puts every trial in one
     /// schema made for this run (dropped afterwards), each trial in its own scope.
-    /// Default: a fresh SQLite file per trial.
+    /// Default: a fresh SQLite file per trial. Lost-reply only.
     #[arg(long)]
     db: Option<String>,
 }
@@ -99,15 +116,35 @@ pub fn run_agent(args: AgentArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Run the matrix and print the table.
+/// Run the chosen study and print its table.
 pub fn run(args: DemoArgs) -> Result<(), Failure> {
-    let fail = |message: String| Failure { code: 1, message };
-    if args.trials == 0 {
-        return Err(Failure {
-            code: 2,
-            message: "--trials must be at least 1".to_string(),
-        });
+    let bad = |message: &str| Failure {
+        code: 2,
+        message: message.to_string(),
+    };
+    if args.trials.is_some_and(|n| !(1..=MAX_TRIALS).contains(&n)) {
+        return Err(bad(&format!("--trials must be 1 to {MAX_TRIALS}")));
     }
+    match args.study {
+        Study::LostReply => lost_reply(args),
+        Study::RetryCost if args.policy.is_some() || args.fault.is_some() || args.db.is_some() => Err(bad(
+            "--policy, --fault and --db choose cells and ledgers of the lost-reply study; \
+             the retry-cost study always runs all of its cells, each on a fresh SQLite ledger",
+        )),
+        Study::RetryCost => retry_cost::run(&retry_cost::Options {
+            trials: args.trials.unwrap_or(retry_cost::STUDY_TRIALS),
+            seed: args.seed,
+            jobs: args.jobs,
+            json: args.json,
+            svg: args.svg,
+        }),
+    }
+}
+
+/// The first study's fault matrix.
+fn lost_reply(args: DemoArgs) -> Result<(), Failure> {
+    let fail = |message: String| Failure { code: 1, message };
+    let trials = args.trials.unwrap_or(30);
     if let Some(url) = &args.db {
         ledger::RunSchema::check(url).map_err(|message| Failure { code: 2, message })?;
     }
@@ -125,11 +162,10 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         })
         .filter(|c| args.fault.is_none_or(|only| only == c.fault))
         .collect();
-    let mut work: Vec<(Cell, u64)> = cells
+    let work: Vec<Cell> = cells
         .iter()
-        .flat_map(|c| (0..args.trials).map(move |t| (*c, t)))
+        .flat_map(|c| std::iter::repeat_n(*c, trials as usize))
         .collect();
-    shuffle(&mut work, args.seed);
     let workdir = tempfile::Builder::new()
         .prefix("once-demo-")
         .tempdir()
@@ -145,87 +181,31 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         }
         None => None,
     };
-    let progress = ProgressBar::new(work.len() as u64).with_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} trials {elapsed} (eta {eta}) {msg}")
-            .expect("a valid template"),
+    let ran = pool::run(
+        work,
+        args.seed,
+        args.jobs,
+        workdir.path(),
+        |cell, i, dir| {
+            let ledger = match &shared_ledger {
+                Some(run) => run.location().to_string(),
+                None => dir.join("once.db").to_string_lossy().into_owned(),
+            };
+            trial::run(cell, i, dir, &ledger, &exe)
+        },
+        |cell| {
+            format!(
+                "{} {} {}",
+                cell.policy.name(),
+                if cell.protected { "protected" } else { "unprotected" },
+                cell.fault.name()
+            )
+        },
     );
-    let started = Instant::now();
-    let next = AtomicUsize::new(0);
-    let results: Mutex<BTreeMap<Cell, Vec<Verdict>>> = Mutex::new(BTreeMap::new());
-    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let busy_ms = std::sync::atomic::AtomicU64::new(0);
-    std::thread::scope(|s| {
-        for _ in 0..args.jobs.max(1) {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(&(cell, _)) = work.get(i) else { break };
-                    let dir = workdir.path().join(format!("trial-{i}"));
-                    let trial_started = Instant::now();
-                    let outcome = std::fs::create_dir(&dir).map_err(|e| e.to_string()).and_then(|()| {
-                        let ledger = match &shared_ledger {
-                            Some(run) => run.location().to_string(),
-                            None => dir.join("once.db").to_string_lossy().into_owned(),
-                        };
-                        trial::run(cell, i as u64, &dir, &ledger, &exe)
-                    });
-                    let _ = std::fs::remove_dir_all(&dir);
-                    busy_ms.fetch_add(trial_started.elapsed().as_millis() as u64, Ordering::Relaxed);
-                    match outcome {
-                        Ok(verdict) => results.lock().unwrap().entry(cell).or_default().push(verdict),
-                        Err(e) => errors.lock().unwrap().push(format!(
-                            "{} {} {}: {e}",
-                            cell.policy.name(),
-                            if cell.protected { "protected" } else { "unprotected" },
-                            cell.fault.name()
-                        )),
-                    }
-                    progress.inc(1);
-                }
-            });
-        }
-    });
-    progress.finish_and_clear();
     if let Some(run) = shared_ledger {
         run.drop_schema().map_err(fail)?;
     }
-    let errors = errors.into_inner().unwrap();
-    if !errors.is_empty() {
-        return Err(fail(format!(
-            "{} trials could not run; first: {}",
-            errors.len(),
-            errors[0]
-        )));
-    }
-    let elapsed = started.elapsed();
-    let report = report::aggregate(args.trials, &results.into_inner().unwrap());
-    print!("{}", report.table());
-    let trials = work.len() as f64;
-    println!(
-        "{} trials in {:.1} s ({} at a time): {:.1} ms of wall time per trial; a trial takes {:.0} ms on average",
-        work.len(),
-        elapsed.as_secs_f64(),
-        args.jobs.max(1),
-        elapsed.as_secs_f64() * 1000.0 / trials,
-        busy_ms.into_inner() as f64 / trials,
-    );
-    if let Some(path) = &args.json {
-        report.write_json(path).map_err(fail)?;
-    }
-    if let Some(path) = &args.svg {
-        report.write_svg(path).map_err(fail)?;
-    }
-    Ok(())
-}
-
-/// Deterministic Fisher–Yates shuffle (xorshift64*), so a seed reproduces the trial order.
-fn shuffle<T>(items: &mut [T], seed: u64) {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..items.len()).rev() {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) % (i as u64 + 1)) as usize;
-        items.swap(i, j);
-    }
+    ran.check().map_err(fail)?;
+    let report = report::aggregate(trials, &ran.results);
+    output::publish(&report, &ran.summary(), args.json.as_deref(), args.svg.as_deref()).map_err(fail)
 }
