@@ -48,10 +48,7 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
             let token = match &args.token {
                 Some(t) if t.trim().is_empty() => return Err(bad("--token is empty".into())),
                 Some(t) => t.trim().to_string(),
-                None => once_ui::random_token().map_err(|e| Failure {
-                    code: 1,
-                    message: e.to_string(),
-                })?,
+                None => once_ui::random_token().map_err(io_failure(None))?,
             };
             let operator = Operator {
                 name: "operator".into(),
@@ -62,27 +59,18 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
         }
     };
     let once = Arc::new(Once::open(&args.db)?.build()?);
-    let access = Access::new(operators).map_err(|e| Failure {
-        code: 1,
-        message: e.to_string(),
-    })?;
+    let access = Access::new(operators).map_err(io_failure(None))?;
     let ui = Ui::new(once, access).limit(args.limit);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| Failure {
-            code: 1,
-            message: format!("starting the server runtime: {e}"),
-        })?;
+        .map_err(io_failure(Some("starting the server runtime")))?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| Failure {
-            code: 1,
-            message: format!("listening on {}: {e}", args.listen),
-        })?;
-        let addr = listener.local_addr().map_err(|e| Failure {
-            code: 1,
-            message: e.to_string(),
-        })?;
+        let listening = format!("listening on {}", args.listen);
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(io_failure(Some(&listening)))?;
+        let addr = listener.local_addr().map_err(io_failure(None))?;
         // The first line is the address to open (tests and scripts read it). A closed stdout must not stop
         // the server, so a failed write is ignored.
         let first = match &printed_token {
@@ -98,11 +86,16 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
         );
         let _ = out.flush();
         drop(out);
-        once_ui::serve(listener, ui).await.map_err(|e| Failure {
-            code: 1,
-            message: format!("serving: {e}"),
-        })
+        once_ui::serve(listener, ui).await.map_err(io_failure(Some("serving")))
     })
+}
+
+/// A failed system call as the CLI reports it (exit code 1), after what was being done.
+fn io_failure(doing: Option<&str>) -> impl FnOnce(std::io::Error) -> Failure + '_ {
+    move |e| Failure {
+        code: 1,
+        message: doing.map_or_else(|| e.to_string(), |d| format!("{d}: {e}")),
+    }
 }
 
 /// A ledger location fit to print: a URL's password replaced by `***`.

@@ -168,3 +168,50 @@ impl fmt::Display for Confirmation {
         })
     }
 }
+
+/// A ledger timestamp (ms since the Unix epoch) as a UTC calendar time, for
+/// messages and pages that show times to people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcTime {
+    /// Year (proleptic Gregorian).
+    pub year: i64,
+    /// Month, 1–12.
+    pub month: u32,
+    /// Day of the month, 1–31.
+    pub day: u32,
+    /// Hour, 0–23.
+    pub hour: u32,
+    /// Minute, 0–59.
+    pub minute: u32,
+    /// Second, 0–59.
+    pub second: u32,
+    /// Millisecond, 0–999.
+    pub millis: u32,
+}
+
+impl UtcTime {
+    /// The calendar time of `ms` milliseconds since 1970-01-01 00:00:00 UTC.
+    pub fn from_ms(ms: u64) -> UtcTime {
+        let secs = ms / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm): shift to an era starting on
+        // 0000-03-01, so leap days fall at each era's end.
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        UtcTime {
+            year: yoe + era * 400 + i64::from(month <= 2),
+            month,
+            day,
+            hour: (rem / 3_600) as u32,
+            minute: (rem % 3_600 / 60) as u32,
+            second: (rem % 60) as u32,
+            millis: (ms % 1000) as u32,
+        }
+    }
+}

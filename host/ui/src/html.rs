@@ -57,15 +57,10 @@ pub fn page(title: &str, operator: Option<&str>, body: &str) -> String {
 
 /// A ledger timestamp (ms since the epoch) as UTC, `2026-12-01 22:16:10.123Z`.
 pub fn time(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
+    let t = once::UtcTime::from_ms(ms);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}Z",
+        t.year, t.month, t.day, t.hour, t.minute, t.second, t.millis
     )
 }
 
@@ -79,21 +74,6 @@ pub fn age(ms: u64) -> String {
         3600..86_400 => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
         _ => format!("{}d {:02}h", s / 86_400, s % 86_400 / 3600),
     }
-}
-
-/// Days since 1970-01-01 to a (year, month, day) of the proleptic Gregorian calendar.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    // Shift to an era starting on 0000-03-01, so leap days fall at each era's end.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]

@@ -75,8 +75,9 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-fn failed(operator: &Operator, e: &OnceError) -> Response {
-    let status = match e {
+/// The HTTP status of an engine answer: bad input 400, a refused transition 409, no record 404, else 500.
+fn status_of(e: &OnceError) -> StatusCode {
+    match e {
         OnceError::Json(_)
         | OnceError::Engine(Error::InvalidJson(_) | Error::InvalidRequest(_) | Error::InvalidPolicy(_)) => {
             StatusCode::BAD_REQUEST
@@ -84,8 +85,11 @@ fn failed(operator: &Operator, e: &OnceError) -> Response {
         OnceError::Engine(Error::InvalidTransition(_)) => StatusCode::CONFLICT,
         OnceError::Engine(Error::NotFound) => StatusCode::NOT_FOUND,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    html(status, "error", Some(operator), &pages::message(&e.to_string()))
+    }
+}
+
+fn failed(operator: &Operator, e: &OnceError) -> Response {
+    html(status_of(e), "error", Some(operator), &pages::message(&e.to_string()))
 }
 
 fn filter_for(operator: &Operator, form: &FilterForm) -> QueueFilter {
@@ -284,23 +288,8 @@ async fn resolve(State(ui): State<Arc<Ui>>, headers: HeaderMap, Form(form): Form
             r
         }
         Ok(Err(e)) => {
-            let status = match &e {
-                OnceError::Engine(Error::InvalidTransition(_)) => StatusCode::CONFLICT,
-                OnceError::Engine(Error::NotFound) => StatusCode::NOT_FOUND,
-                OnceError::Engine(Error::Storage(_)) | OnceError::Component(_) | OnceError::Limit(_) => {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                }
-                _ => StatusCode::BAD_REQUEST,
-            };
-            render_record(
-                &ui,
-                &operator,
-                form.scope,
-                form.key,
-                status,
-                Some(Shown::Refused(e.to_string())),
-            )
-            .await
+            let why = Some(Shown::Refused(e.to_string()));
+            render_record(&ui, &operator, form.scope, form.key, status_of(&e), why).await
         }
         Err(r) => r,
     }
