@@ -144,12 +144,12 @@ class Instance:
         self.store.set_fuel(self.fuel)
         try:
             value = f(self.store, *args)
-        except wasmtime.Trap as e:
-            if "fuel" in str(e):
-                raise errors.GuestLimit(f"{name}: the once component exceeded its fuel budget of {self.fuel} per call") from e
-            raise errors.ComponentError(f"{name}: the once component trapped: {e}") from e
-        except wasmtime.WasmtimeError as e:
-            raise errors.ComponentError(f"{name}: the once component failed: {e}") from e
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
+            if "all fuel consumed" in str(e):
+                raise errors.GuestLimit(
+                    f"{name}: the once component exceeded its fuel budget of {self.fuel} per call"
+                ) from e
+            raise errors.ComponentError(f"{name}: the once component trapped: {str(e).splitlines()[0]}") from e
         if isinstance(result_ty, ResultType):
             ok, payload = _wit.split_result(result_ty, value)
             if not ok:
