@@ -132,7 +132,10 @@ class Instance:
         if found is None:
             iface = next(i for i, names in INTERFACES.items() if name in names)
             index = self.instance.get_export_index(self.store, f"once:core/{iface}@{VERSION}")
-            f = self.instance.get_func(self.store, self.instance.get_export_index(self.store, name, index))
+            assert index is not None, iface
+            export = self.instance.get_export_index(self.store, name, index)
+            assert export is not None, name
+            f = self.instance.get_func(self.store, export)
             assert f is not None, name
             ty = f.type(self.store)
             found = self.funcs[name] = (f, dict(ty.params), ty.result)

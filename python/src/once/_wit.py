@@ -174,7 +174,8 @@ _ERRORS: dict[str, type[errors.OnceError]] = {
 def error(v: Any, where: str) -> errors.OnceError:
     """The exception for a WIT `error` (or bare `json-error`) value, naming the export it came from."""
     if isinstance(v, Record):  # a json-error
-        return errors.InvalidJson(v.kind, v.pointer, v.offset, f"{v.message} ({where})")
+        return errors.InvalidJson(getattr(v, "kind"), getattr(v, "pointer"), getattr(v, "offset"),
+                                  f"{getattr(v, 'message')} ({where})")
     tag, payload = (v.tag, v.payload) if isinstance(v, Variant) else (str(v), None)
     if tag == "invalid-json":
         return error(payload, where)

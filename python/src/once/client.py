@@ -24,7 +24,7 @@ from . import _wit, errors
 from ._runtime import DEFAULT_FUEL, DEFAULT_MEMORY, VERSION, Instance, Runtime
 from .ledger import Event, Ledger, LedgerFailure, MemoryLedger, Put, Row, SqliteLedger
 from .model import (
-    Called, Dispatch, Escalation, Evidence, Policy, RecordView, Sent, State, SweepResult, ToolDescriptor, ToolPlan,
+    Called, Dispatch, Escalation, Evidence, Policy, RecordView, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan,
     Unrecorded,
 )
 
@@ -180,9 +180,9 @@ class Once:
         """How the guest handles `tool` (a tool never configured gets the defaults)."""
         for t in self._configured.tools:
             if t.tool == tool:
-                return ToolPlan(tool, _wit.lift(_wit.model.Route, t.route), t.blocked, _wit.plain(t.policy))
+                return ToolPlan(tool, _wit.lift(Route, t.route), t.blocked, _wit.plain(t.policy))
         d = self._configured.defaults
-        return ToolPlan(tool, _wit.lift(_wit.model.Route, d.route or "protect"), None, _wit.plain(d))
+        return ToolPlan(tool, _wit.lift(Route, d.route or "protect"), None, _wit.plain(d))
 
     def _configuration(self) -> Record:
         return _wit.record(
@@ -319,10 +319,10 @@ class Once:
         """The ledger's clock (ms)."""
         return self.ledger.now()
 
-    def _call_record(self, scope: str, key: Optional[str], tool: str, args: Args, supersedes: Optional[str],
+    def _call_record(self, scope: str, key: Optional[str], tool: str, args: str, supersedes: Optional[str],
                      acknowledge_confirmed: bool) -> Record:
         return _wit.record(scope=scope, keys=[] if key is None else [("application", key)], tool=tool,
-                           args=_args_text(args), supersedes=supersedes, acknowledge_confirmed=acknowledge_confirmed)
+                           args=args, supersedes=supersedes, acknowledge_confirmed=acknowledge_confirmed)
 
     def _loop(self, first: Callable[[], Any], tool: Optional[str], args: Optional[str],
               patience: float) -> Generator[Action, Any, Called]:
@@ -363,7 +363,8 @@ class Once:
             else:  # direct: a read-only tool, sent as it came, nothing recorded
                 if tool is None or args is None:
                     raise errors.ComponentError("a resumed operation answered direct")
-                timeout = int(self.plan(tool).policy.get("dispatch-timeout-ms") or 0)
+                timeout = self.plan(tool).policy.get("dispatch-timeout-ms")
+                assert isinstance(timeout, int)
                 d = Dispatch(scope="", key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout)
                 return Called(direct=_sent((yield ("send", d))))
@@ -420,16 +421,18 @@ class Once:
         `send` returns a `Sent` (or any value: the provider's success response) and may raise: a raise is
         reported as ambiguous (the request may have left), and the call ends as the guest decides (unknown).
         """
-        c = self._call_record(scope, key, tool, args, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._guest("start", c), tool, c.args, self.wait if wait is None else wait)
+        text = _args_text(args)
+        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
         return self._run(loop, send)
 
     async def acall(self, scope: str, key: Optional[str], tool: str, args: Args, send: Union[Send, ASend], *,
                     supersedes: Optional[str] = None, acknowledge_confirmed: bool = False,
                     wait: Optional[float] = None) -> Called:
         """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`."""
-        c = self._call_record(scope, key, tool, args, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._guest("start", c), tool, c.args, self.wait if wait is None else wait)
+        text = _args_text(args)
+        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
         return await self._arun(loop, send)
 
     def resume(self, scope: str, key: str, send: Send, *, wait: Optional[float] = None) -> Called:
@@ -442,7 +445,7 @@ class Once:
         r = self._guest("sweep", limit, True)
         sent = []
         for grant in r.dispatches:
-            loop = self._loop(lambda g=grant: Variant("dispatch", g), None, None, 0.0)
+            loop = self._loop(_constant(Variant("dispatch", grant)), None, None, 0.0)
             sent.append(self._run(loop, send))
         return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed], sent)
 
@@ -487,6 +490,10 @@ class Once:
     def close(self) -> None:
         """Release the ledger's connections."""
         self.ledger.close()
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
 
 
 def _settings_record(settings: Mapping[str, Any]) -> Record:
