@@ -173,6 +173,11 @@ class Sent:
         return Sent("success", response if isinstance(response, str) else json.dumps(response, separators=(",", ":")))
 
     @staticmethod
+    def returned(value: object) -> Sent:
+        """The effect happened; a function's return value (a string too) is JSON-encoded as the response."""
+        return Sent("success", json.dumps(value, separators=(",", ":")))
+
+    @staticmethod
     def rejected(error: str) -> Sent:
         """The provider answered and did nothing."""
         return Sent("rejected", error)

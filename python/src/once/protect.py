@@ -89,7 +89,7 @@ def protect(once: Once, tool: Optional[str] = None, *, key: Any = None, scope: A
 
                 async def send(d: Dispatch) -> Sent:
                     try:
-                        return Sent.success(await fn(**d.arguments()))
+                        return Sent.returned(await fn(**d.arguments()))
                     except errors.Refused as e:
                         return refused(e)
 
@@ -103,7 +103,7 @@ def protect(once: Once, tool: Optional[str] = None, *, key: Any = None, scope: A
 
             def send(d: Dispatch) -> Sent:
                 try:
-                    return Sent.success(fn(**d.arguments()))
+                    return Sent.returned(fn(**d.arguments()))
                 except errors.Refused as e:
                     return refused(e)
 
