@@ -6,9 +6,11 @@ import itertools
 import json
 from typing import Any, AsyncIterator, Callable, Union
 
-from agents import Model, ModelResponse, Usage
+from agents import Model, ModelResponse, Usage, set_tracing_disabled
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
+# No network: the SDK's trace export would try to reach OpenAI.
+set_tracing_disabled(True)
 _ids = itertools.count(1)
 # One turn: the tool calls to make (name, args), or the final text.
 Turn = Union[list[tuple[str, dict[str, Any]]], str]
