@@ -65,3 +65,16 @@ def pg_schema(pg_url: str) -> Iterator[str]:
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     """Run a command, capturing text output."""
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def require(module: str, extra: str) -> None:
+    """Import `module` (an optional extra's package) or skip; under CI a missing extra fails."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        if CI:
+            pytest.fail(f"{module} is not installed and CI is set: pip install -r python/requirements-test.txt",
+                        pytrace=False)
+        pytest.skip(f"skipped: the {extra} extra is not installed", allow_module_level=True)

@@ -7,7 +7,9 @@ from typing import Any, TypedDict
 
 import pytest
 
-pytest.importorskip("langgraph", reason="the langchain extra is not installed")
+from conftest import require  # noqa: E402
+
+require("langgraph", "langchain")
 
 from langchain_core.tools import tool  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+from conftest import require  # noqa: E402
+
+require("agents", "openai-agents")
 
 from agents import Agent, Runner  # noqa: E402
 

@@ -14,7 +14,9 @@ from types import ModuleType
 
 import pytest
 
-pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+from conftest import require  # noqa: E402
+
+require("agents", "openai-agents")
 
 STUDY = Path(__file__).resolve().parents[1] / "study" / "refund_study.py"
 TRIALS = 3
