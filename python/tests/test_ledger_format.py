@@ -89,3 +89,29 @@ def test_a_resolution_written_by_rust_is_replayed_from_python(
     o.close()
     # And the Rust side sees the replay Python recorded.
     assert "replays      1" in cli(once_bin, db, "show", KEY, "--scope", SCOPE)
+
+
+def test_the_rust_embedding_replays_a_refund_python_confirmed(embed_bin: Path, tmp_path: Path) -> None:
+    # host/once/examples/embed.rs protects the same refund over ./once.db; its own dispatcher never sends.
+    o = Once.sqlite(str(tmp_path / "once.db"))
+    o.call(SCOPE, KEY, TOOL, ARGS, lambda d: Sent.success({"refund_id": "from-python"}))
+    o.close()
+    done = run([str(embed_bin)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == 'refunded: {"refund_id":"from-python"}'
+    view = Once.sqlite(str(tmp_path / "once.db")).inspect(SCOPE, KEY)
+    assert view is not None and view.replays == 1 and view.audit[-1].kind == "replay"
+
+
+def test_python_answers_a_record_the_rust_embedding_wrote(embed_bin: Path, tmp_path: Path) -> None:
+    # The Rust example's dispatcher answers not-sent: it spends every attempt of its budget.
+    done = run([str(embed_bin)], cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("not refunded"), done.stdout + done.stderr
+    o = Once.sqlite(str(tmp_path / "once.db"))
+    c = o.call(SCOPE, KEY, TOOL, ARGS, never)
+    # The account of the Rust record: nothing was ever sent, no attempt is left.
+    assert isinstance(c.ending, once.NotSent) and c.ending.attempts == 3
+    assert c.account is not None and c.account.repeat is once.Repeat.REFUSED and c.effect is once.Effect.NONE
+    view = o.inspect(SCOPE, KEY)
+    assert view is not None and view.state is once.State.FAILED and view.attempts == 3
+    assert [e.kind for e in view.audit][:2] == ["begin", "finish-not-sent"]
