@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
+from types import ModuleType
 from typing import Iterator
 
 import pytest
@@ -60,6 +63,16 @@ def pg_schema(pg_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """A Python file of the repository (a runner, a script) as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:

@@ -142,7 +142,7 @@ def test_protect_async_and_acall() -> None:
 def test_without_a_key_the_operation_is_derived_from_the_args() -> None:
     o = Once.memory()
     sent: list[object] = []
-    c1 = o.call("s", None, "t", {"a": 1}, lambda d: sent.append(d) or Sent.success({}))
+    o.call("s", None, "t", {"a": 1}, lambda d: sent.append(d) or Sent.success({}))
     c2 = o.call("s", None, "t", {"a": 1}, lambda d: sent.append(d) or Sent.success({}))
     assert len(sent) == 1
     assert c2.account and c2.account.key_source is once.KeySource.DERIVED

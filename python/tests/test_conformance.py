@@ -8,9 +8,7 @@ scenario's reads, compare-and-swaps and audit trails go through the ledgers user
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -18,7 +16,7 @@ from typing import Any, Optional
 
 import pytest
 
-from conftest import CI, REPO
+from conftest import CI, REPO, load_module
 from once import _runtime
 from once.ledger import Event, Ledger, MemoryLedger, Put, Row, SqliteLedger
 
@@ -28,12 +26,7 @@ VECTORS = Path(os.environ.get("ONCE_VECTORS") or REPO.parent / "shared" / "vecto
 
 
 def runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("once_conformance_runner", RUNNER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(RUNNER, "once_conformance_runner")
 
 
 def as_dict(r: Optional[Row]) -> Optional[dict[str, Any]]:

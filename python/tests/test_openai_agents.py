@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 
 from conftest import require  # noqa: E402
 

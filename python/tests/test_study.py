@@ -7,14 +7,11 @@ refund with no false completion, counted in the service's own ledger.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
 
-from conftest import require  # noqa: E402
+from conftest import load_module, require  # noqa: E402
 
 require("agents", "openai-agents")
 
@@ -23,12 +20,7 @@ TRIALS = 3
 
 
 def study_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("refund_study", STUDY)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(STUDY, "refund_study")
 
 
 def test_protected_cells_are_exactly_once_and_unprotected_fail_as_in_the_study(refund_service_bin: Path) -> None:

@@ -64,6 +64,27 @@ def checked_int(what: str, value: int) -> int:
     return value
 
 
+def _due(row: Row) -> Optional[int]:
+    return None if row.due_at is None else checked_int("due_at", row.due_at)
+
+
+def insert_values(p: Put, row: Row) -> tuple[object, ...]:
+    """The parameters of `INSERT INTO rows (tbl, scope, key, version, state, due_at, body, owner)`."""
+    return (p.table, p.scope, p.key, checked_int("version", row.version), row.state, _due(row), row.body, row.owner)
+
+
+def update_values(p: Put, row: Row) -> tuple[object, ...]:
+    """The parameters of `UPDATE rows SET version, state, due_at, body, owner WHERE tbl, scope, key, version`."""
+    return (checked_int("version", row.version), row.state, _due(row), row.body, row.owner,
+            p.table, p.scope, p.key, p.expected)
+
+
+def event_values(e: Event) -> tuple[object, ...]:
+    """The parameters of `INSERT INTO audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)`."""
+    return (e.scope, e.key, checked_int("audit version", e.version), checked_int("audit at", e.at), e.kind,
+            e.from_state, e.to_state, e.attempt, e.detail)
+
+
 class SystemClock:
     """Milliseconds since the epoch from this host's clock; never runs backwards."""
 

@@ -10,11 +10,12 @@ measured in the database's clock, one clock for every host.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from typing import Any, Optional, Sequence
 
-from ._base import Event, Ledger, LedgerFailure, Put, Row, checked_int, I64_MAX
+from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, event_values, insert_values, update_values
 
 try:
     import psycopg
@@ -122,7 +123,8 @@ class PostgresLedger(Ledger):
 
     def _conn(self) -> "psycopg.Connection[Any]":
         conn = getattr(self._local, "conn", None)
-        if conn is not None and not conn.closed:
+        # A connection is never shared by a forked child: it opens its own.
+        if conn is not None and not conn.closed and getattr(self._local, "pid", None) == os.getpid():
             return conn  # type: ignore[no-any-return]
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self.connect_timeout,
@@ -130,7 +132,7 @@ class PostgresLedger(Ledger):
             conn.execute(f"SET lock_timeout = {self.lock_timeout_ms}")
         except psycopg.Error as e:
             raise LedgerFailure(f"postgres: connect: {e}") from e
-        self._local.conn = conn
+        self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
     def _migrate(self) -> None:
@@ -229,16 +231,13 @@ class PostgresLedger(Ledger):
             if p.expected is None and row is not None:
                 cur = conn.execute(
                     f"INSERT INTO {s}.rows ({ROW_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-                    (p.table, p.scope, p.key, checked_int("version", row.version), row.state,
-                     None if row.due_at is None else checked_int("due_at", row.due_at), row.body, row.owner),
+                    insert_values(p, row),
                 )
             elif row is not None:
                 cur = conn.execute(
                     f"UPDATE {s}.rows SET version = %s, state = %s, due_at = %s, body = %s, owner = %s "
                     "WHERE tbl = %s AND scope = %s AND key = %s AND version = %s",
-                    (checked_int("version", row.version), row.state,
-                     None if row.due_at is None else checked_int("due_at", row.due_at), row.body, row.owner,
-                     p.table, p.scope, p.key, p.expected),
+                    update_values(p, row),
                 )
             elif p.expected is not None:
                 cur = conn.execute(
@@ -261,8 +260,7 @@ class PostgresLedger(Ledger):
             cur = conn.execute(
                 f"INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail) "
                 "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-                (e.scope, e.key, checked_int("audit version", e.version), checked_int("audit at", e.at), e.kind,
-                 e.from_state, e.to_state, e.attempt, e.detail),
+                event_values(e),
             )
             if cur.rowcount != 1:
                 return False

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from ._base import Event, Ledger, LedgerFailure, Put, Row, SystemClock, checked_int, I64_MAX
+from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values, update_values
 
 SCHEMA_VERSION = 2
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
@@ -183,16 +183,13 @@ class SqliteLedger(Ledger):
             if p.expected is None and row is not None:
                 n = conn.execute(
                     f"INSERT INTO rows ({ROW_COLUMNS}) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                    (p.table, p.scope, p.key, checked_int("version", row.version), row.state,
-                     None if row.due_at is None else checked_int("due_at", row.due_at), row.body, row.owner),
+                    insert_values(p, row),
                 ).rowcount
             elif row is not None:
                 n = conn.execute(
                     "UPDATE rows SET version = ?, state = ?, due_at = ?, body = ?, owner = ? "
                     "WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
-                    (checked_int("version", row.version), row.state,
-                     None if row.due_at is None else checked_int("due_at", row.due_at), row.body, row.owner,
-                     p.table, p.scope, p.key, p.expected),
+                    update_values(p, row),
                 ).rowcount
             elif p.expected is not None:
                 n = conn.execute(
@@ -210,8 +207,7 @@ class SqliteLedger(Ledger):
         for e in events:
             n = conn.execute(
                 f"INSERT INTO audit ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                (e.scope, e.key, checked_int("audit version", e.version), checked_int("audit at", e.at), e.kind,
-                 e.from_state, e.to_state, e.attempt, e.detail),
+                event_values(e),
             ).rowcount
             if n != 1:
                 return False
