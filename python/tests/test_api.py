@@ -160,3 +160,28 @@ def test_the_compiled_component_is_cached_on_disk(tmp_path: object) -> None:
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert (first.stdout.strip(), second.stdout.strip()) == ("False", "True")
     assert any(p.name.endswith(".cwasm") for p in tmp_path.iterdir())  # type: ignore[attr-defined]
+
+
+def test_threads_sharing_a_handle_race_one_key_and_dispatch_once(tmp_path: object) -> None:
+    import threading
+    import time
+
+    o = Once.sqlite(str(tmp_path) + "/ledger.db", settings={"clock_skew_ms": 0})  # type: ignore[operator]
+    sent: list[int] = []
+    results: list[once.Called] = []
+
+    def send(d: once.Dispatch) -> Sent:
+        sent.append(d.attempt)
+        time.sleep(0.1)
+        return Sent.success({"refund_id": "r-1"})
+
+    def worker() -> None:
+        results.append(o.call("t", "refund-1", "refund_order", {"order_id": 1}, send, wait=10))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sent == [1]
+    assert [r.receipt for r in results] == ['{"refund_id":"r-1"}'] * 8

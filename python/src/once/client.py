@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import json
 import logging
 import threading
@@ -108,6 +109,7 @@ class Once:
         self._linker = self._make_linker()
         self._pool: list[Instance] = []
         self._lock = threading.Lock()
+        self._config_lock = threading.Lock()
         first = self._instance()
         base = {k: v for k, v in vars(first.call("default-settings")).items()}
         for name, value in (settings or {}).items():
@@ -137,7 +139,7 @@ class Once:
         return cls(MemoryLedger(), **options)
 
     @classmethod
-    def sqlite(cls, path: str, *, synchronous: str = "FULL", busy_timeout: float = 5.0, **options: Any) -> Once:
+    def sqlite(cls, path: Union[str, "os.PathLike[str]"], *, synchronous: str = "FULL", busy_timeout: float = 5.0, **options: Any) -> Once:
         """Over a SQLite file (created if missing; the Rust host's schema; several processes may share it)."""
         try:
             ledger = SqliteLedger(path, synchronous=synchronous, busy_timeout=busy_timeout)
@@ -162,18 +164,19 @@ class Once:
                **fields: Any) -> ToolPlan:
         """Set one tool's policy (a `Policy`, and/or its fields as keywords); the guest fills and checks it."""
         p = replace(policy or Policy(), **fields)
-        previous = self._tools.get(tool)
-        self._tools[tool] = (p, descriptor)
-        try:
-            with self._lock:
-                instance = self._pool.pop() if self._pool else None
-            self._reconfigure(instance or self._instance())
-        except errors.OnceError:
-            if previous is None:
-                del self._tools[tool]
-            else:
-                self._tools[tool] = previous
-            raise
+        with self._config_lock:
+            previous = self._tools.get(tool)
+            self._tools[tool] = (p, descriptor)
+            try:
+                with self._lock:
+                    instance = self._pool.pop() if self._pool else None
+                self._reconfigure(instance or self._instance())
+            except errors.OnceError:
+                if previous is None:
+                    del self._tools[tool]
+                else:
+                    self._tools[tool] = previous
+                raise
         return self.plan(tool)
 
     def plan(self, tool: str) -> ToolPlan:
@@ -194,7 +197,15 @@ class Once:
 
     def _reconfigure(self, instance: Instance) -> None:
         generation = self._generation + 1
-        self._configured = instance.call("configure", self._configuration())
+        try:
+            self._configured = instance.call("configure", self._configuration())
+        except (errors.GuestLimit, errors.ComponentError):
+            raise  # the instance may have stopped mid-call: dropped
+        except errors.OnceError:
+            instance.configured = None  # configured again before its next use
+            with self._lock:
+                self._pool.append(instance)
+            raise
         instance.configured = generation
         self._generation = generation
         with self._lock:
