@@ -185,3 +185,23 @@ def test_threads_sharing_a_handle_race_one_key_and_dispatch_once(tmp_path: objec
         t.join()
     assert sent == [1]
     assert [r.receipt for r in results] == ['{"refund_id":"r-1"}'] * 8
+
+
+def test_the_escalation_callable_gets_an_unknown_past_its_deadline() -> None:
+    import time
+
+    escalations: list[once.Escalation] = []
+    o = Once.memory(
+        lookup=lambda tool, provider_key, args: once.Evidence.unknown("the provider cannot tell"),
+        escalate=lambda e: escalations.append(e) is None,
+        settings={"clock_skew_ms": 0},
+        policies={"t": Policy(dispatch_timeout_ms=50, reconcile_interval_ms=20, resolve_deadline_ms=300)},
+    )
+    c = o.call("s", "k", "t", {}, lambda d: Sent.ambiguous("connection reset"), wait=0)
+    assert isinstance(c.ending, once.Unknown)
+    time.sleep(0.4)
+    swept = o.sweep()
+    assert swept.escalated == 1
+    assert [(e.scope, e.key, e.tool, e.state) for e in escalations] == [("s", "k", "t", once.State.UNKNOWN)]
+    view = o.inspect("s", "k")
+    assert view is not None and view.escalated
