@@ -1,6 +1,6 @@
-"""One agent process for the multi-process tests: a protected refund over a shared SQLite ledger.
+"""One agent process for the multi-process tests: a protected refund over a shared ledger.
 
-    python agent_process.py DB KEY EFFECTS MODE
+    python agent_process.py DB KEY EFFECTS MODE      (DB: an SQLite file or a postgres:// URL)
 
 MODE `race`: the dispatch appends this process's provider key to EFFECTS (the provider's effect ledger)
 and answers after a pause; prints how the call ended. MODE `hang-after-effect` / `hang-before-effect`:
@@ -31,7 +31,8 @@ def effect(path: str, d: Dispatch) -> None:
 
 def main() -> int:
     db, key, effects, mode = sys.argv[1:5]
-    o = Once.sqlite(db, settings=SETTINGS, policies={"refund_order": POLICY})
+    opener = Once.postgres if db.startswith("postgres") else Once.sqlite
+    o = opener(db, settings=SETTINGS, policies={"refund_order": POLICY})
 
     def send(d: Dispatch) -> Sent:
         if mode == "race":

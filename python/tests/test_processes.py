@@ -1,4 +1,5 @@
-"""Real processes on one SQLite ledger file: racing one key, and a holder SIGKILLed between dispatch and report."""
+"""Real processes on one ledger (an SQLite file, a PostgreSQL schema): racing one key, and a holder SIGKILLed
+between dispatch and report."""
 
 from __future__ import annotations
 
@@ -19,7 +20,19 @@ HERE = Path(__file__).resolve().parent
 AGENT = HERE / "agent_process.py"
 
 
-def agent(db: Path, key: str, effects: Path, mode: str) -> subprocess.Popen[str]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The shared ledger every process of a test opens."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.db")
+    return f"{request.getfixturevalue('pg_url')}?schema={request.getfixturevalue('pg_schema')}"
+
+
+def open_ledger(db: str, **options: object) -> Once:
+    return (Once.postgres if db.startswith("postgres") else Once.sqlite)(db, **options)  # type: ignore[arg-type]
+
+
+def agent(db: str, key: str, effects: Path, mode: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, str(AGENT), str(db), key, str(effects), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -28,8 +41,8 @@ def effects_of(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split() if path.exists() else []
 
 
-def test_processes_racing_one_key_dispatch_once(tmp_path: Path) -> None:
-    db, effects = tmp_path / "ledger.db", tmp_path / "effects"
+def test_processes_racing_one_key_dispatch_once(tmp_path: Path, db: str) -> None:
+    effects = tmp_path / "effects"
     procs = [agent(db, "refund-1234", effects, "race") for _ in range(6)]
     results = []
     for p in procs:
@@ -54,8 +67,8 @@ class Provider:
         return Evidence.absent(self.once[0].now())
 
 
-def kill_after_dispatch(tmp_path: Path, mode: str) -> tuple[Path, Path]:
-    db, effects = tmp_path / "ledger.db", tmp_path / "effects"
+def kill_after_dispatch(tmp_path: Path, db: str, mode: str) -> Path:
+    effects = tmp_path / "effects"
     p = agent(db, "refund-1234", effects, mode)
     marker = Path(str(effects) + ".dispatched")
     deadline = time.monotonic() + 60
@@ -66,12 +79,12 @@ def kill_after_dispatch(tmp_path: Path, mode: str) -> tuple[Path, Path]:
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL
-    return db, effects
+    return effects
 
 
-def recovering_handle(db: Path, effects: Path) -> Once:
+def recovering_handle(db: str, effects: Path) -> Once:
     handles: list[Once] = []
-    o = Once.sqlite(str(db), lookup=Provider(effects, handles), settings={"clock_skew_ms": 0},
+    o = open_ledger(db, lookup=Provider(effects, handles), settings={"clock_skew_ms": 0},
                     policies={"refund_order": once.Policy(dispatch_timeout_ms=300, max_in_flight_ms=500,
                                                           reconcile_interval_ms=100, lookup=True)})
     handles.append(o)
@@ -80,9 +93,9 @@ def recovering_handle(db: Path, effects: Path) -> Once:
 
 @pytest.mark.parametrize("mode", ["hang-after-effect", "hang-before-effect"])
 def test_a_holder_killed_between_dispatch_and_report_is_reconciled_never_sent_twice(
-    tmp_path: Path, mode: str
+    tmp_path: Path, db: str, mode: str
 ) -> None:
-    db, effects = kill_after_dispatch(tmp_path, mode)
+    effects = kill_after_dispatch(tmp_path, db, mode)
     o = recovering_handle(db, effects)
     view = o.inspect("tenant-7", "refund-1234")
     assert view is not None and view.state is once.State.IN_FLIGHT
