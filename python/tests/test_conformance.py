@@ -80,7 +80,7 @@ def test_every_scenario_passes_on_the_packages_ledgers(kind: str, request: pytes
     if kind == "memory":
         run.MemoryStore = lambda path=None: Adapter(MemoryLedger())
     elif kind == "sqlite":
-        # The semantics are under test here, not power loss: NORMAL keeps 160 fresh files quick.
+        # The semantics are under test here, not power loss: NORMAL keeps a fresh file per scenario quick.
         run.SqliteStore = lambda path: Adapter(SqliteLedger(path, synchronous="NORMAL"))
     else:
         # The runner's "memory" slot, filled with a fresh PostgreSQL schema per ledger (a wipe is a new one).
