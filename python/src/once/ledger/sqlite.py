@@ -20,6 +20,7 @@ from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock,
 SCHEMA_VERSION = 2
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
 EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail"
+# The same tables and indexes, in the same words, as host/once/src/storage/sqlite/open.rs.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rows (
