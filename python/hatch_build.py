@@ -1,0 +1,86 @@
+"""Build hook: build the once guest component with cargo and ship the .wasm as package data.
+
+Where the component comes from, in order:
+1. `ONCE_COMPONENT`: a built once_guest.wasm (nothing is compiled);
+2. inside the once repository (`../Cargo.toml`): `cargo build -p once-guest` for
+   wasm32-wasip2, with the same flags and target directory as
+   host/once/build.rs, so the Rust host and this package ship the same bytes;
+3. an sdist made by this hook: the `src/once/once_guest.wasm` it carries.
+The wheel holds no compiled code of its own: `py3-none-any`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+TARGET = "wasm32-wasip2"
+PACKAGED = "src/once/once_guest.wasm"
+# The release profile host/once/build.rs builds the guest with.
+PROFILE = {
+    "CARGO_PROFILE_RELEASE_DEBUG": "false",
+    "CARGO_PROFILE_RELEASE_STRIP": "true",
+    "CARGO_PROFILE_RELEASE_LTO": "true",
+    "CARGO_PROFILE_RELEASE_CODEGEN_UNITS": "1",
+    "CARGO_PROFILE_RELEASE_OPT_LEVEL": "3",
+    "CARGO_PROFILE_RELEASE_PANIC": "abort",
+}
+
+
+class GuestBuildHook(BuildHookInterface):  # type: ignore[type-arg]
+    """Puts the component into the wheel (and the sdist) as `once/once_guest.wasm`."""
+
+    PLUGIN_NAME = "custom"
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        wasm = self._component()
+        target = "once/once_guest.wasm" if self.target_name == "wheel" else PACKAGED
+        build_data.setdefault("force_include", {})[str(wasm)] = target
+        if self.target_name == "wheel":
+            build_data["pure_python"] = True
+            build_data["tag"] = "py3-none-any"
+
+    def _component(self) -> Path:
+        root = Path(self.root)
+        prebuilt = os.environ.get("ONCE_COMPONENT")
+        if prebuilt:
+            path = Path(prebuilt)
+            if not path.is_file():
+                raise RuntimeError(f"ONCE_COMPONENT={prebuilt}: no such file")
+            return path
+        repo = root.parent
+        if (repo / "Cargo.toml").is_file() and (repo / "guest" / "Cargo.toml").is_file():
+            return self._cargo_build(repo)
+        carried = root / PACKAGED
+        if carried.is_file():
+            return carried
+        raise RuntimeError(
+            "once-exactly: no component to package: build inside the once repository (needs cargo and the "
+            f"{TARGET} target: rustup target add {TARGET}), or set ONCE_COMPONENT to a built once_guest.wasm"
+        )
+
+    def _cargo_build(self, repo: Path) -> Path:
+        cargo = os.environ.get("CARGO") or shutil.which("cargo")
+        if cargo is None:
+            raise RuntimeError("once-exactly: cargo is not on PATH; it builds the guest component (or set ONCE_COMPONENT)")
+        target_dir = Path(os.environ.get("CARGO_TARGET_DIR") or repo / "target") / "once-guest"
+        env = {k: v for k, v in os.environ.items() if k not in (
+            "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_TARGET",
+            "CARGO_TARGET_DIR", "CARGO_BUILD_RUSTFLAGS")}
+        env.update(PROFILE)
+        command = [cargo, "build", "--locked", "--release", "-p", "once-guest", "--lib", "--target", TARGET,
+                   "--target-dir", str(target_dir)]
+        self.app.display_info(f"once-exactly: building the guest component: {' '.join(command)}")
+        done = subprocess.run(command, cwd=repo, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"once-exactly: building the guest component failed (exit {done.returncode}): "
+                               f"{' '.join(command)}")
+        wasm = target_dir / TARGET / "release" / "once_guest.wasm"
+        if not wasm.is_file():
+            raise RuntimeError(f"once-exactly: cargo succeeded but {wasm} is missing")
+        return wasm

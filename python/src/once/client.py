@@ -1,0 +1,520 @@
+"""The `Once` handle: the call protocol over the component, and the ledger's imports.
+
+`call` is the protocol's loop: start the call, send each grant (and report
+what happened), sleep through each wait, stop at the account the guest
+states. Every decision is the component's; this file moves data, sends and
+sleeps. The loop is written once, as a generator of actions (call the guest,
+send, sleep) that `call` runs inline and `acall` runs on an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import json
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Awaitable, Callable, Generator, Mapping, Optional, Union
+
+from wasmtime.component import Record, Variant
+
+from . import _wit, errors
+from ._runtime import DEFAULT_FUEL, DEFAULT_MEMORY, VERSION, Instance, Runtime
+from .ledger import Event, Ledger, LedgerFailure, MemoryLedger, Put, Row, SqliteLedger
+from .model import (
+    Called, Dispatch, Escalation, Evidence, Policy, RecordView, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan,
+    Unrecorded,
+)
+
+log = logging.getLogger("once")
+
+Send = Callable[[Dispatch], Any]
+ASend = Callable[[Dispatch], Awaitable[Any]]
+Lookup = Callable[[str, str, str], Evidence]
+Escalate = Callable[[Escalation], bool]
+Args = Union[str, Mapping[str, Any], list[Any]]
+# One action of the protocol loop: ("guest", fn) | ("send", dispatch) | ("sleep", seconds).
+Action = tuple[str, Any]
+
+
+def _log_escalation(e: Escalation) -> bool:
+    log.error("once: operator attention needed: id=%s scope=%s key=%s tool=%s reason=%s deadline=%s",
+              e.id, e.scope, e.key, e.tool, e.reason, e.deadline)
+    return True
+
+
+def _args_text(args: Args) -> str:
+    if isinstance(args, str):
+        return args
+    try:
+        return json.dumps(args, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidRequest(f"args: not JSON-serializable: {e}") from e
+
+
+def _sent(value: Any) -> Sent:
+    """A dispatcher's answer: a `Sent`, else its return value is the provider's success response."""
+    return value if isinstance(value, Sent) else Sent.success(value)
+
+
+def _failed(message: str) -> Variant:
+    return Variant("failed", _wit.record(message=message))
+
+
+def _row_record(r: Row) -> Record:
+    return _wit.record(table=r.table, scope=r.scope, key=r.key, version=r.version, state=r.state, due_at=r.due_at,
+                       owner=r.owner, body=r.body)
+
+
+def _event_record(e: Event) -> Record:
+    return _wit.record(scope=e.scope, key=e.key, version=e.version, at=e.at, kind=e.kind, from_state=e.from_state,
+                       to_state=e.to_state, attempt=e.attempt, detail=e.detail)
+
+
+def _row_of(r: Any) -> Row:
+    return Row(r.table, r.scope, r.key, r.version, r.state, getattr(r, "due-at"), r.owner, r.body)
+
+
+def _event_of(e: Any) -> Event:
+    return Event(e.scope, e.key, e.version, e.at, e.kind, getattr(e, "from-state"), getattr(e, "to-state"),
+                 e.attempt, e.detail)
+
+
+class Once:
+    """A handle on one ledger: configure tools, then `call`, `acall` or `@protect`. Safe to share between threads."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        owner: Optional[str] = None,
+        policies: Optional[Mapping[str, Policy]] = None,
+        defaults: Optional[Policy] = None,
+        lookup: Optional[Lookup] = None,
+        escalate: Optional[Escalate] = None,
+        wait: float = 10.0,
+        settings: Optional[Mapping[str, Any]] = None,
+        fuel: int = DEFAULT_FUEL,
+        memory: int = DEFAULT_MEMORY,
+    ) -> None:
+        self.ledger = ledger
+        self.wait = wait
+        self._lookup = lookup
+        self._escalate = escalate or _log_escalation
+        self._runtime = Runtime.shared()
+        self._fuel, self._memory = fuel, memory
+        self._linker = self._make_linker()
+        self._pool: list[Instance] = []
+        self._lock = threading.Lock()
+        self._config_lock = threading.Lock()
+        first = self._instance()
+        base = {k: v for k, v in vars(first.call("default-settings")).items()}
+        for name, value in (settings or {}).items():
+            wit = name.replace("_", "-")
+            if wit not in base:
+                raise errors.InvalidRequest(f"settings: unknown setting {name!r} (known: {', '.join(base)})")
+            base[wit] = value
+        if owner is not None:
+            base["owner"] = owner
+        # Without a provider read, an unknown outcome waits for an operator (as the Rust host).
+        if lookup is None and (defaults is None or defaults.lookup is None):
+            defaults = replace(defaults or Policy(), lookup=False)
+        self._settings = base
+        self._defaults = defaults or Policy()
+        self._tools: dict[str, tuple[Policy, Optional[ToolDescriptor]]] = {
+            tool: (p, None) for tool, p in (policies or {}).items()
+        }
+        self._generation = 0
+        self._configured: Any = None
+        self._reconfigure(first)
+
+    # -- constructors
+
+    @classmethod
+    def memory(cls, **options: Any) -> Once:
+        """Over an in-memory ledger (one process; lost at exit)."""
+        return cls(MemoryLedger(), **options)
+
+    @classmethod
+    def sqlite(cls, path: Union[str, "os.PathLike[str]"], *, synchronous: str = "FULL", busy_timeout: float = 5.0, **options: Any) -> Once:
+        """Over a SQLite file (created if missing; the Rust host's schema; several processes may share it)."""
+        try:
+            ledger = SqliteLedger(path, synchronous=synchronous, busy_timeout=busy_timeout)
+        except LedgerFailure as e:
+            raise errors.StorageError(str(e)) from e
+        return cls(ledger, **options)
+
+    @classmethod
+    def postgres(cls, url: str, *, schema: Optional[str] = None, **options: Any) -> Once:
+        """Over PostgreSQL (psycopg 3; schema `once` unless `schema=` or `?schema=` names another)."""
+        from .ledger.postgres import PostgresLedger
+
+        try:
+            ledger = PostgresLedger(url, schema=schema)
+        except LedgerFailure as e:
+            raise errors.StorageError(str(e)) from e
+        return cls(ledger, **options)
+
+    # -- configuration
+
+    def policy(self, tool: str, policy: Optional[Policy] = None, *, descriptor: Optional[ToolDescriptor] = None,
+               **fields: Any) -> ToolPlan:
+        """Set one tool's policy (a `Policy`, and/or its fields as keywords); the guest fills and checks it."""
+        p = replace(policy or Policy(), **fields)
+        with self._config_lock:
+            previous = self._tools.get(tool)
+            self._tools[tool] = (p, descriptor)
+            try:
+                with self._lock:
+                    instance = self._pool.pop() if self._pool else None
+                self._reconfigure(instance or self._instance())
+            except errors.OnceError:
+                if previous is None:
+                    del self._tools[tool]
+                else:
+                    self._tools[tool] = previous
+                raise
+        return self.plan(tool)
+
+    def plan(self, tool: str) -> ToolPlan:
+        """How the guest handles `tool` (a tool never configured gets the defaults)."""
+        for t in self._configured.tools:
+            if t.tool == tool:
+                return ToolPlan(tool, _wit.lift(Route, t.route), t.blocked, _wit.plain(t.policy))
+        d = self._configured.defaults
+        return ToolPlan(tool, _wit.lift(Route, d.route or "protect"), None, _wit.plain(d))
+
+    def _configuration(self) -> Record:
+        return _wit.record(
+            settings=_settings_record(self._settings),
+            defaults=_wit.policy_record(self._defaults),
+            tools=[_wit.record(tool=t, policy=_wit.policy_record(p), descriptor=_wit.descriptor_record(d))
+                   for t, (p, d) in self._tools.items()],
+        )
+
+    def _reconfigure(self, instance: Instance) -> None:
+        generation = self._generation + 1
+        try:
+            self._configured = instance.call("configure", self._configuration())
+        except (errors.GuestLimit, errors.ComponentError):
+            raise  # the instance may have stopped mid-call: dropped
+        except errors.OnceError:
+            instance.configured = None  # configured again before its next use
+            with self._lock:
+                self._pool.append(instance)
+            raise
+        instance.configured = generation
+        self._generation = generation
+        with self._lock:
+            self._pool.append(instance)
+
+    # -- instances
+
+    def _instance(self) -> Instance:
+        return Instance(self._runtime, self._linker, self._fuel, self._memory)
+
+    def _guest(self, name: str, *args: Any) -> Any:
+        """Call an export on a pooled instance configured with the current configuration."""
+        with self._lock:
+            instance = self._pool.pop() if self._pool else None
+        if instance is None:
+            instance = self._instance()
+        if instance.configured != self._generation:
+            generation = self._generation
+            instance.call("configure", self._configuration())
+            instance.configured = generation
+        try:
+            result = instance.call(name, *args)
+        except (errors.GuestLimit, errors.ComponentError):
+            raise  # the instance may have stopped mid-call: dropped, never reused
+        except errors.OnceError:
+            with self._lock:
+                self._pool.append(instance)
+            raise
+        with self._lock:
+            self._pool.append(instance)
+        return result
+
+    def _case(self, name: str, param: str, tag: str, payload: Any) -> Any:
+        with self._lock:
+            instance = self._pool[-1] if self._pool else None
+        return (instance or self._instance()).case(name, param, tag, payload)
+
+    # -- the ledger, the clock, the provider and the operator, as the component's imports
+
+    def _make_linker(self) -> Any:
+        import wasmtime.component as wc
+
+        linker = wc.Linker(self._runtime.engine)
+        ledger = self.ledger
+
+        def get(_: Any, table: str, scope: str, key: str) -> Variant:
+            try:
+                row = ledger.get(table, scope, key)
+            except Exception as e:
+                return _failed(f"{e}")
+            return Variant("missing") if row is None else Variant("found", _row_record(row))
+
+        def commit(_: Any, batch: Any) -> Variant:
+            try:
+                puts = [Put(p.table, p.scope, p.key, p.expected, None if p.row is None else _row_of(p.row))
+                        for p in batch.puts]
+                events = [_event_of(e) for e in batch.events]
+                return Variant("applied") if ledger.commit(puts, events) else Variant("conflict")
+            except Exception as e:
+                return _failed(f"{e}")
+
+        def scan(_: Any, table: str, states: list[str], due_before: int, owner: Optional[str], limit: int) -> Variant:
+            try:
+                rows = ledger.scan(table, list(states), due_before, owner, limit)
+            except Exception as e:
+                return _failed(f"{e}")
+            return Variant("found", _wit.record(rows=[_row_record(r) for r in rows]))
+
+        def audit(_: Any, scope: str, key: str) -> Variant:
+            try:
+                events = ledger.audit(scope, key)
+            except Exception as e:
+                return _failed(f"{e}")
+            return Variant("found", _wit.record(events=[_event_record(e) for e in events]))
+
+        last = [0]
+
+        def now(_: Any) -> int:
+            try:
+                last[0] = max(last[0], ledger.now())
+            except Exception as e:  # the clock cannot fail: the last reading stands
+                log.warning("once: the ledger clock failed (%s); using the last reading", e)
+            return last[0]
+
+        def lookup(_: Any, tool: str, provider_key: str, args: str) -> Variant:
+            if self._lookup is None:
+                return Variant("unknown", "no provider lookup configured")
+            try:
+                ev = self._lookup(tool, provider_key, args)
+            except Exception as e:
+                return Variant("unknown", f"the lookup raised {type(e).__name__}: {e}")
+            if ev.kind == "confirmed":
+                return Variant("confirmed", ev.receipt)
+            if ev.kind == "absent":
+                return Variant("absent", ev.read_position)
+            return Variant("unknown", ev.reason)
+
+        def escalate(_: Any, e: Any) -> bool:
+            try:
+                return bool(self._escalate(_wit.lift(Escalation, e)))
+            except Exception as exc:
+                log.error("once: the escalation sink raised %s: %s", type(exc).__name__, exc)
+                return False
+
+        with linker.root() as root:
+            with root.add_instance(f"once:core/ledger@{VERSION}") as i:
+                i.add_func("get", get)
+                i.add_func("commit", commit)
+                i.add_func("scan", scan)
+                i.add_func("audit", audit)
+            with root.add_instance(f"once:core/clock@{VERSION}") as i:
+                i.add_func("now", now)
+            with root.add_instance(f"once:core/provider@{VERSION}") as i:
+                i.add_func("lookup", lookup)
+            with root.add_instance(f"once:core/operator@{VERSION}") as i:
+                i.add_func("escalate", escalate)
+        return linker
+
+    # -- the call protocol
+
+    def now(self) -> int:
+        """The ledger's clock (ms)."""
+        return self.ledger.now()
+
+    def _call_record(self, scope: str, key: Optional[str], tool: str, args: str, supersedes: Optional[str],
+                     acknowledge_confirmed: bool) -> Record:
+        return _wit.record(scope=scope, keys=[] if key is None else [("application", key)], tool=tool,
+                           args=args, supersedes=supersedes, acknowledge_confirmed=acknowledge_confirmed)
+
+    def _loop(self, first: Callable[[], Any], tool: Optional[str], args: Optional[str],
+              patience: float) -> Generator[Action, Any, Called]:
+        """The protocol: the guest says what to do next; this only does it."""
+        step = yield ("guest", first)
+        give_up_at = self.now() + int(patience * 1000)
+        deadline = time.monotonic() + patience
+        raised: Optional[BaseException] = None
+        while True:
+            s = step.payload
+            if step.tag == "dispatch":
+                grant = _dispatch(s)
+                if self.now() >= grant.send_by:
+                    sent = Sent.not_sent()
+                else:
+                    try:
+                        sent = _sent((yield ("send", grant)))
+                    except BaseException as e:  # the request may have left: the effect may exist
+                        raised = e
+                        sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
+                outcome = self._outcome(sent)
+                try:
+                    step = yield ("guest", lambda s=s, o=outcome: self._guest("report", s.scope, s.key, s.fence, o))
+                except errors.OnceError as e:
+                    if sent.kind == "success":
+                        return Called(unreported=Unrecorded(sent.text), report_error=str(e))
+                    raise
+                if raised is not None and not isinstance(raised, Exception):
+                    raise raised
+            elif step.tag == "wait":
+                if s.next > give_up_at or time.monotonic() >= deadline:
+                    return Called(account=_wit.account(s.meanwhile), raised=raised)
+                pause = max(0.0, (s.next - self.now()) / 1000)
+                yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
+                step = yield ("guest", lambda s=s: self._guest("resume", s.scope, s.key))
+            elif step.tag == "done":
+                return Called(account=_wit.account(s), raised=raised)
+            else:  # direct: a read-only tool, sent as it came, nothing recorded
+                if tool is None or args is None:
+                    raise errors.ComponentError("a resumed operation answered direct")
+                timeout = self.plan(tool).policy.get("dispatch-timeout-ms")
+                assert isinstance(timeout, int)
+                d = Dispatch(scope="", key="", tool=tool, attempt=0, provider_key="", args=args,
+                             send_by=(1 << 64) - 1, timeout_ms=timeout)
+                return Called(direct=_sent((yield ("send", d))))
+
+    def _outcome(self, sent: Sent) -> Any:
+        payload = None if sent.kind == "not-sent" else sent.text
+        return self._case("report", "outcome", sent.kind, payload)
+
+    def _run(self, loop: Generator[Action, Any, Called], send: Send) -> Called:
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                kind, arg = loop.throw(error) if error is not None else loop.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                if kind == "guest":
+                    value = arg()
+                elif kind == "send":
+                    value = send(arg)
+                else:
+                    time.sleep(arg)
+            except BaseException as e:
+                error = e
+
+    async def _arun(self, loop: Generator[Action, Any, Called], send: Union[Send, ASend]) -> Called:
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                kind, arg = loop.throw(error) if error is not None else loop.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                if kind == "guest":
+                    value = await asyncio.to_thread(arg)
+                elif kind == "send":
+                    value = send(arg)
+                    if inspect.isawaitable(value):
+                        value = await value
+                else:
+                    await asyncio.sleep(arg)
+            except BaseException as e:
+                error = e
+
+    def call(self, scope: str, key: Optional[str], tool: str, args: Args, send: Send, *,
+             supersedes: Optional[str] = None, acknowledge_confirmed: bool = False,
+             wait: Optional[float] = None) -> Called:
+        """Run one protected call: `send(dispatch)` is called for each grant the guest gives, at most once each.
+
+        `send` returns a `Sent` (or any value: the provider's success response) and may raise: a raise is
+        reported as ambiguous (the request may have left), and the call ends as the guest decides (unknown).
+        """
+        text = _args_text(args)
+        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
+        return self._run(loop, send)
+
+    async def acall(self, scope: str, key: Optional[str], tool: str, args: Args, send: Union[Send, ASend], *,
+                    supersedes: Optional[str] = None, acknowledge_confirmed: bool = False,
+                    wait: Optional[float] = None) -> Called:
+        """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`."""
+        text = _args_text(args)
+        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
+        return await self._arun(loop, send)
+
+    def resume(self, scope: str, key: str, send: Send, *, wait: Optional[float] = None) -> Called:
+        """Go on with an operation from the ledger (after a crash): what the guest says is owed, or its account."""
+        loop = self._loop(lambda: self._guest("resume", scope, key), None, None, self.wait if wait is None else wait)
+        return self._run(loop, send)
+
+    def settle(self, send: Send, limit: int = 100) -> SweepResult:
+        """Expire leases, reconcile due unknowns, escalate past deadlines, and send every owed dispatch."""
+        r = self._guest("sweep", limit, True)
+        sent = []
+        for grant in r.dispatches:
+            loop = self._loop(_constant(Variant("dispatch", grant)), None, None, 0.0)
+            sent.append(self._run(loop, send))
+        return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed], sent)
+
+    def sweep(self, limit: int = 100) -> SweepResult:
+        """A sweep that sends nothing: owed dispatches are only listed."""
+        r = self._guest("sweep", limit, False)
+        return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed])
+
+    # -- operators and JSON
+
+    def inspect(self, scope: str, key: str) -> Optional[RecordView]:
+        """A record and its audit trail, or None."""
+        return _wit.lift(RecordView, self._guest("inspect", scope, key))  # type: ignore[no-any-return]
+
+    def resolve(self, scope: str, key: str, *, confirmed: Optional[Union[str, Any]] = None, absent: bool = False,
+                note: str, force: bool = False) -> State:
+        """An operator's resolution: `confirmed=receipt` (the effect happened) or `absent=True` (it did not)."""
+        if (confirmed is None) == (not absent):
+            raise errors.InvalidRequest("resolve: give exactly one of confirmed=RECEIPT or absent=True")
+        if confirmed is not None:
+            resolution = self._case("resolve", "resolution", "confirmed", _args_text(confirmed))
+        else:
+            resolution = self._case("resolve", "resolution", "absent", None)
+        return State(self._guest("resolve", scope, key, resolution, note, force))
+
+    def canonicalize(self, text: Union[str, bytes]) -> str:
+        """RFC 8785 canonical form of a JSON text."""
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        return self._guest("canonicalize", data)  # type: ignore[no-any-return]
+
+    def fingerprint(self, tool: str, args: Args) -> str:
+        """sha256(JCS({"tool":…,"args":…})), lower-case hex."""
+        return self._guest("fingerprint", tool, _args_text(args))  # type: ignore[no-any-return]
+
+    def protect(self, tool: Optional[str] = None, *, key: Any = None, scope: Any = None,
+                policy: Optional[Policy] = None, **fields: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator: the function (sync or async) becomes a protected tool; see `once.protect`."""
+        from .protect import protect
+
+        return protect(self, tool, key=key, scope=scope, policy=policy, **fields)
+
+    def close(self) -> None:
+        """Release the ledger's connections."""
+        self.ledger.close()
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+def _settings_record(settings: Mapping[str, Any]) -> Record:
+    r = Record()
+    for k, v in settings.items():
+        setattr(r, k, v)
+    return r
+
+
+def _dispatch(g: Any) -> Dispatch:
+    return Dispatch(scope=g.scope, key=g.key, tool=g.tool, attempt=g.attempt, provider_key=getattr(g, "provider-key"),
+                    args=g.args, send_by=getattr(g, "send-by"), timeout_ms=getattr(g, "timeout-ms"))
+

@@ -1,0 +1,132 @@
+"""What a ledger is: a compare-and-swap table of rows, an append-only audit trail and a clock.
+
+A ledger never interprets a row: the guest decides every transition and hands
+over one batch per transition, which applies entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from typing import NamedTuple, Optional, Sequence
+
+
+class Row(NamedTuple):
+    """One row: the indexed fields and the engine's opaque JSON body."""
+
+    table: str
+    scope: str
+    key: str
+    version: int
+    state: Optional[str]
+    due_at: Optional[int]
+    owner: Optional[str]
+    body: str
+
+
+class Put(NamedTuple):
+    """One conditional write: `expected` None means the row must not exist; `row` None deletes it."""
+
+    table: str
+    scope: str
+    key: str
+    expected: Optional[int]
+    row: Optional[Row]
+
+
+class Event(NamedTuple):
+    """The audit event of one transition, keyed by (scope, key, version)."""
+
+    scope: str
+    key: str
+    version: int
+    at: int
+    kind: str
+    from_state: Optional[str]
+    to_state: Optional[str]
+    attempt: Optional[int]
+    detail: str
+
+
+class LedgerFailure(Exception):
+    """The store failed: nothing was applied, or (for a commit) the outcome is unknown."""
+
+
+# Integers are signed 64-bit in both SQL stores (as in the Rust host's codec).
+I64_MAX = (1 << 63) - 1
+
+
+def checked_int(what: str, value: int) -> int:
+    """A u64 as a signed 64-bit column, refusing what it cannot hold."""
+    if value > I64_MAX:
+        raise LedgerFailure(f"{what} {value} exceeds i64::MAX")
+    return value
+
+
+def _due(row: Row) -> Optional[int]:
+    return None if row.due_at is None else checked_int("due_at", row.due_at)
+
+
+def insert_values(p: Put, row: Row) -> tuple[object, ...]:
+    """The parameters of `INSERT INTO rows (tbl, scope, key, version, state, due_at, body, owner)`."""
+    return (p.table, p.scope, p.key, checked_int("version", row.version), row.state, _due(row), row.body, row.owner)
+
+
+def update_values(p: Put, row: Row) -> tuple[object, ...]:
+    """The parameters of `UPDATE rows SET version, state, due_at, body, owner WHERE tbl, scope, key, version`."""
+    return (checked_int("version", row.version), row.state, _due(row), row.body, row.owner,
+            p.table, p.scope, p.key, p.expected)
+
+
+def event_values(e: Event) -> tuple[object, ...]:
+    """The parameters of `INSERT INTO audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)`."""
+    return (e.scope, e.key, checked_int("audit version", e.version), checked_int("audit at", e.at), e.kind,
+            e.from_state, e.to_state, e.attempt, e.detail)
+
+
+class SystemClock:
+    """Milliseconds since the epoch from this host's clock; never runs backwards."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def now(self) -> int:
+        wall = time.time_ns() // 1_000_000
+        with self._lock:
+            self._last = max(self._last, wall)
+            return self._last
+
+
+class Ledger(abc.ABC):
+    """A record store and the clock its leases are measured in."""
+
+    @abc.abstractmethod
+    def get(self, table: str, scope: str, key: str) -> Optional[Row]:
+        """One row, or None."""
+
+    @abc.abstractmethod
+    def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        """Apply every put and event atomically: True; a version or event conflict: False, nothing applied."""
+
+    @abc.abstractmethod
+    def scan(
+        self, table: str, states: Sequence[str], due_before: int, owner: Optional[str], limit: int
+    ) -> list[Row]:
+        """Rows of `table` in `states` (empty: any) due at or before `due_before`, oldest due first."""
+
+    @abc.abstractmethod
+    def audit(self, scope: str, key: str) -> list[Event]:
+        """The audit trail of one operation, oldest first."""
+
+    @abc.abstractmethod
+    def now(self) -> int:
+        """Now, in the ledger's clock domain (ms); never runs backwards."""
+
+    @abc.abstractmethod
+    def counts(self) -> tuple[dict[str, int], int]:
+        """Rows per table and the number of audit events (for operators and tests)."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,78 @@
+"""The in-memory ledger: one process, gone when it exits (tests, demos)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Sequence
+
+from ._base import Event, Ledger, Put, Row, SystemClock
+
+TABLES = ("operation", "tombstone", "quota")
+
+
+class MemoryLedger(Ledger):
+    """Rows and audit events in dicts behind one lock; a batch applies entirely or not at all."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str, str], Row] = {}
+        self._events: dict[tuple[str, str, int], Event] = {}
+        self._lock = threading.Lock()
+        self._clock = SystemClock()
+
+    def get(self, table: str, scope: str, key: str) -> Optional[Row]:
+        with self._lock:
+            return self._rows.get((table, scope, key))
+
+    def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        with self._lock:
+            staged: dict[tuple[str, str, str], Optional[Row]] = {}
+            for put in puts:
+                k = (put.table, put.scope, put.key)
+                current = staged[k] if k in staged else self._rows.get(k)
+                if (current.version if current else None) != put.expected:
+                    return False
+                staged[k] = put.row
+            new_events: dict[tuple[str, str, int], Event] = {}
+            for e in events:
+                ek = (e.scope, e.key, e.version)
+                if ek in self._events or ek in new_events:
+                    return False
+                new_events[ek] = e
+            for k, row in staged.items():
+                if row is None:
+                    self._rows.pop(k, None)
+                else:
+                    self._rows[k] = row
+            self._events.update(new_events)
+            return True
+
+    def scan(
+        self, table: str, states: Sequence[str], due_before: int, owner: Optional[str], limit: int
+    ) -> list[Row]:
+        with self._lock:
+            rows = [
+                r
+                for r in self._rows.values()
+                if r.table == table
+                and r.due_at is not None
+                and r.due_at <= due_before
+                and (not states or r.state in states)
+                and (owner is None or r.owner == owner)
+            ]
+        rows.sort(key=lambda r: (r.due_at or 0, r.scope.encode(), r.key.encode()))
+        return rows[:limit]
+
+    def audit(self, scope: str, key: str) -> list[Event]:
+        with self._lock:
+            found = [e for (s, k, _), e in self._events.items() if s == scope and k == key]
+        return sorted(found, key=lambda e: e.version)
+
+    def now(self) -> int:
+        return self._clock.now()
+
+    def counts(self) -> tuple[dict[str, int], int]:
+        with self._lock:
+            n = {t: 0 for t in TABLES}
+            for t, _, _ in self._rows:
+                n[t] += 1
+            return n, len(self._events)

@@ -1,0 +1,258 @@
+"""The SQLite ledger: one file, the Rust host's schema, safe with several threads and processes.
+
+WAL mode; `synchronous=FULL` by default (a committed batch survives power
+loss); a busy timeout for the write lock. A batch is one `BEGIN IMMEDIATE`
+transaction: SQLite's file lock makes the compare-and-swap atomic across
+processes. The tables are the Rust host's (schema version 2), so
+`once ledger list/show/resolve --db FILE` reads a ledger written here.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from typing import Optional, Sequence
+
+from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values, update_values
+
+SCHEMA_VERSION = 2
+ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
+EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail"
+# The same tables and indexes, in the same words, as host/once/src/storage/sqlite/open.rs.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rows (
+  tbl TEXT NOT NULL,
+  scope TEXT NOT NULL,
+  key TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  state TEXT,
+  due_at INTEGER,
+  body TEXT NOT NULL,
+  owner TEXT,
+  PRIMARY KEY (tbl, scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
+CREATE TABLE IF NOT EXISTS audit (
+  scope TEXT NOT NULL,
+  key TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  at INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  from_state TEXT,
+  to_state TEXT,
+  attempt INTEGER,
+  detail TEXT NOT NULL,
+  PRIMARY KEY (scope, key, version)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);
+"""
+MIGRATE_1_TO_2 = """
+ALTER TABLE rows ADD COLUMN owner TEXT;
+UPDATE rows SET owner = 'default' WHERE tbl = 'operation';
+"""
+OWNER_INDEX = "CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL"
+
+
+def _row(r: tuple[object, ...]) -> Row:
+    tbl, scope, key, version, state, due_at, body, owner = r
+    return Row(tbl, scope, key, version, state, due_at, owner, body)  # type: ignore[arg-type]
+
+
+class SqliteLedger(Ledger):
+    """A ledger in one SQLite database file (WAL), one connection per thread."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", busy_timeout: float = 5.0) -> None:
+        self.path = os.fspath(path)
+        if synchronous.upper() not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+        if os.path.isdir(self.path):
+            raise LedgerFailure(f"sqlite: {self.path}: is a directory")
+        self.synchronous = synchronous.upper()
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._clock = SystemClock()
+        self._init_schema(self._conn())
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
+        # A connection is never shared by a forked child: it opens its own.
+        if conn is not None and getattr(self._local, "pid", None) == os.getpid():
+            return conn
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            self._enable_wal(conn)
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: open {self.path}: {e}") from e
+        self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Changing the journal mode does not wait on the busy handler: retried here.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise LedgerFailure(f"sqlite: {self.path}: WAL journal mode unavailable (got {mode!r})")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
+
+    def _init_schema(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                has_meta = conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta')"
+                ).fetchone()[0]
+                found = None
+                if has_meta:
+                    r = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                    found = r[0] if r else None
+                if found is not None and (not str(found).isdigit() or int(found) > SCHEMA_VERSION):
+                    raise LedgerFailure(
+                        f"sqlite: {self.path}: schema version {found!r} is newer than this package understands "
+                        f"({SCHEMA_VERSION}); upgrade once"
+                    )
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                if found == "1":
+                    for statement in MIGRATE_1_TO_2.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                conn.execute(OWNER_INDEX)
+                if found != str(SCHEMA_VERSION):
+                    conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (str(SCHEMA_VERSION),),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: {self.path}: create schema: {e}") from e
+
+    def get(self, table: str, scope: str, key: str) -> Optional[Row]:
+        try:
+            r = self._conn().execute(
+                f"SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ? AND scope = ? AND key = ?", (table, scope, key)
+            ).fetchone()
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: get ({table}, {scope!r}, {key!r}): {e}") from e
+        return _row(r) if r else None
+
+    def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: begin: {e}") from e
+        try:
+            applied = self._apply(conn, puts, events)
+            conn.execute("COMMIT" if applied else "ROLLBACK")
+            return applied
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            raise LedgerFailure(f"sqlite: commit: {e} (nothing applied, or the outcome is unknown)") from e
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        for p in puts:
+            row = p.row
+            if p.expected is None and row is not None:
+                n = conn.execute(
+                    f"INSERT INTO rows ({ROW_COLUMNS}) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                    insert_values(p, row),
+                ).rowcount
+            elif row is not None:
+                n = conn.execute(
+                    "UPDATE rows SET version = ?, state = ?, due_at = ?, body = ?, owner = ? "
+                    "WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
+                    update_values(p, row),
+                ).rowcount
+            elif p.expected is not None:
+                n = conn.execute(
+                    "DELETE FROM rows WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
+                    (p.table, p.scope, p.key, p.expected),
+                ).rowcount
+            else:
+                exists = conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM rows WHERE tbl = ? AND scope = ? AND key = ?)",
+                    (p.table, p.scope, p.key),
+                ).fetchone()[0]
+                n = 0 if exists else 1
+            if n != 1:
+                return False
+        for e in events:
+            n = conn.execute(
+                f"INSERT INTO audit ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+                event_values(e),
+            ).rowcount
+            if n != 1:
+                return False
+        return True
+
+    def scan(
+        self, table: str, states: Sequence[str], due_before: int, owner: Optional[str], limit: int
+    ) -> list[Row]:
+        q = f"SELECT {ROW_COLUMNS} FROM rows WHERE tbl = ? AND due_at IS NOT NULL AND due_at <= ?"
+        args: list[object] = [table, min(due_before, I64_MAX)]
+        if states:
+            q += " AND state IN (%s)" % ",".join("?" * len(states))
+            args += list(states)
+        if owner is not None:
+            q += " AND owner = ?"
+            args.append(owner)
+        q += " ORDER BY due_at, scope, key LIMIT ?"
+        args.append(limit)
+        try:
+            return [_row(r) for r in self._conn().execute(q, args)]
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: scan: {e}") from e
+
+    def audit(self, scope: str, key: str) -> list[Event]:
+        try:
+            cur = self._conn().execute(
+                f"SELECT {EVENT_COLUMNS} FROM audit WHERE scope = ? AND key = ? ORDER BY version", (scope, key)
+            )
+            return [Event(*r) for r in cur]
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: audit: {e}") from e
+
+    def now(self) -> int:
+        return self._clock.now()
+
+    def counts(self) -> tuple[dict[str, int], int]:
+        conn = self._conn()
+        n = {t: 0 for t in ("operation", "tombstone", "quota")}
+        for t, c in conn.execute("SELECT tbl, count(*) FROM rows GROUP BY tbl"):
+            n[t] = c
+        return n, conn.execute("SELECT count(*) FROM audit").fetchone()[0]
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None

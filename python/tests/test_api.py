@@ -1,0 +1,207 @@
+"""The Python API over the real component: replay, typed outcomes, policies checked by the guest, async."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+import once
+from once import Blocked, BlockReason, Confirmed, Effect, Once, Policy, Rejected, Repeat, Sent
+
+
+def test_a_retry_with_the_same_key_replays_the_receipt_without_sending() -> None:
+    o = Once.memory()
+    sent: list[once.Dispatch] = []
+
+    def send(d: once.Dispatch) -> Sent:
+        sent.append(d)
+        return Sent.success({"refund_id": "r-1"})
+
+    first = o.call("tenant-7", "refund-1234", "refund_order", {"order_id": 1234, "amount": 200}, send)
+    again = o.call("tenant-7", "refund-1234", "refund_order", {"order_id": 1234, "amount": 200}, send)
+    assert len(sent) == 1
+    assert sent[0].arguments() == {"order_id": 1234, "amount": 200}
+    assert isinstance(first.ending, Confirmed) and not first.ending.replayed
+    assert isinstance(again.ending, Confirmed) and again.ending.replayed
+    assert again.ending.value() == {"refund_id": "r-1"}
+    assert again.effect is Effect.HAPPENED and again.account and again.account.repeat is Repeat.REPLAYS
+
+
+def test_a_changed_payload_under_the_same_key_is_a_conflict_and_nothing_is_sent() -> None:
+    o = Once.memory()
+    o.call("s", "k", "refund_order", {"amount": 1}, lambda d: Sent.success({}))
+    sent: list[object] = []
+    c = o.call("s", "k", "refund_order", {"amount": 2}, lambda d: sent.append(d))
+    assert sent == []
+    assert isinstance(c.ending, once.Conflict) and json.loads(c.ending.args) == {"amount": 1}
+
+
+def test_a_rejection_is_recorded_and_retried_within_the_budget() -> None:
+    o = Once.memory(policies={"charge": Policy(attempt_budget=2)})
+    answers = [Sent.rejected("card declined"), Sent.success({"ok": 1})]
+    c1 = o.call("s", "k", "charge", {"n": 1}, lambda d: answers.pop(0))
+    assert isinstance(c1.ending, Rejected) and c1.ending.error == "card declined"
+    assert c1.effect is Effect.NONE and c1.account and c1.account.repeat is Repeat.RETRIES
+    c2 = o.call("s", "k", "charge", {"n": 1}, lambda d: answers.pop(0))
+    assert isinstance(c2.ending, Confirmed) and c2.ending.attempt == 2
+
+
+def test_policy_as_keywords_or_dataclass_is_filled_and_checked_by_the_guest() -> None:
+    o = Once.memory()
+    plan = o.policy("refund", identity=once.IdentityMode.REQUIRED, dispatch_timeout_ms=1000)
+    assert plan.policy["identity"] == "required" and plan.policy["lease-ms"] > 1000
+    blocked = o.call("s", None, "refund", {"a": 1}, lambda d: pytest.fail("sent without a key"))
+    assert isinstance(blocked.ending, Blocked) and blocked.ending.reason is BlockReason.IDENTITY_REQUIRED
+    with pytest.raises(once.InvalidPolicy, match="lease"):
+        o.policy("refund", Policy(dispatch_timeout_ms=10_000, lease_ms=10))
+    # The refused policy left the previous one in force.
+    assert o.plan("refund").policy["dispatch-timeout-ms"] == 1000
+
+
+def test_a_block_route_is_never_sent_and_a_direct_route_is_sent_unrecorded() -> None:
+    o = Once.memory(policies={"wipe": Policy(route=once.Route.BLOCK), "read": Policy(route=once.Route.DIRECT)})
+    c = o.call("s", "k", "wipe", {}, lambda d: pytest.fail("a blocked tool was sent"))
+    assert isinstance(c.ending, Blocked) and c.ending.reason is BlockReason.ROUTE_BLOCKED
+    d = o.call("s", "k2", "read", {"q": 1}, lambda d: Sent.success({"v": 2}))
+    assert d.direct == Sent.success({"v": 2}) and o.inspect("s", "k2") is None
+
+
+def test_protect_sync_replays_and_takes_the_key_from_the_application() -> None:
+    o = Once.memory()
+    calls: list[tuple[int, int]] = []
+
+    @o.protect(key=lambda order_id, amount: f"refund-{order_id}", scope="tenant-7")
+    def refund_order(order_id: int, amount: int) -> dict[str, object]:
+        calls.append((order_id, amount))
+        return {"refund_id": f"r-{order_id}", "amount": amount}
+
+    assert refund_order(1234, 200) == {"refund_id": "r-1234", "amount": 200}
+    assert refund_order(1234, amount=200) == {"refund_id": "r-1234", "amount": 200}
+    assert calls == [(1234, 200)]
+    view = o.inspect("tenant-7", "refund-1234")
+    assert view is not None and view.state is once.State.CONFIRMED and view.replays == 1
+
+
+def test_protect_raises_unconfirmed_with_the_account_when_the_effect_is_unknown() -> None:
+    o = Once.memory()
+
+    @o.protect(key="k-1")
+    def flaky() -> None:
+        raise ConnectionResetError("reply lost")
+
+    with pytest.raises(once.Unconfirmed) as info:
+        flaky()
+    called = info.value.called
+    assert isinstance(called.ending, once.Unknown) and called.effect is Effect.UNKNOWN
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    # The same operation again is never sent blind.
+    with pytest.raises(once.Unconfirmed):
+        flaky()
+    view = o.inspect("default", "k-1")
+    assert view is not None and view.state is once.State.UNKNOWN and view.attempts == 1
+
+
+def test_protect_refused_is_a_definite_rejection() -> None:
+    o = Once.memory()
+
+    @o.protect(key="k-2")
+    def charge(amount: int) -> None:
+        raise once.Refused("insufficient funds")
+
+    with pytest.raises(once.Unconfirmed) as info:
+        charge(5)
+    assert isinstance(info.value.called.ending, Rejected)
+    assert info.value.called.ending.error == "insufficient funds"
+
+
+def test_protect_async_and_acall() -> None:
+    o = Once.memory()
+    calls: list[int] = []
+
+    @o.protect()
+    async def refund(order_id: int) -> dict[str, int]:
+        await asyncio.sleep(0)
+        calls.append(order_id)
+        return {"order": order_id}
+
+    async def main() -> None:
+        with once.operation("refund-op-9", scope="t"):
+            assert await refund(9) == {"order": 9}
+            assert await refund(9) == {"order": 9}
+        async def send(d: once.Dispatch) -> Sent:
+            return Sent.success({"x": 1})
+        c = await o.acall("t", "other", "refund", {"order_id": 1}, send)
+        assert isinstance(c.ending, Confirmed)
+
+    asyncio.run(main())
+    assert calls == [9]
+
+
+def test_without_a_key_the_operation_is_derived_from_the_args() -> None:
+    o = Once.memory()
+    sent: list[object] = []
+    o.call("s", None, "t", {"a": 1}, lambda d: sent.append(d) or Sent.success({}))
+    c2 = o.call("s", None, "t", {"a": 1}, lambda d: sent.append(d) or Sent.success({}))
+    assert len(sent) == 1
+    assert c2.account and c2.account.key_source is once.KeySource.DERIVED
+    assert isinstance(c2.ending, Confirmed) and c2.ending.via is once.ReplayVia.DERIVED_ARGS
+
+
+def test_the_compiled_component_is_cached_on_disk(tmp_path: object) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ONCE_CACHE_DIR=str(tmp_path))
+    script = "from once import Once, _runtime; Once.memory(); print(_runtime.Runtime.shared().from_cache)"
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert (first.stdout.strip(), second.stdout.strip()) == ("False", "True")
+    assert any(p.name.endswith(".cwasm") for p in tmp_path.iterdir())  # type: ignore[attr-defined]
+
+
+def test_threads_sharing_a_handle_race_one_key_and_dispatch_once(tmp_path: object) -> None:
+    import threading
+    import time
+
+    o = Once.sqlite(str(tmp_path) + "/ledger.db", settings={"clock_skew_ms": 0})  # type: ignore[operator]
+    sent: list[int] = []
+    results: list[once.Called] = []
+
+    def send(d: once.Dispatch) -> Sent:
+        sent.append(d.attempt)
+        time.sleep(0.1)
+        return Sent.success({"refund_id": "r-1"})
+
+    def worker() -> None:
+        results.append(o.call("t", "refund-1", "refund_order", {"order_id": 1}, send, wait=10))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sent == [1]
+    assert [r.receipt for r in results] == ['{"refund_id":"r-1"}'] * 8
+
+
+def test_the_escalation_callable_gets_an_unknown_past_its_deadline() -> None:
+    import time
+
+    escalations: list[once.Escalation] = []
+    o = Once.memory(
+        lookup=lambda tool, provider_key, args: once.Evidence.unknown("the provider cannot tell"),
+        escalate=lambda e: escalations.append(e) is None,
+        settings={"clock_skew_ms": 0},
+        policies={"t": Policy(dispatch_timeout_ms=50, reconcile_interval_ms=20, resolve_deadline_ms=300)},
+    )
+    c = o.call("s", "k", "t", {}, lambda d: Sent.ambiguous("connection reset"), wait=0)
+    assert isinstance(c.ending, once.Unknown)
+    time.sleep(0.4)
+    swept = o.sweep()
+    assert swept.escalated == 1
+    assert [(e.scope, e.key, e.tool, e.state) for e in escalations] == [("s", "k", "t", once.State.UNKNOWN)]
+    view = o.inspect("s", "k")
+    assert view is not None and view.escalated

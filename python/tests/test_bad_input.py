@@ -1,0 +1,116 @@
+"""Bad input: a typed exception that says what and where, or the documented ambiguous outcome; nothing half-written."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+
+import once
+from once import Once, Sent
+from once.ledger import Event, LedgerFailure, MemoryLedger, Put
+
+
+def nothing_written(o: Once) -> None:
+    rows, events = o.ledger.counts()
+    assert rows == {"operation": 0, "tombstone": 0, "quota": 0} and events == 0
+
+
+def never(d: once.Dispatch) -> Sent:
+    raise AssertionError("dispatched")
+
+
+def test_args_that_are_not_json_are_invalid_json_with_where() -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidJson) as info:
+        o.call("s", "k", "t", '{"amount": 1,}', never)
+    assert info.value.kind == "syntax" and info.value.offset > 0
+    assert "start" in str(info.value)
+    nothing_written(o)
+
+
+@pytest.mark.parametrize(
+    "args, kind",
+    [
+        ('{"a": NaN}', "non-finite-number"),
+        ('{"a": 1, "a": 2}', "duplicate-key"),
+        ('{"amount": 9007199254740993}', "inexact-number"),
+        ('{"a": "\\ud800"}', "lone-surrogate"),
+    ],
+)
+def test_i_json_violations_are_refused_not_fixed(args: str, kind: str) -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidJson) as info:
+        o.call("s", "k", "t", args, never)
+    assert info.value.kind == kind
+    nothing_written(o)
+
+
+def test_a_python_nan_reaches_the_guest_and_is_refused() -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidJson) as info:
+        o.call("s", "k", "t", {"a": float("nan")}, never)
+    assert info.value.pointer == "/a"
+    nothing_written(o)
+
+
+def test_args_python_cannot_serialize_are_an_invalid_request() -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidRequest, match="not JSON-serializable"):
+        o.call("s", "k", "t", {"when": object()}, never)
+    nothing_written(o)
+
+
+def test_a_key_over_the_limit_is_an_invalid_request() -> None:
+    o = Once.memory()
+    limit = o._settings["max-key-bytes"]
+    with pytest.raises(once.InvalidRequest, match="key"):
+        o.call("s", "k" * (limit + 1), "t", {}, never)
+    with pytest.raises(once.InvalidRequest):
+        o.call("", "k", "t", {}, never)
+    nothing_written(o)
+
+
+def test_an_unknown_setting_is_refused_by_name() -> None:
+    with pytest.raises(once.InvalidRequest, match="max_keys"):
+        Once.memory(settings={"max_keys": 1})
+
+
+def test_a_dispatcher_that_raises_leaves_an_unknown_record_never_resent() -> None:
+    o = Once.memory()
+
+    def boom(d: once.Dispatch) -> Sent:
+        raise TimeoutError("no answer")
+
+    c = o.call("s", "k", "t", {"a": 1}, boom)
+    assert isinstance(c.ending, once.Unknown) and "TimeoutError" in c.ending.reason
+    assert isinstance(c.raised, TimeoutError)
+    again = o.call("s", "k", "t", {"a": 1}, never)
+    assert isinstance(again.ending, once.Unknown)
+    view = o.inspect("s", "k")
+    assert view is not None and view.state is once.State.UNKNOWN and view.attempts == 1
+    assert view.audit[-1].version == view.version
+
+
+class FailingCommits(MemoryLedger):
+    """A ledger whose writes fail (a full disk, a lost connection)."""
+
+    def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        raise LedgerFailure("injected: disk full")
+
+
+def test_no_durable_intent_means_no_dispatch() -> None:
+    o = Once(FailingCommits())
+    c = o.call("s", "k", "t", {"a": 1}, never)
+    assert isinstance(c.ending, once.Blocked) and c.ending.reason is once.BlockReason.STORAGE
+    assert "disk full" in c.ending.detail
+    nothing_written(o)
+
+
+def test_a_call_over_the_fuel_budget_is_a_guest_limit_and_writes_nothing() -> None:
+    o = Once.memory(fuel=30_000_000)
+    with pytest.raises(once.GuestLimit, match="fuel"):
+        o.call("s", "k", "t", {"n": list(range(100_000))}, never)
+    nothing_written(o)
+    # The handle goes on with a fresh instance.
+    assert isinstance(o.call("s", "k2", "t", {}, lambda d: Sent.success({})).ending, once.Confirmed)
