@@ -156,8 +156,13 @@ impl Upstream {
     }
 
     /// Declare these client capabilities to the upstream from its next connection on
-    /// (the next request starts one when they differ from the current connection's).
-    pub fn declare(&self, capabilities: ClientCapabilities) {
+    /// (the next request starts one when they differ from the current connection's),
+    /// except the tasks extension: an upstream may then answer a call with a task, and a
+    /// protected call's outcome must be the call's own answer.
+    pub fn declare(&self, mut capabilities: ClientCapabilities) {
+        if let Some(extensions) = capabilities.extensions.as_mut() {
+            extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
+        }
         *self.wanted.write().unwrap_or_else(|p| p.into_inner()) = client_config(capabilities);
     }
 
@@ -338,7 +343,12 @@ impl Upstream {
                 Reply::Lost(format!("no reply within {} ms", timeout.as_millis()))
             }
             Ok(Ok(Ok(ServerResult::CallToolResult(result)))) => Reply::Result(result),
-            Ok(Ok(Ok(_))) => Reply::Lost("the upstream answered with something other than a tool result".to_string()),
+            // A task or an input request is not the call's outcome: it may have started, so it is not "not sent".
+            Ok(Ok(Ok(_))) => Reply::Lost(
+                "the upstream answered with a task or an input request instead of a tool result, which the gateway \
+                 does not follow"
+                    .to_string(),
+            ),
             Ok(Ok(Err(ServiceError::McpError(e)))) => Reply::Error(e),
             // Anything else happened after the request was handed to the transport.
             Ok(Err(_)) | Ok(Ok(Err(ServiceError::TransportClosed))) => {

@@ -1,0 +1,183 @@
+//! The gateway is transparent: the official MCP reference server
+//! (`@modelcontextprotocol/server-everything`, pinned in
+//! tests/gateway/everything/package-lock.json) behind a real `once gateway`,
+//! driven by the official TypeScript SDK client and by the official Python SDK
+//! client. Every feature (capabilities, prompts, resources and subscriptions,
+//! completions, logging, progress, sampling, elicitation, roots, list changes,
+//! cancellation) must answer through the gateway as it does directly. And a
+//! pinned tool that the upstream redefines (announced with
+//! `tools/list_changed`) routes BLOCK from that moment.
+//!
+//! Needs node with `npm ci` run in tests/gateway/everything, and for the Python
+//! half `ONCE_PYTHON` pointing at a Python with mcp==2.3.0, so it is ignored by a
+//! plain `cargo test`; `.ci/run` installs both and runs it with `--ignored`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::Value;
+
+fn everything_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap();
+    let dir = root.join("tests/gateway/everything");
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/server-everything")
+            .exists(),
+        "the reference server is not installed: run `npm ci` in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// Run one comparison script with `program`; its table goes to the test's output.
+fn compare(program: &str, script: &str, ok: &str) {
+    let dir = everything_dir();
+    let work = tempfile::tempdir().unwrap();
+    let out = Command::new(program)
+        .arg(dir.join(script))
+        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(work.path())
+        .env_remove("ONCE_DB")
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains(ok), "{stdout}");
+    // Every row was measured on both sides; none says the gateway lost it.
+    assert!(!stdout.contains("| ✗ |"), "{stdout}");
+}
+
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+fn the_typescript_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
+    compare("node", "compare.mjs", "typescript compare: ok");
+}
+
+#[test]
+#[ignore = "needs node, `npm ci` in tests/gateway/everything and ONCE_PYTHON with mcp==2.3.0"]
+fn the_python_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
+    let python = std::env::var("ONCE_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    compare(&python, "python_compare.py", "python compare: ok");
+}
+
+/// Counts the `tools/list_changed` notifications the client receives.
+#[derive(Clone, Default)]
+struct Listener(Arc<AtomicUsize>);
+
+impl ClientHandler for Listener {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// `once gateway` pinning `transfer` to `pin`, in front of the changing server, with a client that counts list changes.
+async fn pinned_gateway(work: &Path, pin: &str) -> (RunningService<RoleClient, Listener>, Listener) {
+    let config = work.join("once.toml");
+    std::fs::write(&config, format!("[tools.transfer]\npin = \"{pin}\"\n")).unwrap();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_once"));
+    cmd.arg("gateway")
+        .arg("--config")
+        .arg(&config)
+        .arg("--db")
+        .arg(work.join("once.db"))
+        .args(["--", "node"])
+        .arg(everything_dir().join("changing-server.mjs"))
+        .env_remove("ONCE_DB")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    // The child lives as long as the test's runtime; kill_on_drop ends it with the test.
+    std::mem::forget(child);
+    let listener = Listener::default();
+    let client = listener.clone().serve((stdout, stdin)).await.unwrap();
+    (client, listener)
+}
+
+async fn call(client: &RunningService<RoleClient, Listener>, tool: &str) -> CallToolResult {
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()))
+        .await
+        .unwrap()
+}
+
+fn decision(result: &CallToolResult) -> Value {
+    result
+        .meta
+        .as_ref()
+        .and_then(|m| m.get("once/outcome"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on() {
+    let work = tempfile::tempdir().unwrap();
+    // A pin nobody reviewed: the engine blocks the tool and names its current fingerprint.
+    let (client, _) = pinned_gateway(work.path(), &"0".repeat(64)).await;
+    let refused = call(&client, "transfer").await;
+    let detail = decision(&refused)["detail"].as_str().unwrap_or_default().to_string();
+    assert_eq!(decision(&refused)["decision"], "blocked", "{refused:?}");
+    let reviewed = detail
+        .split("descriptor fingerprint ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("the detail names the fingerprint: {detail}"))
+        .to_string();
+    let _ = client.cancel().await;
+
+    // Pinned as reviewed: protected and sent.
+    let (client, listener) = pinned_gateway(work.path(), &reviewed).await;
+    let sent = call(&client, "transfer").await;
+    assert_eq!(decision(&sent)["decision"], "executed", "{sent:?}");
+    let heard = listener.0.load(Ordering::SeqCst);
+
+    // The upstream redefines it and says so: the client hears of it, and the next call is refused.
+    let upgraded = call(&client, "upgrade").await;
+    let said = upgraded
+        .content
+        .first()
+        .and_then(|c| c.as_text())
+        .map(|t| t.text.clone());
+    assert_eq!(said.as_deref(), Some("upgraded"), "{upgraded:?}");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listener.0.load(Ordering::SeqCst) == heard {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "tools/list_changed was not relayed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let tools = client.list_all_tools().await.unwrap();
+    let transfer = tools.iter().find(|t| t.name == "transfer").unwrap();
+    assert_eq!(
+        transfer.annotations.as_ref().and_then(|a| a.open_world_hint),
+        Some(true)
+    );
+    let blocked = call(&client, "transfer").await;
+    let info = decision(&blocked);
+    assert_eq!(info["decision"], "blocked", "{blocked:?}");
+    assert!(
+        info["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("pinned {reviewed}")),
+        "{info}"
+    );
+    let _ = client.cancel().await;
+}
