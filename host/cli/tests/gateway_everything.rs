@@ -14,11 +14,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, ProgressNotificationParam, ProgressToken, Request,
+    ServerResult,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
@@ -73,20 +76,38 @@ fn the_python_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
     compare(&python, "python_compare.py", "python compare: ok");
 }
 
-/// Counts the `tools/list_changed` notifications the client receives.
+/// Counts the `tools/list_changed` notifications the client receives, and the progress it receives
+/// under the token it sent.
 #[derive(Clone, Default)]
-struct Listener(Arc<AtomicUsize>);
+struct Listener(Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<Mutex<Option<ProgressToken>>>);
 
 impl ClientHandler for Listener {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        if self.2.lock().unwrap().as_ref() == Some(&params.progress_token) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 /// `once gateway` pinning `transfer` to `pin`, in front of the changing server, with a client that counts list changes.
 async fn pinned_gateway(work: &Path, pin: &str) -> (RunningService<RoleClient, Listener>, Listener) {
+    let config = format!("[tools.transfer]\npin = \"{pin}\"\n");
+    gateway(work, &config, &everything_dir().join("changing-server.mjs"), &[]).await
+}
+
+/// `once gateway` with `config` in front of `node SCRIPT ARGS…`, and a client that counts notifications.
+async fn gateway(
+    work: &Path,
+    config_text: &str,
+    script: &Path,
+    args: &[&str],
+) -> (RunningService<RoleClient, Listener>, Listener) {
     let config = work.join("once.toml");
-    std::fs::write(&config, format!("[tools.transfer]\npin = \"{pin}\"\n")).unwrap();
+    std::fs::write(&config, config_text).unwrap();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_once"));
     cmd.arg("gateway")
         .arg("--config")
@@ -94,7 +115,8 @@ async fn pinned_gateway(work: &Path, pin: &str) -> (RunningService<RoleClient, L
         .arg("--db")
         .arg(work.join("once.db"))
         .args(["--", "node"])
-        .arg(everything_dir().join("changing-server.mjs"))
+        .arg(script)
+        .args(args)
         .env_remove("ONCE_DB")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -179,5 +201,39 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
             .contains(&format!("pinned {reviewed}")),
         "{info}"
     );
+    let _ = client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_protected_call_relays_its_progress_under_the_clients_token() {
+    let work = tempfile::tempdir().unwrap();
+    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let config = "[tools.trigger-long-running-operation]\nroute = \"protect\"\n";
+    let (client, listener) = gateway(work.path(), config, &server, &["stdio"]).await;
+    let mut params = CallToolRequestParams::new("trigger-long-running-operation");
+    params.arguments = serde_json::json!({"duration": 1, "steps": 3}).as_object().cloned();
+    // The SDK gives every request a progress token of its own: the one to hear progress under.
+    let request = ClientRequest::CallToolRequest(Request::new(params));
+    let handle = client
+        .peer()
+        .send_request_with_option(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    *listener.2.lock().unwrap() = Some(handle.progress_token.clone());
+    let result = match handle.await_response().await.unwrap() {
+        ServerResult::CallToolResult(result) => result,
+        other => panic!("not a tool result: {other:?}"),
+    };
+    assert_eq!(decision(&result)["decision"], "executed", "{result:?}");
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while listener.1.load(Ordering::SeqCst) < 3 {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{} progress notifications",
+            listener.1.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let _ = client.cancel().await;
 }
