@@ -24,6 +24,8 @@ pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
     /// The upstream's progress token of a call in flight -> the client's token for it.
     progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
+    /// Progress notifications being relayed right now.
+    relaying: std::sync::atomic::AtomicUsize,
     /// The upstream's tools as last listed.
     tools: RwLock<Vec<Tool>>,
 }
@@ -57,6 +59,16 @@ impl Relay {
         ProgressGuard {
             relay: self.clone(),
             token: upstream,
+        }
+    }
+
+    /// Let progress the upstream sent before a call's answer reach the client before the answer does:
+    /// the SDK hands each notification to a task of its own, which may not have run yet.
+    pub async fn settle_progress(&self) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let give_up = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
+        while self.relaying.load(std::sync::atomic::Ordering::SeqCst) > 0 && tokio::time::Instant::now() < give_up {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     }
 

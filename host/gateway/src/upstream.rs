@@ -275,10 +275,15 @@ impl Upstream {
             .clone()
             .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
         tokio::select! {
-            answer = &mut handle.rx => match answer {
-                Ok(answer) => answer.map_err(relay::error_of),
-                Err(_) => Err(relay::error_of(ServiceError::TransportClosed)),
-            },
+            answer = &mut handle.rx => {
+                if link.progress.is_some() {
+                    self.relay.settle_progress().await;
+                }
+                match answer {
+                    Ok(answer) => answer.map_err(relay::error_of),
+                    Err(_) => Err(relay::error_of(ServiceError::TransportClosed)),
+                }
+            }
             _ = link.ct.cancelled() => {
                 let _ = handle.cancel(Some("cancelled by the gateway's client".to_string())).await;
                 Err(ErrorData::internal_error("cancelled by the client", None))
@@ -329,7 +334,12 @@ impl Upstream {
             .clone()
             .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
         let answer = tokio::select! {
-            answer = tokio::time::timeout(timeout, &mut handle.rx) => answer,
+            answer = tokio::time::timeout(timeout, &mut handle.rx) => {
+                if link.progress.is_some() {
+                    self.relay.settle_progress().await;
+                }
+                answer
+            }
             _ = link.ct.cancelled() => {
                 let _ = handle.cancel(Some("cancelled by the gateway's client".to_string())).await;
                 return Reply::Lost(
