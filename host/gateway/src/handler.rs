@@ -249,11 +249,16 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let send_by = d.send_by;
     // The client's cancellation concerns the attempt it was waiting on: a dispatch the engine grants
     // later in the same call (an owed one) is the engine's, sent like the worker's.
-    let link = if capture.sent {
+    let mut link = if capture.sent {
         Link::default()
     } else {
         capture.link.clone()
     };
+    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client
+    // `_meta`); a direct call keeps the client's.
+    if d.attempt > 0 {
+        link.meta = None;
+    }
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else {
@@ -424,6 +429,23 @@ impl Gateway {
             supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
             acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
         };
+        // once's own `_meta` fields are for once, not for the upstream.
+        let mut link = link;
+        if let Some(m) = link.meta.as_mut() {
+            for field in shared
+                .config
+                .key_meta
+                .iter()
+                .map(String::as_str)
+                .chain([SUPERSEDES_META, ACKNOWLEDGE_META])
+            {
+                m.remove(field);
+            }
+            if let ScopeMode::Meta(field) = &shared.config.scope {
+                m.remove(field);
+            }
+        }
+        link.meta = link.meta.filter(|m| !m.is_empty());
         let mut capture = Capture {
             link,
             ..Capture::default()

@@ -266,11 +266,7 @@ impl ServerHandler for Gateway {
     ) -> Result<CallToolResponse, ErrorData> {
         let this = self.clone();
         let meta = context.meta.0.0.clone();
-        // Progress and cancellation only: the dispatched request is the engine's, the same when the worker sends it.
-        let link = Link {
-            meta: None,
-            ..link(&context)
-        };
+        let link = link(&context);
         let result = tokio::task::spawn_blocking(move || this.call(request, meta, link))
             .await
             .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
