@@ -314,7 +314,7 @@ impl Gateway {
         }
     }
 
-    /// What the gateway's own client connection is for: the upstream relays through it.
+    /// The state shared with the provider lookup and the worker (the upstream among it).
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

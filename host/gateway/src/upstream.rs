@@ -265,30 +265,58 @@ impl Upstream {
     /// One client request passed through as it came: its answer or error is the upstream's.
     pub async fn request(&self, request: ClientRequest, link: &Link) -> Result<ServerResult, ErrorData> {
         let (peer, _) = self.peer().await.map_err(|e| ErrorData::internal_error(e, None))?;
-        let options = options_of(link);
-        let mut handle = peer
-            .send_request_with_option(request, options)
+        match self
+            .exchange(&peer, request, link, None)
             .await
-            .map_err(relay::error_of)?;
+            .map_err(relay::error_of)?
+        {
+            Exchanged::Answered(answer) => answer.map_err(relay::error_of),
+            Exchanged::Closed => Err(relay::error_of(ServiceError::TransportClosed)),
+            Exchanged::Cancelled => Err(ErrorData::internal_error("cancelled by the client", None)),
+            Exchanged::TimedOut(_) => Err(ErrorData::internal_error("the upstream did not answer in time", None)),
+        }
+    }
+
+    /// Send `request` with the client's `_meta`, relay its progress, and wait for the answer, the
+    /// client's cancellation or `timeout`, whichever comes first; the upstream is told to stop
+    /// when the gateway stops waiting. An error: the request never entered the connection.
+    async fn exchange(
+        &self,
+        peer: &Peer<RoleClient>,
+        request: ClientRequest,
+        link: &Link,
+        timeout: Option<Duration>,
+    ) -> Result<Exchanged, ServiceError> {
+        let options = match &link.meta {
+            Some(meta) => PeerRequestOptions::no_options().with_meta(meta.clone()),
+            None => PeerRequestOptions::no_options(),
+        };
+        let mut handle = peer.send_request_with_option(request, options).await?;
+        // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
         let _progress = link
             .progress
             .clone()
             .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
-        tokio::select! {
+        let wait = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (exchanged, stop) = tokio::select! {
             answer = &mut handle.rx => {
                 if link.progress.is_some() {
                     self.relay.settle_progress().await;
                 }
-                match answer {
-                    Ok(answer) => answer.map_err(relay::error_of),
-                    Err(_) => Err(relay::error_of(ServiceError::TransportClosed)),
-                }
+                (answer.map_or(Exchanged::Closed, Exchanged::Answered), None)
             }
-            _ = link.ct.cancelled() => {
-                let _ = handle.cancel(Some("cancelled by the gateway's client".to_string())).await;
-                Err(ErrorData::internal_error("cancelled by the client", None))
-            }
+            _ = link.ct.cancelled() => (Exchanged::Cancelled, Some("cancelled by the gateway's client")),
+            _ = wait => (Exchanged::TimedOut(timeout.unwrap_or_default()), Some("request timeout")),
+        };
+        if let Some(reason) = stop {
+            let _ = handle.cancel(Some(reason.to_string())).await;
         }
+        Ok(exchanged)
     }
 
     /// A client notification the upstream needs (roots changed), passed on.
@@ -321,51 +349,33 @@ impl Upstream {
             return Reply::NotSent("the lease ran out before the upstream was ready".to_string());
         }
         let request = ClientRequest::CallToolRequest(Request::new(params));
-        let mut handle = match peer.send_request_with_option(request, options_of(link)).await {
-            Ok(handle) => handle,
+        let exchanged = match self.exchange(&peer, request, link, Some(timeout)).await {
+            Ok(exchanged) => exchanged,
             // The request never entered the connection.
             Err(e) => {
                 self.forget(generation).await;
                 return Reply::NotSent(format!("the connection to the upstream was closed: {e}"));
             }
         };
-        let _progress = link
-            .progress
-            .clone()
-            .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
-        let answer = tokio::select! {
-            answer = tokio::time::timeout(timeout, &mut handle.rx) => {
-                if link.progress.is_some() {
-                    self.relay.settle_progress().await;
-                }
-                answer
-            }
-            _ = link.ct.cancelled() => {
-                let _ = handle.cancel(Some("cancelled by the gateway's client".to_string())).await;
-                return Reply::Lost(
-                    "the client cancelled the call after it was sent, so its answer was not awaited".to_string(),
-                );
-            }
-        };
-        match answer {
-            Err(_) => {
-                let _ = handle.cancel(Some("request timeout".to_string())).await;
-                Reply::Lost(format!("no reply within {} ms", timeout.as_millis()))
-            }
-            Ok(Ok(Ok(ServerResult::CallToolResult(result)))) => Reply::Result(result),
+        match exchanged {
+            Exchanged::TimedOut(t) => Reply::Lost(format!("no reply within {} ms", t.as_millis())),
+            Exchanged::Cancelled => Reply::Lost(
+                "the client cancelled the call after it was sent, so its answer was not awaited".to_string(),
+            ),
+            Exchanged::Answered(Ok(ServerResult::CallToolResult(result))) => Reply::Result(result),
             // A task or an input request is not the call's outcome: it may have started, so it is not "not sent".
-            Ok(Ok(Ok(_))) => Reply::Lost(
+            Exchanged::Answered(Ok(_)) => Reply::Lost(
                 "the upstream answered with a task or an input request instead of a tool result, which the gateway \
                  does not follow"
                     .to_string(),
             ),
-            Ok(Ok(Err(ServiceError::McpError(e)))) => Reply::Error(e),
+            Exchanged::Answered(Err(ServiceError::McpError(e))) => Reply::Error(e),
             // Anything else happened after the request was handed to the transport.
-            Ok(Err(_)) | Ok(Ok(Err(ServiceError::TransportClosed))) => {
+            Exchanged::Closed | Exchanged::Answered(Err(ServiceError::TransportClosed)) => {
                 self.forget(generation).await;
                 Reply::Lost("the upstream closed the connection before replying".to_string())
             }
-            Ok(Ok(Err(e))) => {
+            Exchanged::Answered(Err(e)) => {
                 self.forget(generation).await;
                 Reply::Lost(format!("the exchange with the upstream broke: {e}"))
             }
@@ -380,10 +390,14 @@ impl Upstream {
     }
 }
 
-/// The client's `_meta` (the progress token aside: the SDK sets its own and the relay maps it back).
-fn options_of(link: &Link) -> PeerRequestOptions {
-    match &link.meta {
-        Some(meta) => PeerRequestOptions::no_options().with_meta(meta.clone()),
-        None => PeerRequestOptions::no_options(),
-    }
+/// How one exchange with the upstream ended.
+enum Exchanged {
+    /// The upstream answered (a result, or its error).
+    Answered(Result<ServerResult, ServiceError>),
+    /// The connection closed before an answer.
+    Closed,
+    /// The client cancelled first.
+    Cancelled,
+    /// No answer within this long.
+    TimedOut(Duration),
 }
