@@ -76,20 +76,33 @@ fn the_python_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
     compare(&python, "python_compare.py", "python compare: ok");
 }
 
-/// Counts the `tools/list_changed` notifications the client receives, and the progress it receives
-/// under the token it sent.
+/// What the client hears: `tools/list_changed` notifications, progress under the token it sent, log messages.
 #[derive(Clone, Default)]
-struct Listener(Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<Mutex<Option<ProgressToken>>>);
+struct Listener {
+    list_changed: Arc<AtomicUsize>,
+    progress: Arc<AtomicUsize>,
+    token: Arc<Mutex<Option<ProgressToken>>>,
+    logs: Arc<Mutex<Vec<Value>>>,
+}
 
+#[allow(deprecated)] // logging: deprecated by a newer protocol revision, which these servers do not speak
 impl ClientHandler for Listener {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.list_changed.fetch_add(1, Ordering::SeqCst);
     }
 
     async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
-        if self.2.lock().unwrap().as_ref() == Some(&params.progress_token) {
-            self.1.fetch_add(1, Ordering::SeqCst);
+        if self.token.lock().unwrap().as_ref() == Some(&params.progress_token) {
+            self.progress.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logs.lock().unwrap().push(serde_json::to_value(params).unwrap());
     }
 }
 
@@ -167,7 +180,7 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
     let (client, listener) = pinned_gateway(work.path(), &reviewed).await;
     let sent = call(&client, "transfer").await;
     assert_eq!(decision(&sent)["decision"], "executed", "{sent:?}");
-    let heard = listener.0.load(Ordering::SeqCst);
+    let heard = listener.list_changed.load(Ordering::SeqCst);
 
     // The upstream redefines it and says so: the client hears of it, and the next call is refused.
     let upgraded = call(&client, "upgrade").await;
@@ -178,7 +191,7 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
         .map(|t| t.text.clone());
     assert_eq!(said.as_deref(), Some("upgraded"), "{upgraded:?}");
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while listener.0.load(Ordering::SeqCst) == heard {
+    while listener.list_changed.load(Ordering::SeqCst) == heard {
         assert!(
             std::time::Instant::now() < give_up,
             "tools/list_changed was not relayed"
@@ -220,20 +233,61 @@ async fn a_protected_call_relays_its_progress_under_the_clients_token() {
         .send_request_with_option(request, PeerRequestOptions::no_options())
         .await
         .unwrap();
-    *listener.2.lock().unwrap() = Some(handle.progress_token.clone());
+    *listener.token.lock().unwrap() = Some(handle.progress_token.clone());
     let result = match handle.await_response().await.unwrap() {
         ServerResult::CallToolResult(result) => result,
         other => panic!("not a tool result: {other:?}"),
     };
     assert_eq!(decision(&result)["decision"], "executed", "{result:?}");
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while listener.1.load(Ordering::SeqCst) < 3 {
+    while listener.progress.load(Ordering::SeqCst) < 3 {
         assert!(
             std::time::Instant::now() < give_up,
             "{} progress notifications",
-            listener.1.load(Ordering::SeqCst)
+            listener.progress.load(Ordering::SeqCst)
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    let _ = client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
+    let work = tempfile::tempdir().unwrap();
+    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let config = "[tools.trigger-long-running-operation]\nroute = \"protect\"\n";
+    let (client, listener) = gateway(work.path(), config, &server, &["stdio"]).await;
+    let mut params = CallToolRequestParams::new("trigger-long-running-operation");
+    params.arguments = serde_json::json!({"duration": 3, "steps": 3}).as_object().cloned();
+    let handle = client
+        .peer()
+        .send_request_with_option(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    handle.cancel(Some("the agent gave up".to_string())).await.unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let told = loop {
+        let logs = listener.logs.lock().unwrap().clone();
+        if let Some(log) = logs.into_iter().find(|l| l["logger"] == "once") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the client was not told what became of its call"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let text = told["data"]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("cancelled after it was sent: UNKNOWN: trigger-long-running-operation"),
+        "{told}"
+    );
+    assert_eq!(told["data"]["once/outcome"]["decision"], "unknown", "{told}");
+    assert_eq!(told["level"], "warning");
     let _ = client.cancel().await;
 }
