@@ -7,12 +7,11 @@ mod gateway_common;
 
 use std::time::Duration;
 
-use gateway_common::{Rig, meta, object, outcome, text, wait_for};
+use gateway_common::{Rig, meta, object, outcome, send_call, text, wait_for};
 use once::Once;
 use once::types::State;
 use refund::ORDER_ID;
-use rmcp::model::{CallToolRequestParams, ClientRequest, Request};
-use rmcp::service::PeerRequestOptions;
+use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
 /// A long timeout, so only the client's cancellation can end the wait; `late_reply` commits the
@@ -36,15 +35,7 @@ async fn a_protected_call_cancelled_after_dispatch_is_unknown_then_reconciled_ne
     let mut params =
         CallToolRequestParams::new("refund_order").with_arguments(object(json!({"order_id": ORDER_ID, "amount": 200})));
     params.meta = Some(meta(&[("once/key", "cancel-1")]));
-    let handle = session
-        .client
-        .peer()
-        .send_request_with_option(
-            ClientRequest::CallToolRequest(Request::new(params)),
-            PeerRequestOptions::no_options(),
-        )
-        .await
-        .unwrap();
+    let handle = send_call(session.client.peer(), params).await;
     // Dispatched: the refund is in the effect ledger, its reply is still 3 s away.
     wait_for("the refund to commit", Duration::from_secs(10), || rig.effects().0 == 1).await;
     handle.cancel(Some("the agent gave up".to_string())).await.unwrap();

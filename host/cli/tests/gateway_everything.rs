@@ -12,16 +12,16 @@
 //! half `ONCE_PYTHON` pointing at a Python with mcp==2.3.0, so it is ignored by a
 //! plain `cargo test`; `.ci/run` installs both and runs it with `--ignored`.
 
+mod gateway_common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, ProgressNotificationParam, ProgressToken, Request,
-    ServerResult,
-};
-use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use gateway_common::{outcome, send_call};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam, ProgressToken, ServerResult};
+use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 
@@ -150,13 +150,19 @@ async fn call(client: &RunningService<RoleClient, Listener>, tool: &str) -> Call
         .unwrap()
 }
 
-fn decision(result: &CallToolResult) -> Value {
-    result
-        .meta
-        .as_ref()
-        .and_then(|m| m.get("once/outcome"))
-        .cloned()
-        .unwrap_or(Value::Null)
+/// A gateway that protects the reference server's long-running tool (read-only by its annotations).
+async fn protected_long_running(work: &Path) -> (RunningService<RoleClient, Listener>, Listener) {
+    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let config = "[tools.trigger-long-running-operation]\nroute = \"protect\"\n";
+    gateway(work, config, &server, &["stdio"]).await
+}
+
+fn long_running(seconds: u32) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new("trigger-long-running-operation");
+    params.arguments = serde_json::json!({"duration": seconds, "steps": 3})
+        .as_object()
+        .cloned();
+    params
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,8 +172,8 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
     // A pin nobody reviewed: the engine blocks the tool and names its current fingerprint.
     let (client, _) = pinned_gateway(work.path(), &"0".repeat(64)).await;
     let refused = call(&client, "transfer").await;
-    let detail = decision(&refused)["detail"].as_str().unwrap_or_default().to_string();
-    assert_eq!(decision(&refused)["decision"], "blocked", "{refused:?}");
+    let detail = outcome(&refused)["detail"].as_str().unwrap_or_default().to_string();
+    assert_eq!(outcome(&refused)["decision"], "blocked", "{refused:?}");
     let reviewed = detail
         .split("descriptor fingerprint ")
         .nth(1)
@@ -179,7 +185,7 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
     // Pinned as reviewed: protected and sent.
     let (client, listener) = pinned_gateway(work.path(), &reviewed).await;
     let sent = call(&client, "transfer").await;
-    assert_eq!(decision(&sent)["decision"], "executed", "{sent:?}");
+    assert_eq!(outcome(&sent)["decision"], "executed", "{sent:?}");
     let heard = listener.list_changed.load(Ordering::SeqCst);
 
     // The upstream redefines it and says so: the client hears of it, and the next call is refused.
@@ -205,7 +211,7 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
         Some(true)
     );
     let blocked = call(&client, "transfer").await;
-    let info = decision(&blocked);
+    let info = outcome(&blocked);
     assert_eq!(info["decision"], "blocked", "{blocked:?}");
     assert!(
         info["detail"]
@@ -221,24 +227,15 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
 async fn a_protected_call_relays_its_progress_under_the_clients_token() {
     let work = tempfile::tempdir().unwrap();
-    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let config = "[tools.trigger-long-running-operation]\nroute = \"protect\"\n";
-    let (client, listener) = gateway(work.path(), config, &server, &["stdio"]).await;
-    let mut params = CallToolRequestParams::new("trigger-long-running-operation");
-    params.arguments = serde_json::json!({"duration": 1, "steps": 3}).as_object().cloned();
+    let (client, listener) = protected_long_running(work.path()).await;
     // The SDK gives every request a progress token of its own: the one to hear progress under.
-    let request = ClientRequest::CallToolRequest(Request::new(params));
-    let handle = client
-        .peer()
-        .send_request_with_option(request, PeerRequestOptions::no_options())
-        .await
-        .unwrap();
+    let handle = send_call(client.peer(), long_running(1)).await;
     *listener.token.lock().unwrap() = Some(handle.progress_token.clone());
     let result = match handle.await_response().await.unwrap() {
         ServerResult::CallToolResult(result) => result,
         other => panic!("not a tool result: {other:?}"),
     };
-    assert_eq!(decision(&result)["decision"], "executed", "{result:?}");
+    assert_eq!(outcome(&result)["decision"], "executed", "{result:?}");
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while listener.progress.load(Ordering::SeqCst) < 3 {
         assert!(
@@ -255,19 +252,8 @@ async fn a_protected_call_relays_its_progress_under_the_clients_token() {
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
 async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
     let work = tempfile::tempdir().unwrap();
-    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let config = "[tools.trigger-long-running-operation]\nroute = \"protect\"\n";
-    let (client, listener) = gateway(work.path(), config, &server, &["stdio"]).await;
-    let mut params = CallToolRequestParams::new("trigger-long-running-operation");
-    params.arguments = serde_json::json!({"duration": 3, "steps": 3}).as_object().cloned();
-    let handle = client
-        .peer()
-        .send_request_with_option(
-            ClientRequest::CallToolRequest(Request::new(params)),
-            PeerRequestOptions::no_options(),
-        )
-        .await
-        .unwrap();
+    let (client, listener) = protected_long_running(work.path()).await;
+    let handle = send_call(client.peer(), long_running(3)).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     handle.cancel(Some("the agent gave up".to_string())).await.unwrap();
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
