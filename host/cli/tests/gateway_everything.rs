@@ -106,10 +106,10 @@ impl ClientHandler for Listener {
     }
 }
 
-/// `once gateway` pinning `transfer` to `pin`, in front of the changing server, with a client that counts list changes.
+/// `once gateway` pinning `transfer` to `pin`, in front of the test server, with a client that counts list changes.
 async fn pinned_gateway(work: &Path, pin: &str) -> (RunningService<RoleClient, Listener>, Listener) {
     let config = format!("[tools.transfer]\npin = \"{pin}\"\n");
-    gateway(work, &config, &everything_dir().join("changing-server.mjs"), &[]).await
+    gateway(work, &config, &everything_dir().join("test-server.mjs"), &[]).await
 }
 
 /// `once gateway` with `config` in front of `node SCRIPT ARGS…`, and a client that counts notifications.
@@ -275,5 +275,33 @@ async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
     );
     assert_eq!(told["data"]["once/outcome"]["decision"], "unknown", "{told}");
     assert_eq!(told["level"], "warning");
+    let _ = client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_clients_cancellation_of_a_direct_call_reaches_the_upstream() {
+    let work = tempfile::tempdir().unwrap();
+    let (client, _) = gateway(work.path(), "", &everything_dir().join("test-server.mjs"), &[]).await;
+    let handle = send_call(client.peer(), CallToolRequestParams::new("wait")).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    handle.cancel(Some("the agent gave up".to_string())).await.unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let answer = call(&client, "was-cancelled").await;
+        if answer
+            .content
+            .first()
+            .and_then(|c| c.as_text())
+            .is_some_and(|t| t.text == "true")
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the upstream never saw the cancellation: {answer:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let _ = client.cancel().await;
 }
