@@ -145,7 +145,8 @@ async function measure(command, args) {
       await client.setLoggingLevel("debug");
       const before = seen.logs.length;
       await client.callTool({ name: "toggle-simulated-logging", arguments: {} });
-      const got = await until(() => seen.logs.slice(before).some((l) => /-level message/.test(l.data)), 7000);
+      // The server's simulated messages ("Info-level message", …, "Alert level-message"), one at once.
+      const got = await until(() => seen.logs.slice(before).some((l) => /level.message/.test(l.data)), 7000);
       return got ? "log messages received" : "none";
     });
 
