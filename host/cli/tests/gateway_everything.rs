@@ -254,7 +254,13 @@ async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
     let work = tempfile::tempdir().unwrap();
     let (client, listener) = protected_long_running(work.path()).await;
     let handle = send_call(client.peer(), long_running(3)).await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Sent: the upstream reports its first step.
+    *listener.token.lock().unwrap() = Some(handle.progress_token.clone());
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listener.progress.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < give_up, "no progress from the upstream");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     handle.cancel(Some("the agent gave up".to_string())).await.unwrap();
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let told = loop {
@@ -270,7 +276,7 @@ async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
     };
     let text = told["data"]["text"].as_str().unwrap_or_default();
     assert!(
-        text.starts_with("cancelled after it was sent: UNKNOWN: trigger-long-running-operation"),
+        text.starts_with("cancelled by the client: UNKNOWN: trigger-long-running-operation"),
         "{told}"
     );
     assert_eq!(told["data"]["once/outcome"]["decision"], "unknown", "{told}");

@@ -324,8 +324,8 @@ impl Gateway {
         &self.instructions
     }
 
-    /// A client that cancelled a call after it was sent gets no answer to it; if it still reads
-    /// log messages, it is told what once's record says (never "rejected": the call may have acted).
+    /// A client that cancelled a protected call gets no answer to it; if it still reads log messages,
+    /// it is told what once's record says (never "rejected" for a call that was sent: it may have acted).
     fn tell_cancelled(&self, result: &CallToolResult) {
         let logging = self
             .shared
@@ -341,8 +341,7 @@ impl Gateway {
             .and_then(|c| c.as_text())
             .map_or("", |t| t.text.as_str());
         let outcome = result.meta.as_ref().and_then(|m| m.get(reply::OUTCOME_META)).cloned();
-        let data =
-            serde_json::json!({ "text": format!("cancelled after it was sent: {text}"), "once/outcome": outcome });
+        let data = serde_json::json!({ "text": format!("cancelled by the client: {text}"), "once/outcome": outcome });
         #[allow(deprecated)] // logging is deprecated by a newer protocol revision; this client's uses it
         let notification = ServerNotification::LoggingMessageNotification(Notification::new(
             LoggingMessageNotificationParam::new(LoggingLevel::Warning, data).with_logger("once"),
