@@ -273,3 +273,71 @@ impl ServerHandler for Gateway {
         Ok(result.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{ProgressToken, ProtocolVersion, RequestMetaObject};
+    use tokio_util::sync::CancellationToken;
+
+    fn upstream(capabilities: serde_json::Value, instructions: Option<&str>) -> ServerPeerInfo {
+        let mut info = ServerPeerInfo::new(ProtocolVersion::LATEST, serde_json::from_value(capabilities).unwrap());
+        info.instructions = instructions.map(str::to_string);
+        info
+    }
+
+    #[test]
+    fn the_upstreams_capabilities_less_its_extensions_and_always_tools() {
+        let info = upstream(
+            serde_json::json!({
+                "logging": {}, "completions": {}, "prompts": {"listChanged": true},
+                "resources": {"subscribe": true}, "experimental": {"x": {}},
+                "extensions": {"io.modelcontextprotocol/tasks": {}},
+            }),
+            None,
+        );
+        let declared = serde_json::to_value(capabilities(Some(&info))).unwrap();
+        assert_eq!(
+            declared,
+            serde_json::json!({
+                "logging": {}, "completions": {}, "prompts": {"listChanged": true},
+                "resources": {"subscribe": true}, "experimental": {"x": {}}, "tools": {},
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(capabilities(None)).unwrap(),
+            serde_json::json!({"tools": {}})
+        );
+    }
+
+    #[test]
+    fn the_upstreams_instructions_come_first_and_unchanged() {
+        let info = upstream(serde_json::json!({}), Some("Use the refund tool carefully."));
+        assert_eq!(
+            instructions(Some(&info), "once's note."),
+            "Use the refund tool carefully.\n\nonce's note."
+        );
+        let silent = upstream(serde_json::json!({}), Some("  "));
+        assert_eq!(instructions(Some(&silent), "once's note."), "once's note.");
+    }
+
+    #[test]
+    fn a_link_keeps_the_clients_progress_token_apart_from_its_other_meta() {
+        let mut meta = RequestMetaObject::new();
+        meta.set_progress_token(ProgressToken(rmcp::model::NumberOrString::Number(7)));
+        meta.insert("trace".to_string(), serde_json::json!("abc"));
+        let link = Link::of(meta, CancellationToken::new());
+        assert_eq!(
+            link.progress,
+            Some(ProgressToken(rmcp::model::NumberOrString::Number(7)))
+        );
+        let rest = link.meta.expect("the other _meta");
+        assert_eq!(rest.get("trace"), Some(&serde_json::json!("abc")));
+        assert!(rest.get("progressToken").is_none());
+        assert!(
+            Link::of(RequestMetaObject::new(), CancellationToken::new())
+                .meta
+                .is_none()
+        );
+    }
+}
