@@ -1,26 +1,25 @@
-//! The MCP server the client talks to: `tools/list` passed through,
 //! `tools/call` run through the engine's call protocol (`Once::call`: it
 //! says when to send, what to wait for and how the call ended), and the
-//! provider lookup over the upstream. The background worker is
-//! [`crate::worker`]; what the model is shown is [`crate::reply`].
+//! provider lookup over the upstream. The MCP methods the client calls are
+//! [`crate::server`]; the background worker is [`crate::worker`]; what the
+//! model is shown is [`crate::reply`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use once::types::{Call, Evidence, Repeat, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
+#[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResult, ContentBlock, ErrorData, JsonObject, LoggingLevel,
+    LoggingMessageNotificationParam, Notification, ServerNotification, Tool,
 };
-use rmcp::service::RequestContext;
-use rmcp::{RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio::runtime::Handle;
 
 use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode};
 use crate::reply::{self, Capture, Context};
-use crate::upstream::{Reply, Upstream};
+use crate::upstream::{Link, Reply, Upstream};
 
 /// What the handler, the provider lookup and the worker share.
 pub struct Shared {
@@ -187,7 +186,7 @@ impl Provider for LookupProvider {
         let sent_at = shared.ledger_now();
         let reply = shared
             .handle
-            .block_on(shared.upstream.call(params, lookup.timeout, || true));
+            .block_on(shared.upstream.call(params, lookup.timeout, || true, &Link::default()));
         let answer = match reply {
             Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
                 Some(answer) => answer,
@@ -248,9 +247,25 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         params.meta = Some(reply::meta_of(field, d.provider_key).into());
     }
     let send_by = d.send_by;
-    let reply = shared
-        .handle
-        .block_on(shared.upstream.call(params, d.timeout, || once.now() < send_by));
+    // The client's cancellation concerns the attempt it was waiting on: a dispatch the engine grants
+    // later in the same call (an owed one) is the engine's, sent like the worker's.
+    let mut link = if capture.sent {
+        Link::default()
+    } else {
+        capture.link.clone()
+    };
+    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client
+    // `_meta`); a direct call keeps the client's.
+    if d.attempt > 0 {
+        link.meta = None;
+    }
+    let reply = if link.ct.is_cancelled() {
+        Reply::NotSent("the client cancelled the call before it was sent".to_string())
+    } else {
+        shared
+            .handle
+            .block_on(shared.upstream.call(params, d.timeout, || once.now() < send_by, &link))
+    };
     if d.attempt > 0 {
         capture.key = Some(d.key.to_string());
     }
@@ -299,6 +314,43 @@ impl Gateway {
         }
     }
 
+    /// The state shared with the provider lookup and the worker (the upstream among it).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The instructions once adds to the upstream's.
+    pub(crate) fn instructions(&self) -> &str {
+        &self.instructions
+    }
+
+    /// A client that cancelled a protected call gets no answer to it; if it still reads log messages,
+    /// it is told what once's record says (never "rejected" for a call that was sent: it may have acted).
+    fn tell_cancelled(&self, result: &CallToolResult) {
+        let logging = self
+            .shared
+            .upstream
+            .info()
+            .is_some_and(|i| i.capabilities.logging.is_some());
+        if !logging {
+            return;
+        }
+        let text = result
+            .content
+            .first()
+            .and_then(|c| c.as_text())
+            .map_or("", |t| t.text.as_str());
+        let outcome = result.meta.as_ref().and_then(|m| m.get(reply::OUTCOME_META)).cloned();
+        let data = serde_json::json!({ "text": format!("cancelled by the client: {text}"), "once/outcome": outcome });
+        #[allow(deprecated)] // logging is deprecated by a newer protocol revision; this client's uses it
+        let notification = ServerNotification::LoggingMessageNotification(Notification::new(
+            LoggingMessageNotificationParam::new(LoggingLevel::Warning, data).with_logger("once"),
+        ));
+        self.shared
+            .handle
+            .block_on(self.shared.upstream.relay().tell(notification));
+    }
+
     /// The call's scope, or why the call is refused (a scope from `_meta` that is missing).
     fn scope_of(&self, meta: &JsonObject) -> Result<String, String> {
         match &self.shared.config.scope {
@@ -316,7 +368,12 @@ impl Gateway {
     }
 
     /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous).
-    fn call(&self, request: CallToolRequestParams, meta: JsonObject) -> Result<CallToolResult, ErrorData> {
+    pub(crate) fn call(
+        &self,
+        request: CallToolRequestParams,
+        meta: JsonObject,
+        link: Link,
+    ) -> Result<CallToolResult, ErrorData> {
         let (shared, once) = (&*self.shared, &*self.once);
         let tool = request.name.to_string();
         let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
@@ -371,14 +428,40 @@ impl Gateway {
             supersedes: meta.get(SUPERSEDES_META).and_then(Value::as_str).map(str::to_string),
             acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
         };
-        let mut capture = Capture::default();
+        // once's own `_meta` fields are for once, not for the upstream.
+        let mut link = link;
+        if let Some(m) = link.meta.as_mut() {
+            for field in shared
+                .config
+                .key_meta
+                .iter()
+                .map(String::as_str)
+                .chain([SUPERSEDES_META, ACKNOWLEDGE_META])
+            {
+                m.remove(field);
+            }
+            if let ScopeMode::Meta(field) = &shared.config.scope {
+                m.remove(field);
+            }
+        }
+        link.meta = link.meta.filter(|m| !m.is_empty());
+        let mut capture = Capture {
+            link,
+            ..Capture::default()
+        };
         let called = once.call_with(&call, |d| dispatch(shared, once, d, &mut capture));
         cx.capture = capture;
         match called {
             Ok(called) => {
                 shared.track_unsettled(&scope, &called, &cx.capture);
                 tracing::info!(target: "once::gateway", scope, tool, outcome = called_name(&called), "call");
-                reply::render(called, &cx)
+                let rendered = reply::render(called, &cx);
+                if cx.capture.link.ct.is_cancelled()
+                    && let Ok(result) = &rendered
+                {
+                    self.tell_cancelled(result);
+                }
+                rendered
             }
             Err(e) => {
                 // Sent, then the engine failed: the record expires into unknown and is ours to settle.
@@ -390,39 +473,6 @@ impl Gateway {
                 Ok(reply::engine_error(&e, &cx))
             }
         }
-    }
-}
-
-impl ServerHandler for Gateway {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("once-gateway", env!("CARGO_PKG_VERSION")))
-            .with_instructions(self.instructions.clone())
-    }
-
-    async fn list_tools(
-        &self,
-        request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        self.shared
-            .upstream
-            .list_tools(request)
-            .await
-            .map_err(|e| ErrorData::internal_error(e, None))
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let this = self.clone();
-        let meta: JsonObject = context.meta.0.0.clone();
-        let result = tokio::task::spawn_blocking(move || this.call(request, meta))
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
-        Ok(result.into())
     }
 }
 
@@ -465,7 +515,8 @@ mod tests {
             "--db".to_string(),
             dir.path().join("effects.db").display().to_string(),
         ];
-        let upstream = runtime.block_on(Upstream::start(command)).unwrap();
+        let relay = Arc::new(crate::relay::Relay::default());
+        let upstream = runtime.block_on(Upstream::start(command, relay)).unwrap();
         let config = Config::parse(
             r#"
             [tools.refund_order]

@@ -2,7 +2,9 @@
 //!
 //! The client speaks MCP to the gateway on stdin/stdout; the gateway starts
 //! the upstream server as a child process and speaks MCP to it over its stdio.
-//! `tools/list` passes through unchanged. Every `tools/call` runs the engine's
+//! Everything but `tools/call` passes through in both directions (prompts,
+//! resources, completions, logging, progress, sampling, elicitation, roots,
+//! list changes; see docs/gateway.md). Every `tools/call` runs the engine's
 //! call protocol (`Once::call`) with the tool's policy (from `once.toml`,
 //! filled in and checked by the engine, which also routes by the tool's
 //! annotations): DIRECT calls are forwarded, PROTECT calls are claimed in the
@@ -11,17 +13,20 @@
 //! grants.
 //!
 //! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
-//! evidence), `handler` (the MCP server and the provider lookup), `reply`
-//! (what the model is shown, from the engine's account), `upstream` (the MCP
-//! client of the real server), `worker` (the background settle rounds) and
-//! `check` (`--check-config`).
+//! evidence), `server` (the MCP methods the client calls), `handler` (a
+//! protected call and the provider lookup), `reply` (what the model is shown,
+//! from the engine's account), `upstream` (the MCP client of the real
+//! server), `relay` (what the upstream sends the client), `worker` (the
+//! background settle rounds) and `check` (`--check-config`).
 
 mod check;
 mod config;
 mod error;
 mod handler;
 mod lookup;
+mod relay;
 mod reply;
+mod server;
 mod upstream;
 mod worker;
 
@@ -35,6 +40,7 @@ use rmcp::ServiceExt;
 use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
 use self::handler::{Gateway, LookupProvider, Shared};
+use self::relay::Relay;
 use self::upstream::Upstream;
 
 /// What `once gateway` was asked to do.
@@ -81,7 +87,8 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
 }
 
 async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayError> {
-    let upstream = Upstream::start(args.upstream.clone())
+    let relay = Arc::new(Relay::default());
+    let upstream = Upstream::start(args.upstream.clone(), relay.clone())
         .await
         .map_err(GatewayError::Runtime)?;
     let names: Vec<String> = upstream.tools().iter().map(|t| t.name.to_string()).collect();
@@ -112,22 +119,29 @@ async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayE
         return printed.map_err(|e| GatewayError::Runtime(e.to_string()))?;
     }
 
-    let worker = worker::spawn(shared.clone(), once.clone());
     if shared.config.scope == ScopeMode::Session {
         tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
     }
     let gateway = Gateway::new(shared.clone(), once.clone(), session_scope(), instructions(&shared));
-    let served = match gateway.serve(rmcp::transport::stdio()).await {
-        Ok(running) => {
-            let _ = running.waiting().await;
-            Ok(())
+    let running = match gateway.serve(rmcp::transport::stdio()).await {
+        Ok(running) => running,
+        Err(e) => {
+            shared.upstream.shutdown().await;
+            return Err(GatewayError::Runtime(format!("the client did not initialize: {e}")));
         }
-        Err(e) => Err(GatewayError::Runtime(format!("the client did not initialize: {e}"))),
     };
+    relay.connect(running.peer().clone());
+    // The client declared its capabilities: the upstream is restarted with them now, before the worker
+    // sends anything on it (a restart under a call in flight would make its outcome unknown).
+    if let Err(e) = shared.upstream.ready().await {
+        tracing::warn!(target: "once::gateway", "restarting the upstream with the client's capabilities: {e}");
+    }
+    let worker = worker::spawn(shared.clone(), once.clone());
+    let _ = running.waiting().await;
     worker::drain(&shared).await;
     worker.abort();
     shared.upstream.shutdown().await;
-    served
+    Ok(())
 }
 
 /// The engine over the ledger, with the lookup provider, `[defaults]` and

@@ -13,7 +13,7 @@ use once::{Called, OnceError};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData, MetaObject};
 use serde_json::{Value, json};
 
-use crate::upstream::Reply;
+use crate::upstream::{Link, Reply};
 
 /// The `_meta` field of a result that describes what once did.
 pub const OUTCOME_META: &str = "once/outcome";
@@ -27,6 +27,8 @@ pub struct Capture {
     pub key: Option<String>,
     /// Whether any dispatch left the gateway (a reply that was not `NotSent`).
     pub sent: bool,
+    /// The client's progress token and cancellation (none for the background worker's dispatches).
+    pub link: Link,
 }
 
 /// Everything a text needs besides the engine's account.

@@ -1,19 +1,25 @@
 //! The upstream MCP server: a child process spoken to over stdio with rmcp,
 //! restarted when it dies (a disconnect or crash mid-call must not leave the
-//! gateway unable to reconcile or to send an owed dispatch).
+//! gateway unable to reconcile or to send an owed dispatch), and restarted
+//! once when the client connects, so that the upstream sees the client's
+//! capabilities (sampling, elicitation, roots) as its own client's.
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ErrorCode, ErrorData, Implementation,
-    ListToolsResult, PaginatedRequestParams, Tool,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientNotification, ClientRequest,
+    ErrorCode, ErrorData, Implementation, ProgressToken, Request, RequestMetaObject, ServerPeerInfo, ServerResult,
+    Tool,
 };
-use rmcp::service::{Peer, RunningService};
+use rmcp::service::{Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceError, ServiceExt};
 use tokio::process::Command;
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::relay::{self, Relay, RelayHandler};
 
 /// How long starting the upstream (spawn + initialize + tools/list) may take.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -48,13 +54,40 @@ impl Reply {
 }
 
 struct Conn {
-    service: RunningService<RoleClient, ClientConfig>,
+    service: RunningService<RoleClient, RelayHandler>,
     generation: u64,
+    /// The capabilities this connection declared to the upstream.
+    capabilities: ClientCapabilities,
 }
 
 struct Restarts {
     last: Option<Instant>,
     pause: Duration,
+}
+
+/// What a client's request brings along to the upstream: the progress token it
+/// asked progress under, its other `_meta`, and its cancellation.
+#[derive(Debug, Clone, Default)]
+pub struct Link {
+    /// The client's progress token, if it asked for progress.
+    pub progress: Option<ProgressToken>,
+    /// The client's `_meta` besides the progress token, passed on.
+    pub meta: Option<RequestMetaObject>,
+    /// Fires when the client cancels its request.
+    pub ct: CancellationToken,
+}
+
+impl Link {
+    /// The link of a client request with this `_meta` and cancellation token.
+    pub fn of(mut meta: RequestMetaObject, ct: CancellationToken) -> Link {
+        let progress = meta.get_progress_token();
+        meta.remove("progressToken");
+        Link {
+            progress,
+            meta: (!meta.is_empty()).then_some(meta),
+            ct,
+        }
+    }
 }
 
 /// A supervised upstream server.
@@ -63,19 +96,24 @@ pub struct Upstream {
     conn: Mutex<Option<Conn>>,
     generations: std::sync::atomic::AtomicU64,
     restarts: Mutex<Restarts>,
-    tools: RwLock<Vec<Tool>>,
+    /// The client link every connection relays to (and the tool list it keeps).
+    relay: Arc<Relay>,
+    /// What the gateway declares to the upstream: its client's capabilities once it has one.
+    wanted: RwLock<ClientConfig>,
+    /// What the upstream said of itself when it was last started.
+    info: RwLock<Option<ServerPeerInfo>>,
 }
 
-fn client_config() -> ClientConfig {
+fn client_config(capabilities: ClientCapabilities) -> ClientConfig {
     ClientConfig::new(
-        ClientCapabilities::default(),
+        capabilities,
         Implementation::new("once-gateway", env!("CARGO_PKG_VERSION")),
     )
 }
 
 impl Upstream {
     /// Start `command` and read its tools; a failure here is a failure at start.
-    pub async fn start(command: Vec<String>) -> Result<Upstream, String> {
+    pub async fn start(command: Vec<String>, relay: Arc<Relay>) -> Result<Upstream, String> {
         let upstream = Upstream {
             command,
             conn: Mutex::new(None),
@@ -84,7 +122,9 @@ impl Upstream {
                 last: None,
                 pause: MIN_RESTART_PAUSE,
             }),
-            tools: RwLock::new(Vec::new()),
+            relay,
+            wanted: RwLock::new(client_config(ClientCapabilities::default())),
+            info: RwLock::new(None),
         };
         upstream.peer().await?;
         Ok(upstream)
@@ -95,26 +135,49 @@ impl Upstream {
         self.command.join(" ")
     }
 
+    /// The link to the client that this upstream's notifications and requests are relayed to.
+    pub fn relay(&self) -> &Arc<Relay> {
+        &self.relay
+    }
+
     /// The tools as last listed.
     pub fn tools(&self) -> Vec<Tool> {
-        self.tools.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.relay.tools()
     }
 
     /// One tool's definition as last listed.
     pub fn tool(&self, name: &str) -> Option<Tool> {
-        self.tools
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|t| t.name == name)
-            .cloned()
+        self.relay.tools().into_iter().find(|t| t.name == name)
     }
 
-    /// A live connection and its generation, starting (or restarting) the process when there is none.
+    /// What the upstream declared when it was last started: capabilities, instructions.
+    pub fn info(&self) -> Option<ServerPeerInfo> {
+        self.info.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Declare these client capabilities to the upstream from its next connection on
+    /// (the next request starts one when they differ from the current connection's),
+    /// except the tasks extension: an upstream may then answer a call with a task, and a
+    /// protected call's outcome must be the call's own answer.
+    pub fn declare(&self, mut capabilities: ClientCapabilities) {
+        if let Some(extensions) = capabilities.extensions.as_mut() {
+            extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
+        }
+        *self.wanted.write().unwrap_or_else(|p| p.into_inner()) = client_config(capabilities);
+    }
+
+    fn wanted(&self) -> ClientConfig {
+        self.wanted.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A live connection and its generation, starting (or restarting) the process when there is none,
+    /// or when the one there declared other client capabilities than the client now has.
     async fn peer(&self) -> Result<(Peer<RoleClient>, u64), String> {
         let mut conn = self.conn.lock().await;
+        let wanted = self.wanted();
         if let Some(c) = conn.as_ref()
             && !c.service.is_transport_closed()
+            && c.capabilities == wanted.capabilities
         {
             return Ok((c.service.peer().clone(), c.generation));
         }
@@ -122,12 +185,14 @@ impl Upstream {
             let _ = old.service.close_with_timeout(Duration::from_secs(1)).await;
         }
         self.pace_restart().await;
-        let started = tokio::time::timeout(START_TIMEOUT, self.spawn()).await.map_err(|_| {
-            format!(
-                "the upstream ({}) did not start within {START_TIMEOUT:?}",
-                self.command_line()
-            )
-        })??;
+        let started = tokio::time::timeout(START_TIMEOUT, self.spawn(wanted))
+            .await
+            .map_err(|_| {
+                format!(
+                    "the upstream ({}) did not start within {START_TIMEOUT:?}",
+                    self.command_line()
+                )
+            })??;
         let found = (started.service.peer().clone(), started.generation);
         *conn = Some(started);
         Ok(found)
@@ -158,7 +223,7 @@ impl Upstream {
         r.last = Some(Instant::now());
     }
 
-    async fn spawn(&self) -> Result<Conn, String> {
+    async fn spawn(&self, config: ClientConfig) -> Result<Conn, String> {
         let (program, args) = self
             .command
             .split_first()
@@ -167,7 +232,12 @@ impl Upstream {
         command.args(args);
         let transport = TokioChildProcess::new(command)
             .map_err(|e| format!("starting the upstream {:?}: {e}", self.command_line()))?;
-        let service = client_config()
+        let capabilities = config.capabilities.clone();
+        let handler = RelayHandler {
+            relay: self.relay.clone(),
+            config,
+        };
+        let service = handler
             .serve(transport)
             .await
             .map_err(|e| format!("the upstream ({}) did not initialize: {e}", self.command_line()))?;
@@ -176,9 +246,14 @@ impl Upstream {
             .list_all_tools()
             .await
             .map_err(|e| format!("the upstream ({}) did not list its tools: {e}", self.command_line()))?;
-        *self.tools.write().unwrap_or_else(|p| p.into_inner()) = tools;
+        self.relay.set_tools(tools);
+        *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
         let generation = self.generations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(Conn { service, generation })
+        Ok(Conn {
+            service,
+            generation,
+            capabilities,
+        })
     }
 
     /// Start (or restart) the upstream now if it is down, so a protected call
@@ -187,18 +262,84 @@ impl Upstream {
         self.peer().await.map(|_| ())
     }
 
-    /// `tools/list`, passed through.
-    pub async fn list_tools(&self, params: Option<PaginatedRequestParams>) -> Result<ListToolsResult, String> {
-        let (peer, _) = self.peer().await?;
-        peer.list_tools(params).await.map_err(|e| e.to_string())
+    /// One client request passed through as it came: its answer or error is the upstream's.
+    pub async fn request(&self, request: ClientRequest, link: &Link) -> Result<ServerResult, ErrorData> {
+        let (peer, _) = self.peer().await.map_err(|e| ErrorData::internal_error(e, None))?;
+        match self
+            .exchange(&peer, request, link, None)
+            .await
+            .map_err(relay::error_of)?
+        {
+            Exchanged::Answered(answer) => answer.map_err(relay::error_of),
+            Exchanged::Closed => Err(relay::error_of(ServiceError::TransportClosed)),
+            Exchanged::Cancelled => Err(ErrorData::internal_error("cancelled by the client", None)),
+            Exchanged::TimedOut(_) => Err(ErrorData::internal_error("the upstream did not answer in time", None)),
+        }
+    }
+
+    /// Send `request` with the client's `_meta`, relay its progress, and wait for the answer, the
+    /// client's cancellation or `timeout`, whichever comes first; the upstream is told to stop
+    /// when the gateway stops waiting. An error: the request never entered the connection.
+    async fn exchange(
+        &self,
+        peer: &Peer<RoleClient>,
+        request: ClientRequest,
+        link: &Link,
+        timeout: Option<Duration>,
+    ) -> Result<Exchanged, ServiceError> {
+        let options = match &link.meta {
+            Some(meta) => PeerRequestOptions::no_options().with_meta(meta.clone()),
+            None => PeerRequestOptions::no_options(),
+        };
+        let mut handle = peer.send_request_with_option(request, options).await?;
+        // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
+        let _progress = link
+            .progress
+            .clone()
+            .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
+        let wait = async {
+            match timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (exchanged, stop) = tokio::select! {
+            answer = &mut handle.rx => {
+                if link.progress.is_some() {
+                    self.relay.settle_progress().await;
+                }
+                (answer.map_or(Exchanged::Closed, Exchanged::Answered), None)
+            }
+            _ = link.ct.cancelled() => (Exchanged::Cancelled, Some("cancelled by the gateway's client")),
+            _ = wait => (Exchanged::TimedOut(timeout.unwrap_or_default()), Some("request timeout")),
+        };
+        if let Some(reason) = stop {
+            let _ = handle.cancel(Some(reason.to_string())).await;
+        }
+        Ok(exchanged)
+    }
+
+    /// A client notification the upstream needs (roots changed), passed on.
+    pub async fn notify(&self, notification: ClientNotification) {
+        match self.peer().await {
+            Ok((peer, _)) => {
+                if let Err(e) = peer.send_notification(notification).await {
+                    tracing::debug!(target: "once::gateway", "a notification did not reach the upstream: {e}");
+                }
+            }
+            Err(e) => tracing::debug!(target: "once::gateway", "a notification did not reach the upstream: {e}"),
+        }
     }
 
     /// Send one `tools/call`, unless `may_send` says it is too late by the time the upstream is up.
+    /// The client's progress is relayed; its cancellation, when it comes first, stops the wait and
+    /// is passed on, and the call is then answered as lost (it was sent: it may have acted).
     pub async fn call(
         &self,
         params: CallToolRequestParams,
         timeout: Duration,
         may_send: impl FnOnce() -> bool,
+        link: &Link,
     ) -> Reply {
         let (peer, generation) = match self.peer().await {
             Ok(found) => found,
@@ -207,16 +348,34 @@ impl Upstream {
         if !may_send() {
             return Reply::NotSent("the lease ran out before the upstream was ready".to_string());
         }
-        match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-            Err(_) => Reply::Lost(format!("no reply within {} ms", timeout.as_millis())),
-            Ok(Ok(result)) => Reply::Result(result),
-            Ok(Err(ServiceError::McpError(e))) => Reply::Error(e),
+        let request = ClientRequest::CallToolRequest(Request::new(params));
+        let exchanged = match self.exchange(&peer, request, link, Some(timeout)).await {
+            Ok(exchanged) => exchanged,
+            // The request never entered the connection.
+            Err(e) => {
+                self.forget(generation).await;
+                return Reply::NotSent(format!("the connection to the upstream was closed: {e}"));
+            }
+        };
+        match exchanged {
+            Exchanged::TimedOut(t) => Reply::Lost(format!("no reply within {} ms", t.as_millis())),
+            Exchanged::Cancelled => Reply::Lost(
+                "the client cancelled the call after it was sent, so its answer was not awaited".to_string(),
+            ),
+            Exchanged::Answered(Ok(ServerResult::CallToolResult(result))) => Reply::Result(result),
+            // A task or an input request is not the call's outcome: it may have started, so it is not "not sent".
+            Exchanged::Answered(Ok(_)) => Reply::Lost(
+                "the upstream answered with a task or an input request instead of a tool result, which the gateway \
+                 does not follow"
+                    .to_string(),
+            ),
+            Exchanged::Answered(Err(ServiceError::McpError(e))) => Reply::Error(e),
             // Anything else happened after the request was handed to the transport.
-            Ok(Err(ServiceError::TransportClosed)) => {
+            Exchanged::Closed | Exchanged::Answered(Err(ServiceError::TransportClosed)) => {
                 self.forget(generation).await;
                 Reply::Lost("the upstream closed the connection before replying".to_string())
             }
-            Ok(Err(e)) => {
+            Exchanged::Answered(Err(e)) => {
                 self.forget(generation).await;
                 Reply::Lost(format!("the exchange with the upstream broke: {e}"))
             }
@@ -229,4 +388,17 @@ impl Upstream {
             let _ = conn.service.close_with_timeout(Duration::from_secs(2)).await;
         }
     }
+}
+
+/// How one exchange with the upstream ended.
+#[allow(clippy::large_enum_variant)] // one per exchange, matched once: boxing would buy nothing
+enum Exchanged {
+    /// The upstream answered (a result, or its error).
+    Answered(Result<ServerResult, ServiceError>),
+    /// The connection closed before an answer.
+    Closed,
+    /// The client cancelled first.
+    Cancelled,
+    /// No answer within this long.
+    TimedOut(Duration),
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use once::Once;
 use refund::{EffectLedger, ORDER_ID};
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, RequestMetaObject};
-use rmcp::service::RunningService;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, JsonObject, Request, RequestMetaObject};
+use rmcp::service::{Peer, PeerRequestOptions, RequestHandle, RunningService};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -209,6 +209,17 @@ impl Session {
             .expect("the gateway exits after its client hangs up")
             .unwrap()
     }
+}
+
+/// Send a `tools/call` and return its handle: to cancel it, or to hear progress under its token.
+pub async fn send_call(client: &Peer<RoleClient>, params: CallToolRequestParams) -> RequestHandle<RoleClient> {
+    client
+        .send_request_with_option(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("the request reaches the gateway")
 }
 
 pub fn object(value: Value) -> JsonObject {

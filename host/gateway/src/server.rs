@@ -1,0 +1,343 @@
+//! The MCP server the client talks to. `tools/call` runs through once
+//! ([`Gateway::call`]); every other method the upstream serves — prompts,
+//! resources and their subscriptions, completions, logging, ping, methods
+//! this SDK does not name — passes through with its `_meta`, progress and
+//! cancellation, and its answer or error is the upstream's own. The gateway
+//! declares the upstream's capabilities (less what it cannot relay, below)
+//! and the upstream's instructions followed by once's.
+
+#[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientNotification, ClientRequest, CompleteRequestParams, CompleteResult,
+    CustomRequest, CustomResult, ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation,
+    InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, Request, RequestNoParam,
+    RequestOptionalParam, ServerCapabilities, ServerConfig, ServerPeerInfo, ServerResult, SetLevelRequestParams,
+    SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{RoleServer, ServerHandler};
+
+use crate::handler::Gateway;
+use crate::upstream::Link;
+
+/// The capabilities the gateway declares: the upstream's, but not its protocol
+/// extensions (the tasks extension among them: a task would carry a protected
+/// call past the engine), and always tools.
+pub fn capabilities(upstream: Option<&ServerPeerInfo>) -> ServerCapabilities {
+    let mut capabilities = upstream.map(|u| u.capabilities.clone()).unwrap_or_default();
+    capabilities.extensions = None;
+    if capabilities.tools.is_none() {
+        capabilities.tools = Some(ToolsCapability::default());
+    }
+    capabilities
+}
+
+/// The upstream's instructions as it wrote them, then what once adds.
+pub fn instructions(upstream: Option<&ServerPeerInfo>, once: &str) -> String {
+    match upstream.and_then(|u| u.instructions.as_deref()) {
+        Some(theirs) if !theirs.trim().is_empty() => format!("{theirs}\n\n{once}"),
+        _ => once.to_string(),
+    }
+}
+
+fn link(context: &RequestContext<RoleServer>) -> Link {
+    Link::of(context.meta.clone(), context.ct.clone())
+}
+
+fn optional<M: Default, P>(params: Option<P>) -> RequestOptionalParam<M, P> {
+    match params {
+        Some(params) => RequestOptionalParam::with_param(params),
+        None => RequestOptionalParam {
+            method: M::default(),
+            params: None,
+            extensions: Default::default(),
+        },
+    }
+}
+
+fn unexpected(method: &str) -> ErrorData {
+    ErrorData::internal_error(format!("the upstream answered {method} with something else"), None)
+}
+
+/// The upstream's answer to a pass-through request, as the result type the method has.
+macro_rules! answer {
+    ($self:ident, $context:ident, $request:expr, $variant:ident, $method:literal) => {
+        match $self.shared().upstream.request($request, &link(&$context)).await? {
+            ServerResult::$variant(result) => Ok(result),
+            _ => Err(unexpected($method)),
+        }
+    };
+}
+
+// Logging and resources/subscribe are deprecated by a newer protocol revision; clients on the older ones use them.
+#[allow(deprecated)]
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        let upstream = self.shared().upstream.info();
+        ServerConfig::new(capabilities(upstream.as_ref()))
+            .with_server_info(Implementation::new("once-gateway", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions(upstream.as_ref(), self.instructions()))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        // The upstream is restarted with them before it serves this client (see `crate::serve`).
+        self.shared().upstream.declare(request.capabilities.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let request = ClientRequest::PingRequest(RequestNoParam::default());
+        self.shared()
+            .upstream
+            .request(request, &link(&context))
+            .await
+            .map(|_| ())
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        answer!(
+            self,
+            context,
+            ClientRequest::CompleteRequest(Request::new(request)),
+            CompleteResult,
+            "completion/complete"
+        )
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let request = ClientRequest::SetLevelRequest(Request::new(request));
+        self.shared()
+            .upstream
+            .request(request, &link(&context))
+            .await
+            .map(|_| ())
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let request = ClientRequest::GetPromptRequest(Request::new(request));
+        match self.shared().upstream.request(request, &link(&context)).await? {
+            ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result)),
+            ServerResult::InputRequiredResult(result) => Ok(GetPromptResponse::InputRequired(result)),
+            _ => Err(unexpected("prompts/get")),
+        }
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        answer!(
+            self,
+            context,
+            ClientRequest::ListPromptsRequest(optional(request)),
+            ListPromptsResult,
+            "prompts/list"
+        )
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        answer!(
+            self,
+            context,
+            ClientRequest::ListResourcesRequest(optional(request)),
+            ListResourcesResult,
+            "resources/list"
+        )
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        answer!(
+            self,
+            context,
+            ClientRequest::ListResourceTemplatesRequest(optional(request)),
+            ListResourceTemplatesResult,
+            "resources/templates/list"
+        )
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let request = ClientRequest::ReadResourceRequest(Request::new(request));
+        match self.shared().upstream.request(request, &link(&context)).await? {
+            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result)),
+            ServerResult::InputRequiredResult(result) => Ok(ReadResourceResponse::InputRequired(result)),
+            _ => Err(unexpected("resources/read")),
+        }
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let request = ClientRequest::SubscribeRequest(Request::new(request));
+        self.shared()
+            .upstream
+            .request(request, &link(&context))
+            .await
+            .map(|_| ())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let request = ClientRequest::UnsubscribeRequest(Request::new(request));
+        self.shared()
+            .upstream
+            .request(request, &link(&context))
+            .await
+            .map(|_| ())
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        match self
+            .shared()
+            .upstream
+            .request(ClientRequest::CustomRequest(request), &link(&context))
+            .await?
+        {
+            ServerResult::CustomResult(result) => Ok(result),
+            // The upstream's answer parsed as a known shape: pass it on as the JSON it was.
+            other => serde_json::to_value(other)
+                .map(CustomResult)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+
+    async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
+        let notification = ClientNotification::RootsListChangedNotification(Default::default());
+        self.shared().upstream.notify(notification).await;
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        answer!(
+            self,
+            context,
+            ClientRequest::ListToolsRequest(optional(request)),
+            ListToolsResult,
+            "tools/list"
+        )
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let this = self.clone();
+        let meta = context.meta.0.0.clone();
+        let link = link(&context);
+        let result = tokio::task::spawn_blocking(move || this.call(request, meta, link))
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        Ok(result.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{ProgressToken, ProtocolVersion, RequestMetaObject};
+    use tokio_util::sync::CancellationToken;
+
+    fn upstream(capabilities: serde_json::Value, instructions: Option<&str>) -> ServerPeerInfo {
+        let mut info = ServerPeerInfo::new(ProtocolVersion::LATEST, serde_json::from_value(capabilities).unwrap());
+        info.instructions = instructions.map(str::to_string);
+        info
+    }
+
+    #[test]
+    fn the_upstreams_capabilities_less_its_extensions_and_always_tools() {
+        let info = upstream(
+            serde_json::json!({
+                "logging": {}, "completions": {}, "prompts": {"listChanged": true},
+                "resources": {"subscribe": true}, "experimental": {"x": {}},
+                "extensions": {"io.modelcontextprotocol/tasks": {}},
+            }),
+            None,
+        );
+        let declared = serde_json::to_value(capabilities(Some(&info))).unwrap();
+        assert_eq!(
+            declared,
+            serde_json::json!({
+                "logging": {}, "completions": {}, "prompts": {"listChanged": true},
+                "resources": {"subscribe": true}, "experimental": {"x": {}}, "tools": {},
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(capabilities(None)).unwrap(),
+            serde_json::json!({"tools": {}})
+        );
+    }
+
+    #[test]
+    fn the_upstreams_instructions_come_first_and_unchanged() {
+        let info = upstream(serde_json::json!({}), Some("Use the refund tool carefully."));
+        assert_eq!(
+            instructions(Some(&info), "once's note."),
+            "Use the refund tool carefully.\n\nonce's note."
+        );
+        let silent = upstream(serde_json::json!({}), Some("  "));
+        assert_eq!(instructions(Some(&silent), "once's note."), "once's note.");
+    }
+
+    #[test]
+    fn a_link_keeps_the_clients_progress_token_apart_from_its_other_meta() {
+        let mut meta = RequestMetaObject::new();
+        meta.set_progress_token(ProgressToken(rmcp::model::NumberOrString::Number(7)));
+        meta.insert("trace".to_string(), serde_json::json!("abc"));
+        let link = Link::of(meta, CancellationToken::new());
+        assert_eq!(
+            link.progress,
+            Some(ProgressToken(rmcp::model::NumberOrString::Number(7)))
+        );
+        let rest = link.meta.expect("the other _meta");
+        assert_eq!(rest.get("trace"), Some(&serde_json::json!("abc")));
+        assert!(rest.get("progressToken").is_none());
+        assert!(
+            Link::of(RequestMetaObject::new(), CancellationToken::new())
+                .meta
+                .is_none()
+        );
+    }
+}
