@@ -312,7 +312,8 @@ export class Once {
 
   private toolConfig(tool: string, t: ToolOptions): ToolConfig {
     const policy = policyInput(t.policy, `tools.${tool}`);
-    if (!t.lookup && !this.options.lookup && policy.lookup === undefined) policy.lookup = false;
+    // A fact of this host: whether it can read this tool's provider (the defaults may say it cannot read others).
+    if (policy.lookup === undefined) policy.lookup = Boolean(t.lookup ?? this.options.lookup);
     return { tool, policy, descriptor: descriptorInput(t.descriptor) };
   }
 

@@ -51,6 +51,9 @@ class RemoteStore implements SyncStore {
   audit(scope: string, key: string): AuditEvent[] {
     return askOk<AuditEvent[]>({ kind: "audit", scope, key });
   }
+  counts(): never {
+    throw new Error("counts of a remote store are read on the main thread");
+  }
   close(): void {}
 }
 

@@ -1,6 +1,6 @@
 // The in-memory ledger: one Map of rows and one of audit events, in the engine's worker.
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, type SyncStore, utf8cmp } from "./store.js";
+import { type CommitVerdict, type Counts, type SyncStore, utf8cmp } from "./store.js";
 
 const rowKey = (t: string, s: string, k: string) => JSON.stringify([t, s, k]);
 const eventKey = (s: string, k: string, v: bigint) => JSON.stringify([s, k, String(v)]);
@@ -58,6 +58,12 @@ export class MemoryStore implements SyncStore {
       .filter((e) => e.scope === scope && e.key === key)
       .sort((a, b) => (a.version < b.version ? -1 : 1))
       .map((e) => ({ ...e }));
+  }
+
+  counts(): Counts {
+    const n: Counts = { operation: 0, tombstone: 0, quota: 0, events: this.events.size };
+    for (const r of this.rows.values()) n[r.table] += 1;
+    return n;
   }
 
   close(): void {}

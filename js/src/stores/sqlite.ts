@@ -4,7 +4,7 @@
 // reads a file written here, and a Rust host and this one can share it.
 import Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, I64_MAX, type SyncStore, int } from "./store.js";
+import { type CommitVerdict, type Counts, I64_MAX, type SyncStore, int } from "./store.js";
 
 /** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`). */
 export const SCHEMA_VERSION = 2;
@@ -263,6 +263,15 @@ export class SqliteStore implements SyncStore {
       attempt: e.attempt === null ? undefined : Number(e.attempt),
       detail: e.detail,
     }));
+  }
+
+  counts(): Counts {
+    const n: Counts = { operation: 0, tombstone: 0, quota: 0, events: 0 };
+    for (const r of this.db.prepare("SELECT tbl, count(*) AS n FROM rows GROUP BY tbl").all() as { tbl: Table; n: number }[]) {
+      n[r.tbl] = r.n;
+    }
+    n.events = (this.db.prepare("SELECT count(*) AS n FROM audit").get() as { n: number }).n;
+    return n;
   }
 
   close(): void {

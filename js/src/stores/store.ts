@@ -11,7 +11,17 @@ export interface SyncStore {
   commit(batch: Batch): CommitVerdict;
   scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Row[];
   audit(scope: string, key: string): AuditEvent[];
+  /** Rows per table and the number of audit events (operators' statistics, tests). */
+  counts(): Counts;
   close(): void;
+}
+
+/** Rows per table and audit events. */
+export interface Counts {
+  operation: number;
+  tombstone: number;
+  quota: number;
+  events: number;
 }
 
 /** The largest integer SQL stores hold: every stored version and timestamp fits. */
