@@ -245,6 +245,8 @@ export class Once {
   private configuration!: Configuration;
   private configured!: Configured;
   private lookups = new Map<string, Lookup>();
+  /** Each configured tool's options as given (setTool merges into them). */
+  private tools = new Map<string, ToolOptions>();
   private settingLock: Promise<unknown> = Promise.resolve();
 
   private constructor(
@@ -294,7 +296,10 @@ export class Once {
     });
     once = new Once(engine, options, pg);
     try {
-      for (const [tool, t] of Object.entries(options.tools ?? {})) if (t.lookup) once.lookups.set(tool, t.lookup);
+      for (const [tool, t] of Object.entries(options.tools ?? {})) {
+        once.tools.set(tool, t);
+        if (t.lookup) once.lookups.set(tool, t.lookup);
+      }
       const settings = await engine.call<Settings>("defaultSettings");
       if (options.owner !== undefined) settings.owner = options.owner;
       if (options.clockSkewMs !== undefined) settings.clockSkewMs = BigInt(options.clockSkewMs);
@@ -322,15 +327,18 @@ export class Once {
     this.configuration = configuration;
   }
 
-  /** Configure (or reconfigure) one tool; the engine fills and checks its policy. */
+  /** Configure (or reconfigure) one tool; what `options` leaves out stays as configured. The engine fills and checks its policy. */
   setTool(tool: string, options: ToolOptions): Promise<ToolPlan> {
     const next = this.settingLock.then(async () => {
-      const config = this.toolConfig(tool, options);
+      const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
+      const merged: ToolOptions = { ...this.tools.get(tool), ...given };
+      const config = this.toolConfig(tool, merged);
       await this.configure({
         ...this.configuration,
         tools: [...this.configuration.tools.filter((t) => t.tool !== tool), config],
       });
-      if (options.lookup) this.lookups.set(tool, options.lookup);
+      this.tools.set(tool, merged);
+      if (merged.lookup) this.lookups.set(tool, merged.lookup);
       return this.plan(tool);
     });
     this.settingLock = next.catch(() => {});
@@ -461,22 +469,22 @@ export class Once {
       () => undefined,
     );
     ready.catch(() => {});
-    let direct: { value?: R; error?: unknown } = {};
-    const send: Send = async (d) => {
-      try {
-        const value = await fn(d.args as A, d);
-        if (d.attempt === 0) direct = { value };
-        return sent.success(value === undefined ? null : value);
-      } catch (e) {
-        if (d.attempt === 0) direct = { error: e };
-        if (e instanceof Rejected) return sent.rejected(e.message);
-        if (e instanceof NotSent) return sent.notSent();
-        if (e instanceof InvalidArgumentsError) throw e;
-        return sent.ambiguous(e instanceof Error ? `${e.name}: ${e.message}` : String(e));
-      }
-    };
     const protectedFn = (async (args: A, c: ProtectCall = {}) => {
       await ready;
+      // A DIRECT call's own result (it is not recorded), kept per call.
+      let direct: { value?: R; error?: unknown } = {};
+      const send: Send = async (d) => {
+        try {
+          const value = await fn(d.args as A, d);
+          if (d.attempt === 0) direct = { value };
+          return sent.success(value === undefined ? null : value);
+        } catch (e) {
+          if (d.attempt === 0) direct = { error: e };
+          if (e instanceof Rejected) return sent.rejected(e.message);
+          if (e instanceof NotSent) return sent.notSent();
+          return sent.ambiguous(e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+        }
+      };
       const called = await this.call({
         scope: c.scope ?? options.scope ?? this.options.scope ?? "default",
         key: c.key ?? options.key?.(args),

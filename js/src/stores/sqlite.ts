@@ -89,8 +89,12 @@ export class SqliteStore implements SyncStore {
 
   constructor(options: SqliteOptions) {
     this.at = options.path;
-    this.db = new Database(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
-    this.db.pragma(`synchronous = ${(options.synchronous ?? "full").toUpperCase()}`);
+    try {
+      this.db = new Database(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
+      this.db.pragma(`synchronous = ${(options.synchronous ?? "full").toUpperCase()}`);
+    } catch (e) {
+      throw new Error(`sqlite: open ${this.at}: ${(e as Error).message}`);
+    }
     this.enableWal(options.busyTimeoutMs ?? 5000);
     this.initSchema();
     const prepare = (sql: string) => this.db.prepare(sql).safeIntegers(true);
