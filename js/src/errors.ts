@@ -2,9 +2,16 @@
 // and, for `protect`, how a call ended without its effect confirmed.
 import type { Account, Error as EnginePayload, JsonError } from "./wit.js";
 
+/** A value with every bigint (u64 timestamps) as a number, for JSON. */
+export const jsonSafe = (v: unknown): unknown => JSON.parse(JSON.stringify(v, (_, x) => (typeof x === "bigint" ? Number(x) : x)));
+
 /** The base class of every error this package throws. */
 export class OnceError extends Error {
   override name = "OnceError";
+  /** Frameworks serialize tool errors to show them to a model: name and message (and the account, for outcomes). */
+  toJSON(): Record<string, unknown> {
+    return { name: this.name, message: this.message };
+  }
 }
 
 /** The engine refused the input or could not use the ledger: the component's typed error. */
@@ -95,6 +102,9 @@ export class OutcomeError extends OnceError {
     readonly account: Account,
   ) {
     super(message);
+  }
+  override toJSON(): Record<string, unknown> {
+    return { ...super.toJSON(), account: jsonSafe(this.account) };
   }
 }
 

@@ -173,6 +173,8 @@ export interface ProtectCall {
   scope?: string;
   supersedes?: string;
   acknowledgeConfirmed?: boolean;
+  /** Handed to the protected function as its third argument (a framework's per-call options). */
+  context?: unknown;
 }
 
 /** How `protect` builds each call. */
@@ -464,7 +466,11 @@ export class Once {
    * The function throws `Rejected` for a definite refusal, `NotSent` when nothing left;
    * any other throw (or no answer within the dispatch timeout) may have had an effect.
    */
-  protect<A, R>(tool: string, fn: (args: A, dispatch: Dispatch) => Promise<R>, options: ProtectOptions<A> = {}): Protected<A, R> {
+  protect<A, R>(
+    tool: string,
+    fn: (args: A, dispatch: Dispatch, context?: unknown) => Promise<R> | R,
+    options: ProtectOptions<A> = {},
+  ): Protected<A, R> {
     const ready = this.setTool(tool, { policy: options.policy, lookup: options.lookup, descriptor: options.descriptor }).then(
       () => undefined,
     );
@@ -475,7 +481,7 @@ export class Once {
       let direct: { value?: R; error?: unknown } = {};
       const send: Send = async (d) => {
         try {
-          const value = await fn(d.args as A, d);
+          const value = await fn(d.args as A, d, c.context);
           if (d.attempt === 0) direct = { value };
           return sent.success(value === undefined ? null : value);
         } catch (e) {
