@@ -49,3 +49,7 @@ rmSync(join(HERE, "dist"), { recursive: true, force: true });
 const tsc = join(HERE, "node_modules", "typescript", "bin", "tsc");
 execFileSync(process.execPath, [tsc, "-p", join(HERE, "tsconfig.json")], { stdio: "inherit" });
 console.log("build: dist/ compiled");
+// The study (not part of the package) imports the package by its name.
+rmSync(join(HERE, "dist-study"), { recursive: true, force: true });
+execFileSync(process.execPath, [tsc, "-p", join(HERE, "study", "tsconfig.json")], { stdio: "inherit" });
+console.log("build: dist-study/ compiled");
