@@ -32,11 +32,10 @@ export interface Request {
   args: unknown[];
 }
 
-/** An export's answer: its value, the component's error payload, or a failure of the component itself. */
-export type Response =
-  | { id: number; value: unknown }
-  | { id: number; error: unknown }
-  | { id: number; trap: string };
+/** An export's answer: its value, the component's error payload, or a failure of the component itself; with the ledger clock read after it. */
+export type Response = ({ id: number; value: unknown } | { id: number; error: unknown } | { id: number; trap: string }) & {
+  now?: bigint;
+};
 
 /** An import the worker needs answered by the main thread. */
 export type ImportRequest =

@@ -21,7 +21,9 @@ const WORKER = new URL("./worker.js", import.meta.url);
 /** One engine worker: a guest instance over one ledger. */
 export class Engine {
   private next = 1;
-  private pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: unknown) => void }>();
+  private pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: unknown) => void; sentAt: number }>();
+  /** The last ledger-clock reading, and when (performance.now()) the request it answered was sent. */
+  private clock = { now: 0, sentAt: -Infinity };
   private closed = false;
 
   private constructor(
@@ -61,12 +63,20 @@ export class Engine {
     const id = this.next++;
     if (this.pending.size === 0) this.worker.ref();
     return new Promise<T>((resolve, reject) => {
-      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, sentAt: performance.now() });
       this.worker.postMessage({ id, op, args });
     });
   }
 
-  private settle(id: number): { resolve: (v: unknown) => void; reject: (e: unknown) => void } | undefined {
+  /**
+   * The ledger clock now, carried forward from the last reading on this host's
+   * monotonic clock, never behind it: the reading was taken after its request was sent.
+   */
+  ledgerNow(): number {
+    return this.clock.now + Math.ceil(performance.now() - this.clock.sentAt);
+  }
+
+  private settle(id: number): { resolve: (v: unknown) => void; reject: (e: unknown) => void; sentAt: number } | undefined {
     const p = this.pending.get(id);
     this.pending.delete(id);
     if (this.pending.size === 0) this.worker.unref();
@@ -80,6 +90,7 @@ export class Engine {
     }
     const p = this.settle(m.id);
     if (!p) return;
+    if (m.now !== undefined && p.sentAt >= this.clock.sentAt) this.clock = { now: Number(m.now), sentAt: p.sentAt };
     if ("value" in m) p.resolve(m.value);
     else if ("error" in m) p.reject(engineError(m.error as EnginePayload));
     else p.reject(new ComponentError(`the once component failed: ${m.trap}`));

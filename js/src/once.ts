@@ -420,14 +420,14 @@ export class Once {
 
   /** The loop every host runs: send, report, sleep, resume, until the engine says done (or the wait would outlast `patience`). */
   private async drive(step: Step, call: Call | undefined, patienceMs: number, send: Send): Promise<Called> {
-    const giveUpAt = (await this.now()) + patienceMs;
+    const giveUpAt = this.engine.ledgerNow() + patienceMs;
     const stopAt = Date.now() + patienceMs;
     for (;;) {
       switch (step.tag) {
         case "dispatch": {
           const g: Grant = step.val;
           // Never send after send-by: the whole timeout must end inside the lease.
-          const result = (await this.now()) >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
+          const result = this.engine.ledgerNow() >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
           try {
             step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
           } catch (e) {
@@ -440,7 +440,7 @@ export class Once {
         case "wait": {
           const w = step.val;
           if (Number(w.next) > giveUpAt || Date.now() >= stopAt) return { kind: "done", account: w.meanwhile };
-          await sleep(Math.min(Number(w.next) - (await this.now()), stopAt - Date.now()));
+          await sleep(Math.min(Number(w.next) - this.engine.ledgerNow(), stopAt - Date.now()));
           step = await this.engine.call<Step>("resume", w.scope, w.key);
           break;
         }

@@ -194,6 +194,7 @@ port.on("message", (req: Request | { close: true }) => {
     port.close();
     return;
   }
-  port.postMessage(handle(req));
+  // The ledger clock after the export: the handle carries it forward instead of asking again.
+  port.postMessage({ ...handle(req), now: now() });
 });
 port.postMessage(openError === undefined ? { ready: true } : { openError });
