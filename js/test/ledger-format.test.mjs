@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { join } from "node:path";
+import Database from "better-sqlite3";
 import { Once, sent } from "../dist/index.js";
 import { binary, databaseUrl, execFileSync, once, schemaFor, tempDir, withSchema } from "./helpers.mjs";
 
@@ -74,4 +75,50 @@ test("PostgreSQL: once ledger list/show/resolve on a Node-written schema; Rust a
   if (!url) return;
   const schema = await schemaFor(t, url);
   await crossing(withSchema(url, schema), []);
+});
+
+/** The schema objects of an SQLite file, as SQLite keeps their SQL (whitespace collapsed: the source's indentation differs). */
+function sqliteSchema(path) {
+  const db = new Database(path, { readonly: true });
+  const rows = db
+    .prepare("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
+    .all()
+    .map((r) => ({ ...r, sql: r.sql && r.sql.replace(/\s+/g, " ") }));
+  const version = db.prepare("SELECT value FROM meta WHERE key = 'schema_version'").get();
+  db.close();
+  return { rows, version };
+}
+
+test("SQLite: a file Node creates has the schema of one the Rust host creates", async (t) => {
+  const dir = tempDir(t);
+  const node = await Once.sqlite(join(dir, "node.db"));
+  await node.close();
+  execFileSync(binary("ONCE_EMBED", "examples/embed", "cargo build -p once-host --example embed"), [], { cwd: dir, stdio: "ignore" });
+  assert.deepEqual(sqliteSchema(join(dir, "node.db")), sqliteSchema(join(dir, "once.db")));
+});
+
+test("PostgreSQL: a schema Node creates has the tables, columns, indexes and trigger of one the Rust host creates", async (t) => {
+  const url = databaseUrl(t);
+  if (!url) return;
+  const [nodeSchema, rustSchema] = [await schemaFor(t, url), await schemaFor(t, url)];
+  const node = await Once.postgres(withSchema(url, nodeSchema));
+  await node.close();
+  once("ledger", "list", "--db", withSchema(url, rustSchema)); // the Rust host creates its schema on open
+  const pg = (await import("pg")).default;
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  t.after(() => c.end());
+  const shape = async (schema) => ({
+    columns: (await c.query(
+      `SELECT table_name, column_name, data_type, is_nullable, collation_name, ordinal_position
+       FROM information_schema.columns WHERE table_schema = $1 ORDER BY table_name, ordinal_position`, [schema])).rows,
+    indexes: (await c.query(
+      "SELECT tablename, indexname, replace(indexdef, $1, 'S') AS def FROM pg_indexes WHERE schemaname = $2 ORDER BY indexname",
+      [`${schema}.`, schema])).rows,
+    triggers: (await c.query(
+      "SELECT event_object_table, trigger_name, event_manipulation FROM information_schema.triggers WHERE trigger_schema = $1 ORDER BY trigger_name, event_manipulation",
+      [schema])).rows,
+    meta: (await c.query(`SELECT key, value FROM ${schema}.meta ORDER BY key`)).rows,
+  });
+  assert.deepEqual(await shape(nodeSchema), await shape(rustSchema));
 });
