@@ -5,7 +5,7 @@
 // attempt, what an outcome means) is the component's.
 import type { StoreSpec } from "./channel.js";
 import { Engine } from "./engine.js";
-import { ComponentError, InvalidArgumentsError, OnceError, outcomeError } from "./errors.js";
+import { ComponentError, InvalidArgumentsError, StorageError, outcomeError } from "./errors.js";
 import { type Json, toJson } from "./json.js";
 import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
 import type { Synchronous } from "./stores/sqlite.js";
@@ -274,7 +274,6 @@ export class Once {
     try {
       store = await PostgresStore.open(url);
     } catch (e) {
-      const { StorageError } = await import("./errors.js");
       const message = e instanceof Error ? e.message : String(e);
       throw new StorageError(message.startsWith("postgres") ? message : `postgres: ${message}`, { tag: "storage", val: message });
     }
@@ -564,4 +563,3 @@ function dispatchOf(g: Grant): Omit<Dispatch, "signal"> {
   };
 }
 
-export { OnceError };
