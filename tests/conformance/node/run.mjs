@@ -8,7 +8,11 @@
 // policy a step needs. Every decision comes from the component.
 //
 //   node run.mjs --component once_guest.wasm [--store memory|sqlite|all]
-//                [--transcripts DIR] [--filter TEXT] [--negative]
+//                [--transcripts DIR] [--filter TEXT] [--negative] [--stores MODULE]
+//
+// --stores MODULE: the stores come from MODULE's `stores.memory()` and
+// `stores.sqlite(path)` instead of this file's (js/ runs the scenarios over
+// the npm package's own ledgers this way).
 //
 // Exit status 0 only when every scenario passed on every store asked for
 // (and, with --negative, when the deliberately broken store was caught).
@@ -257,6 +261,9 @@ class SqliteStore {
   }
 }
 
+/** Store factories from --stores MODULE, if given. */
+let STORES = null;
+
 /** A store plus what scenarios script: failures, lost replies, a racing writer, a lost ledger. */
 class Scripted {
   constructor(kind, dir, broken) {
@@ -267,7 +274,9 @@ class Scripted {
   }
   wipe() {
     this.generation += 1;
-    this.inner = this.kind === "sqlite" ? new SqliteStore(join(this.dir, `ledger-${this.generation}.db`)) : new MemoryStore();
+    const path = join(this.dir, `ledger-${this.generation}.db`);
+    if (STORES) this.inner = this.kind === "sqlite" ? STORES.sqlite(path) : STORES.memory();
+    else this.inner = this.kind === "sqlite" ? new SqliteStore(path) : new MemoryStore();
   }
   commit(puts, events) {
     const hook = this.race;
@@ -994,7 +1003,7 @@ function parseArgs(argv) {
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     if (flag === "--negative") a.negative = true;
-    else if (["--component", "--scenarios", "--vectors", "--store", "--transcripts", "--filter"].includes(flag)) a[flag.slice(2)] = argv[++i];
+    else if (["--component", "--scenarios", "--vectors", "--store", "--transcripts", "--filter", "--stores"].includes(flag)) a[flag.slice(2)] = argv[++i];
     else throw new Error(`unknown argument ${flag}`);
   }
   if (!a.component) throw new Error("--component is required");
@@ -1042,6 +1051,7 @@ function runAll(runtime, vectors, scenarios, kind, broken) {
 
 async function main() {
   const a = parseArgs(process.argv.slice(2));
+  if (a.stores) STORES = (await import(pathToFileURL(resolve(a.stores)).href)).stores;
   const started = Date.now();
   const digest = createHash("sha256").update(readFileSync(a.component)).digest("hex");
   const runtime = await loadRuntime(a.component);

@@ -1,0 +1,565 @@
+// The Once handle: the call protocol for one tool call, the same few lines
+// every host runs — start it, send each grant the engine gives and report
+// what happened, sleep through each wait, stop at the account the engine
+// states. Every decision (retries, reconciliation, waiting on another
+// attempt, what an outcome means) is the component's.
+import type { StoreSpec } from "./channel.js";
+import { Engine } from "./engine.js";
+import { ComponentError, InvalidArgumentsError, StorageError, outcomeError } from "./errors.js";
+import { type Json, toJson } from "./json.js";
+import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
+import type { Synchronous } from "./stores/sqlite.js";
+import { PostgresStore } from "./stores/postgres.js";
+import type {
+  Account,
+  Call,
+  Configuration,
+  Configured,
+  Escalation,
+  Evidence,
+  Grant,
+  OperatorQueue,
+  Outcome,
+  QueueFilter,
+  RecordView,
+  Resolution,
+  Settings,
+  State,
+  Step,
+  SweepResult,
+  ToolConfig,
+  ToolPlan,
+} from "./wit.js";
+
+/** What a lookup is asked: is there an effect for this provider key? */
+export interface LookupQuery {
+  tool: string;
+  /** The key the provider saw (argument, header): derived from (scope, operation key). */
+  providerKey: string;
+  /** The canonical dispatch args. */
+  args: Json;
+  /** The ledger clock when the read started: a linearizable read answers `evidence.absent(now)`. */
+  now: number;
+}
+
+/** The provider's authoritative read (never the write path): its evidence. */
+export type Lookup = (q: LookupQuery) => Evidence | Promise<Evidence>;
+
+/** The escalation sink: true when it accepted the escalation (it dedupes on `escalation.id`). */
+export type Escalate = (escalation: Escalation) => boolean | Promise<boolean>;
+
+/** Evidence a lookup returns. */
+export const evidence = {
+  /** The effect exists: its receipt. */
+  confirmed: (receipt: unknown): Evidence => ({ tag: "confirmed", val: toJson(receipt, "receipt") }),
+  /** No effect, as of `readPosition` (ledger clock, ms): every commit at or before it is visible. */
+  absent: (readPosition: number | bigint): Evidence => ({ tag: "absent", val: BigInt(readPosition) }),
+  /** The read could not tell. */
+  unknown: (reason: string): Evidence => ({ tag: "unknown", val: reason }),
+};
+
+/** What the provider did to one dispatch, as the sender saw it. */
+export type Sent =
+  | { outcome: "success"; response: string }
+  | { outcome: "rejected"; error: string }
+  | { outcome: "ambiguous"; reason: string }
+  | { outcome: "not-sent" };
+
+/** Constructors of Sent. */
+export const sent = {
+  /** The effect happened; `response` (any JSON value) is stored as the receipt. */
+  success: (response: unknown): Sent => ({ outcome: "success", response: toJson(response ?? null, "response") }),
+  /** The effect happened; the provider's response as the JSON text it sent. */
+  successJson: (response: string): Sent => ({ outcome: "success", response }),
+  /** The provider answered and did nothing (a definite rejection). */
+  rejected: (error: string): Sent => ({ outcome: "rejected", error }),
+  /** Timeout, disconnect, 5xx after sending: the effect may exist. */
+  ambiguous: (reason: string): Sent => ({ outcome: "ambiguous", reason }),
+  /** Nothing left this host (e.g. the connection was refused). */
+  notSent: (): Sent => ({ outcome: "not-sent" }),
+};
+
+/** What the sender is asked to send: exactly these args, once. */
+export interface Dispatch {
+  scope: string;
+  /** Operation key (empty for a DIRECT call). */
+  key: string;
+  tool: string;
+  /** Attempt number (0 for a DIRECT call). */
+  attempt: number;
+  /** The key to hand the provider; empty for a DIRECT call. */
+  providerKey: string;
+  /** The args to send (a key argument already set to the provider key). */
+  args: Json;
+  /** The same, as the canonical JSON text the engine recorded. */
+  argsJson: string;
+  /** How long the provider may take; no answer by then is reported ambiguous. */
+  timeoutMs: number;
+  /** Aborted when the timeout has passed. */
+  signal: AbortSignal;
+}
+
+/** Sends one dispatch and says what the provider did. */
+export type Send = (dispatch: Dispatch) => Sent | Promise<Sent>;
+
+/** How a call ended. */
+export type Called =
+  /** A protected call ended (or the wait for it was given up): the engine's account. */
+  | { kind: "done"; account: Account }
+  /** A DIRECT tool was sent unprotected; what the sender saw. */
+  | { kind: "direct"; sent: Sent }
+  /** The effect happened, but recording it failed inside once; it is reconciled later. Never mint a new key for it. */
+  | { kind: "unreported"; response: string; error: string };
+
+/** One protected call. */
+export interface CallRequest {
+  /** Tenant / agent / conversation namespace. */
+  scope: string;
+  /** The operation key the application minted before the first attempt (omit for a derived key). */
+  key?: string;
+  tool: string;
+  /** The tool's args (JSON); or `argsJson`. */
+  args?: unknown;
+  /** The args as JSON text, passed to the engine as written. */
+  argsJson?: string;
+  send: Send;
+  /** A key in the same scope this operation replaces. */
+  supersedes?: string;
+  /** Proceed although the superseded original is confirmed. */
+  acknowledgeConfirmed?: boolean;
+  /** Longest wait for another attempt or a due read before answering what is known (default the handle's). */
+  waitMs?: number;
+}
+
+/** A tool's configuration. */
+export interface ToolOptions {
+  policy?: Policy;
+  descriptor?: Descriptor;
+  /** This tool's authoritative read (else the handle's `lookup`). */
+  lookup?: Lookup;
+}
+
+/** Options of a Once handle. */
+export interface OnceOptions {
+  /** Who dispatches for this handle (default `default`); records carry it. */
+  owner?: string;
+  /** Declared bound on the skew between the clocks of hosts sharing the ledger. */
+  clockSkewMs?: number;
+  /** What applies to every tool for what its own policy leaves unset, and to tools not named. */
+  defaults?: Policy;
+  tools?: Record<string, ToolOptions>;
+  /** The provider's read for every tool without its own; without any, a tool has no lookup (an operator settles unknowns). */
+  lookup?: Lookup;
+  /** The escalation sink (default: a line on stderr, accepted). */
+  escalate?: Escalate;
+  /** How long a call waits for another attempt's outcome or a due read (default 10 000 ms). */
+  waitMs?: number;
+  /** How long one lookup may take before it counts as "could not tell" (default 30 000 ms). */
+  lookupTimeoutMs?: number;
+  /** The scope `protect`ed functions use when the call names none (default `default`). */
+  scope?: string;
+}
+
+/** Options of an SQLite handle. */
+export interface SqliteHandleOptions extends OnceOptions {
+  synchronous?: Synchronous;
+  busyTimeoutMs?: number;
+}
+
+/** Per-call options of a protected function. */
+export interface ProtectCall {
+  /** The operation key (else the `key` function's). */
+  key?: string;
+  scope?: string;
+  supersedes?: string;
+  acknowledgeConfirmed?: boolean;
+  /** Handed to the protected function as its third argument (a framework's per-call options). */
+  context?: unknown;
+}
+
+/** How `protect` builds each call. */
+export interface ProtectOptions<A> {
+  /** The operation key of a call, from the application's state (never a model's tool-call id). */
+  key?: (args: A) => string | undefined;
+  scope?: string;
+  lookup?: Lookup;
+  policy?: Policy;
+  descriptor?: Descriptor;
+}
+
+/** A function whose calls are protected; `ready` settles once its policy is configured. */
+export interface Protected<A, R> {
+  (args: A, call?: ProtectCall): Promise<R>;
+  ready: Promise<void>;
+}
+
+/** Thrown by a protected function: the provider answered and did nothing. */
+export class Rejected extends Error {
+  override name = "Rejected";
+}
+
+/** Thrown by a protected function: nothing was sent (e.g. the connection was refused). */
+export class NotSent extends Error {
+  override name = "NotSent";
+}
+
+function outcomeOf(s: Sent): Outcome {
+  switch (s.outcome) {
+    case "success":
+      return { tag: "success", val: s.response };
+    case "rejected":
+      return { tag: "rejected", val: s.error };
+    case "ambiguous":
+      return { tag: "ambiguous", val: s.reason };
+    case "not-sent":
+      return { tag: "not-sent" };
+  }
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)));
+
+/** Run the sender with its timeout: no answer in time (or a throw) is ambiguous. */
+async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
+  const abort = new AbortController();
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<Sent>((resolve) => {
+    timer = setTimeout(() => {
+      abort.abort(new Error(`no answer within ${d.timeoutMs} ms`));
+      resolve(sent.ambiguous(`no answer within ${d.timeoutMs} ms`));
+    }, d.timeoutMs);
+  });
+  try {
+    return await Promise.race([Promise.resolve().then(() => send({ ...d, signal: abort.signal })), late]);
+  } catch (e) {
+    return sent.ambiguous(`the sender threw: ${e instanceof Error ? e.message : String(e)}`);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+const logEscalation: Escalate = (e) => {
+  process.stderr.write(`once: operator, look at ${e.scope}/${e.key} (${e.tool}, ${e.state}): ${e.reason}\n`);
+  return true;
+};
+
+/** A handle on the once engine over one ledger. */
+export class Once {
+  private configuration!: Configuration;
+  private configured!: Configured;
+  private lookups = new Map<string, Lookup>();
+  /** Each configured tool's options as given (setTool merges into them). */
+  private tools = new Map<string, ToolOptions>();
+  private settingLock: Promise<unknown> = Promise.resolve();
+
+  private constructor(
+    private engine: Engine,
+    private options: OnceOptions,
+    private postgresStore?: PostgresStore,
+  ) {}
+
+  /** A ledger in memory (gone with the process). */
+  static memory(options: OnceOptions = {}): Promise<Once> {
+    return Once.over({ kind: "memory" }, options);
+  }
+
+  /** An SQLite ledger file (created if missing), in the Rust host's format. */
+  static sqlite(path: string, options: SqliteHandleOptions = {}): Promise<Once> {
+    const { synchronous, busyTimeoutMs, ...rest } = options;
+    return Once.over({ kind: "sqlite", path, synchronous, busyTimeoutMs }, rest);
+  }
+
+  /** A PostgreSQL ledger (`postgres://…[?schema=name]`, default schema `once`), its clock the database's. */
+  static async postgres(url: string, options: OnceOptions = {}): Promise<Once> {
+    let store: PostgresStore;
+    try {
+      store = await PostgresStore.open(url);
+    } catch (e) {
+      const message = e instanceof Error ? e.message : String(e);
+      throw new StorageError(message.startsWith("postgres") ? message : `postgres: ${message}`, { tag: "storage", val: message });
+    }
+    return Once.over({ kind: "remote" }, options, store);
+  }
+
+  /** A PostgreSQL URL or an SQLite file path. */
+  static open(location: string, options: OnceOptions = {}): Promise<Once> {
+    return /^postgres(ql)?:\/\//.test(location) ? Once.postgres(location, options) : Once.sqlite(location, options);
+  }
+
+  private static async over(store: StoreSpec, options: OnceOptions, pg?: PostgresStore): Promise<Once> {
+    let once: Once | undefined;
+    const engine = await Engine.start(store, {
+      lookup: (tool, providerKey, args, now) => once!.lookup(tool, providerKey, args, now),
+      escalate: async (e) => (await (options.escalate ?? logEscalation)(e)) === true,
+      postgres: pg,
+    }).catch(async (e) => {
+      await pg?.close();
+      throw e;
+    });
+    once = new Once(engine, options, pg);
+    try {
+      for (const [tool, t] of Object.entries(options.tools ?? {})) {
+        once.tools.set(tool, t);
+        if (t.lookup) once.lookups.set(tool, t.lookup);
+      }
+      const settings = await engine.call<Settings>("defaultSettings");
+      if (options.owner !== undefined) settings.owner = options.owner;
+      if (options.clockSkewMs !== undefined) settings.clockSkewMs = BigInt(options.clockSkewMs);
+      const defaults = policyInput(options.defaults, "defaults");
+      // A fact of this host: without any lookup, no tool can be read.
+      if (!options.lookup && defaults.lookup === undefined) defaults.lookup = false;
+      const tools = Object.entries(options.tools ?? {}).map(([tool, t]) => once!.toolConfig(tool, t));
+      await once.configure({ settings, defaults, tools });
+    } catch (e) {
+      await once.close();
+      throw e;
+    }
+    return once;
+  }
+
+  private toolConfig(tool: string, t: ToolOptions): ToolConfig {
+    const policy = policyInput(t.policy, `tools.${tool}`);
+    // A fact of this host: whether it can read this tool's provider (the defaults may say it cannot read others).
+    if (policy.lookup === undefined) policy.lookup = Boolean(t.lookup ?? this.options.lookup);
+    return { tool, policy, descriptor: descriptorInput(t.descriptor) };
+  }
+
+  private async configure(configuration: Configuration): Promise<void> {
+    this.configured = await this.engine.call<Configured>("configure", configuration);
+    this.configuration = configuration;
+  }
+
+  /** Configure (or reconfigure) one tool; what `options` leaves out stays as configured. The engine fills and checks its policy. */
+  setTool(tool: string, options: ToolOptions): Promise<ToolPlan> {
+    const next = this.settingLock.then(async () => {
+      const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
+      const merged: ToolOptions = { ...this.tools.get(tool), ...given };
+      const config = this.toolConfig(tool, merged);
+      await this.configure({
+        ...this.configuration,
+        tools: [...this.configuration.tools.filter((t) => t.tool !== tool), config],
+      });
+      this.tools.set(tool, merged);
+      if (merged.lookup) this.lookups.set(tool, merged.lookup);
+      return this.plan(tool);
+    });
+    this.settingLock = next.catch(() => {});
+    return next;
+  }
+
+  /** How `tool` is handled: its route and policy, every field decided by the engine. */
+  plan(tool: string): ToolPlan {
+    const own = this.configured.tools.find((p) => p.tool === tool);
+    if (own) return own;
+    const d = this.configured.defaults;
+    return { tool, route: d.route ?? "protect", blocked: undefined, policy: d };
+  }
+
+  private async lookup(tool: string, providerKey: string, args: string, now: bigint): Promise<Evidence> {
+    const read = this.lookups.get(tool) ?? this.options.lookup;
+    if (!read) return evidence.unknown(`no lookup for ${tool} in this host`);
+    const ms = this.options.lookupTimeoutMs ?? 30_000;
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const answer = await Promise.race([
+        Promise.resolve().then(() => read({ tool, providerKey, args: JSON.parse(args) as Json, now: Number(now) })),
+        new Promise<Evidence>((r) => (timer = setTimeout(() => r(evidence.unknown(`lookup gave no answer within ${ms} ms`)), ms))),
+      ]);
+      const ok =
+        answer &&
+        ((answer.tag === "confirmed" && typeof answer.val === "string") ||
+          (answer.tag === "absent" && typeof answer.val === "bigint") ||
+          (answer.tag === "unknown" && typeof answer.val === "string"));
+      return ok ? answer : evidence.unknown(`lookup for ${tool} returned no evidence (use evidence.confirmed/absent/unknown)`);
+    } catch (e) {
+      return evidence.unknown(`lookup for ${tool} failed: ${e instanceof Error ? e.message : String(e)}`);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** The ledger's clock (ms since the epoch; for PostgreSQL, the database's). */
+  async now(): Promise<number> {
+    return Number(await this.engine.call<bigint>("now"));
+  }
+
+  /** Protect one tool call: start it, send each grant with `send`, report, wait, until the engine's account. */
+  async call(c: CallRequest): Promise<Called> {
+    if (typeof c.send !== "function") throw new InvalidArgumentsError("call: `send` must be a function", "/send");
+    const args = c.argsJson ?? toJson(c.args ?? {}, "args");
+    const call: Call = {
+      scope: c.scope,
+      keys: c.key === undefined ? [] : [["application", c.key]],
+      tool: c.tool,
+      args,
+      supersedes: c.supersedes,
+      acknowledgeConfirmed: c.acknowledgeConfirmed ?? false,
+    };
+    const step = await this.engine.call<Step>("start", call);
+    return this.drive(step, call, c.waitMs ?? this.options.waitMs ?? 10_000, c.send);
+  }
+
+  /** Go on with an operation from the ledger (after a crash): its holder's outcome, a read, or the owed dispatch. */
+  async resume(scope: string, key: string, send: Send, waitMs?: number): Promise<Called> {
+    const step = await this.engine.call<Step>("resume", scope, key);
+    return this.drive(step, undefined, waitMs ?? this.options.waitMs ?? 10_000, send);
+  }
+
+  /** One round of background work: the sweep, then every owed dispatch it granted, sent and reported. */
+  async settle(limit: number, send: Send): Promise<{ sweep: SweepResult; sent: Called[] }> {
+    const sweep = await this.engine.call<SweepResult>("sweep", limit, true);
+    const out: Called[] = [];
+    for (const grant of sweep.dispatches) out.push(await this.drive({ tag: "dispatch", val: grant }, undefined, 0, send));
+    return { sweep: { ...sweep, dispatches: [] }, sent: out };
+  }
+
+  /** The sweep without sending: expire leases, reconcile due unknowns, escalate; owed dispatches are listed. */
+  sweep(limit = 100): Promise<SweepResult> {
+    return this.engine.call<SweepResult>("sweep", limit, false);
+  }
+
+  /** The loop every host runs: send, report, sleep, resume, until the engine says done (or the wait would outlast `patience`). */
+  private async drive(step: Step, call: Call | undefined, patienceMs: number, send: Send): Promise<Called> {
+    const giveUpAt = this.engine.ledgerNow() + patienceMs;
+    const stopAt = Date.now() + patienceMs;
+    for (;;) {
+      switch (step.tag) {
+        case "dispatch": {
+          const g: Grant = step.val;
+          // Never send after send-by: the whole timeout must end inside the lease.
+          const result = this.engine.ledgerNow() >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
+          try {
+            step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
+          } catch (e) {
+            // The effect happened: an error now would make the caller mint a new intent.
+            if (result.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
+            throw e;
+          }
+          break;
+        }
+        case "wait": {
+          const w = step.val;
+          if (Number(w.next) > giveUpAt || Date.now() >= stopAt) return { kind: "done", account: w.meanwhile };
+          await sleep(Math.min(Number(w.next) - this.engine.ledgerNow(), stopAt - Date.now()));
+          step = await this.engine.call<Step>("resume", w.scope, w.key);
+          break;
+        }
+        case "done":
+          return { kind: "done", account: step.val };
+        case "direct": {
+          if (!call) throw new ComponentError("a resumed operation answered direct");
+          const timeoutMs = Number(this.plan(call.tool).policy.dispatchTimeoutMs);
+          const args = JSON.parse(call.args) as Json;
+          const s = await runSend(send, {
+            scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs,
+          });
+          return { kind: "direct", sent: s };
+        }
+      }
+    }
+  }
+
+  /**
+   * Protect an async function: each call is one operation, keyed by the application
+   * (`options.key` or the call's `key`); it resolves with the function's result (sent
+   * now, or the stored receipt replayed) or throws an OutcomeError saying how it ended.
+   * The function throws `Rejected` for a definite refusal, `NotSent` when nothing left;
+   * any other throw (or no answer within the dispatch timeout) may have had an effect.
+   */
+  protect<A, R>(
+    tool: string,
+    fn: (args: A, dispatch: Dispatch, context?: unknown) => Promise<R> | R,
+    options: ProtectOptions<A> = {},
+  ): Protected<A, R> {
+    const ready = this.setTool(tool, { policy: options.policy, lookup: options.lookup, descriptor: options.descriptor }).then(
+      () => undefined,
+    );
+    ready.catch(() => {});
+    const protectedFn = (async (args: A, c: ProtectCall = {}) => {
+      await ready;
+      // A DIRECT call's own result (it is not recorded), kept per call.
+      let direct: { value?: R; error?: unknown } = {};
+      const send: Send = async (d) => {
+        try {
+          const value = await fn(d.args as A, d, c.context);
+          if (d.attempt === 0) direct = { value };
+          return sent.success(value === undefined ? null : value);
+        } catch (e) {
+          if (d.attempt === 0) direct = { error: e };
+          if (e instanceof Rejected) return sent.rejected(e.message);
+          if (e instanceof NotSent) return sent.notSent();
+          return sent.ambiguous(e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+        }
+      };
+      const called = await this.call({
+        scope: c.scope ?? options.scope ?? this.options.scope ?? "default",
+        key: c.key ?? options.key?.(args),
+        tool,
+        args,
+        send,
+        supersedes: c.supersedes,
+        acknowledgeConfirmed: c.acknowledgeConfirmed,
+      });
+      switch (called.kind) {
+        case "direct":
+          if ("error" in direct) throw direct.error;
+          return direct.value as R;
+        case "unreported":
+          return JSON.parse(called.response) as R;
+        case "done": {
+          const e = called.account.ending;
+          if (e.tag === "confirmed") return JSON.parse(e.val.receipt) as R;
+          if (e.tag === "unrecorded") return JSON.parse(e.val.response) as R;
+          throw outcomeError(called.account);
+        }
+      }
+    }) as Protected<A, R>;
+    protectedFn.ready = ready;
+    return protectedFn;
+  }
+
+  /** A record and its audit trail (undefined when the ledger has none). */
+  inspect(scope: string, key: string): Promise<RecordView | undefined> {
+    return this.engine.call<RecordView | undefined>("inspect", scope, key);
+  }
+
+  /** An operator's resolution of an unknown or absent record, audited with a note. */
+  resolve(scope: string, key: string, resolution: { confirmed: unknown } | "absent", note: string, force = false): Promise<State> {
+    const r: Resolution = resolution === "absent" ? { tag: "absent" } : { tag: "confirmed", val: toJson(resolution.confirmed, "receipt") };
+    return this.engine.call<State>("resolve", scope, key, r, note, force);
+  }
+
+  /** What needs a person: unknown, absent (dispatch owed) and lease-expired records. */
+  queue(filter: QueueFilter = {}, limit = 100): Promise<OperatorQueue> {
+    return this.engine.call<OperatorQueue>("queue", filter, limit);
+  }
+
+  /** RFC 8785 canonical form of a JSON text, computed by the component. */
+  canonicalize(json: string): Promise<string> {
+    return this.engine.call<string>("canonicalize", new TextEncoder().encode(json));
+  }
+
+  /** `sha256(JCS({"tool":…,"args":…}))`, computed by the component. */
+  fingerprint(tool: string, args: unknown): Promise<string> {
+    return this.engine.call<string>("fingerprint", tool, toJson(args));
+  }
+
+  /** Stop the engine and close the ledger. */
+  async close(): Promise<void> {
+    await this.engine.close();
+    await this.postgresStore?.close();
+  }
+}
+
+function dispatchOf(g: Grant): Omit<Dispatch, "signal"> {
+  return {
+    scope: g.scope,
+    key: g.key,
+    tool: g.tool,
+    attempt: g.attempt,
+    providerKey: g.providerKey,
+    args: JSON.parse(g.args) as Json,
+    argsJson: g.args,
+    timeoutMs: Number(g.timeoutMs),
+  };
+}
+

@@ -1,0 +1,94 @@
+// Policies and configuration as a TypeScript user writes them (camelCase, ms as
+// numbers), turned into the component's records. Every field left unset is
+// filled by the engine; an inconsistent policy is refused by the engine.
+import { InvalidArgumentsError } from "./errors.js";
+import { toJson, type Json } from "./json.js";
+import type { PolicyInput, ToolDescriptor } from "./wit.js";
+
+/** A spend ceiling per scope per window. */
+export interface Quota {
+  /** JSON pointer to the amount in the args (an effect field), e.g. `/amount`. */
+  spendField: string;
+  /** Ceiling per scope per window, a decimal string (e.g. `"500.00"`). */
+  ceiling: string;
+  /** Decimal places of the minor unit (engine default 2). */
+  decimals?: number;
+  /** Window length in ms. */
+  windowMs: number;
+  /** Bucket shared by tools naming the same one (default the tool's name). */
+  bucket?: string;
+}
+
+/** One tool's policy (wit/once.wit `policy-input`); unset fields are the engine's defaults. */
+export interface Policy {
+  route?: "direct" | "protect" | "block";
+  identity?: "required" | "derived";
+  keyArgument?: string;
+  keySentByHost?: boolean;
+  effectFields?: string[];
+  verifyFirst?: boolean;
+  providerClaimsKey?: boolean;
+  lookup?: boolean;
+  maxInFlightMs?: number;
+  dispatchTimeoutMs?: number;
+  leaseMs?: number;
+  attemptBudget?: number;
+  derivedWindowMs?: number;
+  resolveDeadlineMs?: number;
+  reconcileIntervalMs?: number;
+  retentionMs?: number;
+  tombstoneRetentionMs?: number;
+  quota?: Quota;
+  descriptorPin?: string;
+}
+
+/** A tool's definition as its server advertises it (routing by annotations, pinning). */
+export interface Descriptor {
+  name: string;
+  inputSchema: Json;
+  annotations?: Json;
+}
+
+const PLAIN = ["route", "identity", "keyArgument", "keySentByHost", "effectFields", "verifyFirst", "providerClaimsKey",
+  "lookup", "attemptBudget", "descriptorPin"] as const;
+const MS = ["maxInFlightMs", "dispatchTimeoutMs", "leaseMs", "derivedWindowMs", "resolveDeadlineMs", "reconcileIntervalMs",
+  "retentionMs", "tombstoneRetentionMs"] as const;
+const KNOWN = new Set<string>([...PLAIN, ...MS, "quota"]);
+
+function u64(where: string, v: unknown): bigint {
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
+    throw new InvalidArgumentsError(`${where}: expected a non-negative integer of ms, got ${String(v)}`, where);
+  }
+  return BigInt(v);
+}
+
+/** A policy as the component's `policy-input` (unset stays unset). */
+export function policyInput(p: Policy | undefined, where: string): PolicyInput {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(p ?? {})) {
+    if (!KNOWN.has(k)) throw new InvalidArgumentsError(`${where}: unknown policy field ${JSON.stringify(k)}`, `${where}/${k}`);
+    if (v === undefined) continue;
+    if ((MS as readonly string[]).includes(k)) out[k] = u64(`${where}.${k}`, v);
+    else if (k === "quota") {
+      const q = v as Quota;
+      out.quota = {
+        spendField: q.spendField,
+        ceiling: q.ceiling,
+        decimals: q.decimals,
+        windowMs: u64(`${where}.quota.windowMs`, q.windowMs),
+        bucket: q.bucket,
+      };
+    } else out[k] = v;
+  }
+  return out as PolicyInput;
+}
+
+/** A descriptor as the component's `tool-descriptor` (schema and annotations as JSON text). */
+export function descriptorInput(d: Descriptor | undefined): ToolDescriptor | undefined {
+  if (!d) return undefined;
+  return {
+    name: d.name,
+    inputSchema: toJson(d.inputSchema, "inputSchema"),
+    annotations: d.annotations === undefined ? undefined : toJson(d.annotations, "annotations"),
+  };
+}

@@ -1,0 +1,284 @@
+// The SQLite ledger, in the Rust host's format (host/once/src/storage/sqlite):
+// the same tables, columns, indexes and schema version, WAL mode, one
+// BEGIN IMMEDIATE transaction per batch. `once ledger list/show/resolve --db`
+// reads a file written here, and a Rust host and this one can share it.
+import Database from "better-sqlite3";
+import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
+import { type CommitVerdict, type Counts, I64_MAX, type SyncStore, int } from "./store.js";
+
+/** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`). */
+export const SCHEMA_VERSION = 2;
+
+/** How durable a commit is when it returns: `full` survives power loss (the default), `normal` may lose the last commits then. */
+export type Synchronous = "full" | "normal";
+
+/** Where and how to open an SQLite ledger. */
+export interface SqliteOptions {
+  /** The ledger file, created if missing. */
+  path: string;
+  /** `PRAGMA synchronous` of every commit; default `full`. */
+  synchronous?: Synchronous;
+  /** How long a commit waits for another writer (any process), in ms; default 5000. */
+  busyTimeoutMs?: number;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rows (
+  tbl TEXT NOT NULL,
+  scope TEXT NOT NULL,
+  key TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  state TEXT,
+  due_at INTEGER,
+  body TEXT NOT NULL,
+  owner TEXT,
+  PRIMARY KEY (tbl, scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
+CREATE TABLE IF NOT EXISTS audit (
+  scope TEXT NOT NULL,
+  key TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  at INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  from_state TEXT,
+  to_state TEXT,
+  attempt INTEGER,
+  detail TEXT NOT NULL,
+  PRIMARY KEY (scope, key, version)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);
+`;
+
+const ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner";
+const EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail";
+const TABLES = new Set(["operation", "tombstone", "quota"]);
+const STATES = new Set(["in-flight", "confirmed", "failed", "unknown", "absent", "superseded"]);
+
+type RawRow = {
+  tbl: string;
+  scope: string;
+  key: string;
+  version: bigint;
+  state: string | null;
+  due_at: bigint | null;
+  body: string;
+  owner: string | null;
+};
+type RawEvent = {
+  scope: string;
+  key: string;
+  version: bigint;
+  at: bigint;
+  kind: string;
+  from_state: string | null;
+  to_state: string | null;
+  attempt: bigint | null;
+  detail: string;
+};
+
+class Conflict extends Error {}
+
+/** An SQLite ledger file shared by threads and processes (SQLite's file locks arbitrate). */
+export class SqliteStore implements SyncStore {
+  private db: Database.Database;
+  private q;
+  private readonly at: string;
+
+  constructor(options: SqliteOptions) {
+    this.at = options.path;
+    try {
+      this.db = new Database(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
+      this.db.pragma(`synchronous = ${(options.synchronous ?? "full").toUpperCase()}`);
+    } catch (e) {
+      throw new Error(`sqlite: open ${this.at}: ${(e as Error).message}`);
+    }
+    this.enableWal(options.busyTimeoutMs ?? 5000);
+    this.initSchema();
+    const prepare = (sql: string) => this.db.prepare(sql).safeIntegers(true);
+    this.q = {
+      get: prepare(`SELECT ${ROW_COLUMNS} FROM rows WHERE tbl = ? AND scope = ? AND key = ?`),
+      insert: prepare(
+        "INSERT INTO rows (tbl, scope, key, version, state, due_at, body, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?) " +
+          "ON CONFLICT DO NOTHING",
+      ),
+      update: prepare(
+        "UPDATE rows SET version = ?, state = ?, due_at = ?, body = ?, owner = ? " +
+          "WHERE tbl = ? AND scope = ? AND key = ? AND version = ?",
+      ),
+      del: prepare("DELETE FROM rows WHERE tbl = ? AND scope = ? AND key = ? AND version = ?"),
+      exists: prepare("SELECT EXISTS (SELECT 1 FROM rows WHERE tbl = ? AND scope = ? AND key = ?) AS e"),
+      event: prepare(
+        `INSERT INTO audit (${EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+      ),
+      audit: prepare(`SELECT ${EVENT_COLUMNS} FROM audit WHERE scope = ? AND key = ? ORDER BY version`),
+      // States as one JSON array parameter keeps the statement cacheable (as the Rust store does).
+      scan: prepare(
+        `SELECT ${ROW_COLUMNS} FROM rows WHERE tbl = ? AND due_at IS NOT NULL AND due_at <= ? ` +
+          "AND (? IS NULL OR state IN (SELECT value FROM json_each(?))) AND (? IS NULL OR owner = ?) " +
+          "ORDER BY due_at, scope, key LIMIT ?",
+      ),
+    };
+  }
+
+  /** WAL mode; switching does not wait on SQLite's busy handler, so a file being created by several processes is retried. */
+  private enableWal(timeoutMs: number): void {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      try {
+        const mode = String(this.db.pragma("journal_mode = WAL", { simple: true }));
+        if (mode.toLowerCase() !== "wal") throw new Error(`sqlite: ${this.at}: WAL journal mode unavailable (got ${mode})`);
+        return;
+      } catch (e) {
+        const code = (e as { code?: string }).code;
+        if ((code === "SQLITE_BUSY" || code === "SQLITE_LOCKED") && Date.now() < deadline) {
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5);
+          continue;
+        }
+        throw e;
+      }
+    }
+  }
+
+  /** Check the schema version, then create what is missing, in one write transaction (as the Rust host does). */
+  private initSchema(): void {
+    const db = this.db;
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const hasMeta = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").get() !== undefined;
+      const found = hasMeta
+        ? (db.prepare("SELECT value FROM meta WHERE key = 'schema_version'").get() as { value: string } | undefined)?.value
+        : undefined;
+      if (found !== undefined) {
+        const version = Number(found);
+        if (!Number.isInteger(version)) throw new Error(`sqlite: unreadable schema version ${JSON.stringify(found)}`);
+        if (version > SCHEMA_VERSION) {
+          throw new Error(
+            `sqlite: schema version ${version} is newer than this build understands (${SCHEMA_VERSION}); upgrade once`,
+          );
+        }
+      }
+      db.exec(SCHEMA);
+      if (found === "1") {
+        db.exec("ALTER TABLE rows ADD COLUMN owner TEXT; UPDATE rows SET owner = 'default' WHERE tbl = 'operation';");
+      }
+      db.exec("CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;");
+      if (found !== String(SCHEMA_VERSION)) {
+        db.prepare(
+          "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        ).run(String(SCHEMA_VERSION));
+      }
+      db.exec("COMMIT");
+    } catch (e) {
+      if (db.inTransaction) db.exec("ROLLBACK");
+      throw new Error(`${(e as Error).message} (${this.at})`);
+    }
+  }
+
+  private row(r: RawRow | undefined): Row | undefined {
+    if (r === undefined) return undefined;
+    if (!TABLES.has(r.tbl)) throw new Error(`sqlite: unknown table ${JSON.stringify(r.tbl)} in file`);
+    if (r.state !== null && !STATES.has(r.state)) throw new Error(`sqlite: unknown state ${JSON.stringify(r.state)} in file`);
+    if (r.version < 0n || (r.due_at !== null && r.due_at < 0n)) throw new Error("sqlite: negative integer in file");
+    return {
+      table: r.tbl as Table,
+      scope: r.scope,
+      key: r.key,
+      version: r.version,
+      state: (r.state ?? undefined) as State | undefined,
+      dueAt: r.due_at ?? undefined,
+      owner: r.owner ?? undefined,
+      body: r.body,
+    };
+  }
+
+  get(table: Table, scope: string, key: string): Row | undefined {
+    return this.row(this.q.get.get(table, scope, key) as RawRow | undefined);
+  }
+
+  private put(p: Put): void {
+    const q = this.q;
+    const r = p.row;
+    let changed: number;
+    if (p.expected === undefined && r) {
+      changed = q.insert.run(p.table, p.scope, p.key, int("sqlite", "version", r.version), r.state ?? null,
+        r.dueAt === undefined ? null : int("sqlite", "due_at", r.dueAt), r.body, r.owner ?? null).changes;
+    } else if (r) {
+      changed = q.update.run(int("sqlite", "version", r.version), r.state ?? null,
+        r.dueAt === undefined ? null : int("sqlite", "due_at", r.dueAt), r.body, r.owner ?? null,
+        p.table, p.scope, p.key, int("sqlite", "expected version", p.expected!)).changes;
+    } else if (p.expected !== undefined) {
+      changed = q.del.run(p.table, p.scope, p.key, int("sqlite", "expected version", p.expected)).changes;
+    } else {
+      // "Must not exist, and stays absent": a pure check.
+      changed = (q.exists.get(p.table, p.scope, p.key) as { e: bigint }).e === 0n ? 1 : 0;
+    }
+    if (changed !== 1) throw new Conflict();
+  }
+
+  private event(e: AuditEvent): void {
+    const n = this.q.event.run(e.scope, e.key, int("sqlite", "audit version", e.version), int("sqlite", "audit at", e.at),
+      e.kind, e.fromState ?? null, e.toState ?? null, e.attempt ?? null, e.detail).changes;
+    if (n !== 1) throw new Conflict();
+  }
+
+  commit(batch: Batch): CommitVerdict {
+    const db = this.db;
+    try {
+      db.exec("BEGIN IMMEDIATE");
+    } catch (e) {
+      return { tag: "failed", val: { message: `sqlite: ${this.at}: begin: ${(e as Error).message}` } };
+    }
+    try {
+      for (const p of batch.puts) this.put(p);
+      for (const e of batch.events) this.event(e);
+    } catch (e) {
+      db.exec("ROLLBACK");
+      if (e instanceof Conflict) return { tag: "conflict" };
+      return { tag: "failed", val: { message: `sqlite: ${this.at}: ${(e as Error).message}` } };
+    }
+    try {
+      db.exec("COMMIT");
+      return { tag: "applied" };
+    } catch (e) {
+      if (db.inTransaction) db.exec("ROLLBACK");
+      return { tag: "failed", val: { message: `sqlite: ${this.at}: commit: ${(e as Error).message}` } };
+    }
+  }
+
+  scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Row[] {
+    const names = states.length === 0 ? null : JSON.stringify(states);
+    const bound = dueBefore > I64_MAX ? I64_MAX : dueBefore;
+    const o = owner ?? null;
+    return (this.q.scan.all(table, bound, names, names, o, o, limit) as RawRow[]).map((r) => this.row(r)!);
+  }
+
+  audit(scope: string, key: string): AuditEvent[] {
+    return (this.q.audit.all(scope, key) as RawEvent[]).map((e) => ({
+      scope: e.scope,
+      key: e.key,
+      version: e.version,
+      at: e.at,
+      kind: e.kind,
+      fromState: (e.from_state ?? undefined) as State | undefined,
+      toState: (e.to_state ?? undefined) as State | undefined,
+      attempt: e.attempt === null ? undefined : Number(e.attempt),
+      detail: e.detail,
+    }));
+  }
+
+  counts(): Counts {
+    const n: Counts = { operation: 0, tombstone: 0, quota: 0, events: 0 };
+    for (const r of this.db.prepare("SELECT tbl, count(*) AS n FROM rows GROUP BY tbl").all() as { tbl: Table; n: number }[]) {
+      n[r.tbl] = r.n;
+    }
+    n.events = (this.db.prepare("SELECT count(*) AS n FROM audit").get() as { n: number }).n;
+    return n;
+  }
+
+  close(): void {
+    this.db.close();
+  }
+}

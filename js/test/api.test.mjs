@@ -1,0 +1,77 @@
+// The TypeScript-facing API over a real guest: protect, typed outcomes, lookups, routes.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import {
+  BlockedError, ConflictError, Once, Rejected, RejectedError, UnknownOutcomeError, evidence, sent,
+} from "../dist/index.js";
+
+test("protect: sent once, replayed after, a changed payload under the key is a conflict", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  const calls = [];
+  const refund = once.protect("refund_order", async (args) => (calls.push(args), { refund_id: `r-${args.order_id}` }), {
+    key: (args) => `refund-${args.order_id}`,
+  });
+  assert.deepEqual(await refund({ order_id: 1, amount: 200 }), { refund_id: "r-1" });
+  assert.deepEqual(await refund({ order_id: 1, amount: 200 }), { refund_id: "r-1" });
+  await assert.rejects(refund({ order_id: 1, amount: 300 }), ConflictError);
+  assert.deepEqual(calls, [{ order_id: 1, amount: 200 }]);
+});
+
+test("protect: Rejected is a definite refusal; a later call may retry; other throws are unknown", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  let n = 0;
+  const flaky = once.protect("refund_order", async () => {
+    n++;
+    if (n === 1) throw new Rejected("order is locked");
+    return { ok: n };
+  }, { key: () => "op-1" });
+  await assert.rejects(flaky({ a: 1 }), (e) => e instanceof RejectedError && /order is locked/.test(e.message));
+  assert.deepEqual(await flaky({ a: 1 }), { ok: 2 });
+  const lost = once.protect("lost", async () => {
+    throw new Error("socket hang up");
+  }, { key: () => "op-2" });
+  await assert.rejects(lost({}), (e) => e instanceof UnknownOutcomeError && e.account.effect === "unknown" && /operator/.test(e.message));
+  await assert.rejects(lost({}), UnknownOutcomeError); // never retried blind
+});
+
+test("a lost reply is reconciled by the lookup: the provider's receipt, no second send", async (t) => {
+  const once = await Once.memory({ waitMs: 15_000 });
+  t.after(() => once.close());
+  const provider = new Map();
+  let sends = 0;
+  const send = async (d) => {
+    sends++;
+    provider.set(d.providerKey, { refund_id: "r-1" });
+    return sent.ambiguous("reply lost after commit");
+  };
+  await once.setTool("refund_order", {
+    policy: { dispatchTimeoutMs: 200 },
+    lookup: ({ providerKey, now }) => (provider.has(providerKey) ? evidence.confirmed(provider.get(providerKey)) : evidence.absent(now)),
+  });
+  const first = await once.call({ scope: "s", key: "k", tool: "refund_order", args: { amount: 200 }, send });
+  const e = first.account.ending;
+  const settled = e.tag === "confirmed" ? first : await once.call({ scope: "s", key: "k", tool: "refund_order", args: { amount: 200 }, send });
+  assert.equal(settled.account.ending.tag, "confirmed");
+  assert.equal(settled.account.ending.val.confirmedBy, "provider");
+  assert.deepEqual(JSON.parse(settled.account.ending.val.receipt), { refund_id: "r-1" });
+  assert.equal(sends, 1);
+});
+
+test("routes: direct tools run unprotected; blocked tools never run; identity required blocks keyless calls", async (t) => {
+  const once = await Once.memory({
+    tools: { search: { policy: { route: "direct" } }, wipe: { policy: { route: "block" } }, pay: { policy: { identity: "required" } } },
+  });
+  t.after(() => once.close());
+  let runs = 0;
+  const search = once.protect("search", async (a) => (runs++, [a.q]));
+  assert.deepEqual(await search({ q: "x" }), ["x"]);
+  assert.deepEqual(await search({ q: "x" }), ["x"]);
+  assert.equal(runs, 2);
+  const wipe = once.protect("wipe", async () => runs++, { key: () => "w" });
+  await assert.rejects(wipe({}), (e) => e instanceof BlockedError && e.account.ending.val.reason === "route-blocked");
+  const pay = once.protect("pay", async () => runs++);
+  await assert.rejects(pay({ amount: 1 }), (e) => e instanceof BlockedError && e.account.ending.val.reason === "identity-required");
+  assert.equal(runs, 2);
+});

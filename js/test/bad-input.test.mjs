@@ -1,0 +1,71 @@
+// Bad input gets a typed error that says what and where; nothing is written and nothing is sent.
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { test } from "node:test";
+import {
+  InvalidArgumentsError, InvalidJsonError, InvalidPolicyError, InvalidRequestError, Once, StorageError, sent,
+} from "../dist/index.js";
+import { once as cli, tempDir } from "./helpers.mjs";
+
+test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back by the Rust CLI)", async (t) => {
+  const ledger = join(tempDir(t), "ledger.db");
+  const o = await Once.sqlite(ledger);
+  let sends = 0;
+  const send = async () => (sends++, sent.success({}));
+  const base = { scope: "s", key: "k", tool: "refund_order", send };
+  const cases = [
+    [{ ...base, args: { amount: NaN } }, InvalidArgumentsError, /args at \/amount: NaN is not a JSON number/],
+    [{ ...base, args: { a: { b: undefined } } }, InvalidArgumentsError, /args at \/a\/b: a undefined is not JSON/],
+    [{ ...base, args: { n: 10n } }, InvalidArgumentsError, /args at \/n: a bigint is not JSON/],
+    [{ ...base, args: { d: new Date(0) } }, InvalidArgumentsError, /args at \/d: a Date object is not JSON/],
+    [{ ...base, argsJson: '{"a":1,"a":2}' }, InvalidJsonError, /duplicate-key/],
+    [{ ...base, argsJson: '{"amount":9007199254740993}' }, InvalidJsonError, /inexact-number/],
+    [{ ...base, argsJson: '{"a":' }, InvalidJsonError, /syntax/],
+    [{ ...base, key: "" }, InvalidRequestError, /empty/],
+    [{ ...base, key: "k".repeat(100_000) }, InvalidRequestError, /key/],
+    [{ ...base, scope: "" }, InvalidRequestError, /scope/],
+    [{ ...base, send: "not a function" }, InvalidArgumentsError, /send/],
+  ];
+  for (const [call, type, message] of cases) {
+    await assert.rejects(o.call(call), (e) => {
+      assert.ok(e instanceof type, `${e.name}: ${e.message}`);
+      assert.match(e.message, message);
+      return true;
+    });
+  }
+  const json = await o.call({ ...base, argsJson: '{"a":1,"a":2}' }).catch((e) => e);
+  assert.equal(json.json.kind, "duplicate-key");
+  assert.equal(json.json.pointer, "");
+  assert.equal(await o.inspect("s", "k"), undefined);
+  await o.close();
+  assert.equal(sends, 0);
+  assert.doesNotMatch(cli("ledger", "list", "--db", ledger), /refund_order|\bs\s+k\b/);
+});
+
+test("bad policies are refused by the engine, with the field named", async (t) => {
+  await assert.rejects(
+    Once.memory({ tools: { refund_order: { policy: { dispatchTimeoutMs: 10_000, leaseMs: 1_000 } } } }),
+    (e) => e instanceof InvalidPolicyError && /lease/.test(e.message),
+  );
+  await assert.rejects(
+    Once.memory({ tools: { refund_order: { policy: { leaseMs: -1 } } } }),
+    (e) => e instanceof InvalidArgumentsError && /tools\.refund_order\.leaseMs/.test(e.message),
+  );
+  await assert.rejects(
+    Once.memory({ tools: { refund_order: { policy: { leaseMS: 5 } } } }),
+    (e) => e instanceof InvalidArgumentsError && /unknown policy field "leaseMS"/.test(e.message),
+  );
+  const o = await Once.memory();
+  t.after(() => o.close());
+  const p = o.protect("refund_order", async () => ({}), { policy: { dispatchTimeoutMs: 10_000, leaseMs: 1_000 } });
+  await assert.rejects(p({ amount: 1 }), InvalidPolicyError);
+  // The handle still works, under its previous configuration.
+  const ok = await o.call({ scope: "s", key: "k2", tool: "other", args: {}, send: async () => sent.success({ ok: true }) });
+  assert.equal(ok.account.ending.tag, "confirmed");
+});
+
+test("a ledger that cannot be opened is a StorageError naming the file", async (t) => {
+  const dir = tempDir(t);
+  await assert.rejects(Once.sqlite(dir), (e) => e instanceof StorageError && e.message.includes(dir));
+  await assert.rejects(Once.sqlite(join(dir, "no", "such", "dir", "l.db")), StorageError);
+});
