@@ -1,5 +1,7 @@
 //! `once ledger …`: list, show, resolve and count records.
 
+use std::io::{self, Write};
+
 use clap::Subcommand;
 use once::Once;
 use once::types::{Resolution, State};
@@ -56,16 +58,41 @@ fn parse_state(s: &str) -> Result<State, String> {
     })
 }
 
+/// Writes one line to `$w`; a reader that closed the pipe (`once ledger list | head`) ends the command quietly.
+macro_rules! say {
+    ($w:expr, $($arg:tt)*) => {
+        if let Err(e) = writeln!($w, $($arg)*) {
+            return stdout_failed(e);
+        }
+    };
+}
+
+/// A write to stdout that failed: a closed pipe is the reader having seen enough, anything else exit code 1.
+fn stdout_failed(e: io::Error) -> Result<(), Failure> {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        return Ok(());
+    }
+    Err(Failure {
+        code: 1,
+        message: format!("writing to stdout: {e}"),
+    })
+}
+
 pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
+    let mut w = io::stdout().lock();
     match command {
         LedgerCommand::List { state, limit } => {
             let records = once.list(state, limit)?;
-            println!("{:<20} {:<40} {:<11} {:>7}", "SCOPE", "KEY", "STATE", "VERSION");
+            say!(w, "{:<20} {:<40} {:<11} {:>7}", "SCOPE", "KEY", "STATE", "VERSION");
             for record in records {
                 let state = record.state.map_or("-", State::name);
-                println!(
+                say!(
+                    w,
                     "{:<20} {:<40} {:<11} {:>7}",
-                    record.scope, record.key, state, record.version
+                    record.scope,
+                    record.key,
+                    state,
+                    record.version
                 );
             }
             Ok(())
@@ -77,43 +104,51 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                     message: format!("no record for key {key:?} in scope {scope:?}"),
                 });
             };
-            println!("scope        {}", view.scope);
-            println!("key          {} ({:?})", view.key, view.key_source);
-            println!("tool         {}", view.tool);
-            println!(
+            say!(w, "scope        {}", view.scope);
+            say!(w, "key          {} ({:?})", view.key, view.key_source);
+            say!(w, "tool         {}", view.tool);
+            say!(
+                w,
                 "state        {}{}",
                 view.state,
                 if view.escalated { " (escalated)" } else { "" }
             );
-            println!("version      {}", view.version);
-            println!("attempts     {}", view.attempts);
-            println!("fingerprint  {}", view.fingerprint);
-            println!("provider key {}", view.provider_key);
-            println!("args         {}", view.args);
+            say!(w, "version      {}", view.version);
+            say!(w, "attempts     {}", view.attempts);
+            say!(w, "fingerprint  {}", view.fingerprint);
+            say!(w, "provider key {}", view.provider_key);
+            say!(w, "args         {}", view.args);
             if let Some(receipt) = &view.receipt {
-                println!("receipt      {receipt}");
+                say!(w, "receipt      {receipt}");
             }
             if let Some(error) = &view.error {
-                println!("error        {error}");
+                say!(w, "error        {error}");
             }
             if view.possible_duplicate {
-                println!("WARNING      possible duplicate: a success arrived while a newer attempt was in flight");
+                say!(
+                    w,
+                    "WARNING      possible duplicate: a success arrived while a newer attempt was in flight"
+                );
             }
             if let Some(s) = &view.supersedes {
-                println!("supersedes   {s}");
+                say!(w, "supersedes   {s}");
             }
             if let Some(s) = &view.superseded_by {
-                println!("superseded by {s}");
+                say!(w, "superseded by {s}");
             }
-            println!("replays      {}   conflicts {}", view.replays, view.conflicts);
-            println!("audit:");
+            say!(w, "replays      {}   conflicts {}", view.replays, view.conflicts);
+            say!(w, "audit:");
             for e in &view.audit {
                 let from = e.from_state.map_or("-", State::name);
                 let to = e.to_state.map_or("-", State::name);
                 let attempt = e.attempt.map_or(String::new(), |a| format!(" attempt {a}"));
-                println!(
+                say!(
+                    w,
                     "  v{:<4} {} {:<32} {from} -> {to}{attempt} {}",
-                    e.version, e.at, e.kind, e.detail
+                    e.version,
+                    e.at,
+                    e.kind,
+                    e.detail
                 );
             }
             Ok(())
@@ -131,15 +166,15 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 _ => Resolution::Absent,
             };
             let state = once.resolve(&scope, &key, &resolution, &note, force)?;
-            println!("{key}: {state}");
+            say!(w, "{key}: {state}");
             Ok(())
         }
         LedgerCommand::Stats => {
             let stats = once.stats(None)?;
-            println!("records by state:");
+            say!(w, "records by state:");
             for state in State::ALL {
                 let n = stats.by_state.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
-                println!("  {:<11} {n}", state.name());
+                say!(w, "  {:<11} {n}", state.name());
             }
             let count = |kinds: &[&str]| -> u64 {
                 stats
@@ -149,9 +184,9 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                     .map(|(_, n)| n)
                     .sum()
             };
-            println!("replays      {}", count(&["replay"]));
-            println!("conflicts    {}", count(&["conflict"]));
-            println!("unknowns     {}", count(&["finish-ambiguous", "lease-expired"]));
+            say!(w, "replays      {}", count(&["replay"]));
+            say!(w, "conflicts    {}", count(&["conflict"]));
+            say!(w, "unknowns     {}", count(&["finish-ambiguous", "lease-expired"]));
             Ok(())
         }
     }

@@ -187,3 +187,38 @@ fn every_command_has_help() {
         assert!(text(&out.stdout).contains("Usage"), "{args:?}");
     }
 }
+
+#[test]
+fn ledger_output_into_a_closed_pipe_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.db");
+    {
+        let storage = SqliteStorage::open(&db, SqliteOptions::default()).unwrap();
+        let once = Once::builder(storage).build().unwrap();
+        let _ = once
+            .call("default", Some("paid"), "refund_order", r#"{"order_id":1}"#, |_| {
+                Sent::Success(r#"{"id":"r1"}"#.into())
+            })
+            .unwrap();
+    }
+    // The reader is gone before the CLI writes its first byte (`once ledger list | head` after head exits).
+    for args in [
+        &["ledger", "list"][..],
+        &["ledger", "show", "paid"],
+        &["ledger", "stats"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_once"))
+            .args(args)
+            .env("ONCE_DB", &db)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}, stderr: {stderr}", out.status);
+        assert_eq!(stderr, "", "{args:?}: nothing on stderr");
+    }
+}
