@@ -568,3 +568,30 @@ fn bad_config_is_a_clear_error_at_start() {
         assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
     }
 }
+
+/// An UNKNOWN no read can settle (the tool has no lookup) waits for an operator, not for this gateway: when
+/// the client hangs up, the gateway exits instead of waiting out its shutdown grace (an hour here) for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_only_an_operator_can_settle_does_not_hold_the_exit() {
+    let rig = Rig::new(
+        r#"shutdown_grace = "1h"
+
+[tools.refund_order]
+provider_key = "argument:idempotency_key"
+timeout = "1s"
+max_in_flight = "1500ms"
+"#,
+    );
+    let session = rig.connect("post_commit_disconnect", 0).await;
+    let result = session.refund(200.0, Some("no-lookup-1")).await;
+    let t = text(&result);
+    assert!(t.starts_with("UNKNOWN: refund_order (operation no-lookup-1"), "{t}");
+    assert!(
+        t.contains("so an operator must (once ledger resolve no-lookup-1)"),
+        "{t}"
+    );
+    // Session::close waits 30 s at most for the exit.
+    let status = session.close().await;
+    assert!(status.success(), "gateway exit {status}\n{}", rig.logs());
+    assert_exactly_one_refund(&rig);
+}

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use once::types::{Call, Evidence, Repeat, ToolDescriptor};
+use once::types::{Account, Call, Ending, Evidence, Repeat, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
@@ -123,10 +123,13 @@ impl Shared {
             .remove(&(scope, key));
     }
 
-    /// Keep `called` for the drain before exit while the same call again would wait for it.
+    /// Keep `called` for the drain before exit while the same call again would wait for it and
+    /// this gateway can still settle it: an unknown no read can settle is the operator's.
     fn track_unsettled(&self, scope: &str, called: &Called, capture: &Capture) {
         let key = match called {
-            Called::Done(account) if account.repeat == Repeat::Waits => account.key.as_deref(),
+            Called::Done(account) if account.repeat == Repeat::Waits && !awaits_operator(account) => {
+                account.key.as_deref()
+            }
             Called::Unreported { .. } => capture.key.as_deref(),
             _ => None,
         };
@@ -134,6 +137,11 @@ impl Shared {
             self.track(scope, key);
         }
     }
+}
+
+/// The engine says no read is scheduled for this unknown (the tool has no lookup): only an operator settles it.
+fn awaits_operator(account: &Account) -> bool {
+    matches!(&account.ending, Ending::Unknown(u) if u.next_read.is_none())
 }
 
 /// The tool's definition as the engine routes and pins it.

@@ -15,7 +15,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use anyhow::Context as _;
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -152,6 +152,13 @@ impl Runtime {
     /// The process-wide runtime, compiled (or loaded from the cache) on first use.
     pub fn shared() -> Result<Arc<Runtime>, OnceError> {
         static SHARED: OnceLock<Arc<Runtime>> = OnceLock::new();
+        static LOADING: Mutex<()> = Mutex::new(());
+        if let Some(rt) = SHARED.get() {
+            return Ok(rt.clone());
+        }
+        // Threads that race here wait for one compilation instead of each compiling the component;
+        // a failed load leaves SHARED empty, so a later call tries again.
+        let _loading = LOADING.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(rt) = SHARED.get() {
             return Ok(rt.clone());
         }
