@@ -10,7 +10,7 @@
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import Database from "better-sqlite3";
 import { type ToolSet, generateText, stepCountIs, tool } from "ai";
@@ -276,7 +276,8 @@ function center(s: string, width: number): string {
 
 /** The refund-service binary: $ONCE_REFUND_SERVICE, else <target>/debug/refund-service. */
 export function serviceBinary(): string {
-  const repo = resolve(fileURLToPath(new URL("../..", import.meta.url)), "..");
+  // dist-study/refund.js -> js/ -> the repository root.
+  const repo = fileURLToPath(new URL("../..", import.meta.url));
   return process.env.ONCE_REFUND_SERVICE ?? join(process.env.CARGO_TARGET_DIR ?? join(repo, "target"), "debug", "refund-service");
 }
 
