@@ -210,7 +210,7 @@ def measure(a: argparse.Namespace, workdir: Path) -> None:
         finally:
             forget_redis_keys(a.redis, prefix)
     else:
-        emit(skip="powertools", reason="no Redis (the bench passes --redis when 127.0.0.1:6379 answers PONG)")
+        emit(skip="powertools", reason="no --redis given (the bench gives it when its Redis answers PING)")
     mine, handles = once_subjects(workdir, body)
     try:
         for name, call in mine.items():

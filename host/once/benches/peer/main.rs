@@ -15,7 +15,7 @@ mod report;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The Redis Powertools' rows run against.
+/// The Redis Powertools' rows run against, unless `ONCE_PEER_REDIS` names another `HOST:PORT`.
 const REDIS: &str = "127.0.0.1:6379";
 
 /// How much a run measures.
@@ -73,11 +73,12 @@ fn run(size: &Size) -> Result<(), Stop> {
     let root = repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let venv = python::Venv::prepare(&root, &target.join("peer-python"))?;
-    let redis = match python::redis_answers(REDIS) {
-        Ok(()) => Some(REDIS),
+    let at = std::env::var("ONCE_PEER_REDIS").unwrap_or_else(|_| REDIS.to_string());
+    let redis = match python::redis_answers(&at) {
+        Ok(()) => Some(at.as_str()),
         Err(why) => {
             // The once rows still run; the comparison rows say the peer is missing.
-            println!("peer: Powertools' rows skipped: no Redis at {REDIS} ({why})");
+            println!("peer: Powertools' rows skipped: no Redis at {at} ({why})");
             None
         }
     };
@@ -96,7 +97,7 @@ fn run(size: &Size) -> Result<(), Stop> {
         return Err(Stop::Fail(why));
     }
     if redis.is_none() {
-        return Err(Stop::Skip(format!("no Redis at {REDIS}: the peer's rows are missing")));
+        return Err(Stop::Skip(format!("no Redis at {at}: the peer's rows are missing")));
     }
     Ok(())
 }
