@@ -44,7 +44,10 @@ fn records(rig: &Rig) -> u64 {
 }
 
 fn amount_of(once: &Once, scope: &str, key: &str) -> f64 {
-    let view = once.inspect(scope, key).unwrap().unwrap_or_else(|| panic!("{scope}/{key} is recorded"));
+    let view = once
+        .inspect(scope, key)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{scope}/{key} is recorded"));
     let args: Value = serde_json::from_str(&view.args).unwrap();
     args["amount"].as_f64().unwrap()
 }
@@ -58,7 +61,11 @@ fn two_tenants_with_one_key_are_two_operations_and_never_see_each_other() {
     assert_eq!(a.outcome()["decision"], "executed", "{a:?}\n{}", rig.logs());
     assert_eq!(a.outcome()["scope"], "acme");
     let b = gw.call(Some(GLOBEX), Some("k-1"), refund(100.0));
-    assert_eq!(b.outcome()["decision"], "executed", "globex's k-1 is its own operation: {b:?}");
+    assert_eq!(
+        b.outcome()["decision"],
+        "executed",
+        "globex's k-1 is its own operation: {b:?}"
+    );
     assert_eq!(b.outcome()["scope"], "globex");
     assert_ne!(
         a.result()["structuredContent"]["refund_id"],
@@ -85,11 +92,21 @@ fn two_tenants_with_one_key_are_two_operations_and_never_see_each_other() {
     for token in [None, Some("not-a-tenant"), Some("")] {
         let refused = gw.call(token, Some("k-401"), refund(10.0));
         assert_eq!(refused.status, 401, "{refused:?}");
-        assert!(refused.www_authenticate.as_deref().is_some_and(|w| w.starts_with("Bearer")), "{refused:?}");
+        assert!(
+            refused
+                .www_authenticate
+                .as_deref()
+                .is_some_and(|w| w.starts_with("Bearer")),
+            "{refused:?}"
+        );
         assert!(refused.message.is_none(), "{refused:?}");
     }
     assert_eq!(records(&rig), before, "a refused request writes no record");
-    assert_eq!(refunds.count(ORDER_ID).unwrap(), 4, "a refused request reaches no upstream");
+    assert_eq!(
+        refunds.count(ORDER_ID).unwrap(),
+        4,
+        "a refused request reaches no upstream"
+    );
 
     // Both tenants' records, each in its own scope with its own provider key.
     let once = ledger(&rig);
@@ -100,7 +117,10 @@ fn two_tenants_with_one_key_are_two_operations_and_never_see_each_other() {
     assert_ne!(ra.provider_key, rb.provider_key);
     assert_eq!(amount_of(&once, "acme", "acme-only"), 20.0);
     assert_eq!(amount_of(&once, "globex", "acme-only"), 50.0);
-    assert!(once.inspect("default", "k-1").unwrap().is_none(), "no call fell into the file's scope");
+    assert!(
+        once.inspect("default", "k-1").unwrap().is_none(),
+        "no call fell into the file's scope"
+    );
 
     // /metrics: the operator's token only (a tenant's would show the other tenant's counts).
     assert_eq!(gw.get("/metrics", Some(ACME)).0, 401);
@@ -119,11 +139,23 @@ fn healthz_metrics_and_the_body_limit() {
     let (status, text) = gw.get("/healthz", None);
     assert_eq!((status, text.as_str()), (200, "ok: the ledger answers\n"));
 
-    assert_eq!(gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"], "executed");
-    assert_eq!(gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"], "replayed");
-    assert_eq!(gw.call(None, Some("m-1"), refund(11.0)).outcome()["decision"], "conflict");
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"],
+        "executed"
+    );
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"],
+        "replayed"
+    );
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(11.0)).outcome()["decision"],
+        "conflict"
+    );
     // Over the quota (300 a day): blocked, and only this process can count that.
-    assert_eq!(gw.call(None, Some("m-2"), refund(299.0)).outcome()["decision"], "blocked");
+    assert_eq!(
+        gw.call(None, Some("m-2"), refund(299.0)).outcome()["decision"],
+        "blocked"
+    );
 
     let (status, text) = gw.get("/metrics", None);
     assert_eq!(status, 200, "{text}");
@@ -140,7 +172,11 @@ fn healthz_metrics_and_the_body_limit() {
             .unwrap_or_else(|| panic!("{name} {label:?} in\n{text}"))
     };
     let stats = ledger(&rig).stats(None).unwrap();
-    let confirmed = stats.by_state.iter().find(|(s, _)| s.name() == "confirmed").map_or(0, |(_, n)| *n);
+    let confirmed = stats
+        .by_state
+        .iter()
+        .find(|(s, _)| s.name() == "confirmed")
+        .map_or(0, |(_, n)| *n);
     assert_eq!(confirmed, 1);
     assert_eq!(value("once_records", Some(("state", "confirmed"))), confirmed as f64);
     assert_eq!(value("once_replays_total", None), 1.0);
@@ -148,7 +184,11 @@ fn healthz_metrics_and_the_body_limit() {
     assert_eq!(value("once_gateway_blocked_total", Some(("reason", "quota"))), 1.0);
 
     // A body over the limit: 413 and a body that says so; nothing reaches the engine.
-    let big = call_body("refund_order", json!({"order_id": ORDER_ID, "amount": 1, "pad": "x".repeat(5000)}), Some("big"));
+    let big = call_body(
+        "refund_order",
+        json!({"order_id": ORDER_ID, "amount": 1, "pad": "x".repeat(5000)}),
+        Some("big"),
+    );
     let answer = gw.post(None, &[], &big);
     assert_eq!(answer.status, 413, "{answer:?}");
     assert!(answer.body.contains("exceeds 4096 bytes"), "{}", answer.body);
@@ -189,10 +229,13 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// Two replicas (`owner` the same) on one PostgreSQL ledger, one refund service behind both:
 /// 32 clients send the same key at once, half to each. One dispatch; every client is told the one
-/// receipt, or honestly that the operation is in flight or unknown, never a second refund.
+/// receipt, or honestly that the operation is in flight or unknown, or that this call sent nothing
+/// (a storage block under contention), never a second refund.
 #[test]
 fn two_replicas_on_postgres_dispatch_a_key_once() {
-    let Some(schema) = postgres_common::TestSchema::new() else { return };
+    let Some(schema) = postgres_common::TestSchema::new() else {
+        return;
+    };
     let config = fast_config("owner = \"refund-replicas\"");
     let mut a = Rig::new(&config);
     a.db = schema.location();
@@ -205,7 +248,12 @@ fn two_replicas_on_postgres_dispatch_a_key_once() {
             let (url, start) = (urls[i % 2].clone(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                post(&url, None, &[], &call_body("refund_order", refund(200.0), Some("same-key")).to_string())
+                post(
+                    &url,
+                    None,
+                    &[],
+                    &call_body("refund_order", refund(200.0), Some("same-key")).to_string(),
+                )
             })
         })
         .collect();
@@ -222,13 +270,29 @@ fn two_replicas_on_postgres_dispatch_a_key_once() {
             }
             // The holder's attempt had not ended within in_flight_wait, or its outcome is being reconciled.
             "in-flight" | "unknown" => {}
+            // The engine's optimistic writes lost to the other 31 too often (every replay is counted on the
+            // record): nothing was sent by this call, and it says so; the same call again replays.
+            "blocked" if answer.outcome()["reason"] == "storage" && answer.outcome()["effect"] == "none" => {}
             other => panic!("{other}: {answer:?}\n{}{}", a.logs(), b.logs()),
         }
     }
     assert!(executed <= 1, "{executed} clients were told they executed it");
     assert_eq!(receipts.len(), 1, "one receipt for everyone told one: {receipts:?}");
     assert_exactly_one_refund(&a);
-    let view = Once::open(&a.db).unwrap().build().unwrap().inspect("default", "same-key").unwrap().unwrap();
-    assert_eq!(view.attempts, 1, "dispatched once");
+    let view = Once::open(&a.db)
+        .unwrap()
+        .build()
+        .unwrap()
+        .inspect("default", "same-key")
+        .unwrap()
+        .unwrap();
+    let trail: Vec<String> = view.audit.iter().map(|e| format!("{}: {}", e.kind, e.detail)).collect();
+    assert_eq!(
+        view.attempts,
+        1,
+        "dispatched once: {trail:#?}\n{}{}",
+        a.logs(),
+        b.logs()
+    );
     drop((ga, gb));
 }

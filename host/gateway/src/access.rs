@@ -206,7 +206,9 @@ impl HttpAccess {
         if self.metrics_tokens.contains(&sha256(token)) {
             Ok(())
         } else {
-            Err(Refusal::Unauthorized("the bearer token is not one of [http] metrics_tokens"))
+            Err(Refusal::Unauthorized(
+                "the bearer token is not one of [http] metrics_tokens",
+            ))
         }
     }
 }
@@ -296,7 +298,10 @@ mod tests {
 
     fn with_bearer(token: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert("authorization", HeaderValue::from_str(&format!("Bearer {token}")).unwrap());
+        headers.insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
         headers
     }
 
@@ -304,10 +309,22 @@ mod tests {
     fn a_token_names_its_tenant_by_its_hash() {
         assert_eq!(hex(&sha256("acme-secret")), ACME);
         let access = HttpAccess::from_section(section(&format!("tenants = {{ acme = \"{ACME}\" }}")), None).unwrap();
-        assert_eq!(access.tenant_of(&with_bearer("acme-secret")), Ok(Some("acme".to_string())));
-        assert!(matches!(access.tenant_of(&with_bearer("nope")), Err(Refusal::Unauthorized(_))));
-        assert!(matches!(access.tenant_of(&HeaderMap::new()), Err(Refusal::Unauthorized(_))));
-        assert!(matches!(access.may_read_metrics(&with_bearer("acme-secret")), Err(Refusal::Forbidden(_))));
+        assert_eq!(
+            access.tenant_of(&with_bearer("acme-secret")),
+            Ok(Some("acme".to_string()))
+        );
+        assert!(matches!(
+            access.tenant_of(&with_bearer("nope")),
+            Err(Refusal::Unauthorized(_))
+        ));
+        assert!(matches!(
+            access.tenant_of(&HeaderMap::new()),
+            Err(Refusal::Unauthorized(_))
+        ));
+        assert!(matches!(
+            access.may_read_metrics(&with_bearer("acme-secret")),
+            Err(Refusal::Forbidden(_))
+        ));
     }
 
     #[test]
@@ -320,7 +337,10 @@ mod tests {
                 value: "abc".into()
             }
         );
-        let twice = format!("tenants = {{ acme = \"{ACME}\", beta = [\"{}\"] }}", ACME.to_uppercase());
+        let twice = format!(
+            "tenants = {{ acme = \"{ACME}\", beta = [\"{}\"] }}",
+            ACME.to_uppercase()
+        );
         assert!(matches!(
             HttpAccess::from_section(section(&twice), None),
             Err(AccessConfigError::DuplicateToken { first, second, .. }) if first == "acme" && second == "beta"
@@ -332,7 +352,10 @@ mod tests {
         );
         assert!(matches!(
             HttpAccess::from_section(section("tenant_header = \"x-tenant\""), Some("meta:tenant")),
-            Err(AccessConfigError::ScopeTwice { mode: "tenant_header", .. })
+            Err(AccessConfigError::ScopeTwice {
+                mode: "tenant_header",
+                ..
+            })
         ));
         assert!(matches!(
             HttpAccess::from_section(section("tenant_header = \"x tenant\""), None),

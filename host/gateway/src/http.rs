@@ -47,7 +47,12 @@ struct Front {
 }
 
 /// Serve `gateway` on `listen` until SIGTERM, then shut down gracefully.
-pub(crate) async fn serve(listen: &str, shared: Arc<Shared>, once: Arc<Once>, gateway: Gateway) -> Result<(), GatewayError> {
+pub(crate) async fn serve(
+    listen: &str,
+    shared: Arc<Shared>,
+    once: Arc<Once>,
+    gateway: Gateway,
+) -> Result<(), GatewayError> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| GatewayError::Runtime(format!("listening on {listen}: {e}")))?;
@@ -168,9 +173,10 @@ fn refused(refusal: Refusal) -> Response {
     };
     let mut response = (status, format!("{}\n", text(&refusal))).into_response();
     if status == StatusCode::UNAUTHORIZED {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"once gateway\""));
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"once gateway\""),
+        );
     }
     response
 }
@@ -181,8 +187,16 @@ async fn healthz(State(front): State<Arc<Front>>) -> Response {
     let read = tokio::task::spawn_blocking(move || once.inspect(HEALTH_SCOPE, "probe").map(|_| ()));
     match tokio::time::timeout(HEALTH_TIMEOUT, read).await {
         Ok(Ok(Ok(()))) => (StatusCode::OK, "ok: the ledger answers\n").into_response(),
-        Ok(Ok(Err(e))) => (StatusCode::SERVICE_UNAVAILABLE, format!("the ledger does not answer: {e}\n")).into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("the ledger read failed: {e}\n")).into_response(),
+        Ok(Ok(Err(e))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger does not answer: {e}\n"),
+        )
+            .into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger read failed: {e}\n"),
+        )
+            .into_response(),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the ledger did not answer within {HEALTH_TIMEOUT:?}\n"),
@@ -213,8 +227,16 @@ async fn metrics(State(front): State<Arc<Front>>, headers: HeaderMap) -> Respons
             text.push_str(&process_counters(&front));
             ([(header::CONTENT_TYPE, once_ui::metrics::CONTENT_TYPE)], text).into_response()
         }
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("the ledger does not answer: {e}\n")).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("reading the ledger failed: {e}\n")).into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger does not answer: {e}\n"),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the ledger failed: {e}\n"),
+        )
+            .into_response(),
     }
 }
 

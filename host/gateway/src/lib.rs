@@ -40,8 +40,8 @@ use std::time::Duration;
 use once::{Once, OnceError};
 use rmcp::ServiceExt;
 
-use self::config::{Config, ScopeMode};
 pub use self::access::AccessConfigError;
+use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
 use self::handler::{Gateway, LookupProvider, Shared};
 use self::relay::Relay;

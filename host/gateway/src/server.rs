@@ -289,8 +289,8 @@ impl ServerHandler for Gateway {
             let _in_flight = in_flight;
             this.call(request, meta, link, tenant)
         })
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
         Ok(result.into())
     }
 }

@@ -296,10 +296,10 @@ impl Upstream {
         };
         let mut handle = peer.send_request_with_option(request, options).await?;
         // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
-        let _progress = link
-            .progress
-            .clone()
-            .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token, link.client.clone()));
+        let _progress = link.progress.clone().map(|token| {
+            self.relay
+                .follow_progress(handle.progress_token.clone(), token, link.client.clone())
+        });
         let wait = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,

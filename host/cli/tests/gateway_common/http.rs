@@ -32,7 +32,10 @@ pub struct Answer {
 impl Answer {
     /// The tools/call result (panics on a JSON-RPC error or no message).
     pub fn result(&self) -> &Value {
-        let message = self.message.as_ref().unwrap_or_else(|| panic!("no JSON-RPC answer: {self:?}"));
+        let message = self
+            .message
+            .as_ref()
+            .unwrap_or_else(|| panic!("no JSON-RPC answer: {self:?}"));
         message
             .get("result")
             .unwrap_or_else(|| panic!("not a result: {message}"))
@@ -40,7 +43,10 @@ impl Answer {
 
     /// The first text block a model reads.
     pub fn text(&self) -> String {
-        self.result()["content"][0]["text"].as_str().unwrap_or_default().to_string()
+        self.result()["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// once's account of the call (`_meta["once/outcome"]`).
@@ -73,7 +79,9 @@ impl Rig {
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
         let mut child = cmd.spawn().unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         let url = line
             .trim()
             .strip_prefix("once gateway: listening on ")
@@ -104,7 +112,10 @@ impl Listening {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(std::time::Instant::now() < give_up, "the gateway did not exit after SIGTERM");
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the gateway did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -208,5 +219,10 @@ pub fn sha256_hex(token: &str) -> String {
             c.wait_with_output()
         })
         .unwrap();
-    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_string()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
 }
