@@ -18,13 +18,16 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContex
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceError};
 use tokio_util::sync::CancellationToken;
 
+/// Where one call's progress goes: the client's token, and the connection (none: the connected client).
+type Follower = (ProgressToken, Option<Peer<RoleServer>>);
+
 /// The gateway's link to its client, shared by every upstream connection.
 #[derive(Default)]
 pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
     /// The upstream's progress token of a call in flight -> the client's token for it, and the
     /// connection that call came on (over HTTP, each request's own; else the one client).
-    progress: Mutex<HashMap<ProgressToken, (ProgressToken, Option<Peer<RoleServer>>)>>,
+    progress: Mutex<HashMap<ProgressToken, Follower>>,
     /// Progress notifications being relayed right now.
     relaying: std::sync::atomic::AtomicUsize,
     /// The upstream's tools as last listed.

@@ -192,10 +192,10 @@ pub fn post(url: &str, token: Option<&str>, headers: &[(&str, &str)], body: &str
     let body = r.body_mut().read_to_string().unwrap();
     let message = if sse {
         body.lines()
+            .rev()
             .filter_map(|l| l.strip_prefix("data:"))
             .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .filter(|m| m.get("id").is_some())
-            .last()
+            .find(|m| m.get("id").is_some())
     } else {
         serde_json::from_str(&body).ok()
     };
