@@ -22,13 +22,14 @@ use serde_json::json;
 const CLIENTS: usize = 16;
 const CALLS: usize = 2_000;
 
-/// `CALLS` refunds of one cent, each under its own key, from `CLIENTS` threads; every answer `decision`.
-fn load(rig: &Rig, decision: &str) -> (Duration, Vec<Duration>) {
+/// `CALLS` refunds of one cent, each under its own key, from `CLIENTS` threads; every answer once's
+/// `decision` (`None`: the upstream's own result, untouched, as a DIRECT call's is).
+fn load(rig: &Rig, decision: Option<&str>) -> (Duration, Vec<Duration>) {
     let mut gw = rig.listen("none", 0);
     let started = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (url, decision) = (gw.url.clone(), decision.to_string());
+            let (url, decision) = (gw.url.clone(), decision.map(str::to_string));
             std::thread::spawn(move || {
                 let mut latencies = Vec::new();
                 for i in (c..CALLS).step_by(CLIENTS) {
@@ -39,7 +40,17 @@ fn load(rig: &Rig, decision: &str) -> (Duration, Vec<Duration>) {
                     let answer = post(&url, None, &[], &body.to_string());
                     latencies.push(sent.elapsed());
                     assert_eq!(answer.status, 200, "{key}: {answer:?}");
-                    assert_eq!(answer.outcome()["decision"], decision, "{key}: {answer:?}");
+                    match &decision {
+                        Some(decision) => assert_eq!(answer.outcome()["decision"], *decision, "{key}: {answer:?}"),
+                        None => {
+                            assert_ne!(answer.result()["isError"], true, "{key}: {answer:?}");
+                            assert_eq!(
+                                answer.result()["structuredContent"]["idempotency_key"],
+                                key,
+                                "{answer:?}"
+                            );
+                        }
+                    }
                 }
                 latencies
             })
@@ -87,7 +98,7 @@ fn two_thousand_protected_calls_from_sixteen_clients() {
         .collect::<Vec<_>>()
         .join("\n");
     let direct = protect.replace("[tools.refund_order]", "[tools.refund_order]\nroute = \"direct\"");
-    let protected = report("PROTECT", load(&Rig::new(&protect), "executed"));
-    let baseline = report("DIRECT (baseline)", load(&Rig::new(&direct), "direct"));
+    let protected = report("PROTECT", load(&Rig::new(&protect), Some("executed")));
+    let baseline = report("DIRECT (baseline)", load(&Rig::new(&direct), None));
     println!("PROTECT / DIRECT throughput: {:.2}", protected / baseline);
 }
