@@ -62,7 +62,7 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: u32,
     },
-    /// An MCP proxy: serve an upstream MCP server's tools over stdio, protected by once.
+    /// An MCP proxy: serve an upstream MCP server's tools over stdio (or Streamable HTTP), protected by once.
     Gateway(GatewayArgs),
     /// The operator's page: the queue of unknown records, audit trails, audited resolution, /metrics.
     Ui(ui::UiArgs),
@@ -76,7 +76,7 @@ enum Command {
     },
 }
 
-/// `once gateway [--config once.toml] [--db PATH] [--check-config] -- <upstream command…>`
+/// `once gateway [--config once.toml] [--db PATH] [--check-config] [--listen ADDR] -- <upstream command…>`
 #[derive(clap::Args)]
 struct GatewayArgs {
     /// The gateway's configuration (TOML, e.g. examples/refund/once.toml); without it, annotations and derived keys.
@@ -88,6 +88,10 @@ struct GatewayArgs {
     /// Check the config (against the upstream, when one is given), print each tool's route, and exit.
     #[arg(long)]
     check_config: bool,
+    /// Serve MCP over Streamable HTTP on this address (e.g. 127.0.0.1:8080; port 0 picks one and prints it)
+    /// at /mcp, with /healthz and /metrics, instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
     /// The upstream MCP server's command and arguments, after `--`.
     #[arg(last = true, value_name = "UPSTREAM")]
     upstream: Vec<String>,
@@ -100,6 +104,7 @@ impl From<GatewayArgs> for once_gateway::Options {
             db: args.db,
             check_config: args.check_config,
             upstream: args.upstream,
+            listen: args.listen,
         }
     }
 }

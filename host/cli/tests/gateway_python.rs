@@ -76,3 +76,20 @@ fn the_python_sdk_restarting_the_gateway_gets_one_refund() {
         );
     }
 }
+
+/// The official SDK's Streamable HTTP client against `once gateway --listen`: with a tenant's bearer
+/// token, list, a protected call, its replay, a conflict; then a never-retry agent under
+/// pre_effect_disconnect and post_commit_disconnect. One refund in each run's effect ledger.
+#[test]
+#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-cli --test gateway_python -- --ignored"]
+fn the_python_sdk_drives_the_gateway_over_streamable_http() {
+    let (dir, stdout) = run_python("python_http.py");
+    assert!(stdout.contains("python http: ok"), "{stdout}");
+    for run in ["main", "pre", "post"] {
+        assert_eq!(
+            refunds(&dir.path().join(run).join("effects.db")),
+            1,
+            "{run}: exactly one refund\n{stdout}"
+        );
+    }
+}

@@ -15,6 +15,7 @@ use once::types::{IdentityMode, PolicyInput, QuotaInput, Route, ToolDescriptor};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+use crate::access::{HttpAccess, HttpSection};
 use crate::lookup::{Lookup, LookupSection};
 
 /// `_meta` fields accepted as the operation key unless the file says otherwise.
@@ -42,6 +43,7 @@ struct File {
     defaults: Option<ToolSection>,
     #[serde(default)]
     tools: BTreeMap<String, ToolSection>,
+    http: Option<HttpSection>,
 }
 
 /// One `[tools.NAME]` table (or `[defaults]`).
@@ -250,6 +252,8 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// How long, after the client hangs up, unsettled operations are still reconciled.
     pub shutdown_grace: Duration,
+    /// `[http]`: who may call the gateway over HTTP, and each request's tenant.
+    pub http: HttpAccess,
     defaults: ToolSection,
     tools: BTreeMap<String, ToolSection>,
     /// Each named tool's dealings with the upstream.
@@ -300,6 +304,8 @@ impl Config {
         if file.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
             return Err(format!("{source}: owner is empty"));
         }
+        let http = HttpAccess::from_section(file.http.unwrap_or_default(), file.scope.as_deref())
+            .map_err(|e| format!("{source}: {e}"))?;
         let mut config = Config {
             source,
             db: file.db,
@@ -310,6 +316,7 @@ impl Config {
             in_flight_wait: ms(file.in_flight_wait.map_or(10_000, |m| m.0)),
             sweep_interval: ms(file.sweep_interval.map_or(200, |m| m.0).max(10)),
             shutdown_grace: ms(file.shutdown_grace.map_or(30_000, |m| m.0)),
+            http,
             defaults: file.defaults.unwrap_or_default(),
             tools: file.tools,
             upstream_tools: BTreeMap::new(),

@@ -4,8 +4,10 @@
 //! [`crate::server`]; the background worker is [`crate::worker`]; what the
 //! model is shown is [`crate::reply`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use once::types::{Account, Call, Ending, Evidence, Repeat, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
@@ -35,6 +37,19 @@ pub struct Shared {
     configured: Mutex<HashMap<String, Option<ToolDescriptor>>>,
     /// Operations this gateway answered as not yet settled: drained before exit.
     pending: Mutex<HashSet<(String, String)>>,
+    /// Calls the engine is still working on (shutdown waits for them).
+    in_flight: Arc<AtomicUsize>,
+    /// Calls the engine blocked, by reason, since this process started (a block writes no record).
+    blocked: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Counts one call in flight until dropped.
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -47,6 +62,37 @@ impl Shared {
             ledger_clock: OnceLock::new(),
             configured: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            blocked: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Count a call in flight until the guard drops.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.in_flight.clone())
+    }
+
+    /// How many calls the engine is working on now.
+    pub fn calls_in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Calls blocked since start, by reason.
+    pub fn blocked(&self) -> BTreeMap<String, u64> {
+        self.blocked.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn count_blocked(&self, called: &Called) {
+        if let Called::Done(account) = called
+            && let Ending::Blocked(b) = &account.ending
+        {
+            *self
+                .blocked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(b.reason.to_string())
+                .or_default() += 1;
         }
     }
 
@@ -309,6 +355,7 @@ pub struct Gateway {
     once: Arc<Once>,
     session_scope: String,
     instructions: String,
+    over_http: bool,
 }
 
 impl Gateway {
@@ -319,7 +366,19 @@ impl Gateway {
             once,
             session_scope,
             instructions,
+            over_http: false,
         }
+    }
+
+    /// The same server for every HTTP request: many clients share the one upstream.
+    pub fn over_http(mut self) -> Gateway {
+        self.over_http = true;
+        self
+    }
+
+    /// Whether this server answers HTTP requests (many clients) rather than one stdio client.
+    pub(crate) fn is_over_http(&self) -> bool {
+        self.over_http
     }
 
     /// The state shared with the provider lookup and the worker (the upstream among it).
@@ -359,8 +418,15 @@ impl Gateway {
             .block_on(self.shared.upstream.relay().tell(notification));
     }
 
-    /// The call's scope, or why the call is refused (a scope from `_meta` that is missing).
-    fn scope_of(&self, meta: &JsonObject) -> Result<String, String> {
+    /// The call's scope, or why the call is refused (a scope from `_meta` that is missing). A tenant from
+    /// the HTTP request is the scope; the config then sets none (`crate::access` refuses both).
+    fn scope_of(&self, meta: &JsonObject, tenant: Option<String>) -> Result<String, String> {
+        if let Some(tenant) = tenant {
+            return Ok(tenant);
+        }
+        if self.over_http && self.shared.config.http.tenancy != crate::access::Tenancy::Open {
+            return Err("this gateway takes each call's scope from its credentials, and this call has none".into());
+        }
         match &self.shared.config.scope {
             ScopeMode::Session => Ok(self.session_scope.clone()),
             ScopeMode::Fixed(name) => Ok(name.clone()),
@@ -381,11 +447,13 @@ impl Gateway {
         request: CallToolRequestParams,
         meta: JsonObject,
         link: Link,
+        tenant: Option<String>,
     ) -> Result<CallToolResult, ErrorData> {
         let (shared, once) = (&*self.shared, &*self.once);
+        let started = Instant::now();
         let tool = request.name.to_string();
         let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
-        let (scope, refused) = match self.scope_of(&meta) {
+        let (scope, refused) = match self.scope_of(&meta, tenant) {
             Ok(scope) => (scope, None),
             Err(why) => (String::new(), Some(why)),
         };
@@ -462,7 +530,20 @@ impl Gateway {
         match called {
             Ok(called) => {
                 shared.track_unsettled(&scope, &called, &cx.capture);
-                tracing::info!(target: "once::gateway", scope, tool, outcome = called_name(&called), "call");
+                shared.count_blocked(&called);
+                let key = match &called {
+                    Called::Done(account) => account.key.clone(),
+                    _ => cx.capture.key.clone(),
+                };
+                tracing::info!(
+                    target: "once::gateway",
+                    scope,
+                    key = key.as_deref().unwrap_or("-"),
+                    tool,
+                    outcome = called_name(&called),
+                    latency_ms = started.elapsed().as_millis() as u64,
+                    "call"
+                );
                 let rendered = reply::render(called, &cx);
                 if cx.capture.link.ct.is_cancelled()
                     && let Ok(result) = &rendered
@@ -478,6 +559,15 @@ impl Gateway {
                 {
                     shared.track(&scope, key);
                 }
+                tracing::info!(
+                    target: "once::gateway",
+                    scope,
+                    key = cx.capture.key.as_deref().unwrap_or("-"),
+                    tool,
+                    outcome = "engine-error",
+                    latency_ms = started.elapsed().as_millis() as u64,
+                    "call: {e}"
+                );
                 Ok(reply::engine_error(&e, &cx))
             }
         }

@@ -1,6 +1,7 @@
 //! `once gateway`: an MCP proxy that puts an MCP server's tools behind once.
 //!
-//! The client speaks MCP to the gateway on stdin/stdout; the gateway starts
+//! The client speaks MCP to the gateway on stdin/stdout (or, with `--listen`,
+//! many clients over Streamable HTTP: `http`, their tenants `access`); the gateway starts
 //! the upstream server as a child process and speaks MCP to it over its stdio.
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,
@@ -19,10 +20,12 @@
 //! server), `relay` (what the upstream sends the client), `worker` (the
 //! background settle rounds) and `check` (`--check-config`).
 
+mod access;
 mod check;
 mod config;
 mod error;
 mod handler;
+mod http;
 mod lookup;
 mod relay;
 mod reply;
@@ -37,6 +40,7 @@ use std::time::Duration;
 use once::{Once, OnceError};
 use rmcp::ServiceExt;
 
+pub use self::access::AccessConfigError;
 use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
 use self::handler::{Gateway, LookupProvider, Shared};
@@ -54,6 +58,8 @@ pub struct Options {
     pub check_config: bool,
     /// The upstream MCP server's command and arguments.
     pub upstream: Vec<String>,
+    /// Serve MCP over Streamable HTTP on this address (`127.0.0.1:8080`) instead of stdio.
+    pub listen: Option<String>,
 }
 
 /// Run the gateway until the client hangs up and unsettled operations are settled (or the grace ends).
@@ -62,6 +68,13 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
         Some(path) => Config::load(path).map_err(GatewayError::Config)?,
         None => Config::default(),
     };
+    if args.listen.is_some() && config.scope == ScopeMode::Session {
+        return Err(GatewayError::Config(format!(
+            "{}: scope = \"session\" cannot be served over HTTP: each request stands alone there, so every call \
+             would be a new operation; use a fixed scope or [http] tenants",
+            config.source
+        )));
+    }
     if args.upstream.is_empty() {
         if args.check_config {
             return check::check_static(&config);
@@ -123,6 +136,17 @@ async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayE
         tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
     }
     let gateway = Gateway::new(shared.clone(), once.clone(), session_scope(), instructions(&shared));
+    if let Some(listen) = &args.listen {
+        // One upstream for every client, started with no client capabilities (see `Gateway::initialize`).
+        let worker = worker::spawn(shared.clone(), once.clone());
+        let served = http::serve(listen, shared.clone(), once.clone(), gateway.over_http()).await;
+        if served.is_ok() {
+            worker::drain(&shared).await;
+        }
+        worker.abort();
+        shared.upstream.shutdown().await;
+        return served;
+    }
     let running = match gateway.serve(rmcp::transport::stdio()).await {
         Ok(running) => running,
         Err(e) => {

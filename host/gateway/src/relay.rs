@@ -18,12 +18,16 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContex
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceError};
 use tokio_util::sync::CancellationToken;
 
+/// Where one call's progress goes: the client's token, and the connection (none: the connected client).
+type Follower = (ProgressToken, Option<Peer<RoleServer>>);
+
 /// The gateway's link to its client, shared by every upstream connection.
 #[derive(Default)]
 pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
-    /// The upstream's progress token of a call in flight -> the client's token for it.
-    progress: Mutex<HashMap<ProgressToken, ProgressToken>>,
+    /// The upstream's progress token of a call in flight -> the client's token for it, and the
+    /// connection that call came on (over HTTP, each request's own; else the one client).
+    progress: Mutex<HashMap<ProgressToken, Follower>>,
     /// Progress notifications being relayed right now.
     relaying: std::sync::atomic::AtomicUsize,
     /// The upstream's tools as last listed.
@@ -50,12 +54,18 @@ impl Relay {
         *self.tools.write().unwrap_or_else(|p| p.into_inner()) = tools;
     }
 
-    /// Relay progress the upstream reports under `upstream` as the client's `client` token, until the guard drops.
-    pub fn follow_progress(self: &Arc<Relay>, upstream: ProgressToken, client: ProgressToken) -> ProgressGuard {
+    /// Relay progress the upstream reports under `upstream` as the client's `client` token, to the connection
+    /// `to` (the connected client when `None`), until the guard drops.
+    pub fn follow_progress(
+        self: &Arc<Relay>,
+        upstream: ProgressToken,
+        client: ProgressToken,
+        to: Option<Peer<RoleServer>>,
+    ) -> ProgressGuard {
         self.progress
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(upstream.clone(), client);
+            .insert(upstream.clone(), (client, to));
         ProgressGuard {
             relay: self.clone(),
             token: upstream,
@@ -222,13 +232,17 @@ impl ClientHandler for RelayHandler {
             .unwrap_or_else(|p| p.into_inner())
             .get(&params.progress_token)
             .cloned();
-        if let Some(token) = client_token {
+        if let Some((token, to)) = client_token {
             params.progress_token = token;
-            self.relay
-                .tell(ServerNotification::ProgressNotification(
-                    rmcp::model::Notification::new(params),
-                ))
-                .await;
+            let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
+            match to {
+                Some(peer) => {
+                    if let Err(e) = peer.send_notification(notification).await {
+                        tracing::debug!(target: "once::gateway", "a progress notification did not reach its client: {e}");
+                    }
+                }
+                None => self.relay.tell(notification).await,
+            }
         }
     }
 

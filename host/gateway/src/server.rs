@@ -42,7 +42,19 @@ pub fn instructions(upstream: Option<&ServerPeerInfo>, once: &str) -> String {
 }
 
 fn link(context: &RequestContext<RoleServer>) -> Link {
-    Link::of(context.meta.clone(), context.ct.clone())
+    Link {
+        client: Some(context.peer.clone()),
+        ..Link::of(context.meta.clone(), context.ct.clone())
+    }
+}
+
+/// The tenant the HTTP front door found for this request (`crate::http`), if any.
+fn tenant(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<crate::http::Tenant>())
+        .map(|t| t.0.clone())
 }
 
 fn optional<M: Default, P>(params: Option<P>) -> RequestOptionalParam<M, P> {
@@ -86,8 +98,11 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
-        // The upstream is restarted with them before it serves this client (see `crate::serve`).
-        self.shared().upstream.declare(request.capabilities.clone());
+        // The upstream is restarted with them before it serves this client (see `crate::serve`). Over HTTP the
+        // upstream is every client's: a request from it (sampling, roots, elicitation) would have no one to ask.
+        if !self.is_over_http() {
+            self.shared().upstream.declare(request.capabilities.clone());
+        }
         self.negotiate_initialize(&request)
     }
 
@@ -267,9 +282,15 @@ impl ServerHandler for Gateway {
         let this = self.clone();
         let meta = context.meta.0.0.clone();
         let link = link(&context);
-        let result = tokio::task::spawn_blocking(move || this.call(request, meta, link))
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        let tenant = tenant(&context);
+        // Counted until the engine is done, even if the client goes away first: shutdown waits for it.
+        let in_flight = self.shared().in_flight();
+        let result = tokio::task::spawn_blocking(move || {
+            let _in_flight = in_flight;
+            this.call(request, meta, link, tenant)
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
         Ok(result.into())
     }
 }

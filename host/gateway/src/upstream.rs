@@ -14,7 +14,7 @@ use rmcp::model::{
 };
 use rmcp::service::{Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceError, ServiceExt};
+use rmcp::{RoleClient, RoleServer, ServiceError, ServiceExt};
 use tokio::process::Command;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -75,6 +75,8 @@ pub struct Link {
     pub meta: Option<RequestMetaObject>,
     /// Fires when the client cancels its request.
     pub ct: CancellationToken,
+    /// The client connection the request came on: its progress goes there, and to no other client.
+    pub client: Option<Peer<RoleServer>>,
 }
 
 impl Link {
@@ -86,6 +88,7 @@ impl Link {
             progress,
             meta: (!meta.is_empty()).then_some(meta),
             ct,
+            client: None,
         }
     }
 }
@@ -293,10 +296,10 @@ impl Upstream {
         };
         let mut handle = peer.send_request_with_option(request, options).await?;
         // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
-        let _progress = link
-            .progress
-            .clone()
-            .map(|token| self.relay.follow_progress(handle.progress_token.clone(), token));
+        let _progress = link.progress.clone().map(|token| {
+            self.relay
+                .follow_progress(handle.progress_token.clone(), token, link.client.clone())
+        });
         let wait = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,

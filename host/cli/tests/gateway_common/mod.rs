@@ -330,3 +330,4 @@ pub fn assert_confirmed_by_lookup(rig: &Rig, result: &CallToolResult) {
     assert_eq!(receipt["order_id"], json!(ORDER_ID));
     assert_eq!(receipt["amount"].as_f64(), Some(200.0), "{receipt}");
 }
+pub mod http;

@@ -1,0 +1,312 @@
+//! `once gateway --listen`: MCP over Streamable HTTP, with real processes (the
+//! gateway, its refund-mcp, the refund service's effect ledger) and a plain
+//! HTTP client. Tenants from bearer tokens, the 401 front door, /healthz,
+//! /metrics, the body limit, SIGTERM with a call in flight, and two replicas
+//! on one PostgreSQL ledger. Every verdict on refunds is read from the effect
+//! ledger; every verdict on records from the once ledger.
+
+mod gateway_common;
+#[path = "../../once/tests/postgres_common/mod.rs"]
+mod postgres_common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Barrier};
+
+use gateway_common::http::*;
+use gateway_common::*;
+use once::Once;
+use refund::{EffectLedger, ORDER_ID};
+use serde_json::{Value, json};
+
+const ACME: &str = "acme-token-1";
+const GLOBEX: &str = "globex-token-2";
+
+fn tenants_config() -> String {
+    fast_config(&format!(
+        "[http]\ntenants = {{ acme = \"{}\", globex = \"{}\" }}\nmetrics_tokens = [\"{}\"]\n",
+        sha256_hex(ACME),
+        sha256_hex(GLOBEX),
+        sha256_hex("operator-token")
+    ))
+}
+
+fn refund(amount: f64) -> Value {
+    json!({"order_id": ORDER_ID, "amount": amount})
+}
+
+fn ledger(rig: &Rig) -> Once {
+    Once::open(&rig.db).unwrap().build().unwrap()
+}
+
+/// Records in the once ledger, every scope.
+fn records(rig: &Rig) -> u64 {
+    ledger(rig).stats(None).unwrap().by_state.iter().map(|(_, n)| *n).sum()
+}
+
+fn amount_of(once: &Once, scope: &str, key: &str) -> f64 {
+    let view = once
+        .inspect(scope, key)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{scope}/{key} is recorded"));
+    let args: Value = serde_json::from_str(&view.args).unwrap();
+    args["amount"].as_f64().unwrap()
+}
+
+#[test]
+fn two_tenants_with_one_key_are_two_operations_and_never_see_each_other() {
+    let rig = Rig::new(&tenants_config());
+    let mut gw = rig.listen("none", 0);
+
+    let a = gw.call(Some(ACME), Some("k-1"), refund(100.0));
+    assert_eq!(a.outcome()["decision"], "executed", "{a:?}\n{}", rig.logs());
+    assert_eq!(a.outcome()["scope"], "acme");
+    let b = gw.call(Some(GLOBEX), Some("k-1"), refund(100.0));
+    assert_eq!(
+        b.outcome()["decision"],
+        "executed",
+        "globex's k-1 is its own operation: {b:?}"
+    );
+    assert_eq!(b.outcome()["scope"], "globex");
+    assert_ne!(
+        a.result()["structuredContent"]["refund_id"],
+        b.result()["structuredContent"]["refund_id"]
+    );
+    // acme's own repeat is a replay.
+    let again = gw.call(Some(ACME), Some("k-1"), refund(100.0));
+    assert_eq!(again.outcome()["decision"], "replayed", "{again:?}");
+
+    // globex names a key only acme has, with other args: not acme's conflict, not acme's replay.
+    let only = gw.call(Some(ACME), Some("acme-only"), refund(20.0));
+    assert_eq!(only.outcome()["decision"], "executed");
+    let other = gw.call(Some(GLOBEX), Some("acme-only"), refund(50.0));
+    assert_eq!(other.outcome()["decision"], "executed", "{other:?}");
+    assert_eq!(other.outcome()["scope"], "globex");
+    assert!(!other.text().contains("acme"), "{}", other.text());
+
+    let refunds = EffectLedger::open(rig.effects_db()).unwrap();
+    assert_eq!(refunds.count(ORDER_ID).unwrap(), 4, "{}", rig.logs());
+    assert_eq!(refunds.refunded_cents(ORDER_ID).unwrap(), 27_000);
+
+    // No credentials, or unknown ones: 401 with a Bearer challenge, nothing sent, nothing recorded.
+    let before = records(&rig);
+    for token in [None, Some("not-a-tenant"), Some("")] {
+        let refused = gw.call(token, Some("k-401"), refund(10.0));
+        assert_eq!(refused.status, 401, "{refused:?}");
+        assert!(
+            refused
+                .www_authenticate
+                .as_deref()
+                .is_some_and(|w| w.starts_with("Bearer")),
+            "{refused:?}"
+        );
+        assert!(refused.message.is_none(), "{refused:?}");
+    }
+    assert_eq!(records(&rig), before, "a refused request writes no record");
+    assert_eq!(
+        refunds.count(ORDER_ID).unwrap(),
+        4,
+        "a refused request reaches no upstream"
+    );
+
+    // Both tenants' records, each in its own scope with its own provider key.
+    let once = ledger(&rig);
+    let (ra, rb) = (
+        once.inspect("acme", "k-1").unwrap().unwrap(),
+        once.inspect("globex", "k-1").unwrap().unwrap(),
+    );
+    assert_ne!(ra.provider_key, rb.provider_key);
+    assert_eq!(amount_of(&once, "acme", "acme-only"), 20.0);
+    assert_eq!(amount_of(&once, "globex", "acme-only"), 50.0);
+    assert!(
+        once.inspect("default", "k-1").unwrap().is_none(),
+        "no call fell into the file's scope"
+    );
+
+    // /metrics: the operator's token only (a tenant's would show the other tenant's counts).
+    assert_eq!(gw.get("/metrics", Some(ACME)).0, 401);
+    assert_eq!(gw.get("/metrics", None).0, 401);
+    let (status, text) = gw.get("/metrics", Some("operator-token"));
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("once_gateway_unauthorized_total 3"), "{text}");
+
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+#[test]
+fn healthz_metrics_and_the_body_limit() {
+    let rig = Rig::new(&fast_config("[http]\nbody_limit = 4096\n"));
+    let mut gw = rig.listen("none", 0);
+    let (status, text) = gw.get("/healthz", None);
+    assert_eq!((status, text.as_str()), (200, "ok: the ledger answers\n"));
+
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"],
+        "executed"
+    );
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(10.0)).outcome()["decision"],
+        "replayed"
+    );
+    assert_eq!(
+        gw.call(None, Some("m-1"), refund(11.0)).outcome()["decision"],
+        "conflict"
+    );
+    // Over the quota (300 a day): blocked, and only this process can count that.
+    assert_eq!(
+        gw.call(None, Some("m-2"), refund(299.0)).outcome()["decision"],
+        "blocked"
+    );
+
+    let (status, text) = gw.get("/metrics", None);
+    assert_eq!(status, 200, "{text}");
+    let metrics = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str, label: Option<(&str, &str)>| {
+        metrics
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+                ref other => panic!("{name}: {other:?}"),
+            })
+            .unwrap_or_else(|| panic!("{name} {label:?} in\n{text}"))
+    };
+    let stats = ledger(&rig).stats(None).unwrap();
+    let confirmed = stats
+        .by_state
+        .iter()
+        .find(|(s, _)| s.name() == "confirmed")
+        .map_or(0, |(_, n)| *n);
+    assert_eq!(confirmed, 1);
+    assert_eq!(value("once_records", Some(("state", "confirmed"))), confirmed as f64);
+    assert_eq!(value("once_replays_total", None), 1.0);
+    assert_eq!(value("once_conflicts_total", None), 1.0);
+    assert_eq!(value("once_gateway_blocked_total", Some(("reason", "quota"))), 1.0);
+
+    // A body over the limit: 413 and a body that says so; nothing reaches the engine.
+    let big = call_body(
+        "refund_order",
+        json!({"order_id": ORDER_ID, "amount": 1, "pad": "x".repeat(5000)}),
+        Some("big"),
+    );
+    let answer = gw.post(None, &[], &big);
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert!(answer.body.contains("exceeds 4096 bytes"), "{}", answer.body);
+    assert!(ledger(&rig).inspect("default", "big").unwrap().is_none());
+
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+#[test]
+fn sigterm_lets_the_call_in_flight_finish_then_exits_0() {
+    // The refund commits at once and its reply comes 1.5 s later, inside the 4 s timeout.
+    let config = fast_config("")
+        .replace("timeout = \"1s\"", "timeout = \"4s\"")
+        .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"5s\"");
+    let rig = Rig::new(&config);
+    let mut gw = rig.listen_upstream(&["--late-reply-ms", "1500"], "late_reply", 0);
+    let url = gw.url.clone();
+    let body = call_body("refund_order", refund(200.0), Some("t-1")).to_string();
+    let call = std::thread::spawn(move || post(&url, None, &[], &body));
+    wait_until("the refund committed", || rig.effects().0 == 1);
+    gw.signal("-TERM");
+    let answer = call.join().unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}\n{}", rig.logs());
+    assert_eq!(answer.outcome()["decision"], "executed", "{answer:?}\n{}", rig.logs());
+    let status = gw.wait_exit();
+    assert!(status.success(), "exit {status}\n{}", rig.logs());
+    assert_exactly_one_refund(&rig);
+    assert!(rig.logs().contains("stopping: no new requests"), "{}", rig.logs());
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < give_up, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Two replicas (`owner` the same) on one PostgreSQL ledger, one refund service behind both:
+/// 32 clients send the same key at once, half to each. One dispatch; every client is told the one
+/// receipt, or honestly that the operation is in flight or unknown, or that this call sent nothing
+/// (a storage block under contention), never a second refund.
+#[test]
+fn two_replicas_on_postgres_dispatch_a_key_once() {
+    let Some(schema) = postgres_common::TestSchema::new() else {
+        return;
+    };
+    let config = fast_config("owner = \"refund-replicas\"");
+    let mut a = Rig::new(&config);
+    a.db = schema.location();
+    let b = a.beside(&config);
+    let (ga, gb) = (a.listen("none", 0), b.listen("none", 0));
+    let urls = [ga.url.clone(), gb.url.clone()];
+    let start = Arc::new(Barrier::new(32));
+    let clients: Vec<_> = (0..32)
+        .map(|i| {
+            let (url, start) = (urls[i % 2].clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                post(
+                    &url,
+                    None,
+                    &[],
+                    &call_body("refund_order", refund(200.0), Some("same-key")).to_string(),
+                )
+            })
+        })
+        .collect();
+    let answers: Vec<Answer> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let mut receipts = BTreeSet::new();
+    let mut executed = 0;
+    for answer in &answers {
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let decision = answer.outcome()["decision"].as_str().unwrap().to_string();
+        match decision.as_str() {
+            "executed" | "replayed" => {
+                executed += usize::from(decision == "executed");
+                receipts.insert(answer.result()["structuredContent"]["refund_id"].to_string());
+            }
+            // The holder's attempt had not ended within in_flight_wait, or its outcome is being reconciled.
+            "in-flight" | "unknown" => {}
+            // The engine's optimistic writes lost to the other 31 too often (every replay is counted on the
+            // record): nothing was sent by this call, and it says so; the same call again replays.
+            "blocked" if answer.outcome()["reason"] == "storage" && answer.outcome()["effect"] == "none" => {}
+            other => panic!("{other}: {answer:?}\n{}{}", a.logs(), b.logs()),
+        }
+    }
+    assert!(executed <= 1, "{executed} clients were told they executed it");
+    assert_eq!(receipts.len(), 1, "one receipt for everyone told one: {receipts:?}");
+    assert_exactly_one_refund(&a);
+    let view = Once::open(&a.db)
+        .unwrap()
+        .build()
+        .unwrap()
+        .inspect("default", "same-key")
+        .unwrap()
+        .unwrap();
+    let trail: Vec<String> = view.audit.iter().map(|e| format!("{}: {}", e.kind, e.detail)).collect();
+    // Each attempt after the first follows one that provably sent nothing (not sent, or read absent).
+    let proven_unsent = view
+        .audit
+        .iter()
+        .filter(|e| e.kind == "finish-not-sent" || e.kind == "reconciled-absent")
+        .count() as u32;
+    assert_eq!(
+        view.attempts,
+        1 + proven_unsent,
+        "one dispatch that may have acted: {trail:#?}"
+    );
+    assert!(!view.possible_duplicate, "{trail:#?}");
+
+    // The ledger stops answering (its schema is gone): /healthz says so, 503 with the reason.
+    assert_eq!(ga.get("/healthz", None).0, 200);
+    postgres_common::client(&schema.url)
+        .batch_execute(&format!("DROP SCHEMA {} CASCADE", schema.name))
+        .unwrap();
+    let (status, text) = ga.get("/healthz", None);
+    assert_eq!(status, 503, "{text}");
+    assert!(text.starts_with("the ledger does not answer"), "{text}");
+    drop((ga, gb));
+}

@@ -1,0 +1,385 @@
+//! `[http]` in `once.toml`: who may call the gateway when it listens on HTTP,
+//! and which tenant (scope) each request is. A bearer token is stored only as
+//! the SHA-256 of its text (lower-case hex); a header set by a trusted proxy
+//! names the tenant only when the file says which header that is.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The request body limit when the file sets none: far above any tool call, far below a memory problem.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+/// `[http]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HttpSection {
+    body_limit: Option<usize>,
+    tenant_header: Option<String>,
+    tenants: Option<BTreeMap<String, TokenHashes>>,
+    metrics_tokens: Option<Vec<String>>,
+    allowed_hosts: Option<Vec<String>>,
+}
+
+/// One tenant's token hashes: one, or several while a token is rotated.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum TokenHashes {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A mistake in `[http]`, naming the key it is in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessConfigError {
+    /// A token hash that is not 64 hex digits.
+    #[error("[http] {key}: {value:?} is not a SHA-256 in hex (64 hex digits); write `printf %s TOKEN | sha256sum`")]
+    BadHash {
+        /// Where it is (`tenants.acme`, `metrics_tokens`).
+        key: String,
+        /// What was written.
+        value: String,
+    },
+    /// One token for two tenants (or twice for one): a request with it would have no one scope.
+    #[error("[http] tenants.{first} and tenants.{second}: the same token hash {hash}; every token names one tenant")]
+    DuplicateToken {
+        /// The tenant it was first given to.
+        first: String,
+        /// The tenant it was given to again.
+        second: String,
+        /// The hash.
+        hash: String,
+    },
+    /// Tokens and a proxy header both name the tenant.
+    #[error("[http] tenants and tenant_header both choose the tenant; set one")]
+    BothModes,
+    /// A tenant scope from the request, and `scope` from the file: two sources of one scope.
+    #[error("[http] {mode} chooses each request's scope, so `scope` (here {scope:?}) cannot be set too")]
+    ScopeTwice {
+        /// `tenants` or `tenant_header`.
+        mode: &'static str,
+        /// The file's `scope`.
+        scope: String,
+    },
+    /// A tenant with no token, or an empty name.
+    #[error("[http] tenants.{key}: {why}")]
+    BadTenant {
+        /// The tenant's key.
+        key: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// An empty or unusable header name.
+    #[error("[http] tenant_header: {value:?} is not an HTTP header name")]
+    BadHeader {
+        /// What was written.
+        value: String,
+    },
+    /// A body limit of zero.
+    #[error("[http] body_limit: must be at least 1 byte")]
+    ZeroBodyLimit,
+}
+
+/// Who a request's tenant is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Tenancy {
+    /// No credentials: the file's `scope` applies, as on stdio.
+    #[default]
+    Open,
+    /// `Authorization: Bearer TOKEN`, with SHA-256(TOKEN) -> tenant.
+    Tokens(HashMap<[u8; 32], String>),
+    /// The tenant is this header's value, set by a trusted proxy in front of the gateway.
+    Header(String),
+}
+
+/// `[http]`, read and checked.
+#[derive(Debug, Clone)]
+pub struct HttpAccess {
+    /// Largest request body accepted, in bytes; a larger one is answered 413.
+    pub body_limit: usize,
+    /// How each request's tenant is found.
+    pub tenancy: Tenancy,
+    /// SHA-256 of the bearer tokens that may read `/metrics` (all scopes).
+    pub metrics_tokens: Vec<[u8; 32]>,
+    /// `Host` values accepted (DNS-rebinding protection); `None`: loopback names only.
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+impl Default for HttpAccess {
+    fn default() -> HttpAccess {
+        HttpAccess {
+            body_limit: DEFAULT_BODY_LIMIT,
+            tenancy: Tenancy::Open,
+            metrics_tokens: Vec::new(),
+            allowed_hosts: None,
+        }
+    }
+}
+
+/// Why a request was refused before it reached the gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No valid credentials (401).
+    Unauthorized(&'static str),
+    /// Credentials that do not grant this (403).
+    Forbidden(&'static str),
+}
+
+impl HttpAccess {
+    /// Check `[http]` (and that `scope` is not set when a tenant comes from the request).
+    pub(crate) fn from_section(section: HttpSection, scope: Option<&str>) -> Result<HttpAccess, AccessConfigError> {
+        if section.body_limit == Some(0) {
+            return Err(AccessConfigError::ZeroBodyLimit);
+        }
+        let tenancy = match (section.tenants, section.tenant_header) {
+            (Some(_), Some(_)) => return Err(AccessConfigError::BothModes),
+            (Some(tenants), None) => Tenancy::Tokens(token_map(tenants)?),
+            (None, Some(header)) => {
+                let valid = !header.is_empty()
+                    && header
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if !valid {
+                    return Err(AccessConfigError::BadHeader { value: header });
+                }
+                Tenancy::Header(header.to_ascii_lowercase())
+            }
+            (None, None) => Tenancy::Open,
+        };
+        if let (Some(scope), Some(mode)) = (scope, tenancy.mode()) {
+            return Err(AccessConfigError::ScopeTwice {
+                mode,
+                scope: scope.to_string(),
+            });
+        }
+        let metrics_tokens = section
+            .metrics_tokens
+            .unwrap_or_default()
+            .iter()
+            .map(|h| parse_hash("metrics_tokens", h))
+            .collect::<Result<_, _>>()?;
+        Ok(HttpAccess {
+            body_limit: section.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+            tenancy,
+            metrics_tokens,
+            allowed_hosts: section.allowed_hosts,
+        })
+    }
+
+    /// The tenant a request is, from its headers: `Ok(None)` when the gateway is open.
+    pub fn tenant_of(&self, headers: &axum::http::HeaderMap) -> Result<Option<String>, Refusal> {
+        match &self.tenancy {
+            Tenancy::Open => Ok(None),
+            Tenancy::Tokens(tokens) => {
+                let token = bearer(headers).ok_or(Refusal::Unauthorized("this gateway needs a bearer token"))?;
+                tokens
+                    .get(&sha256(token))
+                    .cloned()
+                    .map(Some)
+                    .ok_or(Refusal::Unauthorized("the bearer token is not one this gateway knows"))
+            }
+            Tenancy::Header(name) => headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| Some(v.to_string()))
+                .ok_or(Refusal::Unauthorized(
+                    "this gateway takes the tenant from a header its proxy sets, and the request has none",
+                )),
+        }
+    }
+
+    /// Whether a request may read `/metrics`: an operator token when the file names some; else only an
+    /// open gateway's metrics are open (a tenant's token never shows the other tenants' counts).
+    pub fn may_read_metrics(&self, headers: &axum::http::HeaderMap) -> Result<(), Refusal> {
+        if self.metrics_tokens.is_empty() {
+            return match self.tenancy {
+                Tenancy::Open => Ok(()),
+                _ => Err(Refusal::Forbidden(
+                    "this gateway has tenants: name the operators who may read /metrics in [http] metrics_tokens",
+                )),
+            };
+        }
+        let token = bearer(headers).ok_or(Refusal::Unauthorized("/metrics needs an operator's bearer token"))?;
+        if self.metrics_tokens.contains(&sha256(token)) {
+            Ok(())
+        } else {
+            Err(Refusal::Unauthorized(
+                "the bearer token is not one of [http] metrics_tokens",
+            ))
+        }
+    }
+}
+
+impl Tenancy {
+    /// The key that chooses the tenant, if any.
+    fn mode(&self) -> Option<&'static str> {
+        match self {
+            Tenancy::Open => None,
+            Tenancy::Tokens(_) => Some("tenants"),
+            Tenancy::Header(_) => Some("tenant_header"),
+        }
+    }
+}
+
+fn token_map(tenants: BTreeMap<String, TokenHashes>) -> Result<HashMap<[u8; 32], String>, AccessConfigError> {
+    let mut map: HashMap<[u8; 32], String> = HashMap::new();
+    for (tenant, hashes) in tenants {
+        let key = format!("tenants.{tenant}");
+        if tenant.trim().is_empty() {
+            return Err(AccessConfigError::BadTenant {
+                key: tenant,
+                why: "a tenant needs a name",
+            });
+        }
+        let hashes = match hashes {
+            TokenHashes::One(h) => vec![h],
+            TokenHashes::Many(hs) => hs,
+        };
+        if hashes.is_empty() {
+            return Err(AccessConfigError::BadTenant {
+                key: tenant,
+                why: "no token hash",
+            });
+        }
+        for text in hashes {
+            let hash = parse_hash(&key, &text)?;
+            if let Some(first) = map.insert(hash, tenant.clone()) {
+                return Err(AccessConfigError::DuplicateToken {
+                    first,
+                    second: tenant,
+                    hash: text.to_ascii_lowercase(),
+                });
+            }
+        }
+    }
+    Ok(map)
+}
+
+fn parse_hash(key: &str, text: &str) -> Result<[u8; 32], AccessConfigError> {
+    let bad = || AccessConfigError::BadHash {
+        key: key.to_string(),
+        value: text.to_string(),
+    };
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return Err(bad());
+    }
+    let mut hash = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let hex = std::str::from_utf8(pair).map_err(|_| bad())?;
+        hash[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+    }
+    Ok(hash)
+}
+
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+}
+
+fn sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    const ACME: &str = "307c609f87da43c3d563428a4f7efdf9857f4871fd10465732c4ab11a985a08c"; // sha256("acme-secret")
+
+    fn section(text: &str) -> HttpSection {
+        toml::from_str(text).unwrap()
+    }
+
+    fn with_bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn a_token_names_its_tenant_by_its_hash() {
+        assert_eq!(hex(&sha256("acme-secret")), ACME);
+        let access = HttpAccess::from_section(section(&format!("tenants = {{ acme = \"{ACME}\" }}")), None).unwrap();
+        assert_eq!(
+            access.tenant_of(&with_bearer("acme-secret")),
+            Ok(Some("acme".to_string()))
+        );
+        assert!(matches!(
+            access.tenant_of(&with_bearer("nope")),
+            Err(Refusal::Unauthorized(_))
+        ));
+        assert!(matches!(
+            access.tenant_of(&HeaderMap::new()),
+            Err(Refusal::Unauthorized(_))
+        ));
+        assert!(matches!(
+            access.may_read_metrics(&with_bearer("acme-secret")),
+            Err(Refusal::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn config_mistakes_name_their_key() {
+        let bad = HttpAccess::from_section(section("tenants = { acme = \"abc\" }"), None).unwrap_err();
+        assert_eq!(
+            bad,
+            AccessConfigError::BadHash {
+                key: "tenants.acme".into(),
+                value: "abc".into()
+            }
+        );
+        let twice = format!(
+            "tenants = {{ acme = \"{ACME}\", beta = [\"{}\"] }}",
+            ACME.to_uppercase()
+        );
+        assert!(matches!(
+            HttpAccess::from_section(section(&twice), None),
+            Err(AccessConfigError::DuplicateToken { first, second, .. }) if first == "acme" && second == "beta"
+        ));
+        let both = format!("tenant_header = \"x-tenant\"\ntenants = {{ acme = \"{ACME}\" }}");
+        assert_eq!(
+            HttpAccess::from_section(section(&both), None).unwrap_err(),
+            AccessConfigError::BothModes
+        );
+        assert!(matches!(
+            HttpAccess::from_section(section("tenant_header = \"x-tenant\""), Some("meta:tenant")),
+            Err(AccessConfigError::ScopeTwice {
+                mode: "tenant_header",
+                ..
+            })
+        ));
+        assert!(matches!(
+            HttpAccess::from_section(section("tenant_header = \"x tenant\""), None),
+            Err(AccessConfigError::BadHeader { .. })
+        ));
+        assert!(matches!(
+            HttpAccess::from_section(section("metrics_tokens = [\"zz\"]"), None),
+            Err(AccessConfigError::BadHash { key, .. }) if key == "metrics_tokens"
+        ));
+    }
+
+    #[test]
+    fn a_proxy_header_names_the_tenant_only_when_configured() {
+        let access = HttpAccess::from_section(section("tenant_header = \"X-Tenant\""), None).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant", HeaderValue::from_static("acme"));
+        assert_eq!(access.tenant_of(&headers), Ok(Some("acme".to_string())));
+        assert!(access.tenant_of(&HeaderMap::new()).is_err());
+        let open = HttpAccess::default();
+        assert_eq!(open.tenant_of(&headers), Ok(None));
+        assert_eq!(open.may_read_metrics(&HeaderMap::new()), Ok(()));
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}

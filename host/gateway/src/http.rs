@@ -1,0 +1,289 @@
+//! `once gateway --listen ADDR`: MCP over Streamable HTTP (rmcp's server
+//! transport, stateless: every POST is answered on its own, so any replica
+//! can answer any request), mounted in axum beside `GET /healthz` and
+//! `GET /metrics`. Every `/mcp` request passes the front door first: its
+//! credentials name its tenant (`crate::access`), or it is answered 401 and
+//! goes no further. SIGTERM (or Ctrl-C) stops accepting, lets the calls in
+//! flight finish (within `shutdown_grace`), drains the worker as stdio does,
+//! and returns.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use once::Once;
+use once::types::QueueFilter;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::GatewayError;
+use crate::access::Refusal;
+use crate::handler::{Gateway, Shared};
+
+/// The tenant the front door found for a request, handed to the MCP handler in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct Tenant(pub String);
+
+/// The path MCP is served on.
+pub const MCP_PATH: &str = "/mcp";
+/// How long `/healthz` waits for the ledger before it says it did not answer.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The scope `/healthz` reads (nothing is ever written there).
+const HEALTH_SCOPE: &str = "once/healthz";
+/// How many pending records `/metrics` examines, as `once ui` does.
+const METRICS_QUEUE_LIMIT: u32 = once_ui::DEFAULT_LIMIT;
+
+struct Front {
+    shared: Arc<Shared>,
+    once: Arc<Once>,
+    refused: AtomicU64,
+}
+
+/// Serve `gateway` on `listen` until SIGTERM, then shut down gracefully.
+pub(crate) async fn serve(
+    listen: &str,
+    shared: Arc<Shared>,
+    once: Arc<Once>,
+    gateway: Gateway,
+) -> Result<(), GatewayError> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| GatewayError::Runtime(format!("listening on {listen}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| GatewayError::Runtime(format!("listening on {listen}: {e}")))?;
+    // Two stops: `stopping` closes the listener at the signal; `abandon` cuts rmcp's open streams only
+    // when the grace is over (cutting them earlier would lose the answers of calls that finish in time).
+    let (stopping, abandon) = (CancellationToken::new(), CancellationToken::new());
+    let mcp = mcp_service(gateway, &shared, addr, abandon.clone());
+    let front = Arc::new(Front {
+        shared: shared.clone(),
+        once,
+        refused: AtomicU64::new(0),
+    });
+    let app = axum::Router::new()
+        .route_service(MCP_PATH, mcp)
+        .route_layer(middleware::from_fn_with_state(front.clone(), front_door))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .with_state(front);
+    // Printed on stdout, which HTTP mode does not otherwise use: a supervisor (or a test) that asked for port 0
+    // learns the port here.
+    println!("once gateway: listening on http://{addr}{MCP_PATH}");
+    tracing::info!(target: "once::gateway", "listening on http://{addr}{MCP_PATH}");
+    let accepting = stopping.clone();
+    let mut server = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { accepting.cancelled().await })
+            .into_future(),
+    );
+    tokio::select! {
+        _ = terminated() => {}
+        ended = &mut server => {
+            return Err(GatewayError::Runtime(format!("the HTTP server stopped: {}", match ended {
+                Ok(Ok(())) => "without a signal".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            })));
+        }
+    }
+    tracing::info!(target: "once::gateway", "stopping: no new requests; letting the calls in flight finish");
+    // The listener closes now; connections finish the requests they carry.
+    stopping.cancel();
+    let grace = Instant::now() + shared.config.shutdown_grace;
+    let finished = tokio::time::timeout_at(grace.into(), &mut server).await.is_ok();
+    while shared.calls_in_flight() > 0 && Instant::now() < grace {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !finished || shared.calls_in_flight() > 0 {
+        abandon.cancel();
+        server.abort();
+        tracing::warn!(
+            target: "once::gateway",
+            "shutdown_grace ended with {} call(s) in flight; their records settle through the next gateway or `once sweep`",
+            shared.calls_in_flight()
+        );
+    }
+    Ok(())
+}
+
+/// rmcp's Streamable HTTP server, stateless, over clones of `gateway`.
+fn mcp_service(
+    gateway: Gateway,
+    shared: &Shared,
+    addr: SocketAddr,
+    ct: CancellationToken,
+) -> StreamableHttpService<Gateway, NeverSessionManager> {
+    let access = &shared.config.http;
+    let hosts = access.allowed_hosts.clone().unwrap_or_else(|| {
+        // DNS-rebinding protection: loopback names, and the address the gateway was told to listen on.
+        let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        if !addr.ip().is_unspecified() {
+            hosts.push(addr.ip().to_string());
+        }
+        hosts
+    });
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_max_request_body_bytes(access.body_limit)
+        .with_allowed_hosts(hosts)
+        .with_cancellation_token(ct);
+    StreamableHttpService::new(
+        move || Ok(gateway.clone()),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    )
+}
+
+/// Every MCP request: its tenant from its credentials, or 401 before anything else sees it.
+async fn front_door(State(front): State<Arc<Front>>, mut request: Request, next: Next) -> Response {
+    match front.shared.config.http.tenant_of(request.headers()) {
+        Ok(tenant) => {
+            if let Some(tenant) = tenant {
+                request.extensions_mut().insert(Tenant(tenant));
+            }
+            next.run(request).await
+        }
+        Err(refusal) => {
+            front.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(target: "once::gateway", outcome = "unauthorized", "request refused: {}", text(&refusal));
+            refused(refusal)
+        }
+    }
+}
+
+fn text(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::Unauthorized(why) | Refusal::Forbidden(why) => why,
+    }
+}
+
+fn refused(refusal: Refusal) -> Response {
+    let status = match refusal {
+        Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+    };
+    let mut response = (status, format!("{}\n", text(&refusal))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"once gateway\""),
+        );
+    }
+    response
+}
+
+/// `GET /healthz`: 200 when the ledger answers a read, 503 with the reason when it does not.
+async fn healthz(State(front): State<Arc<Front>>) -> Response {
+    let once = front.once.clone();
+    let read = tokio::task::spawn_blocking(move || once.inspect(HEALTH_SCOPE, "probe").map(|_| ()));
+    match tokio::time::timeout(HEALTH_TIMEOUT, read).await {
+        Ok(Ok(Ok(()))) => (StatusCode::OK, "ok: the ledger answers\n").into_response(),
+        Ok(Ok(Err(e))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger does not answer: {e}\n"),
+        )
+            .into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger read failed: {e}\n"),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger did not answer within {HEALTH_TIMEOUT:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics`: the ledger's figures as `once ui` serves them, and this process's own counters.
+async fn metrics(State(front): State<Arc<Front>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = front.shared.config.http.may_read_metrics(&headers) {
+        return refused(refusal);
+    }
+    let once = front.once.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let filter = QueueFilter {
+            scopes: None,
+            tool: None,
+            key_prefix: None,
+        };
+        let queue = once.queue(&filter, METRICS_QUEUE_LIMIT)?;
+        let stats = once.stats(None)?;
+        Ok::<_, once::OnceError>(once_ui::metrics::render(&stats, &queue))
+    })
+    .await;
+    match read {
+        Ok(Ok(mut text)) => {
+            text.push_str(&process_counters(&front));
+            ([(header::CONTENT_TYPE, once_ui::metrics::CONTENT_TYPE)], text).into_response()
+        }
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the ledger does not answer: {e}\n"),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the ledger failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// What only this process knows: a blocked call and a refused request write nothing to the ledger.
+fn process_counters(front: &Front) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP once_gateway_blocked_total Calls this gateway process blocked, by reason (a block writes no record).\n\
+         # TYPE once_gateway_blocked_total counter"
+    );
+    for (reason, n) in front.shared.blocked() {
+        let _ = writeln!(out, "once_gateway_blocked_total{{reason=\"{reason}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP once_gateway_unauthorized_total MCP requests this process refused for missing or unknown credentials.\n\
+         # TYPE once_gateway_unauthorized_total counter\n\
+         once_gateway_unauthorized_total {}",
+        front.refused.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP once_gateway_calls_in_flight Tool calls this process is working on now.\n\
+         # TYPE once_gateway_calls_in_flight gauge\n\
+         once_gateway_calls_in_flight {}",
+        front.shared.calls_in_flight()
+    );
+    out
+}
+
+/// SIGTERM, or Ctrl-C.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(target: "once::gateway", "cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
