@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
 use crate::lookup::{Lookup, LookupSection};
+use crate::remote::UpstreamUrl;
 
 /// `_meta` fields accepted as the operation key unless the file says otherwise.
 pub const DEFAULT_KEY_META: [&str; 2] = ["once/key", "idempotencyKey"];
@@ -32,6 +33,7 @@ pub const DEFAULT_SCOPE: &str = "default";
 #[serde(deny_unknown_fields)]
 struct File {
     db: Option<PathBuf>,
+    upstream_url: Option<String>,
     scope: Option<String>,
     owner: Option<String>,
     key_meta: Option<Vec<String>>,
@@ -236,6 +238,8 @@ pub struct Config {
     pub source: String,
     /// The ledger named in the file.
     pub db: Option<PathBuf>,
+    /// The upstream server's URL named in the file (`upstream_url`), instead of a command.
+    pub upstream_url: Option<UpstreamUrl>,
     /// How scopes are chosen.
     pub scope: ScopeMode,
     /// Who dispatches this gateway's operations (`owner`; default: the upstream command line).
@@ -300,9 +304,14 @@ impl Config {
         if file.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
             return Err(format!("{source}: owner is empty"));
         }
+        let upstream_url = match file.upstream_url.as_deref() {
+            Some(text) => Some(UpstreamUrl::parse(text).map_err(|e| format!("{source}: upstream_url: {e}"))?),
+            None => None,
+        };
         let mut config = Config {
             source,
             db: file.db,
+            upstream_url,
             scope,
             owner: file.owner,
             key_meta,
