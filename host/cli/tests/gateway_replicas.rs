@@ -15,6 +15,13 @@ use gateway_common::remote::RemoteUpstream;
 use gateway_common::*;
 use once::types::{RecordView, State};
 
+/// Every replica's log, then the upstream's, for a failure message.
+fn all_logs(replicas: &[&Rig], upstream: &RemoteUpstream) -> String {
+    let mut logs: Vec<String> = replicas.iter().map(|r| r.logs()).collect();
+    logs.push(upstream.logs());
+    logs.join("\n==== next ====\n")
+}
+
 /// The record of `key`, read from the ledger directly.
 async fn record(db: &str, key: &str) -> RecordView {
     let (db, key) = (db.to_string(), key.to_string());
@@ -53,15 +60,9 @@ async fn a_replica_killed_mid_call_is_settled_by_the_other_replicas_worker() {
     a.db = schema.location();
     let b = a.beside(&fast_config(""));
     let upstream = RemoteUpstream::start(&a.effects_db(), "crash_after_dispatch", a.dir.path().join("upstream"));
-    let logs = || {
-        format!(
-            "{}\n==== B ====\n{}\n==== upstream ====\n{}",
-            a.logs(),
-            b.logs(),
-            upstream.logs()
-        )
-    };
-    let (left, right) = tokio::join!(a.connect_url(&upstream.url(), 0), b.connect_url(&upstream.url(), 0));
+    let logs = || all_logs(&[&a, &b], &upstream);
+    let url = upstream.url();
+    let (left, right) = tokio::join!(a.connect_url(&url, 0), b.connect_url(&url, 0));
     {
         let call = left.refund(200.0, Some("refund-1234-replica"));
         tokio::pin!(call);
@@ -110,23 +111,17 @@ async fn an_owed_dispatch_is_sent_by_exactly_one_of_the_live_replicas() {
     a.db = schema.location();
     let (b, c) = (a.beside(&config), a.beside(&config));
     let mut upstream = RemoteUpstream::start(&a.effects_db(), "pre_effect_disconnect", a.dir.path().join("upstream"));
-    let logs = || {
-        format!(
-            "{}\n==== B ====\n{}\n==== C ====\n{}\n==== upstream ====\n{}",
-            a.logs(),
-            b.logs(),
-            c.logs(),
-            upstream.logs()
-        )
-    };
     let first = a.connect_url(&upstream.url(), 0).await;
     let lost = first.refund(200.0, Some("refund-1234-owed")).await;
-    assert_eq!(outcome(&lost)["decision"], "unknown", "{}\n{}", text(&lost), logs());
+    let said = all_logs(&[&a], &upstream);
+    assert_eq!(outcome(&lost)["decision"], "unknown", "{}\n{said}", text(&lost));
     first.kill().await;
     assert_eq!(a.effects(), (0, 0));
 
     upstream.restart();
-    let (second, third) = tokio::join!(b.connect_url(&upstream.url(), 0), c.connect_url(&upstream.url(), 0));
+    let logs = || all_logs(&[&a, &b, &c], &upstream);
+    let url = upstream.url();
+    let (second, third) = tokio::join!(b.connect_url(&url, 0), c.connect_url(&url, 0));
     let view = wait_for_state(
         &a.db,
         "refund-1234-owed",

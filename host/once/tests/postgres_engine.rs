@@ -906,7 +906,9 @@ fn postgres_commit_with_a_lost_reply_blocks_then_recovers_once() {
 /// connection) run their background rounds at the same moment over the same
 /// unknown records. Each record is read, proven absent and granted through
 /// the ledger's compare-and-swap, so each owed dispatch is sent by exactly
-/// one of them, once.
+/// one of them, once. (A round grants all its owed dispatches, then sends
+/// them in turn: a grant whose send-by passed meanwhile is reported not sent,
+/// spends an attempt and is granted again; the count of grants shows it.)
 #[test]
 fn postgres_replicas_settling_at_once_send_each_owed_dispatch_once() {
     const KEYS: usize = 40;
@@ -941,11 +943,12 @@ fn postgres_replicas_settling_at_once_send_each_owed_dispatch_once() {
     }
 
     let sent: Mutex<BTreeMap<String, Vec<usize>>> = Mutex::new(BTreeMap::new());
+    let granted = AtomicUsize::new(0);
     let start = std::sync::Barrier::new(2);
     let give_up = Instant::now() + Duration::from_secs(60);
     std::thread::scope(|scope| {
         for (n, once) in replicas.iter().enumerate() {
-            let (sent, start, url, name) = (&sent, &start, &schema.url, &schema.name);
+            let (sent, granted, start, url, name) = (&sent, &granted, &start, &schema.url, &schema.name);
             scope.spawn(move || {
                 let mut effects = postgres_common::client(url);
                 start.wait();
@@ -962,9 +965,9 @@ fn postgres_replicas_settling_at_once_send_each_owed_dispatch_once() {
                             Sent::Success(receipt_of(d.key))
                         })
                         .unwrap();
-                    for called in &round.sent {
-                        assert!(matches!(ending(called), Ending::Confirmed(_)), "{called:?}");
-                    }
+                    // A grant whose turn in the round came after its send-by is reported not sent, never
+                    // sent late: only what reached `send` above is counted as a dispatch.
+                    granted.fetch_add(round.sent.len(), Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(5));
                 }
             });
@@ -978,18 +981,16 @@ fn postgres_replicas_settling_at_once_send_each_owed_dispatch_once() {
         assert_eq!(sent[&key].len(), 1, "{key} was sent by replicas {:?}", sent[&key]);
         assert_eq!(count_for(&mut c, &schema.name, &key), 1, "{key}: one effect");
         let view = replicas[0].inspect("replicas", &key).unwrap().unwrap();
-        assert_eq!(
-            (view.state, view.attempts),
-            (State::Confirmed, 2),
-            "{key}: {:?}",
-            view.audit
-        );
+        assert_eq!(view.state, State::Confirmed, "{key}: {:?}", view.audit);
+        let successes = view.audit.iter().filter(|e| e.kind == "finish-success").count();
+        assert_eq!(successes, 1, "{key}: {:?}", view.audit);
     }
     let by_first = sent.values().filter(|v| v[0] == 0).count();
     let _ = writeln!(
         std::io::stderr(),
-        "{KEYS} owed dispatches: {by_first} sent by replica 0, {} by replica 1",
-        KEYS - by_first
+        "{KEYS} owed dispatches: {by_first} sent by replica 0, {} by replica 1, out of {} grants",
+        KEYS - by_first,
+        granted.load(Ordering::SeqCst)
     );
 }
 

@@ -58,10 +58,13 @@ impl RemoteUpstream {
             .join("\n----\n")
     }
 
-    /// Start it again (after [`RemoteUpstream::kill`]) on the port it had; a fault fires only once per
-    /// effect ledger, so a restarted server behaves normally.
+    /// Start it again (after [`RemoteUpstream::kill`], or after a fault ended it) on the port it had; a
+    /// fault fires only once per effect ledger, so a restarted server behaves normally.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "already running");
+        if let Some(child) = self.child.as_mut() {
+            assert!(child.try_wait().unwrap().is_some(), "already running");
+            self.child = None;
+        }
         let log = self.log_of(self.starts);
         self.starts += 1;
         let listen = self.addr.map_or("127.0.0.1:0".to_string(), |a| a.to_string());
