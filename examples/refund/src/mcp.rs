@@ -1,4 +1,4 @@
-//! The refund API as an MCP server over stdio (`refund-mcp`): `get_order`, `refund_order` and `find_refund_by_key`,
+//! The refund API as an MCP server over stdio or Streamable HTTP (`refund-mcp`): `get_order`, `refund_order` and `find_refund_by_key`,
 //! in front of a [`Service`] on the same effect ledger, with the demo's faults acted out on the MCP connection.
 //!
 //! A fault acts on the first `refund_order` call against a ledger, once: a marker file beside the ledger records that
@@ -69,8 +69,57 @@ pub fn fault_marker(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The refund service, the fault proxy in front of it (if any), and the MCP face of both:
+/// dropping it stops the service.
+struct Running {
+    server: RefundMcp,
+    _proxy: Option<FaultProxy>,
+    _service: Service,
+}
+
 /// Serve MCP on stdin/stdout until the client hangs up, then exit the process.
 pub async fn serve_stdio(options: McpOptions) -> Result<(), Error> {
+    let running = start(options)?;
+    let session = running
+        .server
+        .clone()
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+    let _ = session.waiting().await;
+    drop(running);
+    Ok(())
+}
+
+/// The path the Streamable HTTP endpoint is served under.
+pub const HTTP_PATH: &str = "/mcp";
+
+/// Serve MCP over Streamable HTTP on `listener` (at [`HTTP_PATH`]), one session per client,
+/// until the process is stopped; `ready` is told the address once connections are accepted.
+pub async fn serve_http(
+    options: McpOptions,
+    listener: tokio::net::TcpListener,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), Error> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+    let running = start(options)?;
+    let server = running.server.clone();
+    // Local only: the allowed hosts stay rmcp's loopback names, against DNS rebinding.
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let router = axum::Router::new().nest_service(HTTP_PATH, service);
+    ready(listener.local_addr()?);
+    axum::serve(listener, router).await?;
+    drop(running);
+    Ok(())
+}
+
+fn start(options: McpOptions) -> Result<Running, Error> {
     let service = Service::start(&options.db, options.mode)?;
     let marker = fault_marker(&options.db);
     // The proxy's stale read must follow the first write against this ledger, not the first of this process.
@@ -89,14 +138,11 @@ pub async fn serve_stdio(options: McpOptions) -> Result<(), Error> {
         marker,
         late_reply: options.late_reply,
     };
-    let running = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
-    let _ = running.waiting().await;
-    drop(proxy);
-    drop(service);
-    Ok(())
+    Ok(Running {
+        server,
+        _proxy: proxy,
+        _service: service,
+    })
 }
 
 /// The MCP face of one refund service.

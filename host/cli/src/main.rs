@@ -76,7 +76,7 @@ enum Command {
     },
 }
 
-/// `once gateway [--config once.toml] [--db PATH] [--check-config] [--listen ADDR] -- <upstream command…>`
+/// `once gateway [--config once.toml] [--db PATH] [--check-config] [--listen ADDR] (-- <upstream command…> | --upstream-url URL)`
 #[derive(clap::Args)]
 struct GatewayArgs {
     /// The gateway's configuration (TOML, e.g. examples/refund/once.toml); without it, annotations and derived keys.
@@ -95,6 +95,9 @@ struct GatewayArgs {
     /// The upstream MCP server's command and arguments, after `--`.
     #[arg(last = true, value_name = "UPSTREAM")]
     upstream: Vec<String>,
+    /// The upstream MCP server's URL (Streamable HTTP, http://), instead of a command [default: the config's `upstream_url`].
+    #[arg(long, value_name = "URL")]
+    upstream_url: Option<String>,
 }
 
 impl From<GatewayArgs> for once_gateway::Options {
@@ -105,6 +108,7 @@ impl From<GatewayArgs> for once_gateway::Options {
             check_config: args.check_config,
             upstream: args.upstream,
             listen: args.listen,
+            upstream_url: args.upstream_url,
         }
     }
 }

@@ -8,22 +8,10 @@ mod gateway_common;
 #[path = "../../once/tests/postgres_common/mod.rs"]
 mod postgres_common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use gateway_common::*;
 use once::types::State;
-
-/// SIGKILL a gateway: it dies without settling anything.
-async fn kill(session: Session) {
-    let Session { client, mut child } = session;
-    let pid = child.id().expect("the gateway is running");
-    let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
-    assert!(killed.success());
-    let status = child.wait().await.unwrap();
-    assert!(!status.success(), "the gateway was killed");
-    drop(client);
-}
 
 fn assert_replay(result: &rmcp::model::CallToolResult, rig: &Rig) {
     let t = text(result);
@@ -70,7 +58,7 @@ async fn a_gateway_killed_mid_call_is_settled_by_the_next_one() {
             () = wait_for("the refund to commit", Duration::from_secs(20), || rig.effects().0 == 1) => {}
         }
     }
-    kill(first).await;
+    first.kill().await;
 
     let second = rig.connect("late_reply", 1).await;
     let result = second.refund(200.0, Some("refund-1234-m")).await;
@@ -142,7 +130,7 @@ async fn two_gateways_in_front_of_two_upstreams_each_settle_only_their_own() {
     let first = a.connect("pre_effect_disconnect", 0).await;
     let lost = first.refund(200.0, Some("refund-1234-own")).await;
     assert_eq!(outcome(&lost)["decision"], "unknown", "{}\n{}", text(&lost), a.logs());
-    kill(first).await;
+    first.kill().await;
 
     // B runs its worker well past A's max_in_flight, with a client attached.
     let other = b.connect("none", 0).await;

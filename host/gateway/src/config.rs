@@ -17,6 +17,7 @@ use serde::de::{self, Deserializer, Visitor};
 
 use crate::access::{HttpAccess, HttpSection};
 use crate::lookup::{Lookup, LookupSection};
+use crate::remote::UpstreamUrl;
 
 /// `_meta` fields accepted as the operation key unless the file says otherwise.
 pub const DEFAULT_KEY_META: [&str; 2] = ["once/key", "idempotencyKey"];
@@ -33,6 +34,7 @@ pub const DEFAULT_SCOPE: &str = "default";
 #[serde(deny_unknown_fields)]
 struct File {
     db: Option<PathBuf>,
+    upstream_url: Option<String>,
     scope: Option<String>,
     owner: Option<String>,
     key_meta: Option<Vec<String>>,
@@ -238,6 +240,8 @@ pub struct Config {
     pub source: String,
     /// The ledger named in the file.
     pub db: Option<PathBuf>,
+    /// The upstream server's URL named in the file (`upstream_url`), instead of a command.
+    pub upstream_url: Option<UpstreamUrl>,
     /// How scopes are chosen.
     pub scope: ScopeMode,
     /// Who dispatches this gateway's operations (`owner`; default: the upstream command line).
@@ -306,9 +310,14 @@ impl Config {
         }
         let http = HttpAccess::from_section(file.http.unwrap_or_default(), file.scope.as_deref())
             .map_err(|e| format!("{source}: {e}"))?;
+        let upstream_url = match file.upstream_url.as_deref() {
+            Some(text) => Some(UpstreamUrl::parse(text).map_err(|e| format!("{source}: upstream_url: {e}"))?),
+            None => None,
+        };
         let mut config = Config {
             source,
             db: file.db,
+            upstream_url,
             scope,
             owner: file.owner,
             key_meta,

@@ -325,7 +325,12 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     }
     let sent = classify(&reply, tool.on_tool_error);
     capture.sent |= sent != Sent::NotSent;
-    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = sent_name(&sent), "dispatched");
+    // Why an attempt went unanswered or never left: what an operator needs to tell the two apart.
+    let why = match &reply {
+        Reply::Lost(why) | Reply::NotSent(why) => why.as_str(),
+        _ => "",
+    };
+    tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = sent_name(&sent), why, "dispatched");
     capture.last = Some(reply);
     sent
 }
@@ -614,7 +619,9 @@ mod tests {
             dir.path().join("effects.db").display().to_string(),
         ];
         let relay = Arc::new(crate::relay::Relay::default());
-        let upstream = runtime.block_on(Upstream::start(command, relay)).unwrap();
+        let upstream = runtime
+            .block_on(Upstream::start(crate::upstream::Target::Command(command), relay))
+            .unwrap();
         let config = Config::parse(
             r#"
             [tools.refund_order]

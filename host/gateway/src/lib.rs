@@ -2,7 +2,8 @@
 //!
 //! The client speaks MCP to the gateway on stdin/stdout (or, with `--listen`,
 //! many clients over Streamable HTTP: `http`, their tenants `access`); the gateway starts
-//! the upstream server as a child process and speaks MCP to it over its stdio.
+//! the upstream server as a child process and speaks MCP to it over its stdio,
+//! or connects to it at a URL over Streamable HTTP (`remote`).
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,
 //! list changes; see docs/gateway.md). Every `tools/call` runs the engine's
@@ -17,7 +18,8 @@
 //! evidence), `server` (the MCP methods the client calls), `handler` (a
 //! protected call and the provider lookup), `reply` (what the model is shown,
 //! from the engine's account), `upstream` (the MCP client of the real
-//! server), `relay` (what the upstream sends the client), `worker` (the
+//! server), `remote` (a URL upstream: which HTTP failures prove a request
+//! never left), `relay` (what the upstream sends the client), `worker` (the
 //! background settle rounds) and `check` (`--check-config`).
 
 mod access;
@@ -28,6 +30,7 @@ mod handler;
 mod http;
 mod lookup;
 mod relay;
+mod remote;
 mod reply;
 mod server;
 mod upstream;
@@ -45,7 +48,8 @@ use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
 use self::handler::{Gateway, LookupProvider, Shared};
 use self::relay::Relay;
-use self::upstream::Upstream;
+use self::remote::UpstreamUrl;
+use self::upstream::{Target, Upstream};
 
 /// What `once gateway` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -60,6 +64,8 @@ pub struct Options {
     pub upstream: Vec<String>,
     /// Serve MCP over Streamable HTTP on this address (`127.0.0.1:8080`) instead of stdio.
     pub listen: Option<String>,
+    /// The upstream MCP server's URL (Streamable HTTP), instead of a command; wins over the config's `upstream_url`.
+    pub upstream_url: Option<String>,
 }
 
 /// Run the gateway until the client hangs up and unsettled operations are settled (or the grace ends).
@@ -75,14 +81,16 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
             config.source
         )));
     }
-    if args.upstream.is_empty() {
+    let Some(target) = target(&config, &args)? else {
         if args.check_config {
             return check::check_static(&config);
         }
         return Err(GatewayError::Config(
-            "no upstream command: once gateway [--config FILE] -- <command> [args…]".to_string(),
+            "no upstream: once gateway [--config FILE] -- <command> [args…], or --upstream-url URL (or upstream_url \
+             in the config)"
+                .to_string(),
         ));
-    }
+    };
     let db = args
         .db
         .clone()
@@ -93,15 +101,36 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
         .enable_all()
         .build()
         .map_err(|e| GatewayError::Runtime(format!("starting the async runtime: {e}")))?;
-    let result = runtime.block_on(serve(config, db, args));
+    let result = runtime.block_on(serve(config, db, target, args));
     // The stdin reader of a finished session may still be parked in a blocking read.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-async fn serve(config: Config, db: String, args: Options) -> Result<(), GatewayError> {
+/// Where the upstream is: exactly one of a command and a URL (`--upstream-url` wins over `upstream_url`).
+fn target(config: &Config, args: &Options) -> Result<Option<Target>, GatewayError> {
+    let url = match &args.upstream_url {
+        Some(text) => Some(UpstreamUrl::parse(text).map_err(|e| GatewayError::Config(format!("--upstream-url: {e}")))?),
+        None => config.upstream_url.clone(),
+    };
+    match (url, args.upstream.is_empty()) {
+        (Some(_), false) => Err(GatewayError::Config(format!(
+            "both an upstream command (after `--`) and an upstream URL ({}) are given: name one",
+            if args.upstream_url.is_some() {
+                "--upstream-url".to_string()
+            } else {
+                format!("upstream_url in {}", config.source)
+            }
+        ))),
+        (Some(url), true) => Ok(Some(Target::Url(url))),
+        (None, false) => Ok(Some(Target::Command(args.upstream.clone()))),
+        (None, true) => Ok(None),
+    }
+}
+
+async fn serve(config: Config, db: String, target: Target, args: Options) -> Result<(), GatewayError> {
     let relay = Arc::new(Relay::default());
-    let upstream = Upstream::start(args.upstream.clone(), relay.clone())
+    let upstream = Upstream::start(target, relay.clone())
         .await
         .map_err(GatewayError::Runtime)?;
     let names: Vec<String> = upstream.tools().iter().map(|t| t.name.to_string()).collect();
@@ -188,7 +217,8 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
 }
 
 /// Who dispatches this gateway's operations: the configured `owner`, else the upstream's
-/// command line. Gateways with one owner settle each other's records; others never touch them.
+/// command line (or URL, without credentials or query). Gateways with one owner settle each
+/// other's records; others never touch them.
 pub(crate) fn owner(shared: &Shared) -> String {
     shared
         .config

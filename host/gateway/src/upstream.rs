@@ -1,8 +1,10 @@
 //! The upstream MCP server: a child process spoken to over stdio with rmcp,
-//! restarted when it dies (a disconnect or crash mid-call must not leave the
-//! gateway unable to reconcile or to send an owed dispatch), and restarted
-//! once when the client connects, so that the upstream sees the client's
-//! capabilities (sampling, elicitation, roots) as its own client's.
+//! or a server at a URL spoken to over Streamable HTTP ([`crate::remote`]),
+//! restarted (reconnected: a new session) when it dies (a disconnect or crash
+//! mid-call must not leave the gateway unable to reconcile or to send an owed
+//! dispatch), and restarted once when the client connects, so that the
+//! upstream sees the client's capabilities (sampling, elicitation, roots) as
+//! its own client's.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -20,6 +22,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::relay::{self, Relay, RelayHandler};
+use crate::remote::{self, UpstreamUrl};
 
 /// How long starting the upstream (spawn + initialize + tools/list) may take.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -93,9 +96,18 @@ impl Link {
     }
 }
 
+/// Where the upstream server is.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A command the gateway starts and speaks to over its stdio.
+    Command(Vec<String>),
+    /// A server the gateway connects to over Streamable HTTP.
+    Url(UpstreamUrl),
+}
+
 /// A supervised upstream server.
 pub struct Upstream {
-    command: Vec<String>,
+    target: Target,
     conn: Mutex<Option<Conn>>,
     generations: std::sync::atomic::AtomicU64,
     restarts: Mutex<Restarts>,
@@ -115,10 +127,10 @@ fn client_config(capabilities: ClientCapabilities) -> ClientConfig {
 }
 
 impl Upstream {
-    /// Start `command` and read its tools; a failure here is a failure at start.
-    pub async fn start(command: Vec<String>, relay: Arc<Relay>) -> Result<Upstream, String> {
+    /// Start (or connect to) `target` and read its tools; a failure here is a failure at start.
+    pub async fn start(target: Target, relay: Arc<Relay>) -> Result<Upstream, String> {
         let upstream = Upstream {
-            command,
+            target,
             conn: Mutex::new(None),
             generations: std::sync::atomic::AtomicU64::new(0),
             restarts: Mutex::new(Restarts {
@@ -133,9 +145,13 @@ impl Upstream {
         Ok(upstream)
     }
 
-    /// The upstream command as one line, for messages.
+    /// The upstream as one line, for messages and the default owner: the command line, or the
+    /// URL without credentials or query.
     pub fn command_line(&self) -> String {
-        self.command.join(" ")
+        match &self.target {
+            Target::Command(command) => command.join(" "),
+            Target::Url(url) => url.shown().to_string(),
+        }
     }
 
     /// The link to the client that this upstream's notifications and requests are relayed to.
@@ -167,6 +183,14 @@ impl Upstream {
             extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
         }
         *self.wanted.write().unwrap_or_else(|p| p.into_inner()) = client_config(capabilities);
+    }
+
+    /// An error's text as it may be shown: a URL upstream's credentials and query never are.
+    fn redact(&self, message: String) -> String {
+        match &self.target {
+            Target::Command(_) => message,
+            Target::Url(url) => url.redact(message),
+        }
     }
 
     fn wanted(&self) -> ClientConfig {
@@ -227,28 +251,36 @@ impl Upstream {
     }
 
     async fn spawn(&self, config: ClientConfig) -> Result<Conn, String> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| "no upstream command: put it after `--`".to_string())?;
-        let mut command = Command::new(program);
-        command.args(args);
-        let transport = TokioChildProcess::new(command)
-            .map_err(|e| format!("starting the upstream {:?}: {e}", self.command_line()))?;
         let capabilities = config.capabilities.clone();
         let handler = RelayHandler {
             relay: self.relay.clone(),
             config,
         };
-        let service = handler
-            .serve(transport)
-            .await
-            .map_err(|e| format!("the upstream ({}) did not initialize: {e}", self.command_line()))?;
-        let tools = service
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("the upstream ({}) did not list its tools: {e}", self.command_line()))?;
+        let served = match &self.target {
+            Target::Command(command) => {
+                let (program, args) = command
+                    .split_first()
+                    .ok_or_else(|| "no upstream command: put it after `--`".to_string())?;
+                let mut command = Command::new(program);
+                command.args(args);
+                let transport = TokioChildProcess::new(command)
+                    .map_err(|e| format!("starting the upstream {:?}: {e}", self.command_line()))?;
+                handler.serve(transport).await
+            }
+            Target::Url(url) => handler.serve(url.transport()?).await,
+        };
+        let service = served.map_err(|e| {
+            self.redact(format!(
+                "the upstream ({}) did not initialize: {e}",
+                self.command_line()
+            ))
+        })?;
+        let tools = service.peer().list_all_tools().await.map_err(|e| {
+            self.redact(format!(
+                "the upstream ({}) did not list its tools: {e}",
+                self.command_line()
+            ))
+        })?;
         self.relay.set_tools(tools);
         *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
         let generation = self.generations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -372,15 +404,21 @@ impl Upstream {
                  does not follow"
                     .to_string(),
             ),
+            // A URL upstream's connection could not even be opened: the request is still here.
+            Exchanged::Answered(Err(e)) if remote::never_left(&e) => {
+                self.forget(generation).await;
+                Reply::NotSent(self.redact(format!("the upstream could not be reached: {e}")))
+            }
             Exchanged::Answered(Err(ServiceError::McpError(e))) => Reply::Error(e),
-            // Anything else happened after the request was handed to the transport.
+            // Anything else happened after the request was handed to the transport (for a URL upstream:
+            // after a connection was made; rmcp reports a response stream cut before its answer as closed).
             Exchanged::Closed | Exchanged::Answered(Err(ServiceError::TransportClosed)) => {
                 self.forget(generation).await;
                 Reply::Lost("the upstream closed the connection before replying".to_string())
             }
             Exchanged::Answered(Err(e)) => {
                 self.forget(generation).await;
-                Reply::Lost(format!("the exchange with the upstream broke: {e}"))
+                Reply::Lost(self.redact(format!("the exchange with the upstream broke: {e}")))
             }
         }
     }

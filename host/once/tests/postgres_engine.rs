@@ -1,7 +1,8 @@
 //! once over one shared ledger, through the real component, with real OS
 //! processes: racing `begin`s on PostgreSQL (16 processes) and on one SQLite
-//! file (8), holders SIGKILLed between `execute` and `finish`, and the
-//! database connection terminated under `begin` and under `finish`.
+//! file (8), holders SIGKILLed between `execute` and `finish`, the
+//! database connection terminated under `begin` and under `finish`, and two
+//! replicas' background rounds racing over the same owed dispatches.
 //!
 //! Effects are counted in tables once never touches (the "provider"), so a
 //! duplicate would show up there whatever the ledger says. Child processes are
@@ -897,6 +898,100 @@ fn postgres_commit_with_a_lost_reply_blocks_then_recovers_once() {
     let view = once.inspect("lost", "c").unwrap().unwrap();
     assert_eq!((view.state, view.attempts), (State::Confirmed, 2), "{:?}", view.audit);
     assert!(view.audit.iter().any(|e| e.kind == "lease-expired"), "{:?}", view.audit);
+}
+
+// ------------------------------------------------------------- replicas
+
+/// Two replicas (one owner, one PostgreSQL ledger, each its own engine and
+/// connection) run their background rounds at the same moment over the same
+/// unknown records. Each record is read, proven absent and granted through
+/// the ledger's compare-and-swap, so each owed dispatch is sent by exactly
+/// one of them, once. (A round grants all its owed dispatches, then sends
+/// them in turn: a grant whose send-by passed meanwhile is reported not sent,
+/// spends an attempt and is granted again; the count of grants shows it.)
+#[test]
+fn postgres_replicas_settling_at_once_send_each_owed_dispatch_once() {
+    const KEYS: usize = 40;
+    let Some(schema) = TestSchema::new() else { return };
+    drop(schema.open());
+    postgres_common::client(&schema.url)
+        .batch_execute(&format!(
+            "CREATE TABLE {}.effects (key text NOT NULL, provider_key text NOT NULL, by text NOT NULL)",
+            schema.name
+        ))
+        .unwrap();
+    let replica = || {
+        Once::open(&schema.location())
+            .unwrap()
+            .provider(effects_lookup(&schema.url, &schema.name))
+            .policy(TOOL, short_policy())
+            .owner("gateway: replicas")
+            .wait_up_to(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let replicas = [replica(), replica()];
+    // Every key's first attempt is lost without an effect: unknown, owed once absence is proven.
+    for i in 0..KEYS {
+        let key = format!("owed-{i}");
+        let called = replicas[i % 2]
+            .call("replicas", Some(&key), TOOL, &args_of(&key), |_| {
+                Sent::Ambiguous("reply lost".into())
+            })
+            .unwrap();
+        assert!(matches!(ending(&called), Ending::Unknown(_)), "{called:?}");
+    }
+
+    let sent: Mutex<BTreeMap<String, Vec<usize>>> = Mutex::new(BTreeMap::new());
+    let granted = AtomicUsize::new(0);
+    let start = std::sync::Barrier::new(2);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    std::thread::scope(|scope| {
+        for (n, once) in replicas.iter().enumerate() {
+            let (sent, granted, start, url, name) = (&sent, &granted, &start, &schema.url, &schema.name);
+            scope.spawn(move || {
+                let mut effects = postgres_common::client(url);
+                start.wait();
+                while sent.lock().unwrap().len() < KEYS {
+                    assert!(
+                        Instant::now() < give_up,
+                        "replica {n}: never all sent: {:?}",
+                        sent.lock().unwrap()
+                    );
+                    let round = once
+                        .settle(KEYS as u32, |d| {
+                            sent.lock().unwrap().entry(d.key.to_string()).or_default().push(n);
+                            record_effect(&mut effects, name, d.key, d.provider_key, &format!("replica-{n}"));
+                            Sent::Success(receipt_of(d.key))
+                        })
+                        .unwrap();
+                    // A grant whose turn in the round came after its send-by is reported not sent, never
+                    // sent late: only what reached `send` above is counted as a dispatch.
+                    granted.fetch_add(round.sent.len(), Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+        }
+    });
+
+    let sent = sent.into_inner().unwrap();
+    let mut c = postgres_common::client(&schema.url);
+    for i in 0..KEYS {
+        let key = format!("owed-{i}");
+        assert_eq!(sent[&key].len(), 1, "{key} was sent by replicas {:?}", sent[&key]);
+        assert_eq!(count_for(&mut c, &schema.name, &key), 1, "{key}: one effect");
+        let view = replicas[0].inspect("replicas", &key).unwrap().unwrap();
+        assert_eq!(view.state, State::Confirmed, "{key}: {:?}", view.audit);
+        let successes = view.audit.iter().filter(|e| e.kind == "finish-success").count();
+        assert_eq!(successes, 1, "{key}: {:?}", view.audit);
+    }
+    let by_first = sent.values().filter(|v| v[0] == 0).count();
+    let _ = writeln!(
+        std::io::stderr(),
+        "{KEYS} owed dispatches: {by_first} sent by replica 0, {} by replica 1, out of {} grants",
+        KEYS - by_first,
+        granted.load(Ordering::SeqCst)
+    );
 }
 
 // --------------------------------------------------------------------- CI

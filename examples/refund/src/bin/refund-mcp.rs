@@ -1,13 +1,14 @@
-//! The refund API as an MCP server on stdin/stdout, in front of its own refund service on a SQLite ledger.
+//! The refund API as an MCP server on stdin/stdout (or over Streamable HTTP with `--listen`), in front of its own
+//! refund service on a SQLite ledger.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use refund::mcp::{McpOptions, serve_stdio};
+use refund::mcp::{HTTP_PATH, McpOptions, serve_http, serve_stdio};
 use refund::{Fault, Mode};
 
-/// Serve `get_order`, `refund_order` and `find_refund_by_key` over MCP (stdio).
+/// Serve `get_order`, `refund_order` and `find_refund_by_key` over MCP (stdio, or Streamable HTTP with `--listen`).
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
@@ -23,6 +24,10 @@ struct Args {
     /// How late the reply comes under `late_reply`, in milliseconds.
     #[arg(long, default_value_t = 3000)]
     late_reply_ms: u64,
+    /// Serve Streamable HTTP on this address (e.g. 127.0.0.1:8931; port 0 picks one) at /mcp instead of stdio;
+    /// the address is printed on stderr once it accepts connections.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -32,7 +37,19 @@ async fn main() {
     options.mode = args.mode;
     options.fault = args.fault;
     options.late_reply = Duration::from_millis(args.late_reply_ms);
-    let code = match serve_stdio(options).await {
+    let served = match args.listen {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                serve_http(options, listener, |at| {
+                    eprintln!("refund-mcp: listening on http://{at}{HTTP_PATH}")
+                })
+                .await
+            }
+            Err(e) => Err(e.into()),
+        },
+        None => serve_stdio(options).await,
+    };
+    let code = match served {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("refund-mcp: {e}");

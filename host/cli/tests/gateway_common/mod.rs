@@ -3,6 +3,8 @@
 //! `refund-mcp`, driven by an rmcp client; verdicts from the effect ledger.
 #![allow(dead_code)]
 
+pub mod remote;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -198,6 +200,17 @@ impl Session {
     pub async fn refund(&self, amount: f64, key: Option<&str>) -> CallToolResult {
         self.call("refund_order", json!({"order_id": ORDER_ID, "amount": amount}), key)
             .await
+    }
+
+    /// SIGKILL the gateway: it dies without settling anything.
+    pub async fn kill(self) {
+        let Session { client, mut child } = self;
+        let pid = child.id().expect("the gateway is running");
+        let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+        assert!(killed.success());
+        let status = child.wait().await.unwrap();
+        assert!(!status.success(), "the gateway was killed");
+        drop(client);
     }
 
     /// The client hangs up, as an agent that is done does; the gateway settles what it owes, then exits.
