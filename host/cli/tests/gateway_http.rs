@@ -310,3 +310,63 @@ fn two_replicas_on_postgres_dispatch_a_key_once() {
     assert!(text.starts_with("the ledger does not answer"), "{text}");
     drop((ga, gb));
 }
+
+/// A trusted proxy's header names the tenant, only when the file names the header; without it, 401.
+#[test]
+fn a_proxy_header_names_the_tenant_when_configured() {
+    let rig = Rig::new(&fast_config("[http]\ntenant_header = \"X-Once-Tenant\"\n"));
+    let mut gw = rig.listen("none", 0);
+    let a = gw.post(
+        None,
+        &[("x-once-tenant", "acme")],
+        &call_body("refund_order", refund(10.0), Some("h-1")),
+    );
+    assert_eq!(a.outcome()["scope"], "acme", "{a:?}");
+    let b = gw.post(
+        None,
+        &[("x-once-tenant", "globex")],
+        &call_body("refund_order", refund(10.0), Some("h-1")),
+    );
+    assert_eq!(
+        (b.outcome()["scope"].clone(), b.outcome()["decision"].clone()),
+        (json!("globex"), json!("executed"))
+    );
+    let none = gw.call(None, Some("h-2"), refund(10.0));
+    assert_eq!(none.status, 401, "{none:?}");
+    assert!(ledger(&rig).inspect("default", "h-2").unwrap().is_none());
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// `[http]` mistakes stop the gateway at start (exit 2) with a message naming the key.
+#[test]
+fn http_config_mistakes_name_the_key() {
+    let acme = sha256_hex(ACME);
+    for (text, said) in [
+        (
+            "[http]\ntenants = { acme = \"abc\" }\n".to_string(),
+            "[http] tenants.acme: \"abc\" is not a SHA-256 in hex",
+        ),
+        (
+            format!("[http]\ntenants = {{ acme = \"{acme}\", beta = \"{acme}\" }}\n"),
+            "[http] tenants.acme and tenants.beta: the same token hash",
+        ),
+        (
+            format!("[http]\ntenant_header = \"x-t\"\ntenants = {{ acme = \"{acme}\" }}\n"),
+            "[http] tenants and tenant_header both choose the tenant",
+        ),
+        (
+            format!("scope = \"meta:tenant\"\n[http]\ntenants = {{ acme = \"{acme}\" }}\n"),
+            "[http] tenants chooses each request's scope, so `scope`",
+        ),
+    ] {
+        let rig = Rig::new(&text);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+            .args(["gateway", "--check-config", "--config"])
+            .arg(&rig.config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(said), "{said:?} in {stderr}");
+    }
+}
