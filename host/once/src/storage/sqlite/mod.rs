@@ -72,6 +72,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+pub use self::group::MAX_COMMIT_DELAY;
 use self::group::Queue;
 use self::open::{open_reader, open_writer};
 use super::codec::{self, EVENT_COLUMNS, ROW_COLUMNS, RawEvent, RawRow, SQLITE};
@@ -179,6 +180,8 @@ pub struct SqliteStorage {
     queue: Mutex<Queue>,
     /// Wakes waiting callers when a group finishes.
     group_done: Condvar,
+    /// Wakes a leader waiting for company (the commit delay) when a batch is queued.
+    arrived: Condvar,
     /// Idle reader connections.
     readers: Mutex<Vec<Connection>>,
     /// The file's identity when opened: writes stop if the path stops naming it.
@@ -257,6 +260,7 @@ impl SqliteStorage {
             writer: Mutex::new(Some(writer)),
             queue: Mutex::new(Queue::default()),
             group_done: Condvar::new(),
+            arrived: Condvar::new(),
             readers: Mutex::new(Vec::new()),
             file,
             commits_full: AtomicU64::new(0),
