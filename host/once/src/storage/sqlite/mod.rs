@@ -22,7 +22,10 @@
 //! fsync, covers the group; each caller gets its own result, and a failed
 //! `COMMIT` is an error for every batch in the group, never a success.
 //! Concurrent callers thus share fsyncs instead of queueing for SQLite's
-//! write lock one by one. A small pool of reader connections lets reads see
+//! write lock one by one. A leader that expects company (the last group
+//! was larger than one batch) waits for it before it begins, at most about
+//! one commit's duration and never more than [`MAX_COMMIT_DELAY`]; a lone
+//! caller never waits, and `Ok` still comes only after `COMMIT`. A small pool of reader connections lets reads see
 //! the last commit without waiting for a writer's fsync. Several
 //! `SqliteStorage`s, in one or many processes, may open the same file;
 //! SQLite's file locks arbitrate between them.
