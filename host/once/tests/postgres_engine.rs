@@ -737,8 +737,10 @@ fn postgres_connection_terminated_during_finish_loses_no_outcome() {
 }
 
 /// A TCP proxy to the test server that, once armed, forwards the next
-/// `COMMIT` to the server and then cuts the connection without relaying the
-/// answer: the commit happens, its reply is lost.
+/// batch of scope `lost` to the server and then cuts the connection without
+/// relaying the answer: the commit happens, its reply is lost. A batch is one
+/// autocommit statement (`apply_batch`), so the message that carries the
+/// record's JSON is the one that commits.
 struct CommitCutter {
     port: u16,
     armed: Arc<AtomicBool>,
@@ -781,8 +783,8 @@ impl CommitCutter {
                 });
                 let (armed, cuts) = (armed.clone(), cuts.clone());
                 std::thread::spawn(move || {
-                    // A simple-protocol Query message carrying exactly "COMMIT".
-                    const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+                    // The record's JSON, as the batch's parameters carry it (reads send only names).
+                    const COMMIT: &[u8] = br#""scope":"lost""#;
                     let (mut from, mut to) = (client, upstream);
                     let mut buf = [0u8; 16 * 1024];
                     while let Ok(n) = from.read(&mut buf) {
@@ -823,7 +825,7 @@ impl CommitCutter {
     }
 }
 
-/// The claim's `COMMIT` reaches the server and commits, but its answer is
+/// The claim's batch reaches the server and commits, but its answer is
 /// lost: `begin` is blocked(storage) and nothing is dispatched. The claim
 /// is in the ledger with its attempt; it expires into unknown, reconciliation
 /// proves the provider has nothing, and the owed dispatch happens once.

@@ -4,6 +4,7 @@
 //!
 //! Rows: `fingerprint/*` (canonicalize + fingerprint), `call/*` (warm
 //! protected call), `sqlite/*` (durable protected call vs bare commits),
+//! `scale/*` (a call vs ledger and payload size),
 //! `cold/*` (cold start) and `postgres/*` (with the `postgres` feature, when
 //! `ONCE_TEST_DATABASE_URL` is set). A criterion filter (`cargo bench -- sqlite`)
 //! runs a subset.
@@ -14,6 +15,7 @@ mod cold;
 #[cfg(feature = "postgres")]
 mod pg;
 mod record;
+mod scale;
 mod sqlite;
 
 use criterion::Criterion;
@@ -37,6 +39,7 @@ fn main() {
     canon::bench(&mut c);
     call::bench(&mut c);
     sqlite::bench(&mut c);
+    scale::bench(&mut c);
     cold::bench(&mut c);
     #[cfg(feature = "postgres")]
     pg::bench(&mut c);

@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use once::Once;
 use once::storage::sqlite::{CommitCounts, SqliteOptions, SqliteStorage, Synchronous};
-use once::storage::{Flush, Stats, Storage, StorageError};
-use once::types::{AuditEvent, Batch, Row, State, Table};
 
 use crate::RECEIPT;
 use crate::record::{compare, latencies, note, timed};
@@ -78,40 +76,6 @@ fn bare(path: &Path, synchronous: &str) -> rusqlite::Connection {
     conn
 }
 
-/// Shares one store with the engine, so the bench can read its commit counts.
-struct Shared(Arc<SqliteStorage>);
-
-impl Storage for Shared {
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
-        self.0.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), once::storage::CommitError> {
-        self.0.commit(batch)
-    }
-    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), once::storage::CommitError> {
-        self.0.commit_with(batch, flush)
-    }
-    fn scan(
-        &self,
-        table: Table,
-        states: &[State],
-        due: u64,
-        owner: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Row>, StorageError> {
-        self.0.scan(table, states, due, owner, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
-        self.0.audit(scope, key)
-    }
-    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
-        self.0.list(state, limit)
-    }
-    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
-        self.0.stats(scope)
-    }
-}
-
 /// Register the row's groups.
 pub fn bench(c: &mut Criterion) {
     let root = tempfile::Builder::new()
@@ -166,9 +130,7 @@ pub fn bench(c: &mut Criterion) {
             )
             .expect("open the bench ledger"),
         );
-        let once = Once::builder(Shared(store.clone()))
-            .build()
-            .expect("the once component");
+        let once = Once::builder(store.clone()).build().expect("the once component");
         for callers in CALLERS {
             let id = format!("sqlite/{name}/{callers}");
             let before = store.commit_counts();

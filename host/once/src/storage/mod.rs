@@ -88,6 +88,39 @@ pub trait Storage: Send + Sync {
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError>;
 }
 
+/// A shared store is a store: the engine and its owner (a bench, an
+/// operator tool) can hold the same one.
+impl<T: Storage + ?Sized> Storage for Arc<T> {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
+        (**self).get(table, scope, key)
+    }
+    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
+        (**self).commit(batch)
+    }
+    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
+        (**self).commit_with(batch, flush)
+    }
+    fn scan(
+        &self,
+        table: Table,
+        states: &[State],
+        due_before: Timestamp,
+        owner: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Row>, StorageError> {
+        (**self).scan(table, states, due_before, owner, limit)
+    }
+    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
+        (**self).audit(scope, key)
+    }
+    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
+        (**self).list(state, limit)
+    }
+    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
+        (**self).stats(scope)
+    }
+}
+
 /// Checks shared by every backend before a batch touches the store: a put's
 /// new row must name the put's own (table, scope, key).
 pub(crate) fn check_batch(batch: &Batch) -> Result<(), StorageError> {

@@ -23,7 +23,7 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is not installed
     raise ImportError("the PostgreSQL ledger needs psycopg 3: pip install 'once-exactly[postgres]'") from e
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "once"
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
 TABLE_ORDER = {"operation": 0, "tombstone": 1, "quota": 2}
@@ -68,6 +68,58 @@ CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit
 ALTER TABLE {s}.rows ADD COLUMN owner text COLLATE "C";
 UPDATE {s}.rows SET owner = 'default' WHERE tbl = 'operation';
 CREATE INDEX rows_owner_due ON {s}.rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
+""",
+    # Version 3: the Rust host applies a batch in one statement (one round trip); this
+    # package keeps its own transaction of statements, which the function does not change.
+    """
+CREATE OR REPLACE FUNCTION {s}.apply_batch(
+  p_kind smallint[], p_tbl text[], p_scope text[], p_key text[], p_expected bigint[],
+  p_version bigint[], p_state text[], p_due bigint[], p_body text[], p_owner text[],
+  e_scope text[], e_key text[], e_version bigint[], e_at bigint[], e_kind text[],
+  e_from text[], e_to text[], e_attempt bigint[], e_detail text[]
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  n bigint;
+BEGIN
+  FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
+    IF p_kind[i] = 0 THEN
+      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
+        VALUES (p_tbl[i], p_scope[i], p_key[i], p_version[i], p_state[i], p_due[i], p_body[i], p_owner[i])
+        ON CONFLICT DO NOTHING;
+      GET DIAGNOSTICS n = ROW_COUNT;
+    ELSIF p_kind[i] = 1 THEN
+      UPDATE {s}.rows SET version = p_version[i], state = p_state[i], due_at = p_due[i], body = p_body[i],
+          owner = p_owner[i]
+        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
+      GET DIAGNOSTICS n = ROW_COUNT;
+    ELSIF p_kind[i] = 2 THEN
+      DELETE FROM {s}.rows
+        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
+      GET DIAGNOSTICS n = ROW_COUNT;
+    ELSE
+      -- Must not exist, and stays absent: take the key as an insert would, then let go.
+      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
+        VALUES (p_tbl[i], p_scope[i], p_key[i], 0, NULL, NULL, '') ON CONFLICT DO NOTHING;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      IF n = 1 THEN
+        DELETE FROM {s}.rows WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i];
+      END IF;
+    END IF;
+    IF n <> 1 THEN
+      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
+    END IF;
+  END LOOP;
+  FOR i IN 1 .. coalesce(array_length(e_scope, 1), 0) LOOP
+    INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
+      VALUES (e_scope[i], e_key[i], e_version[i], e_at[i], e_kind[i], e_from[i], e_to[i], e_attempt[i], e_detail[i])
+      ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n <> 1 THEN
+      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
+    END IF;
+  END LOOP;
+END
+$$;
 """,
 )
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -7,24 +7,30 @@
 //!
 //! # Transactions
 //!
-//! A batch is one `READ COMMITTED` transaction. Each put is one conditional
-//! statement whose affected-row count is the compare-and-swap verdict:
-//! `UPDATE … WHERE version = $n` (a concurrent writer's update makes the
-//! condition false once it commits, so the count is 0: a conflict),
-//! `INSERT … ON CONFLICT DO NOTHING` (insert-if-absent; a concurrent
-//! uncommitted insert of the same key is waited for), `DELETE … WHERE
-//! version = $n`. A put that only asserts absence inserts a placeholder and
-//! deletes it in the same transaction, so it takes the key's unique-index
-//! lock exactly like an insert would. Puts are applied in (table, scope,
-//! key) order, which keeps two batches over the same rows from deadlocking.
-//! A serialization failure or a deadlock (nothing applied) re-runs the batch.
+//! A batch is one statement, `SELECT apply_batch(…)` (a PL/pgSQL function
+//! the migration to version 3 installs), run in autocommit: one round trip
+//! per transition, its compare-and-swap, audit events and quota changes
+//! together. Inside it each put is one conditional statement whose
+//! affected-row count is the compare-and-swap verdict: `UPDATE … WHERE
+//! version = $n` (a concurrent writer's update makes the condition false
+//! once it commits, so the count is 0: a conflict), `INSERT … ON CONFLICT
+//! DO NOTHING` (insert-if-absent; a concurrent uncommitted insert of the
+//! same key is waited for), `DELETE … WHERE version = $n`. A put that only
+//! asserts absence inserts a placeholder and deletes it, so it takes the
+//! key's unique-index lock exactly like an insert would. A count other than
+//! 1 raises SQLSTATE `OC409`, which rolls the whole statement back and is
+//! reported as a conflict. Puts are applied in (table, scope, key) order,
+//! which keeps two batches over the same rows from deadlocking. A
+//! serialization failure or a deadlock (nothing applied) re-runs the batch.
 //!
-//! `Ok` is reported only when `COMMIT` answered. A connection lost before
-//! that is a storage error; a `COMMIT` without an answer is a storage error
-//! that says the outcome is unknown (the engine answers `blocked(storage)`
-//! and never dispatches; a claim that did commit expires into `unknown`).
-//! Nothing is retried once a batch's statements have been sent, except
-//! after the server itself reported that it rolled the batch back.
+//! `Ok` is reported only when the statement answered (it has committed by
+//! then). A connection lost before the answer is a storage error that says
+//! the outcome is unknown (the engine answers `blocked(storage)` and never
+//! dispatches; a claim that did commit expires into `unknown`). So that a
+//! server restart does not turn into such errors, a pooled connection idle
+//! for more than 10 ms is first checked with an empty query and replaced if
+//! dead. Nothing is retried once a batch has been sent, except after the
+//! server itself reported that it rolled the batch back.
 //!
 //! Durability is the server's: commits wait for `synchronous_commit` as
 //! configured, except that `off` is raised to `on` for this backend's
@@ -51,7 +57,7 @@
 //! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
 //!
 //! ```sql
-//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '2')
+//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '3')
 //! CREATE TABLE rows (
 //!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
 //!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
@@ -69,7 +75,8 @@
 //!   from_state text, to_state text, attempt bigint, detail text NOT NULL,
 //!   PRIMARY KEY (scope, key, version));
 //! CREATE INDEX audit_kind ON audit (kind);
-//! -- plus a trigger that refuses UPDATE and DELETE on audit: it is append-only.
+//! -- plus a trigger that refuses UPDATE and DELETE on audit: it is append-only,
+//! -- and (version 3) FUNCTION apply_batch(puts as arrays, events as arrays).
 //! ```
 //!
 //! `COLLATE "C"` orders names by their UTF-8 bytes, as the other backends do.

@@ -16,9 +16,25 @@ use crate::storage::codec::POSTGRES;
 pub(super) struct Conn {
     pub(super) client: Client,
     statements: [Option<Statement>; QUERIES],
+    /// When the connection last went back to the pool.
+    idle_since: Instant,
 }
 
+/// A pooled connection idle this long is checked (one empty query) before a
+/// batch is sent on it; a busy one is not.
+const PROBE_AFTER_IDLE: Duration = Duration::from_millis(10);
+
 impl Conn {
+    /// Whether the session ended while the connection sat idle (a server restart, an
+    /// administrator's terminate). A batch is one statement that commits as it
+    /// runs, so a failure while sending it leaves its outcome unknown: a
+    /// connection idle for [`PROBE_AFTER_IDLE`] is checked first with an empty
+    /// query, so a dead one is replaced before anything of the batch is sent.
+    pub(super) fn ended_while_idle(&mut self) -> bool {
+        self.client.is_closed()
+            || (self.idle_since.elapsed() >= PROBE_AFTER_IDLE && self.client.batch_execute("").is_err())
+    }
+
     /// The prepared statement `q`, prepared on first use.
     pub(super) fn statement(&mut self, sql: &Sql, q: Q) -> Result<Statement, postgres::Error> {
         let slot = &mut self.statements[q as usize];
@@ -65,10 +81,11 @@ impl Checkout<'_> {
 
     /// Return the connection for reuse.
     pub(super) fn keep(mut self) {
-        if let Some(conn) = self.conn.take() {
+        if let Some(mut conn) = self.conn.take() {
             if conn.client.is_closed() {
                 self.pool.forget();
             } else {
+                conn.idle_since = Instant::now();
                 self.pool.lock().idle.push(conn);
                 self.pool.freed.notify_one();
             }
@@ -210,6 +227,7 @@ impl Pool {
         Ok(Conn {
             client,
             statements: Default::default(),
+            idle_since: Instant::now(),
         })
     }
 }

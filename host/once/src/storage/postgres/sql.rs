@@ -6,12 +6,7 @@ use crate::storage::codec::ROW_COLUMNS;
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Q {
     Get,
-    Insert,
-    Update,
-    Delete,
-    Claim,
-    Unclaim,
-    Event,
+    Apply,
     ScanAny,
     ScanStates,
     Audit,
@@ -37,25 +32,9 @@ impl Sql {
         let text = |q: Q| -> String {
             match q {
                 Q::Get => format!("SELECT {ROW_COLUMNS} FROM {s}.rows WHERE tbl = $1 AND scope = $2 AND key = $3"),
-                Q::Insert => format!(
-                    "INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING"
-                ),
-                Q::Update => format!(
-                    "UPDATE {s}.rows SET version = $5, state = $6, due_at = $7, body = $8, owner = $9
-                     WHERE tbl = $1 AND scope = $2 AND key = $3 AND version = $4"
-                ),
-                Q::Delete => {
-                    format!("DELETE FROM {s}.rows WHERE tbl = $1 AND scope = $2 AND key = $3 AND version = $4")
-                }
-                Q::Claim => format!(
-                    "INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
-                     VALUES ($1, $2, $3, 0, NULL, NULL, '') ON CONFLICT DO NOTHING"
-                ),
-                Q::Unclaim => format!("DELETE FROM {s}.rows WHERE tbl = $1 AND scope = $2 AND key = $3"),
-                Q::Event => format!(
-                    "INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
+                Q::Apply => format!(
+                    "SELECT {s}.apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                                            $11, $12, $13, $14, $15, $16, $17, $18, $19)"
                 ),
                 Q::ScanAny => format!(
                     "SELECT {ROW_COLUMNS} FROM {s}.rows
@@ -91,12 +70,7 @@ impl Sql {
         };
         const ALL: [Q; QUERIES] = [
             Q::Get,
-            Q::Insert,
-            Q::Update,
-            Q::Delete,
-            Q::Claim,
-            Q::Unclaim,
-            Q::Event,
+            Q::Apply,
             Q::ScanAny,
             Q::ScanStates,
             Q::Audit,

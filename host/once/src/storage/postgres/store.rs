@@ -9,7 +9,7 @@ use postgres::error::SqlState;
 
 use super::clock::DatabaseClock;
 use super::pool::{Conn, Pool, Shared, lost};
-use super::schema::{is_url, migrate, split_schema};
+use super::schema::{CONFLICT_SQLSTATE, is_url, migrate, split_schema};
 use super::sql::{Q, Sql};
 use super::{PostgresOptions, check_schema_name, col, describe, err};
 use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
@@ -59,12 +59,6 @@ struct EventPlan<'a> {
     event: &'a AuditEvent,
     values: EventValues,
     attempt: Option<i64>,
-}
-
-/// Why a batch stopped inside its transaction.
-enum Abort {
-    Conflict,
-    Pg(&'static str, postgres::Error),
 }
 
 impl PostgresStorage {
@@ -151,89 +145,98 @@ impl PostgresStorage {
         raws.iter().map(cook_row).collect()
     }
 
-    /// Apply the batch's puts and events inside the open transaction.
-    fn apply(&self, conn: &mut Conn, puts: &[PutPlan<'_>], events: &[EventPlan<'_>]) -> Result<(), Abort> {
-        let sql = &self.shared.sql;
-        for p in puts {
-            let put = p.put;
-            let tbl = codec::table_name(put.table);
-            let PutValues {
-                expected,
-                version,
-                due_at,
-            } = p.values;
-            let changed = match (expected, &put.row) {
-                (None, Some(row)) => {
-                    let state = row.state.map(State::name);
-                    let statement = conn.statement(sql, Q::Insert).map_err(|e| Abort::Pg("prepare", e))?;
-                    let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
-                        &tbl, &put.scope, &put.key, &version, &state, &due_at, &row.body, &row.owner,
-                    ];
-                    conn.client
-                        .execute(&statement, &params)
-                        .map_err(|e| Abort::Pg("insert", e))?
-                }
-                (Some(expected), Some(row)) => {
-                    let state = row.state.map(State::name);
-                    let statement = conn.statement(sql, Q::Update).map_err(|e| Abort::Pg("prepare", e))?;
-                    let params: [&(dyn postgres::types::ToSql + Sync); 9] = [
-                        &tbl, &put.scope, &put.key, &expected, &version, &state, &due_at, &row.body, &row.owner,
-                    ];
-                    conn.client
-                        .execute(&statement, &params)
-                        .map_err(|e| Abort::Pg("update", e))?
-                }
-                (Some(expected), None) => {
-                    let statement = conn.statement(sql, Q::Delete).map_err(|e| Abort::Pg("prepare", e))?;
-                    conn.client
-                        .execute(&statement, &[&tbl, &put.scope, &put.key, &expected])
-                        .map_err(|e| Abort::Pg("delete", e))?
-                }
-                // "Must not exist, and stays absent": take the key as an insert would, then let go.
-                (None, None) => {
-                    let claim = conn.statement(sql, Q::Claim).map_err(|e| Abort::Pg("prepare", e))?;
-                    let claimed = conn
-                        .client
-                        .execute(&claim, &[&tbl, &put.scope, &put.key])
-                        .map_err(|e| Abort::Pg("check absent", e))?;
-                    if claimed == 1 {
-                        let unclaim = conn.statement(sql, Q::Unclaim).map_err(|e| Abort::Pg("prepare", e))?;
-                        conn.client
-                            .execute(&unclaim, &[&tbl, &put.scope, &put.key])
-                            .map_err(|e| Abort::Pg("check absent", e))?;
-                    }
-                    claimed
-                }
-            };
-            if changed != 1 {
-                return Err(Abort::Conflict);
-            }
+    /// Apply the batch in one statement (`apply_batch`, autocommit: one round trip,
+    /// durable when it answers).
+    fn apply(&self, conn: &mut Conn, args: &BatchArgs<'_>) -> Result<u64, postgres::Error> {
+        let statement = conn.statement(&self.shared.sql, Q::Apply)?;
+        let params: [&(dyn postgres::types::ToSql + Sync); 19] = [
+            &args.kind,
+            &args.tbl,
+            &args.scope,
+            &args.key,
+            &args.expected,
+            &args.version,
+            &args.state,
+            &args.due_at,
+            &args.body,
+            &args.owner,
+            &args.e_scope,
+            &args.e_key,
+            &args.e_version,
+            &args.e_at,
+            &args.e_kind,
+            &args.e_from,
+            &args.e_to,
+            &args.e_attempt,
+            &args.e_detail,
+        ];
+        conn.client.execute(&statement, &params)
+    }
+}
+
+/// A batch as the columns `apply_batch` takes: one array per field, puts and
+/// events in their lock order.
+struct BatchArgs<'a> {
+    /// 0 insert, 1 update, 2 delete, 3 check absent.
+    kind: Vec<i16>,
+    tbl: Vec<&'static str>,
+    scope: Vec<&'a str>,
+    key: Vec<&'a str>,
+    expected: Vec<Option<i64>>,
+    version: Vec<i64>,
+    state: Vec<Option<&'static str>>,
+    due_at: Vec<Option<i64>>,
+    body: Vec<Option<&'a str>>,
+    owner: Vec<Option<&'a str>>,
+    e_scope: Vec<&'a str>,
+    e_key: Vec<&'a str>,
+    e_version: Vec<i64>,
+    e_at: Vec<i64>,
+    e_kind: Vec<&'a str>,
+    e_from: Vec<Option<&'static str>>,
+    e_to: Vec<Option<&'static str>>,
+    e_attempt: Vec<Option<i64>>,
+    e_detail: Vec<&'a str>,
+}
+
+impl<'a> BatchArgs<'a> {
+    fn new(puts: &[PutPlan<'a>], events: &[EventPlan<'a>]) -> Self {
+        let put_kind = |p: &PutPlan<'_>| match (p.values.expected, &p.put.row) {
+            (None, Some(_)) => 0,
+            (Some(_), Some(_)) => 1,
+            (Some(_), None) => 2,
+            (None, None) => 3,
+        };
+        BatchArgs {
+            kind: puts.iter().map(put_kind).collect(),
+            tbl: puts.iter().map(|p| codec::table_name(p.put.table)).collect(),
+            scope: puts.iter().map(|p| p.put.scope.as_str()).collect(),
+            key: puts.iter().map(|p| p.put.key.as_str()).collect(),
+            expected: puts.iter().map(|p| p.values.expected).collect(),
+            version: puts.iter().map(|p| p.values.version).collect(),
+            state: puts
+                .iter()
+                .map(|p| p.put.row.as_ref().and_then(|r| r.state).map(State::name))
+                .collect(),
+            due_at: puts.iter().map(|p| p.values.due_at).collect(),
+            body: puts
+                .iter()
+                .map(|p| p.put.row.as_ref().map(|r| r.body.as_str()))
+                .collect(),
+            owner: puts
+                .iter()
+                .map(|p| p.put.row.as_ref().and_then(|r| r.owner.as_deref()))
+                .collect(),
+            e_scope: events.iter().map(|e| e.event.scope.as_str()).collect(),
+            e_key: events.iter().map(|e| e.event.key.as_str()).collect(),
+            e_version: events.iter().map(|e| e.values.version).collect(),
+            e_at: events.iter().map(|e| e.values.at).collect(),
+            e_kind: events.iter().map(|e| e.event.kind.as_str()).collect(),
+            e_from: events.iter().map(|e| e.event.from_state.map(State::name)).collect(),
+            e_to: events.iter().map(|e| e.event.to_state.map(State::name)).collect(),
+            e_attempt: events.iter().map(|e| e.attempt).collect(),
+            e_detail: events.iter().map(|e| e.event.detail.as_str()).collect(),
         }
-        for e in events {
-            let ev = e.event;
-            let from = ev.from_state.map(State::name);
-            let to = ev.to_state.map(State::name);
-            let statement = conn.statement(sql, Q::Event).map_err(|e| Abort::Pg("prepare", e))?;
-            let params: [&(dyn postgres::types::ToSql + Sync); 9] = [
-                &ev.scope,
-                &ev.key,
-                &e.values.version,
-                &e.values.at,
-                &ev.kind,
-                &from,
-                &to,
-                &e.attempt,
-                &ev.detail,
-            ];
-            let changed = conn
-                .client
-                .execute(&statement, &params)
-                .map_err(|e| Abort::Pg("insert audit", e))?;
-            if changed != 1 {
-                return Err(Abort::Conflict);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -309,56 +312,47 @@ impl Storage for PostgresStorage {
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
         crate::storage::check_batch(batch)?;
         let (puts, events) = plan(batch)?;
+        let args = BatchArgs::new(&puts, &events);
         let pool = &self.shared.pool;
         let mut rolled_back = 0;
         let mut replaced = false;
         loop {
             let mut checkout = if replaced { pool.fresh()? } else { pool.get()? };
-            let conn = checkout.conn();
-            if let Err(e) = conn
-                .client
-                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE")
-            {
-                // Nothing of the batch was sent yet: a pooled connection that died
-                // while idle is replaced once; anything else is reported.
+            // Nothing of the batch is sent yet: a pooled connection that died while idle
+            // is replaced once (the single statement leaves no later point to find out safely).
+            if checkout.pooled && !replaced && checkout.conn().ended_while_idle() {
+                replaced = true;
+                continue;
+            }
+            if let Err(e) = checkout.conn().statement(&self.shared.sql, Q::Apply) {
                 if checkout.pooled && !replaced && lost(&e) {
                     replaced = true;
                     continue;
                 }
-                return Err(err("begin transaction", &e).into());
+                return Err(err("prepare the batch", &e).into());
             }
-            match self.apply(conn, &puts, &events) {
-                Ok(()) => {}
-                Err(abort) => {
-                    let outcome = match abort {
-                        Abort::Conflict => Err(CommitError::Conflict),
-                        Abort::Pg(_, e) if is_retryable(&e) && rolled_back < MAX_ROLLED_BACK => {
-                            rolled_back += 1;
-                            Ok(())
-                        }
-                        Abort::Pg(what, e) => Err(CommitError::Storage(err(what, &e))),
-                    };
-                    // A connection that cannot roll back is in an unknown state: drop it
-                    // (the server rolls back whatever a closed session left open).
-                    if conn.client.batch_execute("ROLLBACK").is_ok() {
-                        checkout.keep();
-                    }
-                    match outcome {
-                        Ok(()) => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-            return match conn.client.batch_execute("COMMIT") {
-                Ok(()) => {
+            return match self.apply(checkout.conn(), &args) {
+                Ok(_) => {
                     checkout.keep();
                     Ok(())
+                }
+                // Raised by `apply_batch`: the statement, so the whole batch, rolled back.
+                Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT_SQLSTATE) => {
+                    checkout.keep();
+                    Err(CommitError::Conflict)
                 }
                 // The server said it rolled back: nothing applied, and the batch may run again.
                 Err(e) if is_retryable(&e) && rolled_back < MAX_ROLLED_BACK => {
                     rolled_back += 1;
+                    checkout.keep();
                     continue;
                 }
+                // Any other answer of the server's: the statement failed, so nothing applied.
+                Err(e) if e.as_db_error().is_some() && !lost(&e) => {
+                    checkout.keep();
+                    Err(CommitError::Storage(err("apply the batch", &e)))
+                }
+                // No answer: the statement may have committed.
                 Err(e) => Err(CommitError::Storage(StorageError(format!(
                     "postgres: COMMIT failed; the batch is not known to be durable (it may or may not \
                      have applied): {}",

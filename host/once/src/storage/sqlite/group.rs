@@ -3,10 +3,20 @@
 //! the batches queued meanwhile and applies them, in arrival order, in one
 //! `BEGIN IMMEDIATE` transaction, each inside its own `SAVEPOINT`; one
 //! `COMMIT` (one fsync) covers the group and every caller gets its own result.
+//!
+//! Commit delay: callers that just shared a group come back at about the same
+//! time, but not at once (each runs the engine between two commits). So a
+//! leader that expects company (the last group, plus what queued behind it,
+//! held more than its own batch) waits for that many batches before it
+//! begins, at most about one commit's duration ([`MAX_COMMIT_DELAY`] at
+//! most): waiting is then never dearer than the fsync it may save. A lone
+//! caller never waits. The delay is before `BEGIN`; `Ok` still comes only
+//! after `COMMIT` returned.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
@@ -26,7 +36,18 @@ pub(super) struct Queue {
     done: HashMap<u64, Result<(), CommitError>>,
     /// The next ticket.
     next: u64,
+    /// How many batches the next group should gather: the size of the last
+    /// group plus the batches that queued while it committed (0 or 1: no wait).
+    expect: usize,
+    /// A leader is waiting for batches (so a new one must wake it).
+    gathering: bool,
+    /// Recent duration of one group transaction (a moving average): how long a
+    /// leader may wait for company.
+    commit_time: Duration,
 }
+
+/// The longest a leader waits for other batches before it begins.
+pub const MAX_COMMIT_DELAY: Duration = Duration::from_millis(2);
 
 /// A queued batch: a caller is waiting for its result under `id`.
 struct Pending {
@@ -48,6 +69,8 @@ struct Handoff<'a> {
     store: &'a SqliteStorage,
     ids: Vec<u64>,
     results: Vec<Result<(), CommitError>>,
+    /// Batches in the group, the leader's own included.
+    size: usize,
 }
 
 impl Drop for Handoff<'_> {
@@ -62,6 +85,7 @@ impl Drop for Handoff<'_> {
             });
             queue.done.insert(id, result);
         }
+        queue.expect = (self.size + queue.pending.len()).min(MAX_GROUP);
         queue.leading = false;
         drop(queue);
         self.store.group_done.notify_all();
@@ -76,7 +100,7 @@ impl SqliteStorage {
         if !queue.leading {
             // No commit running: lead a group of this batch and whatever is queued.
             queue.leading = true;
-            let others = take_group(&mut queue, MAX_GROUP - 1);
+            let (queue, others) = self.gather(queue, Vec::new(), 1);
             drop(queue);
             return self.lead(Some((batch, flush)), others).unwrap_or_else(|| {
                 Err(CommitError::Storage(StorageError(
@@ -91,6 +115,9 @@ impl SqliteStorage {
             batch: batch.clone(),
             flush,
         });
+        if queue.gathering {
+            self.arrived.notify_one();
+        }
         loop {
             if let Some(result) = queue.done.remove(&id) {
                 return result;
@@ -100,7 +127,8 @@ impl SqliteStorage {
                 // leader took its group, or that group was full): lead the next one.
                 queue.leading = true;
                 let group = take_group(&mut queue, MAX_GROUP);
-                drop(queue);
+                let (queue_after, group) = self.gather(queue, group, 0);
+                drop(queue_after);
                 self.lead(None, group);
                 queue = self.lock_queue();
                 continue;
@@ -110,6 +138,46 @@ impl SqliteStorage {
                 .wait(queue)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
+    }
+
+    /// The leader's commit delay: with `group` taken (and `own` batches of the
+    /// leader's own), wait until the group is as large as expected or about one
+    /// commit's time has passed, then take what arrived.
+    fn gather<'q>(
+        &'q self,
+        mut queue: MutexGuard<'q, Queue>,
+        mut group: Vec<Pending>,
+        own: usize,
+    ) -> (MutexGuard<'q, Queue>, Vec<Pending>) {
+        let delay = queue.commit_time.min(MAX_COMMIT_DELAY);
+        let mut size = own + group.len() + queue.pending.len();
+        if size < queue.expect && !delay.is_zero() {
+            let deadline = Instant::now() + delay;
+            queue.gathering = true;
+            while size < queue.expect {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                queue = self
+                    .arrived
+                    .wait_timeout(queue, left)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+                size = own + group.len() + queue.pending.len();
+            }
+            queue.gathering = false;
+        }
+        let room = MAX_GROUP - own - group.len();
+        group.extend(take_group(&mut queue, room));
+        (queue, group)
+    }
+
+    /// Fold one group transaction's duration into the commit delay's bound.
+    fn record_commit_time(&self, took: Duration) {
+        let mut queue = self.lock_queue();
+        // A moving average over about four commits: one slow fsync does not set the bound.
+        queue.commit_time = (queue.commit_time * 3 + took) / 4;
     }
 
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
@@ -124,6 +192,7 @@ impl SqliteStorage {
             store: self,
             ids: group.iter().map(|p| p.id).collect(),
             results: Vec::new(),
+            size: group.len() + usize::from(own.is_some()),
         };
         let batches: Vec<(&Batch, Flush)> = own
             .into_iter()
@@ -161,6 +230,7 @@ impl SqliteStorage {
             writer.level = level;
         }
         let conn = &writer.conn;
+        let began = Instant::now();
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             return all(err("begin transaction", e));
         }
@@ -176,6 +246,8 @@ impl SqliteStorage {
                     counter.fetch_add(1, Ordering::Relaxed);
                     let applied = results.iter().filter(|r| r.is_ok()).count() as u64;
                     self.commits_batches.fetch_add(applied, Ordering::Relaxed);
+                    drop(guard);
+                    self.record_commit_time(began.elapsed());
                     return results;
                 }
                 Err(e) => all(err("COMMIT failed (the batch is not known to be durable)", e)),

@@ -22,7 +22,10 @@
 //! fsync, covers the group; each caller gets its own result, and a failed
 //! `COMMIT` is an error for every batch in the group, never a success.
 //! Concurrent callers thus share fsyncs instead of queueing for SQLite's
-//! write lock one by one. A small pool of reader connections lets reads see
+//! write lock one by one. A leader that expects company (the last group
+//! was larger than one batch) waits for it before it begins, at most about
+//! one commit's duration and never more than [`MAX_COMMIT_DELAY`]; a lone
+//! caller never waits, and `Ok` still comes only after `COMMIT`. A small pool of reader connections lets reads see
 //! the last commit without waiting for a writer's fsync. Several
 //! `SqliteStorage`s, in one or many processes, may open the same file;
 //! SQLite's file locks arbitrate between them.
@@ -72,6 +75,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+pub use self::group::MAX_COMMIT_DELAY;
 use self::group::Queue;
 use self::open::{open_reader, open_writer};
 use super::codec::{self, EVENT_COLUMNS, ROW_COLUMNS, RawEvent, RawRow, SQLITE};
@@ -179,6 +183,8 @@ pub struct SqliteStorage {
     queue: Mutex<Queue>,
     /// Wakes waiting callers when a group finishes.
     group_done: Condvar,
+    /// Wakes a leader waiting for company (the commit delay) when a batch is queued.
+    arrived: Condvar,
     /// Idle reader connections.
     readers: Mutex<Vec<Connection>>,
     /// The file's identity when opened: writes stop if the path stops naming it.
@@ -257,6 +263,7 @@ impl SqliteStorage {
             writer: Mutex::new(Some(writer)),
             queue: Mutex::new(Queue::default()),
             group_done: Condvar::new(),
+            arrived: Condvar::new(),
             readers: Mutex::new(Vec::new()),
             file,
             commits_full: AtomicU64::new(0),
