@@ -55,6 +55,14 @@ unsafe impl Sync for Slot {}
 
 static CONFIG: Slot = Slot(RefCell::new(None));
 
+/// The record the instance last committed (see [`crate::store::RecordCache`]).
+struct Records(crate::store::RecordCache);
+
+// SAFETY: as for `Slot`: the component has no threads.
+unsafe impl Sync for Records {}
+
+static RECORDS: Records = Records(crate::store::RecordCache::new());
+
 /// The configuration, or the error every export gives before `configure`.
 fn with_config<R>(f: impl FnOnce(&Config) -> Result<R, Error>) -> Result<R, Error> {
     match CONFIG.0.borrow().as_ref() {
@@ -116,6 +124,9 @@ impl Host for Imports {
     }
     fn escalate(&self, escalation: &Escalation) -> bool {
         operator::escalate(escalation)
+    }
+    fn record_cache(&self) -> Option<&crate::store::RecordCache> {
+        Some(&RECORDS.0)
     }
 }
 

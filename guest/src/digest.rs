@@ -3,7 +3,7 @@
 use alloc::string::String;
 use sha2::{Digest, Sha256};
 
-use crate::canon::{Value, write_canonical};
+use crate::canon::{Value, format_number, write_canonical};
 
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -23,9 +23,110 @@ pub fn sha256_jcs(value: &Value) -> String {
     sha256_hex(text.as_bytes())
 }
 
+/// One member of a hashed JSON array (fences, provider keys, escalation ids).
+#[derive(Debug, Clone, Copy)]
+pub enum Part<'a> {
+    /// A string.
+    Str(&'a str),
+    /// An integer, written as the double it denotes (as a tree's number would be).
+    Int(u64),
+}
+
+/// [`sha256_jcs`] of a JSON array of strings and integers, written straight
+/// into the hashed text: the same bytes as the tree, without building one
+/// (a call hashes three such arrays; BENCHMARKS.md row 2).
+pub fn sha256_jcs_array(parts: &[Part<'_>]) -> String {
+    let mut text = String::with_capacity(
+        parts
+            .iter()
+            .map(|p| match p {
+                Part::Str(s) => s.len() + 3,
+                Part::Int(_) => 21,
+            })
+            .sum::<usize>()
+            + 2,
+    );
+    text.push('[');
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        match *part {
+            Part::Str(s) => crate::canon::write_string(s, &mut text),
+            // Below 2^53 the double is exact and ES6 writes its digits; above, its shortest form.
+            Part::Int(n) if n <= 1 << 53 => {
+                use core::fmt::Write as _;
+                let _ = write!(text, "{n}");
+            }
+            Part::Int(n) => format_number(n as f64, &mut text),
+        }
+    }
+    text.push(']');
+    sha256_hex(text.as_bytes())
+}
+
 /// Whether `s` looks like a lower-case hex SHA-256.
 pub fn is_sha256_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canon::Number;
+    use alloc::string::ToString;
+    use alloc::vec::Vec;
+
+    fn tree(parts: &[Part<'_>]) -> Value {
+        Value::Array(
+            parts
+                .iter()
+                .map(|p| match *p {
+                    Part::Str(s) => Value::String(s.to_string()),
+                    Part::Int(n) => Value::Number(Number {
+                        value: n as f64,
+                        raw: n.to_string(),
+                    }),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn array_hash_is_the_trees() {
+        let strings = [
+            "",
+            "once-fence",
+            "tenant",
+            "k\"ey\\\n\u{1}",
+            "café \u{1f600}",
+            "\u{7f}\u{2028}",
+        ];
+        let ints = [
+            0,
+            1,
+            9,
+            10,
+            1_796_227_784_478,
+            (1 << 53) - 1,
+            1 << 53,
+            (1 << 53) + 1,
+            1 << 60,
+            10u64.pow(19),
+            u64::MAX,
+        ];
+        for s in strings {
+            for n in ints {
+                for parts in [
+                    alloc::vec![Part::Str(s), Part::Int(n)],
+                    alloc::vec![Part::Int(n), Part::Str(s), Part::Int(n), Part::Str("x")],
+                    Vec::new(),
+                ] {
+                    assert_eq!(sha256_jcs_array(&parts), sha256_jcs(&tree(&parts)), "{parts:?}");
+                }
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use crate::store::RecordCache;
 use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Table};
 
 /// Why a batch did not apply.
@@ -41,4 +42,9 @@ pub trait Host {
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
     /// Deliver an escalation; true when acknowledged.
     fn escalate(&self, escalation: &Escalation) -> bool;
+    /// Where the engine keeps the record it last committed, so reading it
+    /// back skips parsing it; none (the default): every read is parsed.
+    fn record_cache(&self) -> Option<&RecordCache> {
+        None
+    }
 }

@@ -1,11 +1,9 @@
 //! Operation keys: which carrier supplied one, derived keys, provider keys, fences.
 
 use alloc::format;
-use alloc::string::{String, ToString};
-use alloc::vec;
+use alloc::string::String;
 
-use crate::canon::{Number, Value};
-use crate::digest::sha256_jcs;
+use crate::digest::{Part, sha256_jcs_array};
 use crate::input::check_name;
 use crate::types::{BlockReason, Error, Settings};
 
@@ -48,48 +46,37 @@ pub fn derived_key(fingerprint: &str) -> String {
 /// after its earlier audit trail, and gets a provider key of its own, so the
 /// provider's dedupe never answers the new operation with the old effect.
 pub fn provider_key(scope: &str, key: &str, first_version: u64) -> String {
-    let mut parts = vec![
-        Value::String("once-provider-key".to_string()),
-        Value::String(scope.to_string()),
-        Value::String(key.to_string()),
+    let parts = [
+        Part::Str("once-provider-key"),
+        Part::Str(scope),
+        Part::Str(key),
+        Part::Int(first_version),
     ];
-    if first_version > 1 {
-        parts.push(number(first_version));
-    }
-    format!("once-{}", sha256_jcs(&Value::Array(parts)))
+    let parts = if first_version > 1 { &parts[..] } else { &parts[..3] };
+    format!("once-{}", sha256_jcs_array(parts))
 }
 
 /// A fence unique per (scope, key, attempt), and across a lost-and-recreated ledger.
 pub fn fence(scope: &str, key: &str, attempt: u32, created_at: u64, granted_at: u64) -> String {
-    let value = Value::Array(vec![
-        Value::String("once-fence".to_string()),
-        Value::String(scope.to_string()),
-        Value::String(key.to_string()),
-        number(u64::from(attempt)),
-        number(created_at),
-        number(granted_at),
+    let mut digest = sha256_jcs_array(&[
+        Part::Str("once-fence"),
+        Part::Str(scope),
+        Part::Str(key),
+        Part::Int(u64::from(attempt)),
+        Part::Int(created_at),
+        Part::Int(granted_at),
     ]);
-    let mut digest = sha256_jcs(&value);
     digest.truncate(32);
     format!("{attempt}-{digest}")
 }
 
 /// The stable id of an escalation: (scope, key, deadline).
 pub fn escalation_id(scope: &str, key: &str, deadline: u64, reason: &str) -> String {
-    let value = Value::Array(vec![
-        Value::String("once-escalation".to_string()),
-        Value::String(scope.to_string()),
-        Value::String(key.to_string()),
-        number(deadline),
-        Value::String(reason.to_string()),
-    ]);
-    sha256_jcs(&value)
-}
-
-fn number(n: u64) -> Value {
-    // Timestamps and counters stay far below 2^53, so the f64 is exact.
-    Value::Number(Number {
-        value: n as f64,
-        raw: n.to_string(),
-    })
+    sha256_jcs_array(&[
+        Part::Str("once-escalation"),
+        Part::Str(scope),
+        Part::Str(key),
+        Part::Int(deadline),
+        Part::Str(reason),
+    ])
 }

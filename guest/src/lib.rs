@@ -16,6 +16,7 @@ extern crate std;
 
 pub mod amount;
 pub mod bindings;
+pub mod body;
 pub mod canon;
 pub mod config;
 pub mod digest;

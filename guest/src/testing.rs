@@ -26,6 +26,7 @@ pub struct MemoryHost {
     ack_escalations: Cell<bool>,
     fail_commits: Cell<u32>,
     fail_reads: Cell<bool>,
+    records: crate::store::RecordCache,
 }
 
 impl Default for MemoryHost {
@@ -58,6 +59,7 @@ impl MemoryHost {
             escalations: RefCell::new(Vec::new()),
             ack_escalations: Cell::new(true),
             fail_commits: Cell::new(0),
+            records: crate::store::RecordCache::new(),
             fail_reads: Cell::new(false),
         }
     }
@@ -204,5 +206,8 @@ impl Host for MemoryHost {
     fn escalate(&self, escalation: &Escalation) -> bool {
         self.escalations.borrow_mut().push(escalation.clone());
         self.ack_escalations.get()
+    }
+    fn record_cache(&self) -> Option<&crate::store::RecordCache> {
+        Some(&self.records)
     }
 }

@@ -30,6 +30,7 @@ use core::fmt;
 pub use number::format_number;
 pub use pointer::check_pointer;
 pub use write::write_canonical;
+pub(crate) use write::write_string;
 
 /// Input limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -465,8 +465,10 @@ impl Once {
             Some(instance) => instance,
             None => self.runtime.instantiate_limited(self.host.clone(), &self.limits)?,
         };
-        let (configuration, generation) = self.read_config(|c| (c.configuration.clone(), c.generation));
+        let generation = self.read_config(|c| c.generation);
         if instance.configured() != Some(generation) {
+            // Cloned only here, not on every call: a warm instance already runs this generation.
+            let (configuration, generation) = self.read_config(|c| (c.configuration.clone(), c.generation));
             // It was accepted when it was set: refused now, the component changed under us.
             instance.configure(&configuration, generation)??;
         }

@@ -11,6 +11,7 @@ use once::Once;
 use once::storage::memory::MemoryStorage;
 use once_guest::config::{Config, default_settings};
 use once_guest::host::{CommitError, Host};
+use once_guest::store::RecordCache;
 use once_guest::types::{
     AuditEvent, Batch, Call, Configuration, Escalation, Evidence, Outcome, PolicyInput, Row, Settings, State, Step,
     Table,
@@ -24,6 +25,8 @@ use once_guest::types::{
 struct NativeHost {
     rows: RefCell<BTreeMap<(u8, String, String), Row>>,
     audit: RefCell<BTreeMap<(String, String, u64), AuditEvent>>,
+    /// The engine's record cache, as the component keeps one per instance.
+    records: RecordCache,
 }
 
 fn table_id(t: Table) -> u8 {
@@ -115,6 +118,9 @@ impl Host for NativeHost {
     }
     fn escalate(&self, _: &Escalation) -> bool {
         true
+    }
+    fn record_cache(&self) -> Option<&RecordCache> {
+        Some(&self.records)
     }
 }
 
