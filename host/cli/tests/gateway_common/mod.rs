@@ -137,8 +137,13 @@ impl Rig {
 
     /// Start a gateway over a refund-mcp with `fault`, and connect an MCP client to it.
     pub async fn connect(&self, fault: &str, n: usize) -> Session {
+        self.connect_command(self.gateway_command(fault), n).await
+    }
+
+    /// Start the gateway `command` (its stderr to log `n`), and connect an MCP client to it over stdio.
+    pub async fn connect_command(&self, command: Command, n: usize) -> Session {
         let log = std::fs::File::create(self.log(n)).unwrap();
-        let mut cmd = tokio::process::Command::from(self.gateway_command(fault));
+        let mut cmd = tokio::process::Command::from(command);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log);
         let mut child = cmd.spawn().unwrap();
         let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());

@@ -7,8 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rmcp::ServiceExt;
-
 use super::{Rig, Session, refund_mcp};
 
 /// `refund-mcp --listen` over an effect ledger: one process at a time, always on the same port.
@@ -153,17 +151,6 @@ impl Rig {
 
     /// Start a gateway in front of the server at `url`, and connect an MCP client to it over stdio.
     pub async fn connect_url(&self, url: &str, n: usize) -> Session {
-        let log = std::fs::File::create(self.log(n)).unwrap();
-        let mut cmd = tokio::process::Command::from(self.url_gateway_command(url));
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(log);
-        let mut child = cmd.spawn().unwrap();
-        let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-        let client = ().serve((stdout, stdin)).await.unwrap_or_else(|e| {
-            panic!(
-                "initialize through the gateway failed: {e}\n{}",
-                std::fs::read_to_string(self.log(n)).unwrap_or_default()
-            )
-        });
-        Session { client, child }
+        self.connect_command(self.url_gateway_command(url), n).await
     }
 }
