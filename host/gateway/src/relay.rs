@@ -21,6 +21,22 @@ use tokio_util::sync::CancellationToken;
 /// Where one call's progress goes: the client's token, and the connection (none: the connected client).
 type Follower = (ProgressToken, Option<Peer<RoleServer>>);
 
+/// One progress notification on its way to the client: counted so `settle_progress` waits for it.
+struct Relaying<'a>(&'a Relay);
+
+impl<'a> Relaying<'a> {
+    fn start(relay: &'a Relay) -> Relaying<'a> {
+        relay.relaying.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Relaying(relay)
+    }
+}
+
+impl Drop for Relaying<'_> {
+    fn drop(&mut self) {
+        self.0.relaying.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// The gateway's link to its client, shared by every upstream connection.
 #[derive(Default)]
 pub struct Relay {
@@ -233,6 +249,7 @@ impl ClientHandler for RelayHandler {
             .get(&params.progress_token)
             .cloned();
         if let Some((token, to)) = client_token {
+            let _relaying = Relaying::start(&self.relay);
             params.progress_token = token;
             let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
             match to {
