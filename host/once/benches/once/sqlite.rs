@@ -26,7 +26,7 @@ const CALLERS: [usize; 3] = [1, 2, 8];
 pub fn bench_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
     let dir = target.join("once-bench");
     std::fs::create_dir_all(&dir).expect("create the bench directory");
     dir
