@@ -29,6 +29,7 @@ pub mod policy;
 pub mod protocol;
 pub mod record;
 pub mod store;
+pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod component;
