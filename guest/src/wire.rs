@@ -32,7 +32,9 @@ pub fn got(text: &str) -> Result<Option<Stored>, String> {
         Ok(Got::Found(stored)) => Ok(Some(stored)),
         Ok(Got::Missing) => Ok(None),
         Ok(Got::Failed(f)) => Err(f.message),
-        Err(e) => Err(format!("ledger.get: the host's answer is not the JSON form of a got: {e}")),
+        Err(e) => Err(format!(
+            "ledger.get: the host's answer is not the JSON form of a got: {e}"
+        )),
     }
 }
 
@@ -539,8 +541,16 @@ mod tests {
         assert_eq!((stored.version, stored.body.as_str()), (7, "{\"a\":\"\\\"q\\\"\"}"));
         assert_eq!(got("\"Missing\""), Ok(None));
         assert_eq!(got("{\"Failed\":{\"message\":\"disk\"}}"), Err("disk".into()));
-        assert!(got("{\"Found\":1}").unwrap_err().starts_with("ledger.get: the host's answer is not"));
-        for c in [Committed::Applied, Committed::Conflict, Committed::Failed(crate::types::Failure { message: "x".into() })] {
+        assert!(
+            got("{\"Found\":1}")
+                .unwrap_err()
+                .starts_with("ledger.get: the host's answer is not")
+        );
+        for c in [
+            Committed::Applied,
+            Committed::Conflict,
+            Committed::Failed(crate::types::Failure { message: "x".into() }),
+        ] {
             let expected = match &c {
                 Committed::Applied => Ok(()),
                 Committed::Conflict => Err(CommitError::Conflict),
