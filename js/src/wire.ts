@@ -11,7 +11,7 @@
 // reads every integer literal exactly (a bigint past Number.MAX_SAFE_INTEGER),
 // and a text without a run of 16 digits (where no such integer can be) goes
 // through JSON.parse as is.
-import { ComponentError, type EngineError, engineError } from "./errors.js";
+import { ComponentError, engineError } from "./errors.js";
 import type {
   Account,
   AuditEvent,
@@ -41,7 +41,6 @@ export class WireError extends Error {
 
 // ---------------------------------------------------------------- exact JSON
 
-const WS = new Set([0x20, 0x09, 0x0a, 0x0d]);
 const NUMBER = /-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
 
 /** A JSON reader that keeps every integer exact: a bigint when it is past Number.MAX_SAFE_INTEGER. */
@@ -62,7 +61,11 @@ class ExactReader {
 
   private ws(): void {
     const s = this.s;
-    while (this.at < s.length && WS.has(s.charCodeAt(this.at))) this.at++;
+    for (;;) {
+      const c = s.charCodeAt(this.at);
+      if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) return;
+      this.at++;
+    }
   }
 
   private value(depth: number): unknown {
@@ -171,8 +174,10 @@ class ExactReader {
       this.ws();
       if (this.s.charCodeAt(this.at) !== 0x3a) this.fail("expected :");
       this.at++;
+      const v = this.value(depth + 1);
       // An own member even for "__proto__", as JSON.parse makes it.
-      Object.defineProperty(out, k, { value: this.value(depth + 1), enumerable: true, writable: true, configurable: true });
+      if (k === "__proto__") Object.defineProperty(out, k, { value: v, enumerable: true, writable: true, configurable: true });
+      else out[k] = v;
       this.ws();
       const c = this.s.charCodeAt(this.at++);
       if (c === 0x7d) return out;
@@ -184,19 +189,53 @@ class ExactReader {
   }
 }
 
-// Only a run of 16 digits can spell an integer past 2^53 (9007199254740992 has 16).
-const LONG_DIGITS = /[0-9]{16}/;
+/** Whether `text` has a run of 16 digits: only such a run can spell an integer past 2^53 (2^53 has 16 digits). */
+function longDigits(text: string): boolean {
+  let run = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c >= 0x30 && c <= 0x39) {
+      if (++run === 16) return true;
+    } else run = 0;
+  }
+  return false;
+}
+
+function nativeParse(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new WireError((e as Error).message);
+  }
+}
 
 /** JSON text as a value, every integer exact (a bigint past Number.MAX_SAFE_INTEGER); a WireError when it is not JSON. */
 export function parse(text: string): unknown {
-  if (!LONG_DIGITS.test(text)) {
-    try {
-      return JSON.parse(text);
-    } catch (e) {
-      throw new WireError((e as Error).message);
-    }
+  return longDigits(text) ? new ExactReader(text).document() : nativeParse(text);
+}
+
+/** Thrown by a decoder that met a number JSON.parse may have rounded: the text is read again, exactly. */
+const INEXACT = Symbol("inexact");
+/** Whether the value being decoded was read exactly (a number past 2^53 is then a double the text spelt so). */
+let exactPass = false;
+
+/**
+ * JSON text decoded by `decode`: parsed by JSON.parse, and read again exactly only when
+ * `decode` meets a number past 2^53 where it wants an integer (the one case JSON.parse loses).
+ */
+function read<T>(text: string, decode: (v: unknown) => T): T {
+  const v = nativeParse(text);
+  try {
+    return decode(v);
+  } catch (e) {
+    if (e !== INEXACT) throw e;
   }
-  return new ExactReader(text).document();
+  exactPass = true;
+  try {
+    return decode(new ExactReader(text).document());
+  } finally {
+    exactPass = false;
+  }
 }
 
 /** A value as JSON text, a bigint as the integer it is (JSON.stringify refuses bigints). */
@@ -237,8 +276,11 @@ function bool(v: unknown, what: string): boolean {
 }
 
 function u64(v: unknown, what: string): bigint {
-  if (typeof v === "number" && Number.isSafeInteger(v) && v >= 0) return BigInt(v);
-  if (typeof v === "bigint" && v >= 0n && v <= U64_MAX) return v;
+  if (typeof v === "number") {
+    if (Number.isSafeInteger(v) && v >= 0) return BigInt(v);
+    // JSON.parse rounds an integer past 2^53: the text is read again, exactly.
+    if (!exactPass && Number.isFinite(v) && Math.abs(v) > Number.MAX_SAFE_INTEGER) throw INEXACT;
+  } else if (typeof v === "bigint" && v >= 0n && v <= U64_MAX) return v;
   throw new WireError(`${what}: expected an integer in u64`);
 }
 
@@ -526,35 +568,91 @@ export function errorPayload(v: unknown): EnginePayload {
  * the component's failure, like a trap: a ComponentError is thrown.
  */
 export function stepOf(text: string, where: string): Step {
-  let error: EngineError;
+  let answer: [true, Step] | [false, EnginePayload];
   try {
-    const [name, payload] = oneCase(parse(text), "result");
-    if (name === "Ok") return step(payload);
-    if (name !== "Err") throw new WireError(`result: no case ${JSON.stringify(name)}`);
-    error = engineError(errorPayload(payload));
+    answer = read(text, (v): [true, Step] | [false, EnginePayload] => {
+      const [name, payload] = oneCase(v, "result");
+      if (name === "Ok") return [true, step(payload)];
+      if (name === "Err") return [false, errorPayload(payload)];
+      throw new WireError(`result: no case ${JSON.stringify(name)}`);
+    });
   } catch (e) {
     if (!(e instanceof WireError)) throw e;
     const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
     throw new ComponentError(`${where}: the component's answer is not the JSON form of a result<step, error> (${e.message}): ${shown}`);
   }
-  throw error;
+  if (answer[0]) return answer[1];
+  throw engineError(answer[1]);
 }
 
 // ---------------------------------------------------------------- ledger.commit
 
-function event(v: unknown, i: number): AuditEvent {
-  const e = obj(v, `events/${i}`);
+// The field names below are constants: a failing field's index is added where it fails (`at`).
+function event(v: unknown): AuditEvent {
+  const e = obj(v, "");
   return {
-    scope: str(e.scope, `events/${i}/scope`),
-    key: str(e.key, `events/${i}/key`),
-    version: u64(e.version, `events/${i}/version`),
-    at: u64(e.at, `events/${i}/at`),
-    kind: str(e.kind, `events/${i}/kind`),
-    fromState: STATE.opt(e.from_state, `events/${i}/from_state`),
-    toState: STATE.opt(e.to_state, `events/${i}/to_state`),
-    attempt: optU32(e.attempt, `events/${i}/attempt`),
-    detail: str(e.detail, `events/${i}/detail`),
+    scope: str(e.scope, "scope"),
+    key: str(e.key, "key"),
+    version: u64(e.version, "version"),
+    at: u64(e.at, "at"),
+    kind: str(e.kind, "kind"),
+    fromState: STATE.opt(e.from_state, "from_state"),
+    toState: STATE.opt(e.to_state, "to_state"),
+    attempt: optU32(e.attempt, "attempt"),
+    detail: str(e.detail, "detail"),
   };
+}
+
+function put(v: unknown, bodies: readonly string[], written: number): Put {
+  const p = obj(v, "");
+  const table = TABLE.of(p.table, "table");
+  const scope = str(p.scope, "scope");
+  const key = str(p.key, "key");
+  const expected = optU64(p.expected, "expected");
+  if (p.row === null) return { table, scope, key, expected, row: undefined };
+  const r = obj(p.row, "row");
+  const body = bodies[written];
+  if (typeof body !== "string") throw new WireError(`row: no body came with it (${bodies.length} bodies)`);
+  const row: Row = {
+    table,
+    scope,
+    key,
+    version: u64(r.version, "row/version"),
+    state: STATE.opt(r.state, "row/state"),
+    dueAt: optU64(r.due_at, "row/due_at"),
+    owner: optStr(r.owner, "row/owner"),
+    body,
+  };
+  return { table, scope, key, expected, row };
+}
+
+/** `f`, a WireError naming where it failed (`puts/3/row/version`). */
+function at<T>(where: string, i: number, f: () => T): T {
+  try {
+    return f();
+  } catch (e) {
+    if (e instanceof WireError) throw new WireError(`${where}/${i}${e.message.startsWith(":") ? "" : "/"}${e.message}`);
+    throw e;
+  }
+}
+
+function batchHead(v: unknown, bodies: readonly string[]): Batch {
+  const head = obj(v, "batch-head");
+  const rawPuts = head.puts;
+  const rawEvents = head.events;
+  if (!Array.isArray(rawPuts)) throw new WireError("puts: expected an array");
+  if (!Array.isArray(rawEvents)) throw new WireError("events: expected an array");
+  const puts: Put[] = [];
+  let written = 0;
+  for (let i = 0; i < rawPuts.length; i++) {
+    const p = at("puts", i, () => put(rawPuts[i], bodies, written));
+    if (p.row !== undefined) written++;
+    puts.push(p);
+  }
+  if (written !== bodies.length) throw new WireError(`the batch writes ${written} row(s) but ${bodies.length} bodies came with it`);
+  const events: AuditEvent[] = [];
+  for (let i = 0; i < rawEvents.length; i++) events.push(at("events", i, () => event(rawEvents[i])));
+  return { puts, events, deferrable: bool(head.deferrable, "deferrable") };
 }
 
 /**
@@ -564,37 +662,7 @@ function event(v: unknown, i: number): AuditEvent {
  */
 export function batchOf(text: string, bodies: readonly string[]): Batch {
   try {
-    const head = obj(parse(text), "batch-head");
-    if (!Array.isArray(head.puts)) throw new WireError("puts: expected an array");
-    if (!Array.isArray(head.events)) throw new WireError("events: expected an array");
-    let written = 0;
-    const puts: Put[] = head.puts.map((v: unknown, i: number): Put => {
-      const p = obj(v, `puts/${i}`);
-      const table = TABLE.of(p.table, `puts/${i}/table`);
-      const scope = str(p.scope, `puts/${i}/scope`);
-      const key = str(p.key, `puts/${i}/key`);
-      const expected = optU64(p.expected, `puts/${i}/expected`);
-      let row: Row | undefined;
-      if (p.row !== null) {
-        const r = obj(p.row, `puts/${i}/row`);
-        const body = bodies[written++];
-        if (typeof body !== "string") throw new WireError(`puts/${i}/row: no body came with it (${bodies.length} bodies)`);
-        row = {
-          table,
-          scope,
-          key,
-          version: u64(r.version, `puts/${i}/row/version`),
-          state: STATE.opt(r.state, `puts/${i}/row/state`),
-          dueAt: optU64(r.due_at, `puts/${i}/row/due_at`),
-          owner: optStr(r.owner, `puts/${i}/row/owner`),
-          body,
-        };
-      }
-      return { table, scope, key, expected, row };
-    });
-    if (written !== bodies.length) throw new WireError(`the batch writes ${written} row(s) but ${bodies.length} bodies came with it`);
-    const events = head.events.map(event);
-    return { puts, events, deferrable: bool(head.deferrable, "deferrable") };
+    return read(text, (v) => batchHead(v, bodies));
   } catch (e) {
     if (e instanceof WireError) throw new WireError(`ledger.commit: the batch is not the JSON form of a batch-head: ${e.message}`);
     throw e;
