@@ -8,6 +8,11 @@ export type CommitVerdict = { tag: "applied" } | { tag: "conflict" } | { tag: "f
 /** A synchronous compare-and-swap store of the engine's rows and audit trail (runs in the engine's worker). */
 export interface SyncStore {
   get(table: Table, scope: string, key: string): Row | undefined;
+  /**
+   * Apply every put and event of `batch`, or none. A batch the engine marks `deferrable` may be committed
+   * without waiting for the disk by a store in an intent-only mode (SQLite's `intent-only`); every other
+   * store commits it as any batch.
+   */
   commit(batch: Batch): CommitVerdict;
   scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Row[];
   audit(scope: string, key: string): AuditEvent[];
