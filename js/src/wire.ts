@@ -7,10 +7,13 @@
 // bigint), one decoder per type: nothing reflects on a type per call.
 //
 // Integers: a u64 in the JSON form may be past 2^53 (an absent row's due-at is
-// i64::MAX; a lease may end at u64::MAX), which JSON.parse would round. `parse`
-// reads every integer literal exactly (a bigint past Number.MAX_SAFE_INTEGER),
-// and a text without a run of 16 digits (where no such integer can be) goes
-// through JSON.parse as is.
+// i64::MAX; a lease may end at u64::MAX), which JSON.parse would round. The
+// decoders read the text with JSON.parse (fast, native) and, when a u64 field
+// holds a number past 2^53 (the one value JSON.parse may have rounded), read it
+// again with an exact reader that keeps every integer literal past
+// Number.MAX_SAFE_INTEGER as a bigint. `parse` is that reader for any text (it
+// takes JSON.parse's path when no run of 16 digits, where such an integer would
+// be, is in the text); `stringify` writes a bigint back as a bare integer.
 import { ComponentError, engineError } from "./errors.js";
 import type {
   Account,
