@@ -24,6 +24,7 @@ pub mod engine;
 pub mod host;
 pub mod identity;
 pub mod input;
+mod json_out;
 pub mod payload;
 pub mod policy;
 pub mod protocol;

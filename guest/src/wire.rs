@@ -4,12 +4,9 @@
 //! hosts with their JSON parsers. A dynamic binding pays for every node of a
 //! typed value's type on every crossing; one string costs one node.
 
-use crate::canon::write_string;
 use crate::host::CommitError;
-use crate::types::{
-    Account, Batch, Call, Committed, Confirmation, Effect, Ending, Error, Got, Grant, KeySource, Outcome, Repeat,
-    ReplayVia, State, Step, Stored, Table,
-};
+use crate::json_out::{Writer, confirmation, effect, key_source, repeat, replay_via, state, table};
+use crate::types::{Account, Batch, Call, Committed, Ending, Error, Got, Grant, Outcome, Step, Stored};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -70,7 +67,7 @@ pub fn step(answer: &Result<Step, Error>) -> String {
 }
 
 fn dispatch_json(g: &Grant) -> String {
-    let mut w = Json::with_capacity(256 + g.args.len());
+    let mut w = Writer::with_capacity(256 + g.args.len());
     w.0.push_str("{\"Ok\":{\"Dispatch\":{");
     w.str("scope", &g.scope);
     w.str("key", &g.key);
@@ -90,7 +87,7 @@ fn confirmed_json(a: &Account) -> String {
     let Ending::Confirmed(c) = &a.ending else {
         return serde_json::to_string(&Ok::<_, Error>(Step::Done(a.clone()))).unwrap_or_default();
     };
-    let mut w = Json::with_capacity(320 + c.receipt.len());
+    let mut w = Writer::with_capacity(320 + c.receipt.len());
     w.0.push_str("{\"Ok\":{\"Done\":{");
     w.str("scope", &a.scope);
     w.opt_str("key", a.key.as_deref());
@@ -99,17 +96,14 @@ fn confirmed_json(a: &Account) -> String {
     w.key("ending");
     w.0.push_str("{\"Confirmed\":{");
     w.str("receipt", &c.receipt);
-    w.raw("replayed", if c.replayed { "true" } else { "false" });
+    w.bool("replayed", c.replayed);
     w.raw("via", c.via.map_or("null", replay_via));
     w.raw("confirmed_by", confirmation(c.confirmed_by));
     w.num("at", c.at);
     w.opt_num("window_until", c.window_until);
     w.opt_num("attempt", c.attempt.map(u64::from));
     w.raw("earlier_attempts", effect(c.earlier_attempts));
-    w.raw(
-        "possible_duplicate",
-        if c.possible_duplicate { "true" } else { "false" },
-    );
+    w.bool("possible_duplicate", c.possible_duplicate);
     w.0.push_str("}}");
     w.raw("effect", effect(a.effect));
     w.raw("repeat", repeat(a.repeat));
@@ -117,133 +111,13 @@ fn confirmed_json(a: &Account) -> String {
     w.0
 }
 
-fn key_source(k: KeySource) -> &'static str {
-    match k {
-        KeySource::Application => "\"Application\"",
-        KeySource::Derived => "\"Derived\"",
-    }
-}
-
-fn replay_via(v: ReplayVia) -> &'static str {
-    match v {
-        ReplayVia::Key => "\"Key\"",
-        ReplayVia::DerivedArgs => "\"DerivedArgs\"",
-        ReplayVia::Provider => "\"Provider\"",
-    }
-}
-
-fn confirmation(c: Confirmation) -> &'static str {
-    match c {
-        Confirmation::Answer => "\"Answer\"",
-        Confirmation::Provider => "\"Provider\"",
-        Confirmation::Operator => "\"Operator\"",
-    }
-}
-
-fn effect(e: Effect) -> &'static str {
-    match e {
-        Effect::Happened => "\"Happened\"",
-        Effect::None => "\"None\"",
-        Effect::Unknown => "\"Unknown\"",
-    }
-}
-
-fn repeat(r: Repeat) -> &'static str {
-    match r {
-        Repeat::Replays => "\"Replays\"",
-        Repeat::Waits => "\"Waits\"",
-        Repeat::Retries => "\"Retries\"",
-        Repeat::Refused => "\"Refused\"",
-    }
-}
-
-fn table(t: Table) -> &'static str {
-    match t {
-        Table::Operation => "\"Operation\"",
-        Table::Tombstone => "\"Tombstone\"",
-        Table::Quota => "\"Quota\"",
-    }
-}
-
-fn state(s: State) -> &'static str {
-    match s {
-        State::InFlight => "\"InFlight\"",
-        State::Confirmed => "\"Confirmed\"",
-        State::Failed => "\"Failed\"",
-        State::Unknown => "\"Unknown\"",
-        State::Absent => "\"Absent\"",
-        State::Superseded => "\"Superseded\"",
-    }
-}
-
-/// JSON text being written by hand, as serde_json writes it: members in
-/// declaration order, each after a comma unless its object was just opened.
-struct Json(String);
-
-impl Json {
-    fn with_capacity(n: usize) -> Json {
-        Json(String::with_capacity(n))
-    }
-    fn key(&mut self, name: &str) {
-        if !matches!(self.0.as_bytes().last(), Some(b'{' | b'[')) {
-            self.0.push(',');
-        }
-        // Field names are plain ASCII identifiers: nothing to escape.
-        self.0.push('"');
-        self.0.push_str(name);
-        self.0.push_str("\":");
-    }
-    fn raw(&mut self, name: &str, json: &str) {
-        self.key(name);
-        self.0.push_str(json);
-    }
-    fn str(&mut self, name: &str, value: &str) {
-        self.key(name);
-        write_string(value, &mut self.0);
-    }
-    fn opt_str(&mut self, name: &str, value: Option<&str>) {
-        match value {
-            Some(v) => self.str(name, v),
-            None => self.raw(name, "null"),
-        }
-    }
-    fn num(&mut self, name: &str, value: u64) {
-        self.key(name);
-        push_u64(&mut self.0, value);
-    }
-    fn opt_num(&mut self, name: &str, value: Option<u64>) {
-        match value {
-            Some(v) => self.num(name, v),
-            None => self.raw(name, "null"),
-        }
-    }
-}
-
-/// The decimal digits of `n`.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    out.push_str(core::str::from_utf8(&digits[at..]).unwrap_or_default());
-}
-
 /// `ledger.commit`'s arguments for `batch`: the JSON form of its `batch-head`,
 /// and the bodies of the rows it writes, in put order.
 pub fn batch(batch: &Batch) -> (String, Vec<String>) {
-    let mut w = Json::with_capacity(160 * (batch.puts.len() + batch.events.len()) + 32);
-    w.0.push_str("{\"puts\":[");
-    for (i, p) in batch.puts.iter().enumerate() {
-        if i > 0 {
-            w.0.push(',');
-        }
+    let mut w = Writer::with_capacity(160 * (batch.puts.len() + batch.events.len()) + 32);
+    w.0.push('{');
+    w.key("puts");
+    w.list(&batch.puts, |w, p| {
         w.0.push('{');
         w.raw("table", table(p.table));
         w.str("scope", &p.scope);
@@ -262,12 +136,9 @@ pub fn batch(batch: &Batch) -> (String, Vec<String>) {
             }
         }
         w.0.push('}');
-    }
-    w.0.push_str("],\"events\":[");
-    for (i, e) in batch.events.iter().enumerate() {
-        if i > 0 {
-            w.0.push(',');
-        }
+    });
+    w.key("events");
+    w.list(&batch.events, |w, e| {
         w.0.push('{');
         w.str("scope", &e.scope);
         w.str("key", &e.key);
@@ -279,9 +150,8 @@ pub fn batch(batch: &Batch) -> (String, Vec<String>) {
         w.opt_num("attempt", e.attempt.map(u64::from));
         w.str("detail", &e.detail);
         w.0.push('}');
-    }
-    w.0.push(']');
-    w.raw("deferrable", if batch.deferrable { "true" } else { "false" });
+    });
+    w.bool("deferrable", batch.deferrable);
     w.0.push('}');
     // wit-bindgen passes a `list<string>` import argument as `&[String]`.
     let bodies = batch
@@ -296,7 +166,7 @@ pub fn batch(batch: &Batch) -> (String, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{AuditEvent, BlockReason, Blocked, Grant, Put, Row};
+    use crate::types::{AuditEvent, BlockReason, Blocked, Confirmation, Grant, Put, Row, State, Table};
     use alloc::string::ToString;
     use alloc::vec;
 
@@ -356,12 +226,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_batch_head_is_the_json_form_of_the_generated_type() {
-        let batch = sample();
-        let (text, bodies) = super::batch(&batch);
-        let generated = crate::types::BatchHead {
-            puts: batch
+    /// The generated `batch-head` of `b`: what the host decodes `batch(b)`'s text into.
+    fn head(b: &Batch) -> crate::types::BatchHead {
+        crate::types::BatchHead {
+            puts: b
                 .puts
                 .iter()
                 .map(|p| crate::types::PutHead {
@@ -377,9 +245,16 @@ mod tests {
                     }),
                 })
                 .collect(),
-            events: batch.events.clone(),
-            deferrable: batch.deferrable,
-        };
+            events: b.events.clone(),
+            deferrable: b.deferrable,
+        }
+    }
+
+    #[test]
+    fn a_batch_head_is_the_json_form_of_the_generated_type() {
+        let batch = sample();
+        let (text, bodies) = super::batch(&batch);
+        let generated = head(&batch);
         assert_eq!(text, serde_json::to_string(&generated).unwrap());
         assert_eq!(bodies, ["{\"a\":1}", "{\"used\":\"5\"}"]);
         // What a host reads back is the batch itself.
@@ -508,26 +383,6 @@ mod tests {
                 detail: "{}".into(),
             });
         }
-        let head = |b: &Batch| crate::types::BatchHead {
-            puts: b
-                .puts
-                .iter()
-                .map(|p| crate::types::PutHead {
-                    table: p.table,
-                    scope: p.scope.clone(),
-                    key: p.key.clone(),
-                    expected: p.expected,
-                    row: p.row.as_ref().map(|r| crate::types::RowHead {
-                        version: r.version,
-                        state: r.state,
-                        due_at: r.due_at,
-                        owner: r.owner.clone(),
-                    }),
-                })
-                .collect(),
-            events: b.events.clone(),
-            deferrable: b.deferrable,
-        };
         assert_eq!(super::batch(&batch).0, serde_json::to_string(&head(&batch)).unwrap());
     }
 
