@@ -1,5 +1,5 @@
 """A refund sent once, over a durable SQLite ledger: python protect.py once_guest.wasm [ledger.db]"""
-import json, sqlite3, sys, time, wasmtime, wasmtime.component as wc
+import json, re, sqlite3, sys, time, wasmtime, wasmtime.component as wc
 from wasmtime.component import Record, Variant
 class Rec(Record): __init__, __getattr__ = lambda r, fields: r.__dict__.update(fields), lambda r, _: None  # unset: None
 db = sqlite3.connect(sys.argv[2] if len(sys.argv) > 2 else "once-example.db", isolation_level=None)
@@ -9,23 +9,32 @@ db.executescript("""CREATE TABLE IF NOT EXISTS rows (tbl, scope, key, version, s
 db.row_factory = lambda cursor, r: Rec({c[0]: v for c, v in zip(cursor.description, r)})  # read as WIT records
 ROWS = 'SELECT tbl AS "table", scope, key, version, state, due_at AS "due-at", owner, body FROM rows WHERE tbl=?'
 q = lambda sql, *args: db.execute(sql, args)
-def answers(f):  # a store failure is the ledger import's `failed` answer, and nothing is applied
+wit = lambda name: name and re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()  # the JSON form's InFlight is WIT's in-flight
+def answers(f, text):  # a store failure is the ledger import's `failed` answer (get, commit: JSON text), nothing applied
     def run(*args):
         try: return f(*args)
-        except sqlite3.Error as e: return db.in_transaction and db.rollback() or Variant("failed", Rec({"message": str(e)}))
+        except sqlite3.Error as e:
+            failed = {"message": str(e)}
+            return db.in_transaction and db.rollback() or (json.dumps({"Failed": failed}) if text else Variant("failed", Rec(failed)))
     return run
-def put(p, at):  # one compare-and-swap write: insert if absent, else update or delete at the expected version
-    if p.row is None: return q("DELETE FROM rows WHERE tbl=? AND scope=? AND key=? AND version=?", *at, p.expected)
-    if p.expected is None: return q("INSERT OR IGNORE INTO rows VALUES (?,?,?,?,?,?,?,?)", *vars(p.row).values())
+def put(p, body):  # one compare-and-swap write: insert if absent, update or delete at the expected version; or assert absent
+    at, r, expected = (wit(p["table"]), p["scope"], p["key"]), p["row"], p["expected"]
+    if r is None and expected is None: return not q("SELECT 1 FROM rows WHERE tbl=? AND scope=? AND key=?", *at).fetchone()
+    if r is None: return q("DELETE FROM rows WHERE tbl=? AND scope=? AND key=? AND version=?", *at, expected).rowcount == 1
+    row = (r["version"], wit(r["state"]), r["due_at"], r["owner"], body)
+    if expected is None: return q("INSERT OR IGNORE INTO rows VALUES (?,?,?,?,?,?,?,?)", *at, *row).rowcount == 1
     return q("UPDATE rows SET version=?, state=?, due_at=?, owner=?, body=? WHERE tbl=? AND scope=? AND key=? AND "
-             "version=?", *list(vars(p.row).values())[3:], *at, p.expected)  # a record's fields come in WIT order
-def commit(_, batch):  # one atomic batch: every put and every new audit event, or nothing
-    done = q("BEGIN IMMEDIATE") and all(put(p, (p.table, p.scope, p.key)).rowcount == 1 for p in batch.puts) and all(q(
-        "INSERT OR IGNORE INTO audit VALUES (?,?,?,?,?,?,?,?,?)", *vars(e).values()).rowcount == 1 for e in batch.events)
-    return q("COMMIT" if done else "ROLLBACK") and Variant("applied" if done else "conflict")
+             "version=?", *row, *at, expected).rowcount == 1
+def commit(_, batch, bodies):  # one atomic batch (JSON text; each written row's body beside it): all of it, or nothing
+    head, body = json.loads(batch), iter(bodies)
+    done = q("BEGIN IMMEDIATE") and all(put(p, p["row"] and next(body)) for p in head["puts"]) and all(q(
+        "INSERT OR IGNORE INTO audit VALUES (?,?,?,?,?,?,?,?,?)", *(wit(v) if k.endswith("state") else v
+        for k, v in e.items())).rowcount == 1 for e in head["events"])  # an audit event's fields come in WIT order
+    return q("COMMIT" if done else "ROLLBACK") and ('"Applied"' if done else '"Conflict"')  # the JSON form of `committed`
 now = lambda *_, last=[0]: last.__setitem__(0, max(last[0], time.time_ns() // 10**6)) or last[0]  # ms, never backwards
 imports = {"ledger": {"commit": commit,  # the engine's I/O, and nothing else
-    "get": lambda _, *at: (r := q(ROWS + " AND scope=? AND key=?", *at).fetchone()) and Variant("found", r) or Variant("missing"),
+    "get": lambda _, *at: (r := q("SELECT version, body FROM rows WHERE tbl=? AND scope=? AND key=?", *at).fetchone())
+        and json.dumps({"Found": vars(r)}) or '"Missing"',  # the JSON form of `got`
     "scan": lambda _, table, states, before, owner, limit: Variant("found", Rec({"rows": q(ROWS + " AND due_at<=? AND (?='[]' "
         "OR state IN (SELECT value FROM json_each(?))) AND (? IS NULL OR owner=?) ORDER BY due_at, scope, key LIMIT ?", table,
         min(before, 2**63 - 1), (s := json.dumps(states)), s, owner, owner, limit).fetchall()})),
@@ -35,26 +44,27 @@ imports = {"ledger": {"commit": commit,  # the engine's I/O, and nothing else
     "operator": {"escalate": lambda _, e: print("operator, look at:", e.scope, e.key, e.reason) or True}}
 with (linker := wc.Linker(engine := wasmtime.Engine())).root() as root:
     for iface, funcs in imports.items():
-        with root.add_instance(f"once:core/{iface}@0.2.0") as i: [i.add_func(n, answers(f)) for n, f in funcs.items()]
+        with root.add_instance(f"once:core/{iface}@0.3.0") as i: [i.add_func(n, answers(f, n in ("get", "commit"))) for n, f in funcs.items()]
 instance = linker.instantiate(store := wasmtime.Store(engine), wc.Component.from_file(engine, sys.argv[1]))
-x = lambda iface, name, *args: instance.get_func(store, instance.get_export_index(  # an export; a result<_, error>
-    store, name, instance.get_export_index(store, f"once:core/{iface}@0.2.0")))(store, *args)  # is Variant("ok"|"err", _)
-ok = lambda r: r.payload if r.tag == "ok" else sys.exit(f"refused: {r.payload.tag} {r.payload.payload}")
+x = lambda iface, name, *args: instance.get_func(store, instance.get_export_index(  # an export by name
+    store, name, instance.get_export_index(store, f"once:core/{iface}@0.3.0")))(store, *args)
+ok = lambda r: (r := json.loads(r))["Ok"] if "Ok" in r else sys.exit(f"refused: {r['Err']}")  # result<step, error>, as JSON
 configured = x("engine", "configure", Rec({"settings": x("engine", "default-settings"), "defaults": Rec({}), "tools": [Rec(
     {"tool": "refund_order", "policy": Rec({"key-argument": "idempotency_key", "dispatch-timeout-ms": 10_000})})]}))
 if isinstance(configured, Variant): sys.exit(f"configure refused: {configured}")  # (lifts untagged: record or error)
 def protect(scope, key, tool, args, send, patience_ms=3000):  # the whole protocol, and no rule of the engine
-    step, give_up = ok(x("protocol", "start", Rec({"scope": scope, "keys": [("api", key)], "tool": tool,
-                       "args": json.dumps(args), "acknowledge-confirmed": False}))), now() + patience_ms
-    while step.tag in ("dispatch", "wait") and (s := step.payload):
-        if step.tag == "dispatch":  # send exactly the grant, unless it is too late to start: then it was not sent
-            outcome = Variant("not-sent") if now() >= getattr(s, "send-by") else send(json.loads(s.args), getattr(s, "timeout-ms"))
-            step = ok(x("protocol", "report", s.scope, s.key, s.fence, outcome))
-        elif s.next > give_up: return s.meanwhile  # stop waiting; show what is known so far
-        else: step = time.sleep(max(0, s.next - now()) / 1000) or ok(x("protocol", "resume", s.scope, s.key))
-    return step.payload if step.tag == "done" else send(args, None)  # done: the account; direct: send it unprotected
-sent, refund = [], lambda args, timeout_ms: sent.append(args) or Variant("success", '{"refund_id":"r-1"}')  # your API
+    step, give_up = ok(x("protocol", "start", json.dumps({"scope": scope, "keys": [["api", key]], "tool": tool,
+                       "args": json.dumps(args), "supersedes": None, "acknowledge_confirmed": False}))), now() + patience_ms
+    while isinstance(step, dict) and ("Dispatch" in step or "Wait" in step):
+        if g := step.get("Dispatch"):  # send exactly the grant, unless it is too late to start: then it was not sent
+            outcome = '"NotSent"' if now() >= g["send_by"] else json.dumps(send(json.loads(g["args"]), g["timeout_ms"]))
+            step = ok(x("protocol", "report", g["scope"], g["key"], g["fence"], outcome))
+        elif (w := step["Wait"])["next"] > give_up: return w["meanwhile"]  # stop waiting; show what is known so far
+        else: step = time.sleep(max(0, w["next"] - now()) / 1000) or ok(x("protocol", "resume", w["scope"], w["key"]))
+    return step["Done"] if step != "Direct" else send(args, None)  # done: the account; direct: send it unprotected
+sent, refund = [], lambda args, timeout_ms: sent.append(args) or {"Success": '{"refund_id":"r-1"}'}  # your API
 for attempt in ("first call", "retry"):  # the retry reuses the operation key minted before the first attempt
     a = protect("tenant-7", "refund-1234", "refund_order", {"order_id": 1234, "amount": 200}, refund)
-    print(f"{attempt}: {a.ending.tag}, effect {a.effect}, again {a.repeat}:", vars(a.ending.payload))  # the account
-sys.exit(print(f"sent {len(sent)} time(s) by this run") or len(sent) > 1 or a.effect != "happened")  # 1, then 0 by a rerun
+    (ending, info), = a["ending"].items()
+    print(f"{attempt}: {ending}, effect {a['effect']}, again {a['repeat']}:", info)  # the account
+sys.exit(print(f"sent {len(sent)} time(s) by this run") or len(sent) > 1 or a["effect"] != "Happened")  # 1, then 0 by a rerun

@@ -9,15 +9,13 @@
 use alloc::string::String;
 
 use crate::canon::write_string;
+use crate::json_out::{Writer, confirmation, identity, key_source, route, state};
 use crate::policy::{Policy, Quota};
 use crate::record::{Attempt, OpRecord, Reservation};
-use crate::types::{Confirmation, IdentityMode, KeySource, Route, State};
 
 /// The JSON text of `rec`, as serde_json writes it.
 pub fn record_json(rec: &OpRecord) -> String {
-    let mut w = Writer(String::with_capacity(
-        1024 + rec.args.len() + rec.receipt.as_ref().map_or(0, String::len),
-    ));
+    let mut w = Writer::with_capacity(1024 + rec.args.len() + rec.receipt.as_ref().map_or(0, String::len));
     w.0.push('{');
     w.str("scope", &rec.scope);
     w.str("key", &rec.key);
@@ -134,115 +132,4 @@ fn quota(w: &mut Writer, q: &Quota) {
     w.num("window_ms", q.window_ms);
     w.opt_str("bucket", q.bucket.as_deref());
     w.0.push('}');
-}
-
-fn key_source(k: KeySource) -> &'static str {
-    match k {
-        KeySource::Application => "\"Application\"",
-        KeySource::Derived => "\"Derived\"",
-    }
-}
-
-fn state(s: State) -> &'static str {
-    match s {
-        State::InFlight => "\"InFlight\"",
-        State::Confirmed => "\"Confirmed\"",
-        State::Failed => "\"Failed\"",
-        State::Unknown => "\"Unknown\"",
-        State::Absent => "\"Absent\"",
-        State::Superseded => "\"Superseded\"",
-    }
-}
-
-fn confirmation(c: Confirmation) -> &'static str {
-    match c {
-        Confirmation::Answer => "\"Answer\"",
-        Confirmation::Provider => "\"Provider\"",
-        Confirmation::Operator => "\"Operator\"",
-    }
-}
-
-fn identity(i: IdentityMode) -> &'static str {
-    match i {
-        IdentityMode::Required => "\"Required\"",
-        IdentityMode::Derived => "\"Derived\"",
-    }
-}
-
-fn route(r: Route) -> &'static str {
-    match r {
-        Route::Direct => "\"Direct\"",
-        Route::Protect => "\"Protect\"",
-        Route::Block => "\"Block\"",
-    }
-}
-
-/// A JSON object being written: each member is preceded by a comma unless it opens the object.
-struct Writer(String);
-
-impl Writer {
-    /// `"name":`, after a comma unless the object (or array) was just opened.
-    fn key(&mut self, name: &str) {
-        if !matches!(self.0.as_bytes().last(), Some(b'{' | b'[')) {
-            self.0.push(',');
-        }
-        // Field names are plain ASCII identifiers: nothing to escape.
-        self.0.push('"');
-        self.0.push_str(name);
-        self.0.push_str("\":");
-    }
-    fn raw(&mut self, name: &str, json: &str) {
-        self.key(name);
-        self.0.push_str(json);
-    }
-    fn str(&mut self, name: &str, value: &str) {
-        self.key(name);
-        write_string(value, &mut self.0);
-    }
-    fn opt_str(&mut self, name: &str, value: Option<&str>) {
-        self.key(name);
-        match value {
-            Some(v) => write_string(v, &mut self.0),
-            None => self.0.push_str("null"),
-        }
-    }
-    fn bool(&mut self, name: &str, value: bool) {
-        self.raw(name, if value { "true" } else { "false" });
-    }
-    fn num(&mut self, name: &str, value: u64) {
-        self.key(name);
-        push_u64(&mut self.0, value);
-    }
-    fn opt_num(&mut self, name: &str, value: Option<u64>) {
-        match value {
-            Some(v) => self.num(name, v),
-            None => self.raw(name, "null"),
-        }
-    }
-    fn list<T>(&mut self, items: &[T], mut item: impl FnMut(&mut Writer, &T)) {
-        self.0.push('[');
-        for (i, x) in items.iter().enumerate() {
-            if i > 0 {
-                self.0.push(',');
-            }
-            item(self, x);
-        }
-        self.0.push(']');
-    }
-}
-
-/// The decimal digits of `n`.
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    out.push_str(core::str::from_utf8(&digits[at..]).unwrap_or_default());
 }

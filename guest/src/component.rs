@@ -11,7 +11,7 @@ use crate::bindings::once::core::{clock, ledger, operator, provider};
 use crate::config::Config;
 use crate::host::{CommitError, Host};
 use crate::types::*;
-use crate::{engine, protocol};
+use crate::{engine, protocol, wire};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -86,19 +86,12 @@ impl Host for Imports {
             .as_ref()
             .map_or_else(crate::config::default_settings, |c| c.settings.clone())
     }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
-        match ledger::get(table, scope, key) {
-            Got::Found(row) => Ok(Some(row)),
-            Got::Missing => Ok(None),
-            Got::Failed(f) => Err(f.message),
-        }
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String> {
+        wire::got(&ledger::get(table, scope, key))
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        match ledger::commit(batch) {
-            Committed::Applied => Ok(()),
-            Committed::Conflict => Err(CommitError::Conflict),
-            Committed::Failed(f) => Err(CommitError::Storage(f.message)),
-        }
+        let (head, bodies) = wire::batch(batch);
+        wire::committed(&ledger::commit(&head, &bodies))
     }
     fn scan(
         &self,
@@ -162,14 +155,18 @@ impl engine_export::Guest for Component {
 }
 
 impl protocol_export::Guest for Component {
-    fn start(call: Call) -> Result<Step, Error> {
-        with_config(|config| protocol::start(&Imports, config, call))
+    fn start(call: String) -> String {
+        wire::step(&with_config(|config| {
+            protocol::start(&Imports, config, wire::call(&call)?)
+        }))
     }
-    fn report(scope: String, key: String, fence: String, outcome: Outcome) -> Result<Step, Error> {
-        with_config(|_| protocol::report(&Imports, &scope, &key, &fence, outcome))
+    fn report(scope: String, key: String, fence: String, outcome: String) -> String {
+        wire::step(&with_config(|_| {
+            protocol::report(&Imports, &scope, &key, &fence, wire::outcome(&outcome)?)
+        }))
     }
-    fn resume(scope: String, key: String) -> Result<Step, Error> {
-        with_config(|_| protocol::resume(&Imports, &scope, &key))
+    fn resume(scope: String, key: String) -> String {
+        wire::step(&with_config(|_| protocol::resume(&Imports, &scope, &key)))
     }
     fn sweep(limit: u32, dispatch: bool) -> Result<SweepResult, Error> {
         with_config(|_| protocol::sweep(&Imports, limit, dispatch))

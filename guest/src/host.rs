@@ -4,7 +4,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::store::RecordCache;
-use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Table};
+use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
 
 /// Why a batch did not apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +23,8 @@ pub trait Host {
     fn now(&self) -> u64;
     /// Engine settings: limits and the declared clock skew.
     fn settings(&self) -> Settings;
-    /// Read one row.
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String>;
+    /// Read one row: its version and body.
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String>;
     /// Apply a batch atomically.
     fn commit(&self, batch: &Batch) -> Result<(), CommitError>;
     /// Due rows of a table in some states.

@@ -24,11 +24,13 @@ pub mod engine;
 pub mod host;
 pub mod identity;
 pub mod input;
+mod json_out;
 pub mod payload;
 pub mod policy;
 pub mod protocol;
 pub mod record;
 pub mod store;
+pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

@@ -61,7 +61,7 @@ pub fn load(h: &impl Host, scope: &str, key: &str) -> Result<Option<Loaded>, Led
             version: row.version,
         }));
     }
-    Ok(Some(decode(&row)?))
+    Ok(Some(decode_body(scope, key, row.version, &row.body)?))
 }
 
 /// The last operation record this engine committed, with the exact row body
@@ -97,12 +97,14 @@ impl RecordCache {
 
 /// Decode an operation row.
 pub fn decode(row: &Row) -> Result<Loaded, LedgerError> {
-    let rec: OpRecord = serde_json::from_str(&row.body)
-        .map_err(|e| LedgerError::Storage(format!("record {:?}/{:?} is unreadable: {e}", row.scope, row.key)))?;
-    Ok(Loaded {
-        rec,
-        version: row.version,
-    })
+    decode_body(&row.scope, &row.key, row.version, &row.body)
+}
+
+/// Decode an operation record's body, read at `version`.
+fn decode_body(scope: &str, key: &str, version: u64, body: &str) -> Result<Loaded, LedgerError> {
+    let rec: OpRecord = serde_json::from_str(body)
+        .map_err(|e| LedgerError::Storage(format!("record {scope:?}/{key:?} is unreadable: {e}")))?;
+    Ok(Loaded { rec, version })
 }
 
 /// A tombstone: what is left of a pruned record.
@@ -149,9 +151,16 @@ impl Tx {
             batch: Batch {
                 puts: Vec::new(),
                 events: Vec::new(),
+                deferrable: false,
             },
             written: None,
         }
+    }
+
+    /// Mark the batch [`Batch::deferrable`]: it records only an attempt's own
+    /// success or an observation, which a later read restores if it is lost.
+    pub fn defer(&mut self) {
+        self.batch.deferrable = true;
     }
 
     /// Update `rec` from version `expected` with the event of its transition.
@@ -229,6 +238,17 @@ impl Tx {
             detail: "{}".to_string(),
         };
         self.event(&rec.scope, &rec.key, loaded.version + 1, event, None, now);
+    }
+
+    /// Fail the batch if the row exists; write nothing.
+    pub fn assert_absent(&mut self, table: Table, scope: &str, key: &str) {
+        self.batch.puts.push(Put {
+            table,
+            scope: scope.to_string(),
+            key: key.to_string(),
+            expected: None,
+            row: None,
+        });
     }
 
     /// Delete a row of another table with its version (tombstones, spent quota windows).
@@ -377,7 +397,7 @@ impl Tx {
         let key = bucket_key(bucket, window_start);
         if let Some(put) = self.pending_bucket(scope, &key) {
             let (used, unit) = match &put.row {
-                Some(row) => contents(row)?,
+                Some(row) => contents(&row.key, &row.body)?,
                 None => (0, None),
             };
             return Ok(Some(BucketState {
@@ -389,7 +409,7 @@ impl Tx {
         match h.get(Table::Quota, scope, &key).map_err(LedgerError::Storage)? {
             None => Ok(None),
             Some(row) => {
-                let (used, unit) = contents(&row)?;
+                let (used, unit) = contents(&key, &row.body)?;
                 Ok(Some(BucketState {
                     used,
                     expected: Some(row.version),
@@ -476,9 +496,9 @@ fn bucket_key(bucket: &str, window_start: u64) -> String {
     format!("{bucket}@{window_start}")
 }
 
-fn contents(row: &Row) -> Result<(u128, Option<Unit>), LedgerError> {
-    let unreadable = || LedgerError::Storage(format!("quota bucket {:?} is unreadable", row.key));
-    let bucket = serde_json::from_str::<QuotaBucket>(&row.body).map_err(|_| unreadable())?;
+fn contents(key: &str, body: &str) -> Result<(u128, Option<Unit>), LedgerError> {
+    let unreadable = || LedgerError::Storage(format!("quota bucket {key:?} is unreadable"));
+    let bucket = serde_json::from_str::<QuotaBucket>(body).map_err(|_| unreadable())?;
     let used = bucket.used.parse().map_err(|_| unreadable())?;
     let unit = match (bucket.decimals, bucket.window_ms) {
         (Some(decimals), Some(window_ms)) => Some(Unit { decimals, window_ms }),

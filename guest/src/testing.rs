@@ -9,7 +9,7 @@ use core::cell::{Cell, RefCell};
 
 use crate::host::CommitError;
 use crate::host::Host;
-use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Table};
+use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
 
 type RowKey = (u8, String, String);
 
@@ -91,6 +91,13 @@ impl MemoryHost {
     pub fn set_fail_reads(&self, fail: bool) {
         self.fail_reads.set(fail);
     }
+    /// One row as stored, indexed fields and all.
+    pub fn row(&self, table: Table, scope: &str, key: &str) -> Option<Row> {
+        self.rows
+            .borrow()
+            .get(&(table_id(table), scope.to_string(), key.to_string()))
+            .cloned()
+    }
     /// Every row (for invariant checks).
     pub fn rows(&self) -> Vec<Row> {
         self.rows.borrow().values().cloned().collect()
@@ -120,7 +127,7 @@ impl Host for MemoryHost {
         self.settings.borrow().clone()
     }
 
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String> {
         if self.fail_reads.get() {
             return Err("injected read failure".to_string());
         }
@@ -128,7 +135,10 @@ impl Host for MemoryHost {
             .rows
             .borrow()
             .get(&(table_id(table), scope.to_string(), key.to_string()))
-            .cloned())
+            .map(|r| Stored {
+                version: r.version,
+                body: r.body.clone(),
+            }))
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {

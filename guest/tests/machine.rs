@@ -1450,20 +1450,31 @@ fn commit_failure_during_begin_is_blocked_storage() {
     assert_eq!(execute_of(go(&h, pay("q", "500", &p))).attempt, 1);
 }
 
+/// A decision that needs a read is `blocked(storage)` when reads fail. A new key
+/// needs none: its claim is a write that asserts the key is unused, so it applies
+/// exactly when a read would have found nothing.
 #[test]
 fn read_failure_is_blocked_storage() {
     let h = MemoryHost::new();
     h.set_fail_reads(true);
-    blocked_of(go(&h, refund("k", ARGS)), BlockReason::Storage);
-    h.set_fail_reads(false);
-    assert_nothing_written(&h);
     let e = execute_of(go(&h, refund("k", ARGS)));
-    h.set_fail_reads(true);
+    // The key is taken now: deciding again needs the record, which cannot be read.
     blocked_of(go(&h, refund("k", ARGS)), BlockReason::Storage);
     assert!(matches!(reconcile(&h, "s", "k"), Err(Error::Storage(_))));
+    // A key whose claim needs a read first (verify-first asks the provider about a
+    // key the ledger never saw) is refused without a write or a lookup.
+    let mut verified = refund("v", ARGS);
+    verified.policy.verify_first = true;
+    blocked_of(go(&h, verified), BlockReason::Storage);
     h.set_fail_reads(false);
-    assert_eq!(view(&h, "k").attempts, 1);
-    let _ = e;
+    assert!(
+        h.row(Table::Operation, "s", "v").is_none(),
+        "a refused claim wrote a record"
+    );
+    assert!(h.lookups().is_empty(), "the provider was read before the ledger");
+    let v = view(&h, "k");
+    assert_eq!((v.state, v.attempts), (State::InFlight, 1));
+    assert!(v.body.contains(&e.fence), "the blind claim is the record: {}", v.body);
 }
 
 #[test]
@@ -1852,7 +1863,7 @@ impl Host for RacyHost {
     fn settings(&self) -> once_guest::types::Settings {
         self.inner.settings()
     }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<once_guest::types::Row>, String> {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<once_guest::types::Stored>, String> {
         let due = matches!(&*self.before_get.borrow(), Some((t, _)) if *t == table);
         if due && let Some((_, hook)) = self.before_get.borrow_mut().take() {
             hook(&self.inner);

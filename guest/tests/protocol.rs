@@ -240,6 +240,8 @@ struct Observed {
     host: MemoryHost,
     failing: std::cell::Cell<bool>,
     calls: std::cell::RefCell<Vec<&'static str>>,
+    /// `deferrable` of every batch committed, in order.
+    deferred: std::cell::RefCell<Vec<bool>>,
 }
 
 impl Observed {
@@ -269,12 +271,13 @@ impl Host for Observed {
         // Configured once per instance: not an import.
         self.host.settings()
     }
-    fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Row>, String> {
+    fn get(&self, t: once_guest::types::Table, s: &str, k: &str) -> Result<Option<once_guest::types::Stored>, String> {
         self.log("get");
         self.host.get(t, s, k)
     }
     fn commit(&self, b: &once_guest::types::Batch) -> Result<(), CommitError> {
         self.log("commit");
+        self.deferred.borrow_mut().push(b.deferrable);
         if self.failing.get() {
             return Err(CommitError::Storage("disk full".into()));
         }
@@ -510,14 +513,47 @@ fn start_uses_the_configured_policy_of_the_call_s_tool() {
 }
 
 /// The crossings of one protected call that succeeds, as docs/design.md states them:
-/// two export calls and seven import calls.
+/// two export calls and five import calls. A new key is claimed without a read.
 #[test]
 fn a_protected_call_crosses_few_times() {
     let h = Observed::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["get", "get", "now", "commit"], "start");
+    assert_eq!(h.take(), ["now", "commit"], "start");
     done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
     assert_eq!(h.take(), ["get", "now", "commit"], "report");
     done(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["get", "now", "commit"], "a replay (its count is audited)");
+    assert_eq!(
+        h.take(),
+        ["now", "commit", "get", "now", "commit"],
+        "a replay: the blind claim conflicts, then the record is read (its count is audited)"
+    );
+}
+
+/// Which batches may wait for the disk (DESIGN.md "Durability budget"): an
+/// attempt's own success and a replay's count; never an intent, a rejection,
+/// a lost reply, or a late success that settles an unknown record.
+#[test]
+fn only_an_own_success_and_observations_are_deferrable() {
+    let h = Observed::new();
+    let deferred = || std::mem::take(&mut *h.deferred.borrow_mut());
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    assert_eq!(deferred(), [false], "the intent");
+    done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
+    assert_eq!(deferred(), [true], "the attempt's own success");
+    done(start_request(&h, call("k")).unwrap());
+    // The blind claim's insert conflicts whatever its flag; the count is deferrable.
+    assert_eq!(deferred(), [false, true], "a replay");
+
+    let g = dispatch(start_request(&h, call("r")).unwrap());
+    deferred();
+    done(report(&h, "s", "r", &g.fence, Outcome::Rejected("{\"declined\":true}".into())).unwrap());
+    assert_eq!(deferred(), [false], "a rejection");
+
+    let g = dispatch(start_request(&h, call("u")).unwrap());
+    deferred();
+    let _ = report(&h, "s", "u", &g.fence, Outcome::Ambiguous("reset".into())).unwrap();
+    assert!(deferred().iter().all(|d| !d), "a lost reply");
+    let _ = report(&h, "s", "u", &g.fence, success(RECEIPT)).unwrap();
+    let late = deferred();
+    assert!(!late.is_empty() && late.iter().all(|d| !d), "a late success: {late:?}");
 }

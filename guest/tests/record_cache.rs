@@ -15,7 +15,7 @@ use once_guest::types::{Error, FinishAck, State, Table};
 fn a_record_read_back_is_exactly_the_one_parsing_its_row_gives() {
     let h = MemoryHost::new();
     let grant = execute_of(go(&h, refund("k1", ARGS)));
-    let row = h.get(Table::Operation, "s", "k1").unwrap().unwrap();
+    let row = h.row(Table::Operation, "s", "k1").unwrap();
     let parsed = decode(&row).unwrap();
     // The cache holds what the begin committed: taken, it equals the parsed row.
     let cached = load(&h, "s", "k1").unwrap().unwrap();
@@ -32,10 +32,10 @@ fn a_row_rewritten_at_the_same_version_is_parsed_not_taken_from_the_cache() {
     let grant = execute_of(go(&h, refund("k1", ARGS)));
     // Another writer's record at the same scope, key and version (a ledger restored or
     // recreated underneath this engine): a different attempt holds it.
-    let mut row = h.get(Table::Operation, "s", "k1").unwrap().unwrap();
+    let mut row = h.row(Table::Operation, "s", "k1").unwrap();
     let theirs = "1-00000000000000000000000000000000";
     row.body = row.body.replace(&grant.fence, theirs);
-    assert_ne!(row.body, h.get(Table::Operation, "s", "k1").unwrap().unwrap().body);
+    assert_ne!(row.body, h.row(Table::Operation, "s", "k1").unwrap().body);
     h.put_row(row.clone());
     let loaded = load(&h, "s", "k1").unwrap().unwrap();
     assert_eq!(
@@ -57,7 +57,7 @@ fn a_row_rewritten_at_the_same_version_is_parsed_not_taken_from_the_cache() {
 fn the_cache_hands_out_only_an_identical_body() {
     let h = MemoryHost::new();
     execute_of(go(&h, refund("k1", ARGS)));
-    let row = h.get(Table::Operation, "s", "k1").unwrap().unwrap();
+    let row = h.row(Table::Operation, "s", "k1").unwrap();
     let cache = RecordCache::new();
     assert!(cache.take(&row.body).is_none(), "an empty cache");
     let kept = h.record_cache().expect("the memory host keeps one");

@@ -229,7 +229,7 @@ fn an_attempt_without_the_key_in_its_args_waits_out_max_in_flight() {
     p.key_argument = Some("idempotency_key".to_string());
     unknown_record(&h, "k", p);
     // Rewrite the stored body as an old host left it: no `key_in_args`.
-    let row = h.get(Table::Operation, "s", "k").unwrap().unwrap();
+    let row = h.row(Table::Operation, "s", "k").unwrap();
     let mut body: serde_json::Value = serde_json::from_str(&row.body).unwrap();
     body.as_object_mut().unwrap().remove("key_in_args");
     h.put_row(once_guest::types::Row {

@@ -1,5 +1,5 @@
 // A warm protected call (start + report, one success dispatched, a new operation key each call)
-// through the npm package, on the memory and SQLite ledgers: the median of sample batches.
+// through the npm package, on the memory and SQLite ledgers (full, intent-only, normal): the median of sample batches.
 //   node bench/warm.mjs [--dir DIR]   (after npm run build; DIR holds the SQLite file, default js/target-bench)
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
@@ -34,7 +34,7 @@ console.log(`node ${process.version}`);
 const memory = await Once.memory();
 await measure("memory", memory, 15, 400);
 await memory.close();
-for (const synchronous of ["full", "normal"]) {
+for (const synchronous of ["full", "intent-only", "normal"]) {
   const file = join(dir, `warm-${synchronous}.db`);
   rmSync(file, { force: true });
   const o = await Once.sqlite(file, { synchronous });

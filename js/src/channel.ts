@@ -7,7 +7,7 @@
 // answer on a second port, which it then reads synchronously.
 import type { MessagePort } from "node:worker_threads";
 import type { Batch, Escalation, State, Table } from "./wit.js";
-import type { Synchronous } from "./stores/sqlite.js";
+import type { Synchronous } from "./stores/store.js";
 
 /** Where the worker's ledger lives. */
 export type StoreSpec =

@@ -8,18 +8,17 @@ import { Engine } from "./engine.js";
 import { ComponentError, InvalidArgumentsError, StorageError, outcomeError } from "./errors.js";
 import { type Json, toJson } from "./json.js";
 import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
-import type { Synchronous } from "./stores/sqlite.js";
+import { type Synchronous, synchronousMode } from "./stores/store.js";
 import { PostgresStore } from "./stores/postgres.js";
+import { callText, outcomeText, stepOf } from "./wire.js";
 import type {
   Account,
-  Call,
   Configuration,
   Configured,
   Escalation,
   Evidence,
   Grant,
   OperatorQueue,
-  Outcome,
   QueueFilter,
   RecordView,
   Resolution,
@@ -203,17 +202,11 @@ export class NotSent extends Error {
   override name = "NotSent";
 }
 
-function outcomeOf(s: Sent): Outcome {
-  switch (s.outcome) {
-    case "success":
-      return { tag: "success", val: s.response };
-    case "rejected":
-      return { tag: "rejected", val: s.error };
-    case "ambiguous":
-      return { tag: "ambiguous", val: s.reason };
-    case "not-sent":
-      return { tag: "not-sent" };
-  }
+/** What a DIRECT call sends as it came. */
+interface DirectCall {
+  scope: string;
+  tool: string;
+  args: string;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)));
@@ -265,7 +258,13 @@ export class Once {
   /** An SQLite ledger file (created if missing), in the Rust host's format. */
   static sqlite(path: string, options: SqliteHandleOptions = {}): Promise<Once> {
     const { synchronous, busyTimeoutMs, ...rest } = options;
-    return Once.over({ kind: "sqlite", path, synchronous, busyTimeoutMs }, rest);
+    let mode: Synchronous | undefined;
+    try {
+      mode = synchronous === undefined ? undefined : synchronousMode(synchronous);
+    } catch (e) {
+      return Promise.reject(new InvalidArgumentsError((e as Error).message, "/synchronous"));
+    }
+    return Once.over({ kind: "sqlite", path, synchronous: mode, busyTimeoutMs }, rest);
   }
 
   /** A PostgreSQL ledger (`postgres://…[?schema=name]`, default schema `once`), its clock the database's. */
@@ -386,21 +385,19 @@ export class Once {
   async call(c: CallRequest): Promise<Called> {
     if (typeof c.send !== "function") throw new InvalidArgumentsError("call: `send` must be a function", "/send");
     const args = c.argsJson ?? toJson(c.args ?? {}, "args");
-    const call: Call = {
-      scope: c.scope,
-      keys: c.key === undefined ? [] : [["application", c.key]],
-      tool: c.tool,
-      args,
-      supersedes: c.supersedes,
-      acknowledgeConfirmed: c.acknowledgeConfirmed ?? false,
-    };
-    const step = await this.engine.call<Step>("start", call);
-    return this.drive(step, call, c.waitMs ?? this.options.waitMs ?? 10_000, c.send);
+    const call = callText(c.scope, c.key, c.tool, args, c.supersedes, c.acknowledgeConfirmed ?? false);
+    const step = await this.step("start", call);
+    return this.drive(step, { scope: c.scope, tool: c.tool, args }, c.waitMs ?? this.options.waitMs ?? 10_000, c.send);
+  }
+
+  /** A protocol export (`start`, `report`, `resume`): the step its JSON answer states, or its error thrown. */
+  private async step(op: "start" | "report" | "resume", ...args: string[]): Promise<Step> {
+    return stepOf(await this.engine.call<string>(op, ...args), op);
   }
 
   /** Go on with an operation from the ledger (after a crash): its holder's outcome, a read, or the owed dispatch. */
   async resume(scope: string, key: string, send: Send, waitMs?: number): Promise<Called> {
-    const step = await this.engine.call<Step>("resume", scope, key);
+    const step = await this.step("resume", scope, key);
     return this.drive(step, undefined, waitMs ?? this.options.waitMs ?? 10_000, send);
   }
 
@@ -418,7 +415,7 @@ export class Once {
   }
 
   /** The loop every host runs: send, report, sleep, resume, until the engine says done (or the wait would outlast `patience`). */
-  private async drive(step: Step, call: Call | undefined, patienceMs: number, send: Send): Promise<Called> {
+  private async drive(step: Step, call: DirectCall | undefined, patienceMs: number, send: Send): Promise<Called> {
     const giveUpAt = this.engine.ledgerNow() + patienceMs;
     const stopAt = Date.now() + patienceMs;
     for (;;) {
@@ -428,10 +425,10 @@ export class Once {
           // Never send after send-by: the whole timeout must end inside the lease.
           const result = this.engine.ledgerNow() >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
           try {
-            step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
+            step = await this.step("report", g.scope, g.key, g.fence, outcomeText(result));
           } catch (e) {
             // The effect happened: an error now would make the caller mint a new intent.
-            if (result.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
+            if (result?.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
             throw e;
           }
           break;
@@ -440,7 +437,7 @@ export class Once {
           const w = step.val;
           if (Number(w.next) > giveUpAt || Date.now() >= stopAt) return { kind: "done", account: w.meanwhile };
           await sleep(Math.min(Number(w.next) - this.engine.ledgerNow(), stopAt - Date.now()));
-          step = await this.engine.call<Step>("resume", w.scope, w.key);
+          step = await this.step("resume", w.scope, w.key);
           break;
         }
         case "done":

@@ -3,10 +3,10 @@
 // Once handle; a trap discards the instance (the next call gets a fresh one,
 // configured as the last accepted configuration), so no half-finished guest
 // state is reused.
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { parentPort, receiveMessageOnPort, workerData } from "node:worker_threads";
 import type { ImportAnswer, ImportRequest, Request, Response, WorkerInit } from "./channel.js";
+import { type Exports, loadComponent } from "./component.js";
+import { ledgerImports } from "./ledger.js";
 import { MemoryStore } from "./stores/memory.js";
 import { SqliteStore } from "./stores/sqlite.js";
 import type { SyncStore } from "./stores/store.js";
@@ -91,41 +91,9 @@ const now: () => bigint = (() => {
   };
 })();
 
-const failed = (e: unknown) => ({ tag: "failed" as const, val: { message: e instanceof Error ? e.message : String(e) } });
-
 const ifaces = {
   "once:core/types": {},
-  "once:core/ledger": {
-    get(table: Table, scope: string, key: string) {
-      try {
-        const row = store.get(table, scope, key);
-        return row ? { tag: "found", val: row } : { tag: "missing" };
-      } catch (e) {
-        return failed(e);
-      }
-    },
-    commit(batch: Batch) {
-      try {
-        return store.commit(batch);
-      } catch (e) {
-        return failed(e);
-      }
-    },
-    scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number) {
-      try {
-        return { tag: "found", val: { rows: store.scan(table, states, dueBefore, owner, limit) } };
-      } catch (e) {
-        return failed(e);
-      }
-    },
-    audit(scope: string, key: string) {
-      try {
-        return { tag: "found", val: { events: store.audit(scope, key) } };
-      } catch (e) {
-        return failed(e);
-      }
-    },
-  },
+  "once:core/ledger": ledgerImports(store),
   "once:core/clock": { now },
   "once:core/provider": {
     lookup(tool: string, providerKey: string, args: string): Evidence {
@@ -140,30 +108,13 @@ const ifaces = {
     },
   },
 };
-// jco's generated code looks interfaces up with their version too, depending on the release.
-const imports = Object.fromEntries(
-  Object.entries(ifaces).flatMap(([name, iface]) => [[name, iface], [`${name}@0.2.0`, iface]]),
-);
+const instantiate = await loadComponent(init.genDir);
 
-// Node has WebAssembly; the ES2022 lib does not declare it.
-type CoreModule = object;
-const Wasm = (globalThis as unknown as { WebAssembly: { Module: new (bytes: Uint8Array) => CoreModule } }).WebAssembly;
-const modules = new Map<string, CoreModule>();
-const getCoreModule = (path: string) => {
-  if (!modules.has(path)) modules.set(path, new Wasm.Module(readFileSync(join(init.genDir, path))));
-  return modules.get(path)!;
-};
-const { instantiate } = (await import(new URL(`file://${join(init.genDir, "once.js")}`).href)) as {
-  instantiate: (get: typeof getCoreModule, imports: unknown) => Record<string, Record<string, (...a: unknown[]) => unknown>>;
-};
-
-type Exports = Record<string, (...a: unknown[]) => unknown>;
 let instance: Exports | undefined;
 let configuration: Configuration | undefined;
 
 function fresh(): Exports {
-  const root = instantiate(getCoreModule, imports);
-  const x = { ...root.engine, ...root.protocol, ...root.transitions } as Exports;
+  const x = instantiate(ifaces);
   if (configuration) x.configure(configuration);
   return x;
 }

@@ -1,5 +1,6 @@
 // The package's own ledgers (dist/stores) behind the conformance runner's store
-// interface (tests/conformance/node/run.mjs --stores): neutral rows in, jco rows to the package's stores.
+// interface (tests/conformance/node/run.mjs --stores): neutral rows in, jco rows to the package's stores
+// (the SQLite one in intent-only mode: the engine's deferrable batches at NORMAL, the rest at FULL).
 import { MemoryStore } from "../dist/stores/memory.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
 
@@ -58,10 +59,11 @@ class Neutral {
   get(table, scope, key) {
     return neutralRow(this.inner.get(table, scope, key));
   }
-  commit(puts, events) {
+  commit(puts, events, deferrable) {
     const verdict = this.inner.commit({
       puts: puts.map((p) => ({ table: p.table, scope: p.scope, key: p.key, expected: big(p.expected), row: jcoRow(p.row) ?? undefined })),
       events: events.map(jcoEvent),
+      deferrable,
     });
     if (verdict.tag === "applied") return null;
     if (verdict.tag === "conflict") return "conflict";
@@ -84,5 +86,5 @@ class Neutral {
 
 export const stores = {
   memory: () => new Neutral(new MemoryStore()),
-  sqlite: (path) => new Neutral(new SqliteStore({ path, synchronous: "normal" })),
+  sqlite: (path) => new Neutral(new SqliteStore({ path, synchronous: "intent-only" })),
 };

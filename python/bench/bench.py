@@ -4,12 +4,13 @@
 
 Python rows: `Once.call` with a new operation key per call and a success
 reported (start + report), over the memory and the SQLite ledger
-(`synchronous=FULL`, a file in `target/once-bench-python/`), and a bare
-sqlite3 FULL commit as the SQLite baseline. Each row is the median of
-several batches (time per call = batch wall time / calls). With `--rust`,
-the same-run Rust figures come from the host's criterion bench
-(`cargo bench -p once-host --bench once`, filtered to `call/component` and
-`sqlite/once-full/1`: a release build the first time).
+(`synchronous="FULL"` and `"INTENT_ONLY"`, files in
+`target/once-bench-python/`), and a bare sqlite3 FULL commit as the SQLite
+baseline. Each row is the median of several batches (time per call = batch
+wall time / calls). With `--rust`, the same-run Rust figures come from the
+host's criterion bench (`cargo bench -p once-host --bench once`, filtered to
+`call/component`, `sqlite/once-full/1` and `sqlite/once-intent-only/1`: a
+release build the first time). The load average is printed with the rows.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def rust_figures() -> dict[str, float]:
     """Criterion's median estimate (seconds) for the two Rust rows."""
     done = subprocess.run(
         ["cargo", "bench", "--locked", "-p", "once-host", "--bench", "once", "--", "--noplot",
-         "^(call/component|sqlite/once-full/1)$"],
+         "^(call/component|sqlite/once-full/1|sqlite/once-intent-only/1)$"],
         cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"cargo bench failed:\n{done.stderr[-2000:]}")
@@ -106,24 +107,33 @@ def main() -> int:
     workdir = REPO / "target" / "once-bench-python"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    load = os.getloadavg()[0]
     memory = per_call(protected(Once.memory(), "m"), a.calls)
-    sqlite_once = per_call(protected(Once.sqlite(str(workdir / "once.db")), "s"), max(a.calls // 3, 20))
-    bare = per_call(bare_full_commit(workdir / "bare.db"), max(a.calls // 3, 20))
+    sqlite_calls = max(a.calls // 3, 20)
+    sqlite_once = per_call(protected(Once.sqlite(str(workdir / "once.db")), "s"), sqlite_calls)
+    intent_only = per_call(protected(Once.sqlite(str(workdir / "once-io.db"), synchronous="INTENT_ONLY"), "i"),
+                           sqlite_calls)
+    bare = per_call(bare_full_commit(workdir / "bare.db"), sqlite_calls)
     rows = [("python: memory ledger", memory), ("python: sqlite FULL", sqlite_once),
-            ("python: bare sqlite3 FULL commit", bare)]
+            ("python: sqlite INTENT_ONLY", intent_only), ("python: bare sqlite3 FULL commit", bare)]
+    nan = float("nan")
+    rust: dict[str, float] = {}
     if a.rust:
         rust = rust_figures()
-        rows += [("rust: memory (call/component)", rust.get("call/component", float("nan"))),
-                 ("rust: sqlite FULL (sqlite/once-full/1)", rust.get("sqlite/once-full/1", float("nan")))]
+        rows += [("rust: memory (call/component)", rust.get("call/component", nan)),
+                 ("rust: sqlite FULL (sqlite/once-full/1)", rust.get("sqlite/once-full/1", nan)),
+                 ("rust: sqlite intent-only (sqlite/once-intent-only/1)", rust.get("sqlite/once-intent-only/1", nan))]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; warm protected call (start + report), "
-          f"median of {BATCHES} batches")
-    print(f"{'row':<42} {'per call':>12} {'calls/s':>10}")
+          f"median of {BATCHES} batches; load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    print(f"{'row':<52} {'per call':>12} {'calls/s':>10}")
     for name, s in rows:
-        print(f"{name:<42} {fmt(s):>12} {1 / s:>10,.0f}")
-    print(f"python sqlite / bare sqlite3 FULL commit: {sqlite_once / bare:.2f}x")
+        print(f"{name:<52} {fmt(s):>12} {1 / s:>10,.0f}")
+    print(f"python sqlite / bare sqlite3 FULL commit: FULL {sqlite_once / bare:.2f}x, "
+          f"INTENT_ONLY {intent_only / bare:.2f}x")
     if a.rust:
-        print(f"python / rust, memory: {memory / rust['call/component']:.2f}x; "
-              f"sqlite: {sqlite_once / rust['sqlite/once-full/1']:.2f}x")
+        print(f"python / rust, memory: {memory / rust.get('call/component', nan):.2f}x; "
+              f"sqlite FULL: {sqlite_once / rust.get('sqlite/once-full/1', nan):.2f}x; "
+              f"sqlite intent-only: {intent_only / rust.get('sqlite/once-intent-only/1', nan):.2f}x")
     return 0
 
 

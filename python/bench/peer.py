@@ -14,7 +14,8 @@ the body runs once and the outcome is stored) and `replay` (a key stored
 before: the stored response comes back, the body does not run). Subjects:
 Powertools on Redis (`CachePersistenceLayer`, its only persistence layer
 besides DynamoDB), the same with `use_local_cache` (its in-process LRU in
-front of Redis), once on its SQLite ledger (`synchronous=FULL`) and once on
+front of Redis), once on its SQLite ledger (`synchronous="FULL"`, and
+`"INTENT_ONLY"`: the intent fsynced, the success not waited for) and once on
 its memory ledger; `baseline/bare` calls the body unwrapped. Without
 `--redis` the Powertools rows are skipped, with the reason printed.
 
@@ -24,7 +25,7 @@ the body's run count are checked, so a row cannot time something else.
 Output: one JSON object per line (`{"row", "per_call_s", ...}`,
 `{"skip", "reason"}`, `{"note"}`), for the Rust bench to read.
 
-`--profile`: instead of timing, a cProfile of once's two `new` rows, with the
+`--profile`: instead of timing, a cProfile of once's `new` rows, with the
 time split by whose code spends it (the package's own Python, wasmtime-py
 with the ctypes calls and the guest it runs, the sqlite3 module, the rest).
 """
@@ -162,8 +163,11 @@ def powertools_subjects(redis_at: str, prefix: str, body: Body) -> dict[str, Wra
 
 
 def once_subjects(workdir: Path, body: Body) -> tuple[dict[str, Wrapped], list[Once]]:
-    """`Once.protect` over the SQLite ledger (FULL) and the memory ledger."""
-    handles = {"once-sqlite-full": Once.sqlite(str(workdir / "peer-once.db")), "once-memory": Once.memory()}
+    """`Once.protect` over the SQLite ledger (FULL, INTENT_ONLY) and the memory ledger."""
+    handles = {"once-sqlite-full": Once.sqlite(str(workdir / "peer-once.db")),
+               "once-sqlite-intent-only": Once.sqlite(str(workdir / "peer-once-intent-only.db"),
+                                                      synchronous="INTENT_ONLY"),
+               "once-memory": Once.memory()}
     subjects = {name: o.protect("refund", key=lambda order: order["request_id"])(body.refund) for name, o in handles.items()}
     return subjects, list(handles.values())
 
@@ -299,7 +303,7 @@ def main() -> int:
         ap.error("--calls and --batches must be at least 1")
     workdir = Path(a.dir) if a.dir else Path(__file__).resolve().parents[2] / "target" / "once-bench-peer"
     workdir.mkdir(parents=True, exist_ok=True)
-    for stale in workdir.glob("peer-once.db*"):
+    for stale in workdir.glob("peer-once*.db*"):
         stale.unlink()
     if a.profile:
         profile(a, workdir)

@@ -1,10 +1,13 @@
 """One agent process for the multi-process tests: a protected refund over a shared ledger.
 
-    python agent_process.py DB KEY EFFECTS MODE      (DB: an SQLite file or a postgres:// URL)
+    python agent_process.py DB KEY EFFECTS MODE [SYNCHRONOUS]   (DB: an SQLite file or a postgres:// URL;
+                                                                 SYNCHRONOUS: the SQLite ledger's mode, FULL)
 
 MODE `race`: the dispatch appends this process's provider key to EFFECTS (the provider's effect ledger)
 and answers after a pause; prints how the call ended. MODE `hang-after-effect` / `hang-before-effect`:
 the dispatch writes EFFECTS.dispatched (with or without the effect first) and hangs until SIGKILLed.
+MODE `hang-after-report`: the dispatch makes the effect and answers success; once the call has ended
+(its success reported and committed) the process writes EFFECTS.reported and hangs until SIGKILLed.
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ def effect(path: str, d: Dispatch) -> None:
 
 def main() -> int:
     db, key, effects, mode = sys.argv[1:5]
-    opener = Once.postgres if db.startswith("postgres") else Once.sqlite
-    o = opener(db, settings=SETTINGS, policies={"refund_order": POLICY})
+    if db.startswith("postgres"):
+        o = Once.postgres(db, settings=SETTINGS, policies={"refund_order": POLICY})
+    else:
+        synchronous = sys.argv[5] if len(sys.argv) > 5 else "FULL"
+        o = Once.sqlite(db, synchronous=synchronous, settings=SETTINGS, policies={"refund_order": POLICY})
 
     def send(d: Dispatch) -> Sent:
+        if mode == "hang-after-report":
+            effect(effects, d)
+            return Sent.success({"refund_id": f"r-{os.getpid()}"})
         if mode == "race":
             effect(effects, d)
             time.sleep(0.2)
@@ -47,7 +56,12 @@ def main() -> int:
         return Sent.ambiguous("unreachable")
 
     called = o.call("tenant-7", key, "refund_order", {"order_id": 1234, "amount": 200}, send, wait=30)
-    print(json.dumps({"effect": called.effect.value, "receipt": called.receipt, "ending": type(called.ending).__name__}))
+    ended = json.dumps({"effect": called.effect.value, "receipt": called.receipt, "ending": type(called.ending).__name__})
+    if mode == "hang-after-report":
+        with open(effects + ".reported", "w", encoding="utf-8") as f:
+            f.write(ended)
+        time.sleep(3600)
+    print(ended)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,38 @@ def test_the_escalation_callable_gets_an_unknown_past_its_deadline() -> None:
     assert [(e.scope, e.key, e.tool, e.state) for e in escalations] == [("s", "k", "t", once.State.UNKNOWN)]
     view = o.inspect("s", "k")
     assert view is not None and view.escalated
+
+
+def test_protect_binds_arguments_as_signature_bind_does() -> None:
+    """The wrapper's own binding of plain signatures: the same dict, in the same order, and the same errors."""
+    import inspect
+
+    from once.protect import binder
+
+    def plain(a: int, b: int = 2, *, c: int, d: int = 4) -> None: ...
+
+    def star(x: int, *args: int, **kw: int) -> None: ...
+
+    def positional_only(p: int, /, q: int) -> None: ...
+
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((1,), {"c": 3}), ((1, 5), {"c": 3, "d": 9}), ((), {"a": 1, "c": 3}), ((1,), {}), ((1, 2, 3), {"c": 1}),
+        ((1,), {"c": 1, "zz": 2}), ((1,), {"a": 1, "c": 1}), ((), {"q": 1, "p": 2}), ((1, 2), {}),
+    ]
+    for fn in (plain, star, positional_only):
+        signature = inspect.signature(fn)
+        bind = binder(signature)
+        for a, kw in calls:
+            want: Any
+            try:
+                bound = signature.bind(*a, **kw)
+                bound.apply_defaults()
+                want = list(bound.arguments.items())
+            except TypeError as e:
+                want = ("TypeError", str(e))
+            got: Any
+            try:
+                got = list(bind(a, kw).items())
+            except TypeError as e:
+                got = ("TypeError", str(e))
+            assert got == want, (fn.__name__, a, kw)

@@ -114,3 +114,36 @@ def test_a_call_over_the_fuel_budget_is_a_guest_limit_and_writes_nothing() -> No
     nothing_written(o)
     # The handle goes on with a fresh instance.
     assert isinstance(o.call("s", "k2", "t", {}, lambda d: Sent.success({})).ending, once.Confirmed)
+
+
+def test_an_answer_that_is_not_the_json_form_is_a_component_error_naming_the_export() -> None:
+    from once import _wit
+
+    for text in ("", "[]", '{"Ok": {"Dispatch": {"scope": "s"}}}', '{"Ok": {"Teleport": {}}}', '{"Err": "Nope"}',
+                 '{"Ok": {"Done": {"scope": "s", "key": null, "key_source": null, "tool": "t", "ending": '
+                 '{"Confirmed": {}}, "effect": "Happened", "repeat": "Replays"}}}'):
+        with pytest.raises(once.ComponentError, match="report: the component's answer is not the JSON form"):
+            _wit.step(text, "report")
+    with pytest.raises(once.FenceMismatch, match="report"):
+        _wit.step('{"Err": "FenceMismatch"}', "report")
+    with pytest.raises(once.InvalidJson) as info:
+        _wit.step('{"Err": {"InvalidJson": {"kind": "DuplicateKey", "pointer": "/a", "offset": 7, "message": "m"}}}',
+                  "start")
+    assert (info.value.kind, info.value.pointer, info.value.offset) == ("duplicate-key", "/a", 7)
+
+
+def test_a_batch_that_is_not_the_json_form_is_refused_whole_saying_what() -> None:
+    from once import _wit
+
+    put = ('{"table": "Operation", "scope": "s", "key": "k", "expected": null, '
+           '"row": {"version": 1, "state": "InFlight", "due_at": 5, "owner": "o"}}')
+    puts, events, deferrable = _wit.batch(f'{{"puts": [{put}], "events": [], "deferrable": true}}', ["{}"])
+    assert puts[0].row is not None and (puts[0].row.state, puts[0].row.table, puts[0].row.body) == (
+        "in-flight", "operation", "{}")
+    assert deferrable and events == []
+    with pytest.raises(ValueError, match="writes 1 row\\(s\\) but 0 bodies"):
+        _wit.batch(f'{{"puts": [{put}], "events": [], "deferrable": false}}', [])
+    with pytest.raises(ValueError, match="not the JSON form of a batch-head"):
+        _wit.batch('{"puts": [{"table": "Elsewhere"}], "events": [], "deferrable": false}', [])
+    with pytest.raises(ValueError, match="not a bool"):
+        _wit.batch('{"puts": [], "events": [], "deferrable": 1}', [])

@@ -13,7 +13,7 @@ use crate::record::{NewRecord, OpRecord, Origin, string};
 use crate::store::{LedgerError, Loaded, Reserved, Tx, load, load_tombstone};
 use crate::types::{
     BlockReason, Blocked, Confirmation, ConfirmedInfo, Decision, Effect, Error, Evidence, Grant, IdentityMode,
-    InFlightInfo, KeySource, ReplayVia, State, ToolDescriptor, UnknownInfo,
+    InFlightInfo, KeySource, ReplayVia, State, Table, ToolDescriptor, UnknownInfo,
 };
 
 /// One protected call with its tool's policy, as `begin` decides it.
@@ -76,7 +76,7 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
     if routing == Routing::Direct {
         // Nothing is recorded for a read-only tool, but an existing record wins.
         let existing = match &app_key {
-            Some(key) => h.get(crate::types::Table::Operation, &req.scope, key),
+            Some(key) => h.get(Table::Operation, &req.scope, key),
             None => Ok(None),
         };
         match existing {
@@ -106,12 +106,16 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
             "an operation cannot supersede itself".to_string(),
         ));
     }
+    // Only these decisions rest on nothing but the key's absence; the others read
+    // the provider, an original or a quota bucket first.
+    let blind = !req.policy.verify_first && req.supersedes.is_none() && req.policy.quota.is_none();
     let claim = Claim {
         req: &req,
         payload: &payload,
         key,
         key_source,
         audit_base: core::cell::Cell::new(0),
+        blind: core::cell::Cell::new(blind),
     };
     let keyed = |decision| {
         Ok(Begun {
@@ -139,25 +143,36 @@ struct Claim<'a> {
     /// tombstone has since been removed: a new record continues after it,
     /// because audit events are never rewritten.
     audit_base: core::cell::Cell<u64>,
+    /// The first decision claims the key without reading it (see [`Claim::decide`]).
+    blind: core::cell::Cell<bool>,
 }
 
 impl Claim<'_> {
     fn decide(&self, h: &impl Host) -> Result<Decision, LedgerError> {
+        // Most calls name a key the ledger has never seen, so the first try writes the
+        // claim without reading: its insert asserts that no record exists (and, for an
+        // application key, no tombstone), so it applies exactly when reading first would
+        // have found none. Any conflict is decided again the usual way, reading first.
+        if self.blind.replace(false) {
+            return self.fresh(h, None, true);
+        }
         match load(h, &self.req.scope, &self.key)? {
-            None => self.fresh(h, None),
+            None => self.fresh(h, None, false),
             Some(loaded) => self.existing(h, loaded),
         }
     }
 
     /// A new operation for this key: none recorded (`previous` is `None`), or
     /// a derived key's finished record past its window, which it replaces.
-    fn fresh(&self, h: &impl Host, previous: Option<&Loaded>) -> Result<Decision, LedgerError> {
+    /// `blind`: nothing was read; the batch asserts what reading would have checked.
+    fn fresh(&self, h: &impl Host, previous: Option<&Loaded>, blind: bool) -> Result<Decision, LedgerError> {
         let req = self.req;
         let first_version = previous.map_or(self.audit_base.get(), |p| p.version) + 1;
         let provider_key = provider_key(&req.scope, &self.key, first_version);
         let args = self.payload.dispatch_args(&provider_key);
         let tombstone = match previous {
             Some(_) => None,
+            None if blind => None,
             None => load_tombstone(h, &req.scope, &self.key)?,
         };
         // A derived key is never expired: past its window the same arguments are a new operation.
@@ -193,6 +208,10 @@ impl Claim<'_> {
             ));
         }
         let mut tx = Tx::new();
+        if blind && self.key_source == KeySource::Application {
+            // A tombstone would answer `expired` (a derived key's never holds it back).
+            tx.assert_absent(Table::Tombstone, &req.scope, &self.key);
+        }
         if req.policy.verify_first {
             let lookup_started = h.now();
             match h.lookup(&req.tool, &provider_key, &args) {
@@ -278,6 +297,8 @@ impl Claim<'_> {
         self.write(&mut tx, &mut rec, previous, event, now);
         match tx.commit(h) {
             Ok(()) => Ok(execute(&rec, &h.settings())),
+            // The key was not new after all: the next try reads what is there.
+            Err(LedgerError::Conflict) if blind => Err(LedgerError::Conflict),
             Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
             Err(e) => Err(e),
         }
@@ -403,7 +424,7 @@ impl Claim<'_> {
         let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
         if finished && rec.window_until().is_some_and(|until| now >= until) {
             // Past the window, identical arguments are a new operation.
-            return self.fresh(h, Some(&Loaded { rec, version }));
+            return self.fresh(h, Some(&Loaded { rec, version }), false);
         }
         let ours = rec.owner == h.settings().owner;
         match rec.state {
@@ -497,6 +518,8 @@ fn record_observation(
     now: u64,
 ) -> Result<(), LedgerError> {
     let mut tx = Tx::new();
+    // A count of replays or conflicts: losing it loses nothing a caller relies on.
+    tx.defer();
     tx.record(rec, version, event, now);
     match tx.commit(h) {
         Err(LedgerError::Conflict) => Err(LedgerError::Conflict),

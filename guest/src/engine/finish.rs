@@ -69,6 +69,9 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
     let event = match (outcome, rec.state) {
         // Evidence beats fences: a success from any attempt means the effect happened.
         (Outcome::Success(receipt), State::InFlight) if current => {
+            // Lost, this write leaves the record in flight: its lease ends, it goes unknown and
+            // reconciliation finds the effect. Every other success settles what nothing re-reads.
+            tx.defer();
             rec.confirm(receipt, Some(fence), now, "finish-success")
         }
         (Outcome::Success(receipt), State::InFlight) => {

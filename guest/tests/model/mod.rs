@@ -46,7 +46,7 @@ macro_rules! memory_ledger {
         fn settings(&self) -> Settings {
             self.mem.settings()
         }
-        fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+        fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<once_guest::types::Stored>, String> {
             self.mem.get(table, scope, key)
         }
         fn commit(&self, batch: &Batch) -> Result<(), CommitError> {

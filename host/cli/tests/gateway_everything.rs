@@ -2,11 +2,16 @@
 //! (`@modelcontextprotocol/server-everything`, pinned in
 //! tests/gateway/everything/package-lock.json) behind a real `once gateway`,
 //! driven by the official TypeScript SDK client and by the official Python SDK
-//! client. Every feature (capabilities, prompts, resources and subscriptions,
-//! completions, logging, progress, sampling, elicitation, roots, list changes,
-//! cancellation) must answer through the gateway as it does directly. And a
-//! pinned tool that the upstream redefines (announced with
-//! `tools/list_changed`) routes BLOCK from that moment.
+//! client, over stdio and over Streamable HTTP (`--listen`). Every feature
+//! (capabilities, prompts, resources and subscriptions, completions, logging,
+//! progress, sampling, elicitation, roots, list changes, cancellation, MCP
+//! 2025-11-25 tasks) must answer through the gateway as it does directly, but
+//! for what stateless HTTP cannot carry, which must differ exactly as
+//! documented. A pinned tool that the upstream redefines (announced with
+//! `tools/list_changed`) routes BLOCK from that moment. A protected tool is
+//! never run as the client's task: a call that asks for one is refused and
+//! nothing is claimed or sent; a protected tool the upstream runs only as a
+//! task runs as the gateway's own task, its result the recorded outcome.
 //!
 //! Needs node with `npm ci` run in tests/gateway/everything, and for the Python
 //! half `ONCE_PYTHON` pointing at a Python with mcp==2.3.0, so it is ignored by a
@@ -37,14 +42,15 @@ fn everything_dir() -> PathBuf {
     dir
 }
 
-/// Run one comparison script with `program`; its table goes to the test's output.
-fn compare(program: &str, script: &str, ok: &str) {
+/// Run one comparison script with `program` over `mode` (stdio or http); its table goes to the test's output.
+fn compare(program: &str, script: &str, mode: &str, ok: &str) {
     let dir = everything_dir();
     let work = tempfile::tempdir().unwrap();
     let out = Command::new(program)
         .arg(dir.join(script))
         .arg(env!("CARGO_BIN_EXE_once"))
         .arg(work.path())
+        .arg(mode)
         .env_remove("ONCE_DB")
         .output()
         .unwrap_or_else(|e| panic!("running {program}: {e}"));
@@ -66,14 +72,29 @@ fn compare(program: &str, script: &str, ok: &str) {
 #[test]
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
 fn the_typescript_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
-    compare("node", "compare.mjs", "typescript compare: ok");
+    compare("node", "compare.mjs", "stdio", "typescript compare (stdio): ok");
+}
+
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+fn the_typescript_sdk_over_streamable_http_sees_what_the_docs_say() {
+    compare("node", "compare.mjs", "http", "typescript compare (http): ok");
+}
+
+fn python() -> String {
+    std::env::var("ONCE_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
 #[test]
 #[ignore = "needs node, `npm ci` in tests/gateway/everything and ONCE_PYTHON with mcp==2.3.0"]
 fn the_python_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
-    let python = std::env::var("ONCE_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    compare(&python, "python_compare.py", "python compare: ok");
+    compare(&python(), "python_compare.py", "stdio", "python compare (stdio): ok");
+}
+
+#[test]
+#[ignore = "needs node, `npm ci` in tests/gateway/everything and ONCE_PYTHON with mcp==2.3.0"]
+fn the_python_sdk_over_streamable_http_sees_what_the_docs_say() {
+    compare(&python(), "python_compare.py", "http", "python compare (http): ok");
 }
 
 /// What the client hears: `tools/list_changed` notifications, progress under the token it sent, log messages.
@@ -310,4 +331,279 @@ async fn a_clients_cancellation_of_a_direct_call_reaches_the_upstream() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let _ = client.cancel().await;
+}
+
+/// A client that speaks JSON-RPC lines to `once gateway` itself, to see what an SDK's typed model would
+/// hide (a tool's `execution`, a task's notifications, error codes). It answers `roots/list` itself.
+struct RawClient {
+    stdin: tokio::process::ChildStdin,
+    messages: tokio::sync::mpsc::UnboundedReceiver<Value>,
+    /// Every notification heard so far.
+    notifications: Vec<Value>,
+    next: u64,
+    _child: tokio::process::Child,
+}
+
+impl RawClient {
+    /// `once gateway --config CONFIG --db WORK/once.db -- node <server-everything> stdio`, initialized.
+    async fn start(work: &Path, config_text: &str) -> (RawClient, Value) {
+        use tokio::io::AsyncBufReadExt;
+        let config = work.join("once.toml");
+        std::fs::write(&config, config_text).unwrap();
+        let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_once"))
+            .arg("gateway")
+            .arg("--config")
+            .arg(&config)
+            .arg("--db")
+            .arg(work.join("once.db"))
+            .args(["--", "node"])
+            .arg(server)
+            .arg("stdio")
+            .env_remove("ONCE_DB")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        let (sender, messages) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let message: Value = serde_json::from_str(&line).expect("a JSON-RPC message per line");
+                if sender.send(message).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut client = RawClient {
+            stdin,
+            messages,
+            notifications: Vec::new(),
+            next: 1,
+            _child: child,
+        };
+        let init = client
+            .request(
+                "initialize",
+                serde_json::json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}},
+                    "clientInfo": {"name": "raw", "version": "1"}}),
+            )
+            .await;
+        client
+            .send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        (client, init)
+    }
+
+    async fn send(&mut self, message: Value) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    /// The whole response to `method` (its `result` or its `error`), hearing notifications on the way.
+    async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.send(request).await;
+        loop {
+            let message = tokio::time::timeout(std::time::Duration::from_secs(30), self.messages.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {method}"))
+                .unwrap_or_else(|| panic!("the gateway closed its stdout before answering {method}"));
+            match (message.get("id"), message.get("method")) {
+                (Some(i), None) if *i == serde_json::json!(id) => return message,
+                (Some(i), Some(m)) if m == "roots/list" => {
+                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": i, "result": {"roots": []}});
+                    self.send(answer).await;
+                }
+                (None, Some(_)) => self.notifications.push(message),
+                _ => {}
+            }
+        }
+    }
+
+    /// The `execution` the client sees for `tool`.
+    async fn execution(&mut self, tool: &str) -> Value {
+        let listed = self.request("tools/list", serde_json::json!({})).await;
+        listed["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == tool)
+            .unwrap_or_else(|| panic!("{tool} is not listed: {listed}"))["execution"]
+            .clone()
+    }
+}
+
+/// The records of a ledger, one `(key, state)` each, as `once ledger list` prints them.
+fn records(db: &Path) -> Vec<(String, String)> {
+    let out = Command::new(env!("CARGO_BIN_EXE_once"))
+        .args(["ledger", "list", "--db"])
+        .arg(db)
+        .env_remove("ONCE_DB")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields[1].to_string(), fields[2].to_string())
+        })
+        .collect()
+}
+
+/// The reference server's tool that runs only as a task; by its annotations (not read-only) once protects it.
+const TASK_TOOL: &str = "simulate-research-query";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_protected_tool_called_as_a_task_is_refused_and_nothing_is_claimed_or_sent() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut client, init) = RawClient::start(work.path(), "").await;
+    // The gateway declares the upstream's tasks: DIRECT tools may be called as tasks.
+    assert_eq!(
+        init["result"]["capabilities"]["tasks"],
+        serde_json::json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+        "{init}"
+    );
+    // A tool once protects is offered without tasks.
+    assert_eq!(
+        client.execution(TASK_TOOL).await,
+        serde_json::json!({"taskSupport": "forbidden"})
+    );
+
+    let params = serde_json::json!({"name": TASK_TOOL, "arguments": {"topic": "python"}, "task": {"ttl": 60000}});
+    let refused = client.request("tools/call", params).await;
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("{TASK_TOOL} is protected by once (routed PROTECT)"))
+            && message.contains("Nothing was sent")
+            && message.contains(&format!("Call {TASK_TOOL} without `task`")),
+        "{refused}"
+    );
+    // Never forwarded: the upstream holds no task and heard of none; once claimed nothing.
+    let listed = client.request("tasks/list", serde_json::json!({})).await;
+    assert_eq!(listed["result"]["tasks"], serde_json::json!([]), "{listed}");
+    assert!(
+        !client
+            .notifications
+            .iter()
+            .any(|n| n["method"] == "notifications/tasks/status"),
+        "{:?}",
+        client.notifications
+    );
+    assert_eq!(records(&work.path().join("once.db")), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_protected_tool_the_upstream_runs_only_as_a_task_runs_as_the_gateways_own_task() {
+    let work = tempfile::tempdir().unwrap();
+    let (mut client, _) = RawClient::start(work.path(), "").await;
+    let params = serde_json::json!({"name": TASK_TOOL, "arguments": {"topic": "python"}});
+    // Called without a task (the upstream alone would refuse that): the gateway records the intent, creates
+    // the upstream's task, waits for its result, and that result is the outcome.
+    let ran = client.request("tools/call", params.clone()).await;
+    let result = &ran["result"];
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("# Research Report: python")),
+        "{ran}"
+    );
+    assert_eq!(result["_meta"]["once/outcome"]["decision"], "executed", "{ran}");
+    let key = result["_meta"]["once/outcome"]["operation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        records(&work.path().join("once.db")),
+        vec![(key, "confirmed".to_string())]
+    );
+    // The task is the gateway's: the client hears no status of it and does not find it listed.
+    assert!(
+        !client
+            .notifications
+            .iter()
+            .any(|n| n["method"] == "notifications/tasks/status"),
+        "{:?}",
+        client.notifications
+    );
+    let listed = client.request("tasks/list", serde_json::json!({})).await;
+    assert_eq!(listed["result"]["tasks"], serde_json::json!([]), "{listed}");
+    // The same call again is the same operation: answered from the ledger, no second task.
+    let again = client.request("tools/call", params).await;
+    assert_eq!(
+        again["result"]["_meta"]["once/outcome"]["decision"], "replayed",
+        "{again}"
+    );
+}
+
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+fn over_http_no_tasks_are_declared_and_a_tool_that_runs_only_as_one_is_run_to_its_end() {
+    use std::io::BufRead;
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("once.toml");
+    std::fs::write(&config, format!("[tools.{TASK_TOOL}]\nroute = \"direct\"\n")).unwrap();
+    let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let mut gateway = Command::new(env!("CARGO_BIN_EXE_once"))
+        .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--db")
+        .arg(work.path().join("once.db"))
+        .args(["--", "node"])
+        .arg(server)
+        .arg("stdio")
+        .env_remove("ONCE_DB")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(gateway.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let url = first
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|u| u.starts_with("http://"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    let post = |body: Value| gateway_common::http::post(&url, None, &[], &body.to_string());
+
+    let init = post(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert!(
+        init.result()["capabilities"].get("tasks").is_none(),
+        "{:?}",
+        init.result()
+    );
+    let listed = post(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/list", "params": {}}));
+    let refused = listed.message.clone().unwrap_or_default();
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+    // A `task` is ignored (none is declared); the tool, which the upstream runs only as a task, runs as the
+    // gateway's own and its result is the answer.
+    let called = post(
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": TASK_TOOL, "arguments": {"topic": "python"}, "task": {"ttl": 60000}}}),
+    );
+    assert!(
+        called.text().starts_with("# Research Report: python"),
+        "{:?}",
+        called.message
+    );
+    let _ = Command::new("kill").arg(gateway.id().to_string()).status();
+    assert!(gateway.wait().unwrap().success(), "SIGTERM ends the gateway cleanly");
 }

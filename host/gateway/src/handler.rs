@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use once::types::{Account, Call, Ending, Evidence, Repeat, ToolDescriptor};
+use once::types::{Account, Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
@@ -238,9 +238,12 @@ impl Provider for LookupProvider {
         // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
         // before it, never after, in the domain the engine compares it with.
         let sent_at = shared.ledger_now();
-        let reply = shared
-            .handle
-            .block_on(shared.upstream.call(params, lookup.timeout, || true, &Link::default()));
+        let reply = shared.handle.block_on(shared.upstream.call_to_end(
+            params,
+            lookup.timeout,
+            || true,
+            &Link::default(),
+        ));
         let answer = match reply {
             Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
                 Some(answer) => answer,
@@ -249,6 +252,7 @@ impl Provider for LookupProvider {
             Reply::Result(r) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, first_text(&r))),
             Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
             Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
+            Reply::Task(_) => return Evidence::Unknown(format!("{} answered with a task", lookup.tool)),
         };
         match lookup.evidence(&answer, sent_at) {
             Evidence::Confirmed(receipt) => {
@@ -283,6 +287,10 @@ fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
         }
         Reply::Error(e) => Sent::Ambiguous(format!("the upstream answered a protocol error: {}", e.message)),
         Reply::Lost(why) => Sent::Ambiguous(why.clone()),
+        Reply::Task(_) => Sent::Ambiguous(
+            "the upstream answered with a task instead of the call's result, so the call may still be running"
+                .to_string(),
+        ),
         Reply::NotSent(_) => Sent::NotSent,
     }
 }
@@ -313,12 +321,17 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     if d.attempt > 0 {
         link.meta = None;
     }
+    let may_send = || once.now() < send_by;
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
+    } else if d.attempt > 0 || capture.runs_tasks {
+        shared
+            .handle
+            .block_on(shared.upstream.call_to_end(params, d.timeout, may_send, &link))
     } else {
         shared
             .handle
-            .block_on(shared.upstream.call(params, d.timeout, || once.now() < send_by, &link))
+            .block_on(shared.upstream.call(params, d.timeout, may_send, &link))
     };
     if d.attempt > 0 {
         capture.key = Some(d.key.to_string());
@@ -396,6 +409,15 @@ impl Gateway {
         &self.instructions
     }
 
+    /// Whether the engine sends `tool` DIRECT now (its route, not blocked). Blocking: the engine decides.
+    pub(crate) fn routes_direct(&self, tool: &str) -> bool {
+        if self.shared.keep_configured(&self.once, tool).is_err() {
+            return false;
+        }
+        let plan = self.once.plan(tool);
+        plan.route == Route::Direct && plan.blocked.is_none()
+    }
+
     /// A client that cancelled a protected call gets no answer to it; if it still reads log messages,
     /// it is told what once's record says (never "rejected" for a call that was sent: it may have acted).
     fn tell_cancelled(&self, result: &CallToolResult) {
@@ -457,6 +479,16 @@ impl Gateway {
         let (shared, once) = (&*self.shared, &*self.once);
         let started = Instant::now();
         let tool = request.name.to_string();
+        let (mut meta, mut link) = (meta, link);
+        if self.over_http {
+            // Only the stdio layer (`crate::wire`) writes these, and only where the gateway declared tasks.
+            for field in [crate::wire::TASK_META, crate::wire::OWN_TASK_META] {
+                meta.remove(field);
+                if let Some(m) = link.meta.as_mut() {
+                    m.remove(field);
+                }
+            }
+        }
         let key_meta = shared.config.key_meta.first().map_or("once/key", String::as_str);
         let (scope, refused) = match self.scope_of(&meta, tenant) {
             Ok(scope) => (scope, None),
@@ -489,6 +521,15 @@ impl Gateway {
             return Ok(reply::engine_error(&e, &cx));
         }
         cx.output_schema = shared.upstream.tool(&tool).is_some_and(|t| t.output_schema.is_some());
+        // A task is the upstream's to run; once's record must be the call's own outcome, so only a DIRECT
+        // tool is called as one. Refused before the engine: nothing is claimed, recorded or sent.
+        if meta.contains_key(crate::wire::TASK_META) {
+            let plan = once.plan(&tool);
+            if plan.route != Route::Direct || plan.blocked.is_some() {
+                tracing::info!(target: "once::gateway", scope, key = "-", tool, outcome = "task-refused", latency_ms = started.elapsed().as_millis() as u64, "call");
+                return Err(crate::tasks::refused(&tool, plan.route, plan.blocked.as_deref()));
+            }
+        }
         let mut keys = Vec::new();
         for field in &shared.config.key_meta {
             match meta.get(field) {
@@ -510,7 +551,6 @@ impl Gateway {
             acknowledge_confirmed: meta.get(ACKNOWLEDGE_META).and_then(Value::as_bool).unwrap_or(false),
         };
         // once's own `_meta` fields are for once, not for the upstream.
-        let mut link = link;
         if let Some(m) = link.meta.as_mut() {
             for field in shared
                 .config
@@ -528,6 +568,7 @@ impl Gateway {
         link.meta = link.meta.filter(|m| !m.is_empty());
         let mut capture = Capture {
             link,
+            runs_tasks: self.over_http,
             ..Capture::default()
         };
         let called = once.call_with(&call, |d| dispatch(shared, once, d, &mut capture));

@@ -19,7 +19,9 @@
 //! protected call and the provider lookup), `reply` (what the model is shown,
 //! from the engine's account), `upstream` (the MCP client of the real
 //! server), `remote` (a URL upstream: which HTTP failures prove a request
-//! never left), `relay` (what the upstream sends the client), `worker` (the
+//! never left), `relay` (what the upstream sends the client), `wire` (the raw
+//! JSON-RPC layer on the stdio connections, for what rmcp cannot carry),
+//! `tasks` (MCP 2025-11-25 tasks: what is declared and refused), `worker` (the
 //! background settle rounds) and `check` (`--check-config`).
 
 mod access;
@@ -33,7 +35,9 @@ mod relay;
 mod remote;
 mod reply;
 mod server;
+mod tasks;
 mod upstream;
+mod wire;
 mod worker;
 
 use std::path::PathBuf;
@@ -176,7 +180,9 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
         shared.upstream.shutdown().await;
         return served;
     }
-    let running = match gateway.serve(rmcp::transport::stdio()).await {
+    // The client's stdio runs through the raw layer that carries what rmcp 3.11 cannot (MCP 2025-11-25 tasks).
+    let stdio = wire::front::splice(tokio::io::stdin(), tokio::io::stdout(), shared.clone());
+    let running = match gateway.serve(stdio).await {
         Ok(running) => running,
         Err(e) => {
             shared.upstream.shutdown().await;

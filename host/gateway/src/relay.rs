@@ -41,6 +41,8 @@ impl Drop for Relaying<'_> {
 #[derive(Default)]
 pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
+    /// The client's stdio below rmcp (`crate::wire`), for what goes to it as the upstream wrote it.
+    raw: RwLock<Option<tokio::sync::mpsc::Sender<Option<crate::wire::Line>>>>,
     /// The upstream's progress token of a call in flight -> the client's token for it, and the
     /// connection that call came on (over HTTP, each request's own; else the one client).
     progress: Mutex<HashMap<ProgressToken, Follower>>,
@@ -54,6 +56,24 @@ impl Relay {
     /// From now on, relay to this client.
     pub fn connect(&self, client: Peer<RoleServer>) {
         *self.client.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
+    }
+
+    /// From now on, hand raw messages to the client's stdio through `sender`.
+    pub fn connect_raw(&self, sender: tokio::sync::mpsc::Sender<Option<crate::wire::Line>>) {
+        *self.raw.write().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+    }
+
+    /// Hand one message to the client as written, if it is connected on stdio (over HTTP nobody could take it).
+    /// A full queue is not waited on here: the message follows when there is room.
+    pub fn tell_raw(&self, line: crate::wire::Line) {
+        let Some(raw) = self.raw.read().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return;
+        };
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(line)) = raw.try_send(Some(line)) {
+            tokio::spawn(async move {
+                let _ = raw.send(line).await;
+            });
+        }
     }
 
     fn client(&self) -> Option<Peer<RoleServer>> {

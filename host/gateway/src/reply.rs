@@ -29,6 +29,9 @@ pub struct Capture {
     pub sent: bool,
     /// The client's progress token and cancellation (none for the background worker's dispatches).
     pub link: Link,
+    /// The client cannot follow a task (it came over HTTP, where the gateway declares none): a DIRECT call
+    /// of a tool the upstream runs only as a task is run as one by the gateway, and its result waited for.
+    pub runs_tasks: bool,
 }
 
 /// Everything a text needs besides the engine's account.
@@ -425,7 +428,8 @@ fn direct(cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
     let tool = cx.tool;
     let info = cx.info("direct");
     match &cx.capture.last {
-        Some(Reply::Result(r)) => Ok(r.clone()),
+        // A task handle goes to the client as the upstream sent it (`crate::wire` unwraps it).
+        Some(Reply::Result(r) | Reply::Task(r)) => Ok(r.clone()),
         Some(Reply::Error(e)) => Err(e.clone()),
         Some(Reply::Lost(why)) => Ok(made(
             format!(

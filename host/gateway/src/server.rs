@@ -9,11 +9,11 @@
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientNotification, ClientRequest, CompleteRequestParams, CompleteResult,
-    CustomRequest, CustomResult, ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation,
+    CustomRequest, CustomResult, ErrorCode, ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation,
     InitializeRequestParams, InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, Request, RequestNoParam,
     RequestOptionalParam, ServerCapabilities, ServerConfig, ServerPeerInfo, ServerResult, SetLevelRequestParams,
-    SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
+    SubscribeRequestParams, Tool, ToolsCapability, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -241,6 +241,14 @@ impl ServerHandler for Gateway {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
+        // Where the gateway declared tasks, `crate::wire` routes these around rmcp; here it declared none.
+        if crate::wire::TASK_METHODS.contains(&request.method.as_str()) {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("{}: this gateway declares no tasks here", request.method),
+                None,
+            ));
+        }
         match self
             .shared()
             .upstream
@@ -265,13 +273,40 @@ impl ServerHandler for Gateway {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        answer!(
+        let listed: Result<ListToolsResult, ErrorData> = answer!(
             self,
             context,
             ClientRequest::ListToolsRequest(optional(request)),
             ListToolsResult,
             "tools/list"
-        )
+        );
+        let mut listed = listed?;
+        let carried = |t: &Tool| {
+            t.meta
+                .as_ref()
+                .is_some_and(|m| m.contains_key(crate::wire::EXECUTION_META))
+        };
+        if !listed.tools.iter().any(carried) {
+            return Ok(listed);
+        }
+        if self.is_over_http() {
+            for tool in &mut listed.tools {
+                crate::tasks::present(tool, false, false, true);
+            }
+            return Ok(listed);
+        }
+        // A tool's route is the engine's: asked on a blocking thread, as a call asks it.
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let drives = this.shared().upstream.runs_tasks();
+            for tool in &mut listed.tools {
+                let direct = this.routes_direct(&tool.name);
+                crate::tasks::present(tool, direct, drives, false);
+            }
+            listed
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))
     }
 
     async fn call_tool(
@@ -291,6 +326,19 @@ impl ServerHandler for Gateway {
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        // On stdio `crate::wire` hands a task handle to the client as the upstream sent it; over HTTP
+        // nothing carries one (the gateway declares no tasks there, so none was asked for).
+        if self.is_over_http()
+            && result
+                .meta
+                .as_ref()
+                .is_some_and(|m| m.contains_key(crate::wire::CREATED_TASK_META))
+        {
+            return Err(ErrorData::internal_error(
+                "the upstream answered with a task, which this gateway does not carry over HTTP",
+                None,
+            ));
+        }
         Ok(result.into())
     }
 }

@@ -6,6 +6,7 @@
 //! upstream sees the client's capabilities (sampling, elicitation, roots) as
 //! its own client's.
 
+use std::process::Stdio;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -15,15 +16,18 @@ use rmcp::model::{
     Tool,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RunningService};
-use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, RoleServer, ServiceError, ServiceExt};
-use tokio::process::Command;
+use serde_json::Value;
+use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::relay::{self, Relay, RelayHandler};
 use crate::remote::{self, UpstreamUrl};
+use crate::wire::upstream::{Answer, UpstreamWire};
 
+/// How long the gateway waits for an upstream to acknowledge `tasks/cancel` of a task it gave up on.
+const TASK_CANCEL_WAIT: Duration = Duration::from_secs(2);
 /// How long starting the upstream (spawn + initialize + tools/list) may take.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// The first pause before restarting an upstream that died; it doubles up to `MAX_RESTART_PAUSE`.
@@ -35,6 +39,9 @@ const MAX_RESTART_PAUSE: Duration = Duration::from_secs(5);
 pub enum Reply {
     /// The server answered with a tool result (possibly `isError`).
     Result(CallToolResult),
+    /// The server answered with a task handle (a `CreateTaskResult`, carried as this result's `_meta` by
+    /// [`crate::wire`]): the call goes on as a task, and its outcome is the task's.
+    Task(CallToolResult),
     /// The server answered with a JSON-RPC error.
     Error(ErrorData),
     /// No answer: timeout, disconnect, crash. The request may have been acted on.
@@ -61,6 +68,22 @@ struct Conn {
     generation: u64,
     /// The capabilities this connection declared to the upstream.
     capabilities: ClientCapabilities,
+    /// A command upstream's process (killed if dropped).
+    child: Option<Child>,
+    /// A command upstream's raw layer: what rmcp cannot carry ([`crate::wire`]).
+    wire: Option<Arc<UpstreamWire>>,
+}
+
+impl Conn {
+    /// Close the connection; a process that has not exited `grace` after its stdin closed is killed.
+    async fn close(mut self, grace: Duration) {
+        let _ = self.service.close_with_timeout(grace).await;
+        if let Some(mut child) = self.child.take()
+            && tokio::time::timeout(grace, child.wait()).await.is_err()
+        {
+            let _ = child.kill().await;
+        }
+    }
 }
 
 struct Restarts {
@@ -117,6 +140,8 @@ pub struct Upstream {
     wanted: RwLock<ClientConfig>,
     /// What the upstream said of itself when it was last started.
     info: RwLock<Option<ServerPeerInfo>>,
+    /// The `capabilities.tasks` it declared then, as it wrote them (a command upstream's only: [`crate::wire`]).
+    tasks: RwLock<Option<Value>>,
 }
 
 fn client_config(capabilities: ClientCapabilities) -> ClientConfig {
@@ -140,6 +165,7 @@ impl Upstream {
             relay,
             wanted: RwLock::new(client_config(ClientCapabilities::default())),
             info: RwLock::new(None),
+            tasks: RwLock::new(None),
         };
         upstream.peer().await?;
         Ok(upstream)
@@ -172,6 +198,18 @@ impl Upstream {
     /// What the upstream declared when it was last started: capabilities, instructions.
     pub fn info(&self) -> Option<ServerPeerInfo> {
         self.info.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The tasks the gateway declares to its client: the part of the upstream's it honours
+    /// ([`crate::tasks`]); none for a URL upstream, which has no raw layer to carry them.
+    pub fn declared_tasks(&self) -> Option<Value> {
+        let tasks = self.tasks.read().unwrap_or_else(|p| p.into_inner());
+        tasks.as_ref().and_then(crate::tasks::honoured)
+    }
+
+    /// Whether the gateway can run a `tools/call` as a task on this upstream and wait for its result.
+    pub fn runs_tasks(&self) -> bool {
+        crate::tasks::runs_calls_as_tasks(self.tasks.read().unwrap_or_else(|p| p.into_inner()).as_ref())
     }
 
     /// Declare these client capabilities to the upstream from its next connection on
@@ -208,8 +246,8 @@ impl Upstream {
         {
             return Ok((c.service.peer().clone(), c.generation));
         }
-        if let Some(mut old) = conn.take() {
-            let _ = old.service.close_with_timeout(Duration::from_secs(1)).await;
+        if let Some(old) = conn.take() {
+            old.close(Duration::from_secs(1)).await;
         }
         self.pace_restart().await;
         let started = tokio::time::timeout(START_TIMEOUT, self.spawn(wanted))
@@ -230,9 +268,9 @@ impl Upstream {
     async fn forget(&self, generation: u64) {
         let mut conn = self.conn.lock().await;
         if conn.as_ref().is_some_and(|c| c.generation == generation)
-            && let Some(mut old) = conn.take()
+            && let Some(old) = conn.take()
         {
-            let _ = old.service.close_with_timeout(Duration::from_secs(1)).await;
+            old.close(Duration::from_secs(1)).await;
         }
     }
 
@@ -256,16 +294,28 @@ impl Upstream {
             relay: self.relay.clone(),
             config,
         };
+        let (mut child, mut wire) = (None, None);
         let served = match &self.target {
             Target::Command(command) => {
                 let (program, args) = command
                     .split_first()
                     .ok_or_else(|| "no upstream command: put it after `--`".to_string())?;
                 let mut command = Command::new(program);
-                command.args(args);
-                let transport = TokioChildProcess::new(command)
+                command
+                    .args(args)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .kill_on_drop(true);
+                let mut process = command
+                    .spawn()
                     .map_err(|e| format!("starting the upstream {:?}: {e}", self.command_line()))?;
-                handler.serve(transport).await
+                let (Some(stdout), Some(stdin)) = (process.stdout.take(), process.stdin.take()) else {
+                    return Err(format!("starting the upstream {:?}: no stdio", self.command_line()));
+                };
+                let (io, layer) = UpstreamWire::splice(stdout, stdin, self.relay.clone());
+                (child, wire) = (Some(process), Some(layer));
+                handler.serve(io).await
             }
             Target::Url(url) => handler.serve(url.transport()?).await,
         };
@@ -283,11 +333,14 @@ impl Upstream {
         })?;
         self.relay.set_tools(tools);
         *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
+        *self.tasks.write().unwrap_or_else(|p| p.into_inner()) = wire.as_ref().and_then(|w| w.tasks());
         let generation = self.generations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(Conn {
             service,
             generation,
             capabilities,
+            child,
+            wire,
         })
     }
 
@@ -295,6 +348,23 @@ impl Upstream {
     /// claims only once its send can follow at once.
     pub async fn ready(&self) -> Result<(), String> {
         self.peer().await.map(|_| ())
+    }
+
+    /// Send `method` to the upstream around rmcp (the `tasks/*` methods, which rmcp 3.11 cannot carry) and
+    /// wait for its answer, `ct` or `timeout`; the text of the error says why there is none.
+    pub async fn raw_request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        ct: &CancellationToken,
+        timeout: Option<Duration>,
+    ) -> Result<Answer, String> {
+        self.peer().await?;
+        let wire = self.conn.lock().await.as_ref().and_then(|c| c.wire.clone());
+        let wire = wire.ok_or_else(|| format!("{method} is not carried to a URL upstream by this gateway"))?;
+        wire.request(method, params, ct, timeout)
+            .await
+            .map_err(|e| self.redact(e.to_string()))
     }
 
     /// One client request passed through as it came: its answer or error is the upstream's.
@@ -397,7 +467,17 @@ impl Upstream {
             Exchanged::Cancelled => Reply::Lost(
                 "the client cancelled the call after it was sent, so its answer was not awaited".to_string(),
             ),
-            Exchanged::Answered(Ok(ServerResult::CallToolResult(result))) => Reply::Result(result),
+            Exchanged::Answered(Ok(ServerResult::CallToolResult(result))) => {
+                let task = result
+                    .meta
+                    .as_ref()
+                    .is_some_and(|m| m.contains_key(crate::wire::CREATED_TASK_META));
+                if task {
+                    Reply::Task(result)
+                } else {
+                    Reply::Result(result)
+                }
+            }
             // A task or an input request is not the call's outcome: it may have started, so it is not "not sent".
             Exchanged::Answered(Ok(_)) => Reply::Lost(
                 "the upstream answered with a task or an input request instead of a tool result, which the gateway \
@@ -423,10 +503,77 @@ impl Upstream {
         }
     }
 
+    /// Send one `tools/call` whose answer must be its result (a protected dispatch, a lookup, a call over
+    /// HTTP), as [`Upstream::call`] does; for a tool the upstream runs only as a task (`taskSupport:
+    /// "required"`), as a task of the gateway's own whose result is waited for within `timeout`. For a
+    /// protected call the intent was recorded before the task is created, and the task's result is the outcome.
+    pub async fn call_to_end(
+        &self,
+        mut params: CallToolRequestParams,
+        timeout: Duration,
+        may_send: impl FnOnce() -> bool,
+        link: &Link,
+    ) -> Reply {
+        let as_task = self.runs_tasks()
+            && self
+                .tool(&params.name)
+                .is_some_and(|t| crate::tasks::task_support(&t) == Some("required"));
+        if !as_task {
+            return self.call(params, timeout, may_send, link).await;
+        }
+        let started = Instant::now();
+        params
+            .meta
+            .get_or_insert_with(RequestMetaObject::new)
+            .insert(crate::wire::OWN_TASK_META.to_string(), serde_json::json!({}));
+        match self.call(params, timeout, may_send, link).await {
+            Reply::Task(handle) => {
+                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// The outcome of the task `handle` names: its result, waited for within `timeout` (or the client's
+    /// cancellation). Anything but a tool result may follow an effect: lost, never failed.
+    async fn task_outcome(&self, handle: &CallToolResult, timeout: Duration, link: &Link) -> Reply {
+        let created = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
+        let Some(id) = created.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
+            return Reply::Lost("the upstream answered with a task that has no id".to_string());
+        };
+        let params = serde_json::json!({ "taskId": id });
+        match self
+            .raw_request("tasks/result", Some(params.clone()), &link.ct, Some(timeout))
+            .await
+        {
+            Ok(Answer::Result(result)) => match serde_json::from_value::<CallToolResult>(result) {
+                Ok(result) => Reply::Result(result),
+                Err(e) => Reply::Lost(format!(
+                    "the result of the upstream's task {id} is not a tool result: {e}"
+                )),
+            },
+            Ok(Answer::Error(error)) => Reply::Lost(format!(
+                "the upstream's task {id} ended without a result (it may have acted first): {}",
+                error.get("message").and_then(Value::as_str).unwrap_or("no message")
+            )),
+            Err(why) => {
+                // Stop it, as a call that is given up is told to stop; whether it acted is not known.
+                let stop = CancellationToken::new();
+                let _ = self
+                    .raw_request("tasks/cancel", Some(params), &stop, Some(TASK_CANCEL_WAIT))
+                    .await;
+                Reply::Lost(format!(
+                    "the upstream's task {id} did not finish: {why}; it was asked to stop"
+                ))
+            }
+        }
+    }
+
     /// Stop the process.
     pub async fn shutdown(&self) {
-        if let Some(mut conn) = self.conn.lock().await.take() {
-            let _ = conn.service.close_with_timeout(Duration::from_secs(2)).await;
+        if let Some(conn) = self.conn.lock().await.take() {
+            conn.close(Duration::from_secs(2)).await;
         }
     }
 }

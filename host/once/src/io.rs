@@ -7,30 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::bindings::once::core::{clock, ledger, operator, provider, types};
 use crate::bindings::types::{
-    Audited, Batch, Committed, Escalation, Evidence, Failure, Got, Rows, Scanned, State, Table, Timestamp, Trail,
+    Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, Put, Row, Rows, Scanned, State, Stored,
+    Table, Timestamp, Trail,
 };
 use crate::storage::{self, Flush, Storage};
-
-std::thread_local! {
-    /// How durable the `ledger.commit`s of the export running on this thread
-    /// must be. Export calls are synchronous, so the import runs on the
-    /// caller's thread while [`deferring_commits`] is in scope.
-    static COMMIT_FLUSH: std::cell::Cell<Flush> = const { std::cell::Cell::new(Flush::Now) };
-}
-
-/// Run `f` (one `finish` export call) with its ledger commits marked
-/// [`Flush::Deferred`]; every other export commits with [`Flush::Now`].
-pub(crate) fn deferring_commits<R>(f: impl FnOnce() -> R) -> R {
-    /// Restores the previous mode even if `f` unwinds.
-    struct Restore(Flush);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            COMMIT_FLUSH.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(COMMIT_FLUSH.with(|c| c.replace(Flush::Deferred)));
-    f()
-}
 
 /// The ledger's clock: milliseconds since the epoch, never running backwards.
 pub trait Clock: Send + Sync {
@@ -150,20 +130,29 @@ pub struct HostState {
 impl types::Host for HostState {}
 
 impl ledger::Host for HostState {
-    fn get(&mut self, table: Table, scope: String, key: String) -> Got {
-        match self.storage.get(table, &scope, &key) {
-            Ok(Some(row)) => Got::Found(row),
+    fn get(&mut self, table: Table, scope: String, key: String) -> String {
+        let got = match self.storage.get(table, &scope, &key) {
+            Ok(Some(row)) => Got::Found(Stored {
+                version: row.version,
+                body: row.body,
+            }),
             Ok(None) => Got::Missing,
             Err(e) => Got::Failed(failure(e)),
-        }
+        };
+        json(&got)
     }
 
-    fn commit(&mut self, batch: Batch) -> Committed {
-        let flush = COMMIT_FLUSH.with(std::cell::Cell::get);
+    fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
+        let batch = match batch_of(&batch, bodies) {
+            Ok(batch) => batch,
+            Err(why) => return json(&Committed::Failed(Failure { message: why })),
+        };
+        // The engine says which batches may wait for the disk (DESIGN.md "Durability budget").
+        let flush = if batch.deferrable { Flush::Deferred } else { Flush::Now };
         match self.storage.commit_with(&batch, flush) {
-            Ok(()) => Committed::Applied,
-            Err(storage::CommitError::Conflict) => Committed::Conflict,
-            Err(storage::CommitError::Storage(e)) => Committed::Failed(failure(e)),
+            Ok(()) => "\"Applied\"".to_string(),
+            Err(storage::CommitError::Conflict) => "\"Conflict\"".to_string(),
+            Err(storage::CommitError::Storage(e)) => json(&Committed::Failed(failure(e))),
         }
     }
 
@@ -187,6 +176,57 @@ impl ledger::Host for HostState {
             Err(e) => Audited::Failed(failure(e)),
         }
     }
+}
+
+/// The batch `ledger.commit` was handed: the JSON form of a `batch-head` and the
+/// written rows' bodies, in put order. Anything else is refused whole, so a
+/// malformed batch from the guest writes nothing.
+fn batch_of(head: &str, bodies: Vec<String>) -> Result<Batch, String> {
+    let head: BatchHead = serde_json::from_str(head)
+        .map_err(|e| format!("ledger.commit: the batch is not the JSON form of a batch-head: {e}"))?;
+    let written = head.puts.iter().filter(|p| p.row.is_some()).count();
+    if written != bodies.len() {
+        return Err(format!(
+            "ledger.commit: the batch writes {written} row(s) but {} bodies came with it",
+            bodies.len()
+        ));
+    }
+    let mut bodies = bodies.into_iter();
+    let puts = head
+        .puts
+        .into_iter()
+        .map(|p| {
+            let row = p.row.map(|r| Row {
+                table: p.table,
+                scope: p.scope.clone(),
+                key: p.key.clone(),
+                version: r.version,
+                state: r.state,
+                due_at: r.due_at,
+                owner: r.owner,
+                // Counted above: one body per written row.
+                body: bodies.next().unwrap_or_default(),
+            });
+            Put {
+                table: p.table,
+                scope: p.scope,
+                key: p.key,
+                expected: p.expected,
+                row,
+            }
+        })
+        .collect();
+    Ok(Batch {
+        puts,
+        events: head.events,
+        deferrable: head.deferrable,
+    })
+}
+
+/// The JSON form of an import's answer (`wit/once.wit`).
+fn json(answer: &impl serde::Serialize) -> String {
+    // WIT values are strings, integers, bools and containers of them: nothing fails to serialize.
+    serde_json::to_string(answer).unwrap_or_default()
 }
 
 fn failure(e: storage::StorageError) -> Failure {

@@ -613,13 +613,7 @@ impl Once {
 
     fn report(&self, grant: &Grant, sent: &Sent) -> Result<Step, OnceError> {
         let outcome = sent.outcome();
-        let report = || self.with_instance(|i| i.report(&grant.scope, &grant.key, &grant.fence, &outcome));
-        // Only a success's commit may be deferred (the durability budget): a lost
-        // success is found again by reconciliation, a lost rejection would not be.
-        let step = match outcome {
-            Outcome::Success(_) => crate::io::deferring_commits(report),
-            _ => report(),
-        }??;
+        let step = self.with_instance(|i| i.report(&grant.scope, &grant.key, &grant.fence, &outcome))??;
         trace_step("report", &grant.scope, &grant.tool, &step);
         Ok(step)
     }

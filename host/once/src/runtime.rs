@@ -130,6 +130,8 @@ pub struct Runtime {
     engine: Engine,
     component: Component,
     pre: OncePre<StoreData>,
+    /// Whether the compiled code counts fuel ([`Runtime::load_unmetered`] does not).
+    metered: bool,
 }
 
 /// What one export call answers: the export's own result (its WIT `result`),
@@ -146,6 +148,8 @@ pub struct Instance {
     limits: GuestLimits,
     /// Which configuration `configure` last installed (see [`Instance::configured`]).
     configured: Option<u64>,
+    /// Whether the store counts fuel.
+    metered: bool,
 }
 
 impl Runtime {
@@ -174,13 +178,26 @@ impl Runtime {
     /// Compile another build of a component of world `once` (a test build,
     /// a newer guest), with the same engine configuration and cache.
     pub fn load_component(wasm: &[u8], cache: Option<&Path>) -> Result<Runtime, OnceError> {
-        Runtime::compile(wasm, cache).map_err(load_failure)
+        Runtime::compile(wasm, cache, true).map_err(load_failure)
     }
 
-    fn compile(wasm: &[u8], cache: Option<&Path>) -> anyhow::Result<Runtime> {
+    /// The component compiled without fuel metering: an export call is bounded
+    /// only by the memory limit, so a guest that loops never returns. For
+    /// measuring what metering costs (BENCHMARKS.md row 2) and for embedders
+    /// that accept that; [`Runtime::shared`] and [`Runtime::load`] always meter.
+    pub fn load_unmetered(cache: Option<&Path>) -> Result<Runtime, OnceError> {
+        Runtime::compile(COMPONENT, cache, false).map_err(load_failure)
+    }
+
+    /// Whether every export call runs on a fuel budget ([`GuestLimits::fuel`]).
+    pub fn metered(&self) -> bool {
+        self.metered
+    }
+
+    fn compile(wasm: &[u8], cache: Option<&Path>, metered: bool) -> anyhow::Result<Runtime> {
         let mut config = Config::new();
         config.wasm_component_model(true);
-        config.consume_fuel(true);
+        config.consume_fuel(metered);
         let engine = Engine::new(&config)?;
         let component = match cache {
             Some(dir) => cached_component(&engine, wasm, dir)?,
@@ -191,7 +208,12 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         OnceWorld::add_to_linker::<StoreData, HasSelf<HostState>>(&mut linker, |data| &mut data.host)?;
         let pre = OncePre::new(linker.instantiate_pre(&component)?)?;
-        Ok(Runtime { engine, component, pre })
+        Ok(Runtime {
+            engine,
+            component,
+            pre,
+            metered,
+        })
     }
 
     /// The names of the interfaces the component imports (`once:core/ledger@0.1.0`, …).
@@ -239,13 +261,16 @@ impl Runtime {
         let mut store = Store::new(&self.engine, data);
         store.limiter(|data| &mut data.memory);
         // Instantiation runs guest code too (data segments, start functions).
-        store.set_fuel(limits.fuel).map_err(|e| failure(&e, limits))?;
+        if self.metered {
+            store.set_fuel(limits.fuel).map_err(|e| failure(&e, limits))?;
+        }
         let world = self.pre.instantiate(&mut store).map_err(|e| failure(&e, limits))?;
         Ok(Instance {
             store,
             world,
             limits: *limits,
             configured: None,
+            metered: self.metered,
         })
     }
 }
@@ -288,7 +313,9 @@ impl Instance {
         f: impl FnOnce(&OnceWorld, &mut Store<StoreData>) -> wasmtime::Result<R>,
     ) -> Result<R, OnceError> {
         let limits = self.limits;
-        self.store.set_fuel(limits.fuel).map_err(|e| failure(&e, &limits))?;
+        if self.metered {
+            self.store.set_fuel(limits.fuel).map_err(|e| failure(&e, &limits))?;
+        }
         f(&self.world, &mut self.store).map_err(|e| failure(&e, &limits))
     }
 
@@ -306,17 +333,22 @@ impl Instance {
 
     /// The `start` export.
     pub fn start(&mut self, call: &Call) -> Answer<Step> {
-        self.call(|w, s| w.once_core_protocol().call_start(s, call))
+        let call = to_json(call);
+        let answer = self.call(|w, s| w.once_core_protocol().call_start(s, &call))?;
+        step_of("start", &answer)
     }
 
     /// The `report` export.
     pub fn report(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<Step> {
-        self.call(|w, s| w.once_core_protocol().call_report(s, scope, key, fence, outcome))
+        let outcome = to_json(outcome);
+        let answer = self.call(|w, s| w.once_core_protocol().call_report(s, scope, key, fence, &outcome))?;
+        step_of("report", &answer)
     }
 
     /// The `resume` export.
     pub fn resume(&mut self, scope: &str, key: &str) -> Answer<Step> {
-        self.call(|w, s| w.once_core_protocol().call_resume(s, scope, key))
+        let answer = self.call(|w, s| w.once_core_protocol().call_resume(s, scope, key))?;
+        step_of("resume", &answer)
     }
 
     /// The `sweep` export.
@@ -383,6 +415,22 @@ impl Instance {
     pub fn fingerprint(&mut self, tool: &str, args: &str) -> Answer<String, JsonError> {
         self.call(|w, s| w.once_core_engine().call_fingerprint(s, tool, args))
     }
+}
+
+/// The JSON form of a value the protocol takes as text (`wit/once.wit`).
+fn to_json(value: &impl serde::Serialize) -> String {
+    // WIT values are strings, integers, bools and containers of them: nothing fails to serialize.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// A protocol export's answer from its JSON form; text that is not one is the
+/// component's failure, like a trap, and the instance is dropped.
+fn step_of(export: &str, text: &str) -> Answer<Step> {
+    serde_json::from_str(text).map_err(|e| {
+        OnceError::Component(format!(
+            "the component's answer to {export} is not the JSON form of a result<step, error>: {e}"
+        ))
+    })
 }
 
 /// Where compiled components are cached: `ONCE_CACHE_DIR`, else the user's

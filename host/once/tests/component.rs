@@ -188,3 +188,24 @@ fn a_second_load_uses_the_compiled_cache() {
     let runtime = Runtime::load(Some(dir.path())).unwrap();
     assert!(runtime.instantiate_check().is_ok());
 }
+
+/// Fuel metering is on in every runtime `Once` builds; the unmetered build
+/// (for measuring what metering costs) runs the same protocol, with no budget.
+#[test]
+fn the_unmetered_runtime_runs_the_same_calls_without_a_fuel_budget() {
+    assert!(Runtime::shared().unwrap().metered());
+    let unmetered = std::sync::Arc::new(Runtime::load_unmetered(None).expect("compiles"));
+    assert!(!unmetered.metered());
+    // A budget of one unit would stop any metered call at once; here it is not counted.
+    let once = Once::builder(MemoryStorage::new())
+        .runtime(unmetered)
+        .fuel_per_call(1)
+        .build()
+        .expect("configures");
+    let called = once
+        .call("s", Some("k"), "refund", r#"{"amount":1}"#, |_| {
+            once::Sent::Success(r#"{"id":1}"#.into())
+        })
+        .unwrap();
+    assert!(called.confirmed().is_some_and(|c| !c.replayed), "{called:?}");
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use once::storage::sqlite::{CommitCounts, SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Flush, Stats, Storage, StorageError};
-use once::types::{AuditEvent, Batch, Ending, Put, Row, State, Table};
+use once::types::{AuditEvent, Batch, Ending, Outcome, Put, Row, State, Table};
 use once::{Called, Once, Sent};
 
 fn counter(version: u64, body: String) -> Row {
@@ -152,7 +152,7 @@ fn protected_call_answered(synchronous: Synchronous, sent: Sent) -> (Called, Vec
 fn intent_only_commits_begin_full_and_finish_normal() {
     let (called, flushes, counts, row) = protected_call(Synchronous::IntentOnly);
     assert!(sent_now(&called), "{called:?}");
-    // The host marks only finish's commit deferrable, and it is the last one.
+    // The engine marks only the success's commit deferrable, and it is the last one.
     assert_eq!(flushes.last(), Some(&Flush::Deferred), "{flushes:?}");
     assert_eq!(
         flushes.iter().filter(|f| **f == Flush::Deferred).count(),
@@ -194,6 +194,58 @@ fn intent_only_commits_a_rejection_full() {
     assert_eq!(row.unwrap().state, Some(State::Failed));
 }
 
+/// A replay's count is bookkeeping (lost, the receipt still replays), so it rides
+/// on the next fsync; a late success that settles an unknown record is evidence
+/// nothing else re-reads for sure, so it is durable before `Ok`.
+#[test]
+fn intent_only_defers_a_replay_count_but_not_a_late_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(open(&dir.path().join("once.db"), Synchronous::IntentOnly));
+    let flushes = Arc::new(Mutex::new(Vec::new()));
+    let once = Once::builder(Observed {
+        store: store.clone(),
+        flushes: flushes.clone(),
+    })
+    .build()
+    .unwrap();
+    let args = r#"{"order":1,"amount":2}"#;
+    let first = once
+        .call("tenant", Some("r-1"), "refund", args, |_| {
+            Sent::Success(r#"{"id":"r_1"}"#.into())
+        })
+        .unwrap();
+    assert!(sent_now(&first), "{first:?}");
+    flushes.lock().unwrap().clear();
+    let again = once
+        .call("tenant", Some("r-1"), "refund", args, |_| panic!("a replay sent"))
+        .unwrap();
+    assert!(again.confirmed().is_some_and(|c| c.replayed), "{again:?}");
+    let replay = flushes.lock().unwrap().clone();
+    // The blind claim conflicts (nothing written either way), then the count.
+    assert_eq!(replay.last(), Some(&Flush::Deferred), "{replay:?}");
+
+    // A lost reply: the record is unknown. A late success reported for it is
+    // the only news the ledger gets that the effect happened.
+    let lost = once
+        .call("tenant", Some("r-2"), "refund", args, |_| {
+            Sent::Ambiguous("reset".into())
+        })
+        .unwrap();
+    let grant_fence = once.inspect("tenant", "r-2").unwrap().unwrap().body;
+    assert!(matches!(lost.ending(), Some(Ending::Unknown(_))), "{lost:?}");
+    let fence = serde_json::from_str::<serde_json::Value>(&grant_fence).unwrap()["attempts"][0]["fence"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    flushes.lock().unwrap().clear();
+    once.transitions()
+        .finish("tenant", "r-2", &fence, &Outcome::Success(r#"{"id":"r_2"}"#.into()))
+        .unwrap();
+    let late = flushes.lock().unwrap().clone();
+    assert!(late.iter().all(|f| *f == Flush::Now), "{late:?}");
+    assert_eq!(once.inspect("tenant", "r-2").unwrap().unwrap().state, State::Confirmed);
+}
+
 #[test]
 fn full_mode_commits_everything_full() {
     let (called, flushes, counts, row) = protected_call(Synchronous::Full);
@@ -225,6 +277,7 @@ fn a_deferred_commit_alone_is_normal_and_a_later_one_full() {
     let b = |expected, v: u64| Batch {
         puts: vec![put(expected, counter(v, v.to_string()))],
         events: vec![],
+        deferrable: false,
     };
     s.commit_with(&b(None, 1), Flush::Deferred).unwrap();
     s.commit_with(&b(Some(1), 2), Flush::Now).unwrap();
@@ -256,6 +309,7 @@ fn concurrent_compare_and_swap_has_one_winner_per_version() {
     s.commit(&Batch {
         puts: vec![put(None, counter(0, "start".into()))],
         events: vec![],
+        deferrable: false,
     })
     .unwrap();
     let barrier = Barrier::new(THREADS);
@@ -272,6 +326,7 @@ fn concurrent_compare_and_swap_has_one_winner_per_version() {
                         let batch = Batch {
                             puts: vec![put(Some(current), counter(next, format!("{t}:{next}")))],
                             events: vec![event("counter", next)],
+                            deferrable: false,
                         };
                         match s.commit(&batch) {
                             Ok(()) => won.push((t, next)),
@@ -327,6 +382,7 @@ fn concurrent_inserts_one_winner_per_key() {
                             &Batch {
                                 puts: vec![put(None, row)],
                                 events: vec![event(key, 1)],
+                                deferrable: false,
                             },
                             flush,
                         )
@@ -384,6 +440,7 @@ fn insert_counter(key: &str) -> Batch {
             },
         )],
         events: vec![],
+        deferrable: false,
     }
 }
 

@@ -90,7 +90,11 @@ fn event(scope: &str, key: &str, version: u64, kind: &str) -> AuditEvent {
 }
 
 fn batch(puts: Vec<Put>, events: Vec<AuditEvent>) -> Batch {
-    Batch { puts, events }
+    Batch {
+        puts,
+        events,
+        deferrable: false,
+    }
 }
 
 fn puts(puts: Vec<Put>) -> Batch {

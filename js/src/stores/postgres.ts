@@ -254,6 +254,7 @@ export class PostgresStore {
     return r.rows.length ? cook(r.rows[0]) : undefined;
   }
 
+  /** Apply a batch in one transaction; a deferrable one like any other (durability is the server's, as for the Rust host). */
   async commit(batch: Batch): Promise<CommitVerdict> {
     // Check every value before anything is sent; lock rows in one order so concurrent batches cannot deadlock.
     for (const p of batch.puts) {

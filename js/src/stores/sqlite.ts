@@ -2,21 +2,30 @@
 // the same tables, columns, indexes and schema version, WAL mode, one
 // BEGIN IMMEDIATE transaction per batch. `once ledger list/show/resolve --db`
 // reads a file written here, and a Rust host and this one can share it.
+//
+// Durability (DESIGN.md "Durability budget"): `full` (the default) commits
+// every batch at `PRAGMA synchronous = FULL`, `normal` every one at NORMAL;
+// `intent-only` commits the batches the engine marks deferrable (an attempt's
+// own success, a replay or conflict count) at NORMAL and every other one (an
+// intent, a rejection, an unknown, an operator's resolution) at FULL. NORMAL in
+// WAL mode skips the fsync, not the write: a process crash loses nothing; a
+// power loss may lose the deferred commits after the last FULL one, which a
+// later read restores (a lost success: the lease ends, the record goes unknown
+// and reconciliation finds the effect).
 import Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, type Counts, I64_MAX, type SyncStore, int } from "./store.js";
+import { type CommitVerdict, type Counts, I64_MAX, SYNCHRONOUS_LEVELS, type Synchronous, type SyncStore, int, synchronousMode } from "./store.js";
+
+export { type Synchronous, synchronousMode };
 
 /** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`). */
 export const SCHEMA_VERSION = 2;
-
-/** How durable a commit is when it returns: `full` survives power loss (the default), `normal` may lose the last commits then. */
-export type Synchronous = "full" | "normal";
 
 /** Where and how to open an SQLite ledger. */
 export interface SqliteOptions {
   /** The ledger file, created if missing. */
   path: string;
-  /** `PRAGMA synchronous` of every commit; default `full`. */
+  /** How durable each commit is; default `full`. */
   synchronous?: Synchronous;
   /** How long a commit waits for another writer (any process), in ms; default 5000. */
   busyTimeoutMs?: number;
@@ -86,12 +95,18 @@ export class SqliteStore implements SyncStore {
   private db: Database.Database;
   private q;
   private readonly at: string;
+  /** The `PRAGMA synchronous` of an ordinary commit and of a deferrable one. */
+  private readonly levels: readonly [string, string];
+  /** The connection's `PRAGMA synchronous` now. */
+  private level: string;
 
   constructor(options: SqliteOptions) {
     this.at = options.path;
+    this.levels = SYNCHRONOUS_LEVELS[synchronousMode(options.synchronous ?? "full")];
+    this.level = this.levels[0];
     try {
       this.db = new Database(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
-      this.db.pragma(`synchronous = ${(options.synchronous ?? "full").toUpperCase()}`);
+      this.db.pragma(`synchronous = ${this.level}`);
     } catch (e) {
       throw new Error(`sqlite: open ${this.at}: ${(e as Error).message}`);
     }
@@ -226,6 +241,16 @@ export class SqliteStore implements SyncStore {
 
   commit(batch: Batch): CommitVerdict {
     const db = this.db;
+    const level = this.levels[batch.deferrable ? 1 : 0];
+    if (level !== this.level) {
+      // Outside any transaction, so it governs the COMMIT below.
+      try {
+        db.pragma(`synchronous = ${level}`);
+      } catch (e) {
+        return { tag: "failed", val: { message: `sqlite: ${this.at}: set synchronous = ${level}: ${(e as Error).message}` } };
+      }
+      this.level = level;
+    }
     try {
       db.exec("BEGIN IMMEDIATE");
     } catch (e) {

@@ -8,6 +8,11 @@ export type CommitVerdict = { tag: "applied" } | { tag: "conflict" } | { tag: "f
 /** A synchronous compare-and-swap store of the engine's rows and audit trail (runs in the engine's worker). */
 export interface SyncStore {
   get(table: Table, scope: string, key: string): Row | undefined;
+  /**
+   * Apply every put and event of `batch`, or none. A batch the engine marks `deferrable` may be committed
+   * without waiting for the disk by a store in an intent-only mode (SQLite's `intent-only`); every other
+   * store commits it as any batch.
+   */
   commit(batch: Batch): CommitVerdict;
   scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Row[];
   audit(scope: string, key: string): AuditEvent[];
@@ -34,4 +39,26 @@ export const utf8cmp = (a: string, b: string): number => Buffer.compare(Buffer.f
 export function int(backend: string, what: string, v: bigint): bigint {
   if (v > I64_MAX) throw new Error(`${backend}: ${what} ${v} exceeds i64::MAX`);
   return v;
+}
+
+/**
+ * How durable a commit is when it returns: `full` survives power loss (the default); `normal` may lose the
+ * last commits then; `intent-only` is `full` for every batch but the ones the engine marks deferrable.
+ */
+export type Synchronous = "full" | "intent-only" | "normal";
+
+/** Per SQLite mode: the `PRAGMA synchronous` of an ordinary commit, and of one the engine marked deferrable. */
+export const SYNCHRONOUS_LEVELS: Record<Synchronous, readonly [string, string]> = {
+  full: ["FULL", "FULL"],
+  "intent-only": ["FULL", "NORMAL"],
+  normal: ["NORMAL", "NORMAL"],
+};
+
+/** A mode as given (any case, `_` for `-`), or an Error naming the modes. */
+export function synchronousMode(given: unknown): Synchronous {
+  const mode = typeof given === "string" ? given.toLowerCase().replace(/_/g, "-") : "";
+  if (!Object.prototype.hasOwnProperty.call(SYNCHRONOUS_LEVELS, mode)) {
+    throw new Error(`synchronous must be "full", "intent-only" or "normal", not ${JSON.stringify(given) ?? String(given)}`);
+  }
+  return mode as Synchronous;
 }

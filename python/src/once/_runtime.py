@@ -19,11 +19,10 @@ from typing import Any, Callable, Optional
 
 import wasmtime
 import wasmtime.component as wc
-from wasmtime.component import ResultType
 
 from . import _wit, errors
 
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 INTERFACES = {
     "engine": ("default-settings", "configure", "queue", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
     "protocol": ("start", "report", "resume", "sweep"),
@@ -112,7 +111,11 @@ class Runtime:
 
 
 class Instance:
-    """One instance of the component in its own store; dropped after any trap or exhausted limit."""
+    """One instance of the component in its own store; dropped after any trap or exhausted limit.
+
+    Every export is looked up once per instance (`export`); the protocol's three exports, which answer JSON
+    text, are called through `text`, every other one through `call`.
+    """
 
     def __init__(self, runtime: Runtime, linker: wc.Linker, fuel: int, memory: int) -> None:
         self.store = wasmtime.Store(runtime.engine)
@@ -123,38 +126,51 @@ class Instance:
             self.instance = linker.instantiate(self.store, runtime.component)
         except wasmtime.WasmtimeError as e:
             raise errors.ComponentError(f"instantiating the once component failed: {e}") from e
-        self.funcs: dict[str, tuple[Callable[..., Any], dict[str, Any], Any]] = {}
+        self.exports: dict[str, _wit.Export] = {}
         self.configured: Optional[int] = None
+        self.start = self.export("start").func
+        self.report = self.export("report").func
+        self.resume = self.export("resume").func
 
-    def func(self, name: str) -> tuple[Callable[..., Any], dict[str, Any], Any]:
-        """Export `name` with its parameter types and result type."""
-        found = self.funcs.get(name)
+    def export(self, name: str) -> _wit.Export:
+        """Export `name`, with its parameter types and how its result lifts."""
+        found = self.exports.get(name)
         if found is None:
             iface = next(i for i, names in INTERFACES.items() if name in names)
             index = self.instance.get_export_index(self.store, f"once:core/{iface}@{VERSION}")
-            assert index is not None, iface
+            if index is None:
+                raise errors.ComponentError(f"the once component exports no once:core/{iface}@{VERSION}: "
+                                            "a component of another version (rebuild or reinstall the package)")
             export = self.instance.get_export_index(self.store, name, index)
-            assert export is not None, name
-            f = self.instance.get_func(self.store, export)
-            assert f is not None, name
+            f = None if export is None else self.instance.get_func(self.store, export)
+            if f is None:
+                raise errors.ComponentError(f"the once component's {iface} interface has no function {name!r}")
             ty = f.type(self.store)
-            found = self.funcs[name] = (f, dict(ty.params), ty.result)
+            found = self.exports[name] = _wit.Export(f, dict(ty.params), ty.result)
         return found
 
-    def call(self, name: str, *args: Any) -> Any:
-        """Call an export; a result<T, E> is unwrapped, its error raised as the typed exception."""
-        f, _, result_ty = self.func(name)
+    def _enter(self, name: str, f: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         self.store.set_fuel(self.fuel)
         try:
-            value = f(self.store, *args)
+            return f(self.store, *args)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
             if "all fuel consumed" in str(e):
                 raise errors.GuestLimit(
                     f"{name}: the once component exceeded its fuel budget of {self.fuel} per call"
                 ) from e
             raise errors.ComponentError(f"{name}: the once component trapped: {str(e).splitlines()[0]}") from e
-        if isinstance(result_ty, ResultType):
-            ok, payload = _wit.split_result(result_ty, value)
+
+    def step(self, name: str, f: Callable[..., Any], *args: Any) -> _wit.Step:
+        """Call a protocol export (`self.start`, `self.report`, `self.resume`): its step, or its error raised."""
+        text = self._enter(name, f, args)
+        return _wit.step(text, name)
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call a typed export; a result<T, E> is unwrapped, its error raised as the typed exception."""
+        e = self.export(name)
+        value = self._enter(name, e.func, args)
+        if e.is_result:
+            ok, payload = e.split(value)
             if not ok:
                 raise _wit.error(payload, name)
             return payload
@@ -162,5 +178,4 @@ class Instance:
 
     def case(self, name: str, param: str, tag: str, payload: Any) -> Any:
         """A variant argument of export `name`, tagged or bare as its type needs."""
-        ty = self.func(name)[1][param]
-        return _wit.lower_case([t for _, t in ty.cases], tag, payload)
+        return self.export(name).case(param, tag, payload)

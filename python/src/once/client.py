@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import json
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from wasmtime.component import Record, Variant
 
 from . import _wit, errors
 from ._runtime import DEFAULT_FUEL, DEFAULT_MEMORY, VERSION, Instance, Runtime
-from .ledger import Event, Ledger, LedgerFailure, MemoryLedger, Put, Row, SqliteLedger
+from .ledger import Event, Ledger, LedgerFailure, MemoryLedger, Row, SqliteLedger
 from .model import (
     Called, Dispatch, Escalation, Evidence, Policy, RecordView, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan,
     Unrecorded,
@@ -50,7 +49,7 @@ def _args_text(args: Args) -> str:
     if isinstance(args, str):
         return args
     try:
-        return json.dumps(args, ensure_ascii=False)
+        return _wit.to_json(args)
     except (TypeError, ValueError) as e:
         raise errors.InvalidRequest(f"args: not JSON-serializable: {e}") from e
 
@@ -64,6 +63,20 @@ def _failed(message: str) -> Variant:
     return Variant("failed", _wit.record(message=message))
 
 
+# `ledger.get` and `ledger.commit` answer the JSON form of a `got` / `committed` (wit/once.wit).
+_MISSING, _APPLIED, _CONFLICT = '"Missing"', '"Applied"', '"Conflict"'
+
+
+def _got(r: Row) -> str:
+    """`got.found(stored)`: the row's version and body."""
+    return f'{{"Found":{{"version":{r.version},"body":{_wit.to_json(r.body)}}}}}'
+
+
+def _failed_text(message: str) -> str:
+    """`got.failed` / `committed.failed`, in the JSON form."""
+    return _wit.to_json({"Failed": {"message": message}})
+
+
 def _row_record(r: Row) -> Record:
     return _wit.record(table=r.table, scope=r.scope, key=r.key, version=r.version, state=r.state, due_at=r.due_at,
                        owner=r.owner, body=r.body)
@@ -72,15 +85,6 @@ def _row_record(r: Row) -> Record:
 def _event_record(e: Event) -> Record:
     return _wit.record(scope=e.scope, key=e.key, version=e.version, at=e.at, kind=e.kind, from_state=e.from_state,
                        to_state=e.to_state, attempt=e.attempt, detail=e.detail)
-
-
-def _row_of(r: Any) -> Row:
-    return Row(r.table, r.scope, r.key, r.version, r.state, getattr(r, "due-at"), r.owner, r.body)
-
-
-def _event_of(e: Any) -> Event:
-    return Event(e.scope, e.key, e.version, e.at, e.kind, getattr(e, "from-state"), getattr(e, "to-state"),
-                 e.attempt, e.detail)
 
 
 class Once:
@@ -183,9 +187,9 @@ class Once:
         """How the guest handles `tool` (a tool never configured gets the defaults)."""
         for t in self._configured.tools:
             if t.tool == tool:
-                return ToolPlan(tool, _wit.lift(Route, t.route), t.blocked, _wit.plain(t.policy))
+                return ToolPlan(tool, Route(t.route), t.blocked, _wit.plain(t.policy))
         d = self._configured.defaults
-        return ToolPlan(tool, _wit.lift(Route, d.route or "protect"), None, _wit.plain(d))
+        return ToolPlan(tool, Route(d.route or "protect"), None, _wit.plain(d))
 
     def _configuration(self) -> Record:
         return _wit.record(
@@ -216,8 +220,8 @@ class Once:
     def _instance(self) -> Instance:
         return Instance(self._runtime, self._linker, self._fuel, self._memory)
 
-    def _guest(self, name: str, *args: Any) -> Any:
-        """Call an export on a pooled instance configured with the current configuration."""
+    def _checkout(self) -> Instance:
+        """A pooled instance (or a new one), configured with the current configuration."""
         with self._lock:
             instance = self._pool.pop() if self._pool else None
         if instance is None:
@@ -226,17 +230,37 @@ class Once:
             generation = self._generation
             instance.call("configure", self._configuration())
             instance.configured = generation
+        return instance
+
+    def _checkin(self, instance: Instance) -> None:
+        with self._lock:
+            self._pool.append(instance)
+
+    def _guest(self, name: str, *args: Any) -> Any:
+        """Call a typed export on a pooled instance configured with the current configuration."""
+        instance = self._checkout()
         try:
             result = instance.call(name, *args)
         except (errors.GuestLimit, errors.ComponentError):
             raise  # the instance may have stopped mid-call: dropped, never reused
         except errors.OnceError:
-            with self._lock:
-                self._pool.append(instance)
+            self._checkin(instance)
             raise
-        with self._lock:
-            self._pool.append(instance)
+        self._checkin(instance)
         return result
+
+    def _step(self, name: str, *args: Any) -> _wit.Step:
+        """Call a protocol export (`start`, `report`, `resume`) on a pooled instance: the step it answers."""
+        instance = self._checkout()
+        try:
+            step = instance.step(name, getattr(instance, name), *args)
+        except (errors.GuestLimit, errors.ComponentError):
+            raise  # the instance may have stopped mid-call, or answered nonsense: dropped, never reused
+        except errors.OnceError:
+            self._checkin(instance)
+            raise
+        self._checkin(instance)
+        return step
 
     def _case(self, name: str, param: str, tag: str, payload: Any) -> Any:
         with self._lock:
@@ -251,21 +275,24 @@ class Once:
         linker = wc.Linker(self._runtime.engine)
         ledger = self.ledger
 
-        def get(_: Any, table: str, scope: str, key: str) -> Variant:
+        def get(_: Any, table: str, scope: str, key: str) -> str:
             try:
                 row = ledger.get(table, scope, key)
             except Exception as e:
-                return _failed(f"{e}")
-            return Variant("missing") if row is None else Variant("found", _row_record(row))
+                return _failed_text(f"{e}")
+            return _MISSING if row is None else _got(row)
 
-        def commit(_: Any, batch: Any) -> Variant:
+        def commit(_: Any, batch: str, bodies: list[str]) -> str:
             try:
-                puts = [Put(p.table, p.scope, p.key, p.expected, None if p.row is None else _row_of(p.row))
-                        for p in batch.puts]
-                events = [_event_of(e) for e in batch.events]
-                return Variant("applied") if ledger.commit(puts, events) else Variant("conflict")
+                puts, events, deferrable = _wit.batch(batch, bodies)
+            except ValueError as e:  # refused whole: nothing is written
+                return _failed_text(str(e))
+            try:
+                # The engine says which batches may wait for the disk (DESIGN.md "Durability budget").
+                applied = ledger.commit_deferred(puts, events) if deferrable else ledger.commit(puts, events)
             except Exception as e:
-                return _failed(f"{e}")
+                return _failed_text(f"{e}")
+            return _APPLIED if applied else _CONFLICT
 
         def scan(_: Any, table: str, states: list[str], due_before: int, owner: Optional[str], limit: int) -> Variant:
             try:
@@ -305,7 +332,7 @@ class Once:
 
         def escalate(_: Any, e: Any) -> bool:
             try:
-                return bool(self._escalate(_wit.lift(Escalation, e)))
+                return bool(self._escalate(_wit.escalation(e)))
             except Exception as exc:
                 log.error("once: the escalation sink raised %s: %s", type(exc).__name__, exc)
                 return False
@@ -330,22 +357,18 @@ class Once:
         """The ledger's clock (ms)."""
         return self.ledger.now()
 
-    def _call_record(self, scope: str, key: Optional[str], tool: str, args: str, supersedes: Optional[str],
-                     acknowledge_confirmed: bool) -> Record:
-        return _wit.record(scope=scope, keys=[] if key is None else [("application", key)], tool=tool,
-                           args=args, supersedes=supersedes, acknowledge_confirmed=acknowledge_confirmed)
-
-    def _loop(self, first: Callable[[], Any], tool: Optional[str], args: Optional[str],
+    def _loop(self, first: Callable[[], _wit.Step], tool: Optional[str], args: Optional[str],
               patience: float) -> Generator[Action, Any, Called]:
         """The protocol: the guest says what to do next; this only does it."""
-        step = yield ("guest", first)
-        give_up_at = self.now() + int(patience * 1000)
+        step: _wit.Step = yield ("guest", first)
         deadline = time.monotonic() + patience
+        give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
         raised: Optional[BaseException] = None
         while True:
-            s = step.payload
-            if step.tag == "dispatch":
-                grant = _dispatch(s)
+            kind = step.kind
+            if kind == "dispatch":
+                grant, fence = step.dispatch, step.fence
+                assert grant is not None
                 if self.now() >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
@@ -354,23 +377,26 @@ class Once:
                     except BaseException as e:  # the request may have left: the effect may exist
                         raised = e
                         sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
-                outcome = self._outcome(sent)
+                outcome = _wit.outcome_text(sent)
                 try:
-                    step = yield ("guest", lambda s=s, o=outcome: self._guest("report", s.scope, s.key, s.fence, o))
+                    step = yield ("guest", lambda g=grant, f=fence, o=outcome: self._step("report", g.scope, g.key, f, o))
                 except errors.OnceError as e:
                     if sent.kind == "success":
                         return Called(unreported=Unrecorded(sent.text), report_error=str(e))
                     raise
                 if raised is not None and not isinstance(raised, Exception):
                     raise raised
-            elif step.tag == "wait":
-                if s.next > give_up_at or time.monotonic() >= deadline:
-                    return Called(account=_wit.account(s.meanwhile), raised=raised)
-                pause = max(0.0, (s.next - self.now()) / 1000)
+            elif kind == "wait":
+                now = self.now()
+                if give_up_at is None:
+                    give_up_at = now + int((deadline - time.monotonic()) * 1000)
+                if step.next > give_up_at or time.monotonic() >= deadline:
+                    return Called(account=step.account, raised=raised)
+                pause = max(0.0, (step.next - now) / 1000)
                 yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
-                step = yield ("guest", lambda s=s: self._guest("resume", s.scope, s.key))
-            elif step.tag == "done":
-                return Called(account=_wit.account(s), raised=raised)
+                step = yield ("guest", lambda s=step: self._step("resume", s.scope, s.key))
+            elif kind == "done":
+                return Called(account=step.account, raised=raised)
             else:  # direct: a read-only tool, sent as it came, nothing recorded
                 if tool is None or args is None:
                     raise errors.ComponentError("a resumed operation answered direct")
@@ -379,10 +405,6 @@ class Once:
                 d = Dispatch(scope="", key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout)
                 return Called(direct=_sent((yield ("send", d))))
-
-    def _outcome(self, sent: Sent) -> Any:
-        payload = None if sent.kind == "not-sent" else sent.text
-        return self._case("report", "outcome", sent.kind, payload)
 
     def _run(self, loop: Generator[Action, Any, Called], send: Send) -> Called:
         value: Any = None
@@ -433,8 +455,8 @@ class Once:
         reported as ambiguous (the request may have left), and the call ends as the guest decides (unknown).
         """
         text = _args_text(args)
-        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
+        c = _wit.call_text(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._step("start", c), tool, text, self.wait if wait is None else wait)
         return self._run(loop, send)
 
     async def acall(self, scope: str, key: Optional[str], tool: str, args: Args, send: Union[Send, ASend], *,
@@ -442,13 +464,13 @@ class Once:
                     wait: Optional[float] = None) -> Called:
         """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`."""
         text = _args_text(args)
-        c = self._call_record(scope, key, tool, text, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._guest("start", c), tool, text, self.wait if wait is None else wait)
+        c = _wit.call_text(scope, key, tool, text, supersedes, acknowledge_confirmed)
+        loop = self._loop(lambda: self._step("start", c), tool, text, self.wait if wait is None else wait)
         return await self._arun(loop, send)
 
     def resume(self, scope: str, key: str, send: Send, *, wait: Optional[float] = None) -> Called:
         """Go on with an operation from the ledger (after a crash): what the guest says is owed, or its account."""
-        loop = self._loop(lambda: self._guest("resume", scope, key), None, None, self.wait if wait is None else wait)
+        loop = self._loop(lambda: self._step("resume", scope, key), None, None, self.wait if wait is None else wait)
         return self._run(loop, send)
 
     def settle(self, send: Send, limit: int = 100) -> SweepResult:
@@ -456,7 +478,8 @@ class Once:
         r = self._guest("sweep", limit, True)
         sent = []
         for grant in r.dispatches:
-            loop = self._loop(_constant(Variant("dispatch", grant)), None, None, 0.0)
+            owed = _wit.Step("dispatch", _wit.grant_record(grant), grant.fence)
+            loop = self._loop(_constant(owed), None, None, 0.0)
             sent.append(self._run(loop, send))
         return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed], sent)
 
@@ -469,7 +492,8 @@ class Once:
 
     def inspect(self, scope: str, key: str) -> Optional[RecordView]:
         """A record and its audit trail, or None."""
-        return _wit.lift(RecordView, self._guest("inspect", scope, key))  # type: ignore[no-any-return]
+        view = self._guest("inspect", scope, key)
+        return None if view is None else _wit.record_view(view)
 
     def resolve(self, scope: str, key: str, *, confirmed: Optional[Union[str, Any]] = None, absent: bool = False,
                 note: str, force: bool = False) -> State:
@@ -503,7 +527,7 @@ class Once:
         self.ledger.close()
 
 
-def _constant(value: Any) -> Callable[[], Any]:
+def _constant(value: _wit.Step) -> Callable[[], _wit.Step]:
     return lambda: value
 
 
@@ -512,9 +536,4 @@ def _settings_record(settings: Mapping[str, Any]) -> Record:
     for k, v in settings.items():
         setattr(r, k, v)
     return r
-
-
-def _dispatch(g: Any) -> Dispatch:
-    return Dispatch(scope=g.scope, key=g.key, tool=g.tool, attempt=g.attempt, provider_key=getattr(g, "provider-key"),
-                    args=g.args, send_by=getattr(g, "send-by"), timeout_ms=getattr(g, "timeout-ms"))
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional, Union
+
+
+# One encoder for every compact JSON text made here (json.dumps with options builds a new encoder per call).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class State(str, enum.Enum):
@@ -138,6 +142,10 @@ class Policy:
     descriptor_pin: Optional[str] = None
 
 
+# The `policy-input` fields, in order (WIT names with `_` for `-`).
+POLICY_FIELDS = tuple(f.name for f in fields(Policy))
+
+
 @dataclass(frozen=True)
 class ToolDescriptor:
     """A tool's definition as its server advertises it (routing by annotations, pinning)."""
@@ -170,12 +178,12 @@ class Sent:
     @staticmethod
     def success(response: Union[str, object]) -> Sent:
         """The effect happened; `response` is JSON text, or a value that is JSON-encoded."""
-        return Sent("success", response if isinstance(response, str) else json.dumps(response, separators=(",", ":")))
+        return Sent("success", response if isinstance(response, str) else _compact(response))
 
     @staticmethod
     def returned(value: object) -> Sent:
         """The effect happened; a function's return value (a string too) is JSON-encoded as the response."""
-        return Sent("success", json.dumps(value, separators=(",", ":")))
+        return Sent("success", _compact(value))
 
     @staticmethod
     def rejected(error: str) -> Sent:
@@ -205,7 +213,7 @@ class Evidence:
     @staticmethod
     def confirmed(receipt: Union[str, object]) -> Evidence:
         """The effect exists; its receipt (JSON text, or a value that is JSON-encoded)."""
-        return Evidence("confirmed", receipt=receipt if isinstance(receipt, str) else json.dumps(receipt, separators=(",", ":")))
+        return Evidence("confirmed", receipt=receipt if isinstance(receipt, str) else _compact(receipt))
 
     @staticmethod
     def absent(read_position: int) -> Evidence:

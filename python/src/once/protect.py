@@ -52,6 +52,52 @@ def result_of(called: Called) -> Any:
     return json.loads(receipt)
 
 
+_PLAIN = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def binder(signature: inspect.Signature) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """`signature.bind(*a, **kw)` with the defaults applied, as a dict in the signature's order.
+
+    For a signature of plain parameters (no positional-only, no `*args` or `**kwargs`) the binding is done
+    here, without building a `BoundArguments` per call; any call it cannot bind plainly (a missing or unknown
+    argument, too many positional ones), and every other signature, goes through `Signature.bind`, which
+    raises its usual `TypeError`.
+    """
+
+    def general(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+        bound = signature.bind(*a, **kw)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    params = list(signature.parameters.values())
+    if not all(p.kind in _PLAIN for p in params):
+        return general
+    names = tuple(p.name for p in params)
+    positional = sum(1 for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    missing = object()
+
+    def plain(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+        if len(a) > positional:
+            return general(a, kw)
+        given = dict(zip(names, a))
+        for k, v in kw.items():
+            if k in given or k not in names:
+                return general(a, kw)
+            given[k] = v
+        out = {}
+        for n in names:
+            v = given.get(n, missing)
+            if v is missing:
+                v = defaults.get(n, missing)
+                if v is missing:
+                    return general(a, kw)
+            out[n] = v
+        return out
+
+    return plain
+
+
 def protect(once: Once, tool: Optional[str] = None, *, key: Any = None, scope: Any = None,
             policy: Optional[Policy] = None, **fields: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make `fn` a protected tool named `tool` (default: its name).
@@ -66,12 +112,10 @@ def protect(once: Once, tool: Optional[str] = None, *, key: Any = None, scope: A
         name = tool or fn.__name__
         if policy is not None or fields:
             once.policy(name, policy, **fields)
-        signature = inspect.signature(fn)
+        bind = binder(inspect.signature(fn))
 
         def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[str, Optional[str], dict[str, Any]]:
-            bound = signature.bind(*a, **kw)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
+            arguments = bind(a, kw)
             k = key(**arguments) if callable(key) else key
             if k is None:
                 k = _KEY.get()

@@ -5,7 +5,12 @@
 // compare-and-swap record store (in memory, or SQLite via better-sqlite3), a
 // manual clock, scripted provider evidence and a recording escalation sink —
 // and configures each instance (`configure`) with the settings and the tool
-// policy a step needs. Every decision comes from the component.
+// policy a step needs. Every decision comes from the component. The crossings
+// that carry the WIT's "JSON form" as text (`protocol.start`, `report`,
+// `resume`, `ledger.get`, `ledger.commit`; the top comment of wit/once.wit) are
+// written here and read with an exact JSON reader (`parseExact`: an integer
+// past 2^53, such as an absent row's due-at i64::MAX, stays a BigInt) into the
+// neutral form (`neutral`), by the same WIT names the typed values render to.
 //
 //   node run.mjs --component once_guest.wasm [--store memory|sqlite|all]
 //                [--transcripts DIR] [--filter TEXT] [--negative] [--stores MODULE]
@@ -32,6 +37,7 @@ const REPO = resolve(HERE, "../../..");
 
 function canonical(v) {
   if (v === null || v === undefined) return "null";
+  if (typeof v === "bigint") return v.toString();
   if (Array.isArray(v)) return `[${v.map(canonical).join(",")}]`;
   if (typeof v === "object") {
     return `{${Object.keys(v)
@@ -77,6 +83,196 @@ function exportResult(f) {
     if (e && Object.prototype.hasOwnProperty.call(e, "payload")) return { error: render(e.payload) };
     throw e;
   }
+}
+
+// ---------------------------------------------------------------- the JSON form
+
+/** JSON text as a value, integer literals exact: a BigInt past Number.MAX_SAFE_INTEGER (JSON.parse would round it). */
+function parseExact(text) {
+  let at = 0;
+  const fail = (why) => {
+    throw new SyntaxError(`${why} at offset ${at} of ${text.slice(0, 200)}`);
+  };
+  const ws = () => {
+    while (at < text.length && " \t\n\r".includes(text[at])) at++;
+  };
+  const NUMBER = /-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/y;
+  const STRING = /"(?:[^"\\\u0000-\u001f]|\\.)*"/y;
+  const value = () => {
+    ws();
+    const c = text[at];
+    if (c === "{") {
+      at++;
+      const out = {};
+      ws();
+      if (text[at] === "}") return at++, out;
+      for (;;) {
+        ws();
+        if (text[at] !== '"') fail("expected a member name");
+        const k = value();
+        ws();
+        if (text[at++] !== ":") fail("expected :");
+        Object.defineProperty(out, k, { value: value(), enumerable: true, writable: true, configurable: true });
+        ws();
+        const d = text[at++];
+        if (d === "}") return out;
+        if (d !== ",") fail("expected , or }");
+      }
+    }
+    if (c === "[") {
+      at++;
+      const out = [];
+      ws();
+      if (text[at] === "]") return at++, out;
+      for (;;) {
+        out.push(value());
+        ws();
+        const d = text[at++];
+        if (d === "]") return out;
+        if (d !== ",") fail("expected , or ]");
+      }
+    }
+    if (c === '"') {
+      STRING.lastIndex = at;
+      const m = STRING.exec(text);
+      if (!m) fail("a bad string");
+      at = STRING.lastIndex;
+      return JSON.parse(m[0]);
+    }
+    for (const [word, v] of [["true", true], ["false", false], ["null", null]]) {
+      if (text.startsWith(word, at)) return (at += word.length), v;
+    }
+    NUMBER.lastIndex = at;
+    const m = NUMBER.exec(text);
+    if (!m) fail("unexpected character");
+    at = NUMBER.lastIndex;
+    const n = Number(m[0]);
+    return m[1] === undefined && m[2] === undefined && !Number.isSafeInteger(n) ? BigInt(m[0]) : n;
+  };
+  const v = value();
+  ws();
+  if (at !== text.length) fail("trailing data");
+  return v;
+}
+
+/** A JSON-form case name as its WIT name: `InFlight` -> `in-flight`, `InvalidUtf8` -> `invalid-utf8`. */
+const witCase = (name) => name.replace(/(?<!^)(?=[A-Z])/g, "-").toLowerCase();
+/** A WIT case name in the JSON form: `not-sent` -> `NotSent`. */
+const formCase = (name) => name.replace(/(^|-)([a-z0-9])/g, (_, __, c) => c.toUpperCase());
+
+// Which fields of the JSON form hold enum cases or variants, per type (every other field is data, kept as
+// it is); record fields are renamed snake_case -> kebab-case.
+const ENUM = "enum";
+const CONFIRMED_INFO = { via: ENUM, confirmed_by: ENUM, earlier_attempts: ENUM };
+const ENDING = {
+  variant: {
+    Confirmed: CONFIRMED_INFO, Rejected: {}, NotSent: {}, Unknown: {}, InFlight: {}, Conflict: { state: ENUM },
+    Blocked: { reason: ENUM }, Unrecorded: {},
+  },
+};
+const ACCOUNT = { key_source: ENUM, ending: ENDING, effect: ENUM, repeat: ENUM };
+const STEP = { variant: { Dispatch: {}, Wait: { reason: ENUM, meanwhile: ACCOUNT }, Done: ACCOUNT, Direct: null } };
+const ERROR = {
+  variant: {
+    InvalidJson: { kind: ENUM }, InvalidRequest: null, InvalidPolicy: null, Storage: null, NotFound: null,
+    FenceMismatch: null, InvalidTransition: null, NotConfigured: null,
+  },
+};
+const has = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+
+/** A value in the JSON form as neutral JSON (WIT names), by its schema above. */
+function neutral(v, schema) {
+  if (schema === null || schema === undefined || v === null) return v;
+  if (schema === ENUM) {
+    if (typeof v !== "string") throw new TypeError(`${canonical(v)} is not an enum case`);
+    return witCase(v);
+  }
+  if (schema.variant) {
+    const cases = schema.variant;
+    if (typeof v === "string") {
+      if (!has(cases, v) || cases[v] !== null) throw new TypeError(`${JSON.stringify(v)} is not a case without payload`);
+      return witCase(v);
+    }
+    const keys = v && typeof v === "object" && !Array.isArray(v) ? Object.keys(v) : [];
+    if (keys.length !== 1 || !has(cases, keys[0]) || cases[keys[0]] === null) {
+      throw new TypeError(`${canonical(v)} is not a case with a payload`);
+    }
+    return { [witCase(keys[0])]: neutral(v[keys[0]], cases[keys[0]]) };
+  }
+  if (!v || typeof v !== "object" || Array.isArray(v)) throw new TypeError(`${canonical(v)} is not a record`);
+  return Object.fromEntries(Object.entries(v).map(([k, x]) => [k.replace(/_/g, "-"), neutral(x, has(schema, k) ? schema[k] : null)]));
+}
+
+/** A protocol export's answer (the JSON form of result<step, error>) in neutral JSON: the step, or {"error": E}. */
+function stepAnswer(f) {
+  const text = f();
+  if (typeof text !== "string") throw new TypeError(`a protocol export answered ${typeof text}, not JSON text`);
+  const answer = parseExact(text);
+  const keys = answer && typeof answer === "object" && !Array.isArray(answer) ? Object.keys(answer) : [];
+  if (keys.length === 1 && keys[0] === "Ok") return neutral(answer.Ok, STEP);
+  if (keys.length === 1 && keys[0] === "Err") return { error: neutral(answer.Err, ERROR) };
+  throw new TypeError(`not a result: ${text.slice(0, 200)}`);
+}
+
+const TABLES_FORM = { Operation: "operation", Tombstone: "tombstone", Quota: "quota" };
+const STATES_FORM = new Set(["InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded"]);
+
+function stateName(v) {
+  if (v === null) return null;
+  if (!STATES_FORM.has(v)) throw new TypeError(`${canonical(v)} is not a state`);
+  return witCase(v);
+}
+
+/** A u64 of the JSON form, as a number (versions, attempts) or, for timestamps, a BigInt; null stays null. */
+function int(v, what, asBig) {
+  if (v === null) return null;
+  if ((typeof v === "number" && Number.isSafeInteger(v) && v >= 0) || (typeof v === "bigint" && v >= 0n && v < 1n << 64n)) {
+    return asBig ? BigInt(v) : v;
+  }
+  throw new TypeError(`${what}: ${canonical(v)} is not a u64`);
+}
+
+/**
+ * `ledger.commit`'s arguments as neutral puts and events (rows by WIT field name; timestamps as BigInt) and
+ * whether the batch is deferrable. Anything else throws: the batch is refused whole.
+ */
+function batchOf(text, bodies) {
+  const head = parseExact(text);
+  const written = head.puts.filter((p) => p.row !== null).length;
+  if (written !== bodies.length) throw new TypeError(`the batch writes ${written} row(s) but ${bodies.length} bodies came with it`);
+  let next = 0;
+  const puts = head.puts.map((p) => {
+    const table = TABLES_FORM[p.table];
+    if (!table) throw new TypeError(`${canonical(p.table)} is not a table`);
+    const r = p.row;
+    const row =
+      r === null
+        ? null
+        : {
+            table,
+            scope: p.scope,
+            key: p.key,
+            version: int(r.version, "version", false),
+            state: stateName(r.state),
+            "due-at": int(r.due_at, "due_at", true),
+            owner: r.owner,
+            body: bodies[next++],
+          };
+    return { table, scope: p.scope, key: p.key, expected: int(p.expected, "expected", false), row };
+  });
+  const events = head.events.map((e) => ({
+    scope: e.scope,
+    key: e.key,
+    version: int(e.version, "version", false),
+    at: int(e.at, "at", false),
+    kind: e.kind,
+    "from-state": stateName(e.from_state),
+    "to-state": stateName(e.to_state),
+    attempt: e.attempt,
+    detail: e.detail,
+  }));
+  if (typeof head.deferrable !== "boolean") throw new TypeError(`deferrable: ${canonical(head.deferrable)} is not a bool`);
+  return { puts, events, deferrable: head.deferrable };
 }
 
 function caseOf(v) {
@@ -278,7 +474,7 @@ class Scripted {
     if (STORES) this.inner = this.kind === "sqlite" ? STORES.sqlite(path) : STORES.memory();
     else this.inner = this.kind === "sqlite" ? new SqliteStore(path) : new MemoryStore();
   }
-  commit(puts, events) {
+  commit(puts, events, deferrable) {
     const hook = this.race;
     this.race = null;
     if (hook) hook();
@@ -297,7 +493,7 @@ class Scripted {
       // ... and a repeated audit event is silently dropped.
       events = events.filter((e) => !this.inner.audit(e.scope, e.key).some((a) => a.version === e.version));
     }
-    const outcome = this.inner.commit(puts, events);
+    const outcome = this.inner.commit(puts, events, deferrable);
     if (outcome === null && this.loseReplies > 0) {
       this.loseReplies -= 1;
       return LOST_REPLY;
@@ -309,7 +505,6 @@ class Scripted {
 // ---------------------------------------------------------------- the imports (jco shapes)
 
 const big = (n) => (n === null || n === undefined ? undefined : BigInt(n));
-const num = (b) => (b === undefined || b === null ? null : Number(b));
 const opt = (v) => (v === null ? undefined : v);
 
 const rowOut = (r) =>
@@ -323,30 +518,6 @@ const rowOut = (r) =>
     owner: opt(r.owner),
     body: r.body,
   };
-const rowIn = (r) =>
-  r
-    ? {
-        table: r.table,
-        scope: r.scope,
-        key: r.key,
-        version: num(r.version),
-        state: r.state ?? null,
-        "due-at": r.dueAt ?? null,
-        owner: r.owner ?? null,
-        body: r.body,
-      }
-    : null;
-const eventIn = (e) => ({
-  scope: e.scope,
-  key: e.key,
-  version: num(e.version),
-  at: num(e.at),
-  kind: e.kind,
-  "from-state": e.fromState ?? null,
-  "to-state": e.toState ?? null,
-  attempt: e.attempt ?? null,
-  detail: e.detail,
-});
 const eventOut = (e) => ({
   scope: e.scope,
   key: e.key,
@@ -361,26 +532,28 @@ const eventOut = (e) => ({
 
 function imports(run) {
   const failed = (message) => ({ tag: "failed", val: { message } });
+  // `get` and `commit` answer the JSON form of a `got` / `committed`.
+  const failedText = (message) => JSON.stringify({ Failed: { message } });
   const readsFail = () => run.storage.failReads;
   const ifaces = {
-    "once:core/types@0.2.0": {},
-    "once:core/ledger@0.2.0": {
+    "once:core/types@0.3.0": {},
+    "once:core/ledger@0.3.0": {
       get(table, scope, key) {
-        if (readsFail()) return failed(READ_FAILURE);
+        if (readsFail()) return failedText(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
-        return row ? { tag: "found", val: rowOut(row) } : { tag: "missing" };
+        if (!row) return '"Missing"';
+        return `{"Found":{"version":${BigInt(row.version)},"body":${JSON.stringify(row.body)}}}`;
       },
-      commit(batch) {
-        const puts = batch.puts.map((p) => ({
-          table: p.table,
-          scope: p.scope,
-          key: p.key,
-          expected: num(p.expected),
-          row: rowIn(p.row),
-        }));
-        const outcome = run.storage.commit(puts, batch.events.map(eventIn));
-        if (outcome === null) return { tag: "applied" };
-        return outcome === "conflict" ? { tag: "conflict" } : failed(outcome);
+      commit(text, bodies) {
+        let batch;
+        try {
+          batch = batchOf(text, bodies);
+        } catch (e) {
+          return failedText(`ledger.commit: not the JSON form of a batch-head: ${e.message}`);
+        }
+        const outcome = run.storage.commit(batch.puts, batch.events, batch.deferrable);
+        if (outcome === null) return '"Applied"';
+        return outcome === "conflict" ? '"Conflict"' : failedText(outcome);
       },
       scan(table, states, dueBefore, owner, limit) {
         if (readsFail()) return failed(READ_FAILURE);
@@ -392,16 +565,16 @@ function imports(run) {
         return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@0.2.0": {
+    "once:core/clock@0.3.0": {
       now: () => BigInt(run.now),
     },
-    "once:core/provider@0.2.0": {
+    "once:core/provider@0.3.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@0.2.0": {
+    "once:core/operator@0.3.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
@@ -774,7 +947,37 @@ class Run {
     }
   }
 
-  /** The `call` record of a begin or start step. */
+  /** The JSON form of a start step's `call` (its fields checked as the typed `call` of a begin is). */
+  callJson(step, now) {
+    const inp = (field) => this.resolve(this.dflt(step, field), now);
+    const text = (v, what) => {
+      if (typeof v !== "string") throw new StepError(`${what}: expected a string, got ${canonical(v)}`);
+      return v;
+    };
+    let keys;
+    if ("keys" in step) {
+      const pairs = this.resolve(step.keys, now);
+      if (!Array.isArray(pairs)) throw new StepError("keys: expected a list of [carrier, key]");
+      keys = pairs.map((pair) => {
+        if (!Array.isArray(pair) || pair.length !== 2) throw new StepError(`keys: expected [carrier, key], got ${canonical(pair)}`);
+        return [text(pair[0], "carrier"), text(pair[1], "key")];
+      });
+    } else {
+      const key = inp("key");
+      keys = key === null ? [] : [["api", text(key, "key")]];
+    }
+    const supersedes = inp("supersedes");
+    return JSON.stringify({
+      scope: text(inp("scope"), "scope"),
+      keys,
+      tool: text(inp("tool"), "tool"),
+      args: text(inp("args"), "args"),
+      supersedes: supersedes === null ? null : text(supersedes, "supersedes"),
+      acknowledge_confirmed: Boolean(inp("acknowledge-confirmed")),
+    });
+  }
+
+  /** The `call` record of a begin step. */
   callOf(step, now) {
     const inp = (field) => this.resolve(this.dflt(step, field), now);
     let keys;
@@ -805,10 +1008,13 @@ class Run {
     }
     if (refused !== null) return refused;
     const x = agent.x;
-    const outcome = () => {
+    const outcome = (name) => {
       const [tag, val] = caseOf(inp("outcome"));
       if (!["success", "rejected", "ambiguous", "not-sent"].includes(tag)) throw new StepError(`outcome ${tag}`);
-      return val === undefined ? { tag } : { tag, val };
+      if (tag !== "not-sent" && typeof val !== "string") throw new StepError(`outcome ${tag}: expected a string, got ${canonical(val)}`);
+      // `report` takes the JSON form of an `outcome`, `finish` the typed one.
+      if (name === "report") return JSON.stringify(tag === "not-sent" ? "NotSent" : { [formCase(tag)]: val });
+      return tag === "not-sent" ? { tag } : { tag, val };
     };
     switch (op) {
       case "configure": {
@@ -824,13 +1030,13 @@ class Run {
       case "begin":
         return exportResult(() => x.begin(this.callOf(step, now)));
       case "start":
-        return exportResult(() => x.start(this.callOf(step, now)));
+        return stepAnswer(() => x.start(this.callJson(step, now)));
       case "finish":
-        return exportResult(() => x.finish(inp("scope"), inp("key"), inp("fence"), outcome()));
+        return exportResult(() => x.finish(inp("scope"), inp("key"), inp("fence"), outcome("finish")));
       case "report":
-        return exportResult(() => x.report(inp("scope"), inp("key"), inp("fence"), outcome()));
+        return stepAnswer(() => x.report(inp("scope"), inp("key"), inp("fence"), outcome("report")));
       case "resume":
-        return exportResult(() => x.resume(inp("scope"), inp("key")));
+        return stepAnswer(() => x.resume(inp("scope"), inp("key")));
       case "reconcile":
         return exportResult(() => x.reconcile(inp("scope"), inp("key")));
       case "await-holder":

@@ -6,7 +6,11 @@ the standard library's sqlite3), a manual clock, scripted provider evidence
 and a recording escalation sink — and configures each instance (`configure`)
 with the settings and the tool policy a step needs. Every decision comes from
 the component. wasmtime-py takes and gives every WIT value as it is (tagged
-`Variant`s where cases share a Python class); nothing of it is patched.
+`Variant`s where cases share a Python class); nothing of it is patched. The
+crossings that carry the WIT's "JSON form" as text (`protocol.start`,
+`report`, `resume`, `ledger.commit`; the top comment of wit/once.wit) are
+written and read with the `json` module and turned into the neutral form
+here (`neutral`), by the same WIT names the typed values render to.
 
     python run.py --component once_guest.wasm [--store memory|sqlite|all]
                   [--transcripts DIR] [--filter TEXT] [--negative]
@@ -19,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -31,7 +36,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
@@ -104,6 +109,89 @@ def render_answer(answer):
     if side == "err":
         return {"error": render(payload)}
     return render(payload)
+
+
+# ---------------------------------------------------------------- the JSON form
+
+
+def kebab(name):
+    """A JSON-form case name as its WIT name: `InFlight` -> `in-flight`, `InvalidUtf8` -> `invalid-utf8`."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
+
+
+# Which fields of the JSON form hold enum cases or variants, per type (every other field is data, kept as
+# it is); record fields are renamed snake_case -> kebab-case.
+ENUM = "enum"
+CONFIRMED_INFO = {"via": ENUM, "confirmed_by": ENUM, "earlier_attempts": ENUM}
+ENDING = ("variant", {"Confirmed": CONFIRMED_INFO, "Rejected": {}, "NotSent": {}, "Unknown": {}, "InFlight": {},
+                      "Conflict": {"state": ENUM}, "Blocked": {"reason": ENUM}, "Unrecorded": {}})
+ACCOUNT = {"key_source": ENUM, "ending": ENDING, "effect": ENUM, "repeat": ENUM}
+STEP = ("variant", {"Dispatch": {}, "Wait": {"reason": ENUM, "meanwhile": ACCOUNT}, "Done": ACCOUNT, "Direct": None})
+ERROR = ("variant", {"InvalidJson": {"kind": ENUM}, "InvalidRequest": None, "InvalidPolicy": None, "Storage": None,
+                     "NotFound": None, "FenceMismatch": None, "InvalidTransition": None, "NotConfigured": None})
+STATES = {"InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded"}
+TABLES_JSON = {"Operation": "operation", "Tombstone": "tombstone", "Quota": "quota"}
+
+
+def neutral(v, schema):
+    """A value in the JSON form as neutral JSON (WIT names), by its schema above."""
+    if schema is None or v is None:
+        return v
+    if schema == ENUM:
+        return kebab(v)
+    if isinstance(schema, dict):
+        return {k.replace("_", "-"): neutral(x, schema.get(k)) for k, x in v.items()}
+    cases = schema[1]
+    if isinstance(v, str):
+        if v not in cases or cases[v] is not None and cases[v] != {}:
+            raise TypeError(f"{v!r} is not a case without payload")
+        return kebab(v)
+    ((tag, payload),) = v.items()
+    return {kebab(tag): neutral(payload, cases[tag])}
+
+
+def step_answer(text):
+    """A protocol export's answer (the JSON form of result<step, error>) as ("ok" | "err", neutral payload)."""
+    answer = json.loads(text)
+    if set(answer) == {"Ok"}:
+        return "ok", neutral(answer["Ok"], STEP)
+    if set(answer) == {"Err"}:
+        return "err", neutral(answer["Err"], ERROR)
+    raise TypeError(f"not a result: {text[:200]}")
+
+
+def state_name(v):
+    if v is None:
+        return None
+    if v not in STATES:
+        raise ValueError(f"{v!r} is not a state")
+    return kebab(v)
+
+
+def batch_of(text, bodies):
+    """`ledger.commit`'s arguments as neutral puts and events (rows by WIT field name), and whether the batch
+    is deferrable. Anything else raises ValueError: the batch is refused whole."""
+    try:
+        head = json.loads(text)
+        written = sum(1 for p in head["puts"] if p["row"] is not None)
+        if written != len(bodies):
+            raise ValueError(f"the batch writes {written} row(s) but {len(bodies)} bodies came with it")
+        rest = iter(bodies)
+        puts = []
+        for p in head["puts"]:
+            table = TABLES_JSON[p["table"]]
+            r = p["row"]
+            row = None if r is None else {
+                "table": table, "scope": p["scope"], "key": p["key"], "version": r["version"],
+                "state": state_name(r["state"]), "due-at": r["due_at"], "owner": r["owner"], "body": next(rest),
+            }
+            puts.append({"table": table, "scope": p["scope"], "key": p["key"], "expected": p["expected"], "row": row})
+        events = [{"scope": e["scope"], "key": e["key"], "version": e["version"], "at": e["at"], "kind": e["kind"],
+                   "from-state": state_name(e["from_state"]), "to-state": state_name(e["to_state"]),
+                   "attempt": e["attempt"], "detail": e["detail"]} for e in head["events"]]
+        return puts, events, bool(head["deferrable"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"not the JSON form of a batch-head: {type(e).__name__} {e}") from e
 
 
 def record_from(d):
@@ -344,10 +432,6 @@ def to_row(r):
     return None if r is None else record_from(dict(r))
 
 
-def from_row(r):
-    return None if r is None else dict(vars(r))
-
-
 class Host:
     """The imports of world `once` for one scenario run."""
 
@@ -364,22 +448,27 @@ class Host:
         def failed(message):
             return Variant("failed", record_from({"message": message}))
 
+        def failed_text(message):
+            # `get` and `commit` answer the JSON form of a `got` / `committed`.
+            return json.dumps({"Failed": {"message": message}})
+
         def get(_, table, scope, key):
             if reads_fail():
-                return failed(READ_FAILURE)
+                return failed_text(READ_FAILURE)
             row = run.storage.inner.get(table, scope, key)
-            return Variant("missing") if row is None else Variant("found", to_row(row))
+            if row is None:
+                return '"Missing"'
+            return json.dumps({"Found": {"version": row["version"], "body": row["body"]}})
 
-        def commit(_, batch):
-            puts = [
-                {"table": p.table, "scope": p.scope, "key": p.key, "expected": p.expected, "row": from_row(p.row)}
-                for p in batch.puts
-            ]
-            events = [dict(vars(e)) for e in batch.events]
+        def commit(_, batch, bodies):
+            try:
+                puts, events, _deferrable = batch_of(batch, list(bodies))
+            except ValueError as e:
+                return failed_text(f"ledger.commit: {e}")
             outcome = run.storage.commit(puts, events)
             if outcome is None:
-                return Variant("applied")
-            return Variant("conflict") if outcome == "conflict" else failed(outcome)
+                return '"Applied"'
+            return '"Conflict"' if outcome == "conflict" else failed_text(outcome)
 
         def scan(_, table, states, due_before, owner, limit):
             if reads_fail():
@@ -790,8 +879,33 @@ class Run:
             return None
         return self.call(agent, op, step, now)
 
+    def call_json(self, step, now):
+        """The JSON form of a start step's `call` (its fields checked as the typed `call` of a begin is)."""
+        def inp(field):
+            return self.resolve(self.default(step, field), now)
+
+        def text(v, what):
+            if not isinstance(v, str):
+                raise StepError(f"{what}: expected a string, got {canonical(v)}")
+            return v
+
+        if "keys" in step:
+            pairs = self.resolve(step["keys"], now)
+            if not isinstance(pairs, list):
+                raise StepError("keys: expected a list of [carrier, key]")
+            keys = [[text(c, "carrier"), text(k, "key")] for c, k in pairs]
+        else:
+            key = inp("key")
+            keys = [] if key is None else [["api", text(key, "key")]]
+        supersedes = inp("supersedes")
+        return json.dumps({
+            "scope": text(inp("scope"), "scope"), "keys": keys, "tool": text(inp("tool"), "tool"),
+            "args": text(inp("args"), "args"), "supersedes": None if supersedes is None else text(supersedes, "supersedes"),
+            "acknowledge_confirmed": bool(inp("acknowledge-confirmed")),
+        }, ensure_ascii=False)
+
     def call_of(self, step, now):
-        """The `call` record of a begin or start step."""
+        """The `call` record of a begin step."""
         def inp(field):
             return self.resolve(self.default(step, field), now)
 
@@ -826,6 +940,11 @@ class Run:
             tag, payload = case(inp("outcome"))
             if tag not in ("success", "rejected", "ambiguous", "not-sent"):
                 raise StepError(f"outcome {tag!r}")
+            if tag != "not-sent" and not isinstance(payload, str):
+                raise StepError(f"outcome {tag}: expected a string, got {canonical(payload)}")
+            if name == "report":  # the JSON form of an `outcome`
+                return json.dumps("NotSent" if tag == "not-sent" else {"".join(w.capitalize() for w in tag.split("-")): payload},
+                                  ensure_ascii=False)
             return agent.case(name, "outcome", tag, payload)
 
         if op == "configure":
@@ -840,13 +959,14 @@ class Run:
         if op == "begin":
             return render_answer(agent.call("begin", self.call_of(step, now)))
         if op == "start":
-            return render_answer(agent.call("start", self.call_of(step, now)))
+            return render_answer(step_answer(agent.call("start", self.call_json(step, now))))
         if op == "finish":
             return render_answer(agent.call("finish", inp("scope"), inp("key"), inp("fence"), outcome("finish")))
         if op == "report":
-            return render_answer(agent.call("report", inp("scope"), inp("key"), inp("fence"), outcome("report")))
+            return render_answer(step_answer(agent.call("report", inp("scope"), inp("key"), inp("fence"),
+                                                        outcome("report"))))
         if op == "resume":
-            return render_answer(agent.call("resume", inp("scope"), inp("key")))
+            return render_answer(step_answer(agent.call("resume", inp("scope"), inp("key"))))
         if op == "reconcile":
             return render_answer(agent.call("reconcile", inp("scope"), inp("key")))
         if op == "await-holder":

@@ -14,7 +14,7 @@ use once_guest::host::{CommitError, Host};
 use once_guest::store::RecordCache;
 use once_guest::types::{
     AuditEvent, Batch, Call, Configuration, Escalation, Evidence, Outcome, PolicyInput, Row, Settings, State, Step,
-    Table,
+    Stored, Table,
 };
 
 /// The native core's ledger: the host's `MemoryStorage` semantics (ordered
@@ -46,12 +46,15 @@ impl Host for NativeHost {
     fn settings(&self) -> Settings {
         default_settings()
     }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, String> {
+    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String> {
         Ok(self
             .rows
             .borrow()
             .get(&(table_id(table), scope.to_string(), key.to_string()))
-            .cloned())
+            .map(|r| Stored {
+                version: r.version,
+                body: r.body.clone(),
+            }))
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
         let mut rows = self.rows.borrow_mut();
@@ -130,6 +133,14 @@ use crate::{ARGS, RECEIPT};
 /// Register the row's group.
 pub fn bench(c: &mut Criterion) {
     let once = Once::builder(MemoryStorage::new()).build().expect("the once component");
+    // The same component compiled without fuel metering: what metering costs per call.
+    let unmetered = Once::builder(MemoryStorage::new())
+        .runtime(std::sync::Arc::new(
+            once::runtime::Runtime::load_unmetered(once::runtime::cache_dir().as_deref())
+                .expect("the once component, unmetered"),
+        ))
+        .build()
+        .expect("the once component, unmetered");
     let host = NativeHost::default();
     // As `Once` configures it without a provider: no tool has a lookup.
     let (config, _) = Config::new(Configuration {
@@ -154,6 +165,17 @@ pub fn bench(c: &mut Criterion) {
                 next += 1;
                 let key = format!("op-{next}");
                 crate::protected_call(&once, &key);
+            }
+            start.elapsed()
+        })
+    });
+    g.bench_function("component-unmetered", |b| {
+        timed(b, "call/component-unmetered", |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                next += 1;
+                let key = format!("op-{next}");
+                crate::protected_call(&unmetered, &key);
             }
             start.elapsed()
         })
@@ -188,4 +210,10 @@ pub fn bench(c: &mut Criterion) {
     });
     g.finish();
     compare("2. warm protected call", "call/component", "call/native", samples);
+    compare(
+        "2. fuel metering's share",
+        "call/component",
+        "call/component-unmetered",
+        samples,
+    );
 }

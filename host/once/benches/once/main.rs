@@ -20,6 +20,7 @@ mod sqlite;
 
 use criterion::Criterion;
 use once::{Once, Sent};
+use regex::Regex;
 
 /// The arguments of every protected call the benches make.
 const ARGS: &str = r#"{"order":1234,"amount":200,"currency":"EUR"}"#;
@@ -33,6 +34,42 @@ fn protected_call(once: &Once, key: &str) {
         .unwrap();
     assert!(called.confirmed().is_some_and(|c| !c.replayed), "{called:?}");
 }
+
+/// Whether criterion's filter (the first argument that is not a flag; a regex)
+/// selects the benchmark `id`: groups with costly set-up skip what is not asked for.
+fn selected(id: &str) -> bool {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `--bench` is cargo's flag; criterion's own flags that take a value are skipped with it.
+    let mut filter = None;
+    let mut skip = false;
+    for a in &args {
+        if skip {
+            skip = false;
+        } else if a.starts_with("--") {
+            skip = !a.contains('=') && VALUE_FLAGS.contains(&a.as_str());
+        } else {
+            filter = Some(a.as_str());
+            break;
+        }
+    }
+    filter.is_none_or(|f| Regex::new(f).is_ok_and(|r| r.is_match(id)))
+}
+
+/// Criterion flags followed by a value (so the value is not taken for the filter).
+const VALUE_FLAGS: [&str; 12] = [
+    "--save-baseline",
+    "--baseline",
+    "--baseline-lenient",
+    "--load-baseline",
+    "--profile-time",
+    "--sample-size",
+    "--warm-up-time",
+    "--measurement-time",
+    "--nresamples",
+    "--noise-threshold",
+    "--confidence-level",
+    "--significance-level",
+];
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();

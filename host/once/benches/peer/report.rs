@@ -3,9 +3,11 @@
 use serde_json::Value;
 
 /// Subject / baseline pairs of the summary: once's package against Powertools, like for like.
-const COMPARISONS: [(&str, &str); 5] = [
+const COMPARISONS: [(&str, &str); 7] = [
     ("once-sqlite-full/new", "powertools-redis/new"),
     ("once-sqlite-full/replay", "powertools-redis/replay"),
+    ("once-sqlite-intent-only/new", "powertools-redis/new"),
+    ("once-sqlite-intent-only/replay", "powertools-redis/replay"),
     ("once-memory/new", "powertools-redis/new"),
     ("once-memory/replay", "powertools-redis/replay"),
     ("once-memory/replay", "powertools-redis-lru/replay"),

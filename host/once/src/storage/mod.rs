@@ -47,14 +47,14 @@ pub struct Stats {
 /// How soon one commit must reach stable storage (DESIGN.md "Durability budget").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Flush {
-    /// Durable before `Ok` is returned: intents (`begin`), reconciliation,
-    /// sweeps, resolutions: every commit but `finish`'s.
+    /// Durable before `Ok` is returned: intents, rejections, reconciliation,
+    /// sweeps, resolutions: every batch the engine did not mark deferrable.
     #[default]
     Now,
-    /// May become durable with the next `Now` commit: `finish`'s outcome. If
-    /// it is lost, the record stays in flight, expires into unknown and is
-    /// reconciled: slower, never a duplicate. A backend without a cheaper
-    /// mode treats it as `Now`.
+    /// May become durable with the next `Now` commit: a batch the engine marked
+    /// [`Batch::deferrable`] (an attempt's own success, a replay or conflict
+    /// count). If it is lost, a later read restores what it said: slower, never
+    /// a duplicate. A backend without a cheaper mode treats it as `Now`.
     Deferred,
 }
 

@@ -108,7 +108,17 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
-        """Apply every put and event atomically: True; a version or event conflict: False, nothing applied."""
+        """Apply every put and event atomically: True; a version or event conflict: False, nothing applied.
+
+        A put whose `row` and `expected` are both None writes nothing: it only fails the batch (False) if the
+        row exists (the engine claims a new key with an insert that asserts its tombstone is absent).
+        """
+
+    def commit_deferred(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        """`commit` a batch the engine marked deferrable (an attempt's own success, a replay or conflict count):
+        a store in an intent-only mode may return before it is on disk (DESIGN.md "Durability budget"); a later
+        durable commit makes it durable too. By default the same as `commit`."""
+        return self.commit(puts, events)
 
     @abc.abstractmethod
     def scan(

@@ -1,9 +1,11 @@
 """The SQLite ledger: one file, the Rust host's schema, safe with several threads and processes.
 
 WAL mode; `synchronous=FULL` by default (a committed batch survives power
-loss); a busy timeout for the write lock. A batch is one `BEGIN IMMEDIATE`
-transaction: SQLite's file lock makes the compare-and-swap atomic across
-processes. The tables are the Rust host's (schema version 2), so
+loss); `INTENT_ONLY` commits the batches the engine marks deferrable (an
+attempt's own success, a replay or conflict count) at `NORMAL` and every
+other one at `FULL` (DESIGN.md "Durability budget"); a busy timeout for the
+write lock. A batch is one `BEGIN IMMEDIATE` transaction: SQLite's file lock
+makes the compare-and-swap atomic across processes. The tables are the Rust host's (schema version 2), so
 `once ledger list/show/resolve --db FILE` reads a ledger written here.
 """
 
@@ -54,6 +56,8 @@ MIGRATE_1_TO_2 = """
 ALTER TABLE rows ADD COLUMN owner TEXT;
 UPDATE rows SET owner = 'default' WHERE tbl = 'operation';
 """
+# Per mode: the `PRAGMA synchronous` of an ordinary commit, and of one the engine marked deferrable.
+SYNCHRONOUS = {"FULL": ("FULL", "FULL"), "INTENT_ONLY": ("FULL", "NORMAL"), "NORMAL": ("NORMAL", "NORMAL")}
 OWNER_INDEX = "CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL"
 
 
@@ -67,11 +71,14 @@ class SqliteLedger(Ledger):
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", busy_timeout: float = 5.0) -> None:
         self.path = os.fspath(path)
-        if synchronous.upper() not in ("FULL", "NORMAL"):
-            raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+        mode = str(synchronous).upper().replace("-", "_")
+        if mode not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be FULL, INTENT_ONLY or NORMAL, not {synchronous!r}")
         if os.path.isdir(self.path):
             raise LedgerFailure(f"sqlite: {self.path}: is a directory")
-        self.synchronous = synchronous.upper()
+        self.synchronous = mode
+        # The `PRAGMA synchronous` level of an ordinary commit and of a deferrable one.
+        self._levels = SYNCHRONOUS[mode]
         self.busy_timeout = busy_timeout
         self._local = threading.local()
         self._clock = SystemClock()
@@ -85,11 +92,11 @@ class SqliteLedger(Ledger):
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute(f"PRAGMA synchronous = {self._levels[0]}")
             self._enable_wal(conn)
         except sqlite3.Error as e:
             raise LedgerFailure(f"sqlite: open {self.path}: {e}") from e
-        self._local.conn, self._local.pid = conn, os.getpid()
+        self._local.conn, self._local.pid, self._local.level = conn, os.getpid(), self._levels[0]
         return conn
 
     def _enable_wal(self, conn: sqlite3.Connection) -> None:
@@ -156,7 +163,20 @@ class SqliteLedger(Ledger):
         return _row(r) if r else None
 
     def commit(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        return self._commit(puts, events, self._levels[0])
+
+    def commit_deferred(self, puts: Sequence[Put], events: Sequence[Event]) -> bool:
+        return self._commit(puts, events, self._levels[1])
+
+    def _commit(self, puts: Sequence[Put], events: Sequence[Event], level: str) -> bool:
         conn = self._conn()
+        if self._local.level != level:
+            # Outside any transaction, so it governs the COMMIT below.
+            try:
+                conn.execute(f"PRAGMA synchronous = {level}")
+            except sqlite3.Error as e:
+                raise LedgerFailure(f"sqlite: set synchronous = {level}: {e}") from e
+            self._local.level = level
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:

@@ -8,8 +8,8 @@
 //! and `Ok` is reported only once `COMMIT` returned OK. With the default
 //! `synchronous=FULL`, a committed batch survives power loss; `NORMAL` may
 //! lose the last commits on power loss, but never corrupts the file;
-//! [`Synchronous::IntentOnly`] is FULL for every commit but `finish`'s (the
-//! trade-off in DESIGN.md "Durability budget").
+//! [`Synchronous::IntentOnly`] is FULL for every commit but the ones the
+//! engine marks deferrable (the trade-off in DESIGN.md "Durability budget").
 //!
 //! # Group commit
 //!
@@ -105,15 +105,16 @@ pub enum Synchronous {
     /// WAL commits are not fsynced one by one: the last commits may be lost on
     /// power loss (not on a process crash); the file stays consistent.
     Normal,
-    /// Intent-only durability (DESIGN.md "Durability budget"): `finish`'s
-    /// commits ([`Flush::Deferred`]) run at `NORMAL`, every other commit
-    /// (`begin`'s intent, reconcile, sweep, resolve) at `FULL`. After power
-    /// loss every intent and every non-finish commit is kept, and so is every
-    /// finish followed by a later FULL commit (its fsync covers the WAL
-    /// frames before it); a finish after the last FULL commit may be lost:
-    /// its record is back in flight, its lease expires into unknown and
-    /// reconciliation restores the outcome. Slower to heal, never a second
-    /// dispatch. A process crash loses nothing.
+    /// Intent-only durability (DESIGN.md "Durability budget"): the batches
+    /// the engine marks deferrable ([`Flush::Deferred`]: an attempt's own
+    /// success, a replay or conflict count) run at `NORMAL`, every other
+    /// commit (an intent, a rejection, reconcile, sweep, resolve) at `FULL`.
+    /// After power loss every other commit is kept, and so is every deferred
+    /// one followed by a later FULL commit (its fsync covers the WAL frames
+    /// before it); a success after the last FULL commit may be lost: its
+    /// record is back in flight, its lease expires into unknown and
+    /// reconciliation restores the outcome (a lost count is only a count).
+    /// Slower to heal, never a second dispatch. A process crash loses nothing.
     IntentOnly,
 }
 

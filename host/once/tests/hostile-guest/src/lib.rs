@@ -11,9 +11,12 @@
 //! | `alloc` | allocates without bound |
 //! | `recurse` | recurses without bound |
 //! | `write-then-X` | commits one batch (an operation row, a quota row, an audit event), then does X |
+//! | `garbage` | answers `start` with text that is not the JSON form of a step |
 //!
 //! Anything else is refused with an error. `configure` accepts anything;
-//! every other export is inert.
+//! every other export is inert. `start` takes and answers JSON text; this
+//! guest has no JSON library, so it finds the call's fields by their
+//! spelling in the host's JSON (`"tool":"…"`) and writes its answers by hand.
 #![no_std]
 #![allow(missing_docs, clippy::all)]
 
@@ -68,38 +71,24 @@ static CALLS: AtomicU32 = AtomicU32::new(0);
 
 /// One ledger batch of two rows and an audit event, all for (`scope`, `key`).
 fn write(scope: &str, key: &str) {
-    let row = |table, state| Row {
-        table,
-        scope: scope.to_string(),
-        key: key.to_string(),
-        version: 1,
-        state,
-        due_at: Some(1),
-        owner: None,
-        body: "{\"hostile\":true}".to_string(),
-    };
-    let put = |table, state| Put {
-        table,
-        scope: scope.to_string(),
-        key: key.to_string(),
-        expected: None,
-        row: Some(row(table, state)),
-    };
-    let batch = Batch {
-        puts: vec![put(Table::Operation, Some(State::InFlight)), put(Table::Quota, None)],
-        events: vec![AuditEvent {
-            scope: scope.to_string(),
-            key: key.to_string(),
-            version: 1,
-            at: 1,
-            kind: "hostile-write".to_string(),
-            from_state: None,
-            to_state: Some(State::InFlight),
-            attempt: Some(1),
-            detail: "{}".to_string(),
-        }],
-    };
-    if !matches!(ledger::commit(&batch), Committed::Applied) {
+    // The JSON form of the batch-head (serde's, as the real guest writes it); the
+    // commands' scope and key need no escaping.
+    let head = alloc::format!(
+        concat!(
+            "{{\"puts\":[",
+            "{{\"table\":\"Operation\",\"scope\":\"{s}\",\"key\":\"{k}\",\"expected\":null,",
+            "\"row\":{{\"version\":1,\"state\":\"InFlight\",\"due_at\":1,\"owner\":null}}}},",
+            "{{\"table\":\"Quota\",\"scope\":\"{s}\",\"key\":\"{k}\",\"expected\":null,",
+            "\"row\":{{\"version\":1,\"state\":null,\"due_at\":1,\"owner\":null}}}}],",
+            "\"events\":[{{\"scope\":\"{s}\",\"key\":\"{k}\",\"version\":1,\"at\":1,",
+            "\"kind\":\"hostile-write\",\"from_state\":null,\"to_state\":\"InFlight\",",
+            "\"attempt\":1,\"detail\":\"{{}}\"}}],\"deferrable\":false}}"
+        ),
+        s = scope,
+        k = key
+    );
+    let bodies = ["{\"hostile\":true}".to_string(), "{\"hostile\":true}".to_string()];
+    if ledger::commit(&head, &bodies) != "\"Applied\"" {
         core::arch::wasm32::unreachable();
     }
 }
@@ -177,6 +166,25 @@ fn misbehave_on(call: &Call) -> Error {
     refused()
 }
 
+/// The string field `name` of the host's JSON text, as written (no escapes in the commands).
+fn field<'a>(json: &'a str, name: &str) -> &'a str {
+    let tag = alloc::format!("\"{name}\":\"");
+    json.find(&tag)
+        .map(|at| &json[at + tag.len()..])
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("")
+}
+
+/// The first operation key of the host's JSON text (`"keys":[["carrier","key"]]`).
+fn first_key(json: &str) -> &str {
+    json.find("\"keys\":[[\"")
+        .and_then(|at| json[at..].split('"').nth(5))
+        .unwrap_or("no-key")
+}
+
+/// `start`'s refusal, in the JSON form of a `result<step, error>`.
+const REFUSED: &str = "{\"Err\":{\"InvalidRequest\":\"the hostile guest does not do that\"}}";
+
 struct Hostile;
 
 impl exports::once::core::engine::Guest for Hostile {
@@ -227,14 +235,19 @@ impl exports::once::core::engine::Guest for Hostile {
 }
 
 impl exports::once::core::protocol::Guest for Hostile {
-    fn start(call: Call) -> Result<Step, Error> {
-        Err(misbehave_on(&call))
+    fn start(call: String) -> String {
+        let tool = field(&call, "tool");
+        if tool == "garbage" {
+            return "{\"Ok\":{\"Dispatch\":".to_string();
+        }
+        misbehave(tool, field(&call, "scope"), first_key(&call));
+        REFUSED.to_string()
     }
-    fn report(_: String, _: String, _: String, _: Outcome) -> Result<Step, Error> {
-        Err(refused())
+    fn report(_: String, _: String, _: String, _: String) -> String {
+        REFUSED.to_string()
     }
-    fn resume(_: String, _: String) -> Result<Step, Error> {
-        Err(refused())
+    fn resume(_: String, _: String) -> String {
+        REFUSED.to_string()
     }
     fn sweep(_: u32, _: bool) -> Result<SweepResult, Error> {
         Err(refused())
