@@ -53,6 +53,16 @@ export function databaseUrl(t) {
   return undefined;
 }
 
+/** A Python with the once-exactly package installed ($ONCE_PYTHON); a skip with a notice, or under CI a failure. */
+export function python(t) {
+  const path = process.env.ONCE_PYTHON;
+  if (path && existsSync(path)) return path;
+  const why = `ONCE_PYTHON ${path ? `(${path}) does not exist` : "is not set"}: a Python with the package installed (pip install ./python)`;
+  if (process.env.CI) throw new Error(`${why}; with CI set, the Python crossing must run`);
+  t.skip(`skipped: ${why}`);
+  return undefined;
+}
+
 /** A schema name of its own for one test, dropped after it. */
 export async function schemaFor(t, url) {
   const pg = (await import("pg")).default;

@@ -2,23 +2,12 @@
 // (the `once` CLI) on one SQLite file and one PostgreSQL schema.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { Once, sent } from "../dist/index.js";
-import { JS, databaseUrl, once, schemaFor, tempDir, withSchema } from "./helpers.mjs";
+import { JS, databaseUrl, once, python, schemaFor, tempDir, withSchema } from "./helpers.mjs";
 
 const ARGS = { order_id: 1234, amount: 200 };
-
-/** A Python with the once-exactly package installed ($ONCE_PYTHON); a skip with a notice, or under CI a failure. */
-function python(t) {
-  const path = process.env.ONCE_PYTHON;
-  if (path && existsSync(path)) return path;
-  const why = `ONCE_PYTHON ${path ? `(${path}) does not exist` : "is not set"}: a Python with the package installed (pip install ./python)`;
-  if (process.env.CI) throw new Error(`${why}; with CI set, the Python crossing must run`);
-  t.skip(`skipped: ${why}`);
-  return undefined;
-}
 
 /** One call from the Python package on `location`; how it ended, as python-host.py prints it. */
 function fromPython(py, location, key, args, action, receipt) {

@@ -5,25 +5,15 @@
 // and list the owed dispatch; Node then sends it.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import Database from "better-sqlite3";
 import { Once, sent } from "../dist/index.js";
-import { JS, databaseUrl, once as cli, schemaFor, tempDir, withSchema } from "./helpers.mjs";
+import { JS, databaseUrl, once as cli, python, schemaFor, tempDir, withSchema } from "./helpers.mjs";
 
 const ARGS = { order_id: 1234, amount: 200 };
 const OWED = 9223372036854775807n;
-
-function python(t) {
-  const path = process.env.ONCE_PYTHON;
-  if (path && existsSync(path)) return path;
-  const why = `ONCE_PYTHON ${path ? `(${path}) does not exist` : "is not set"}: a Python with the package installed (pip install ./python)`;
-  if (process.env.CI) throw new Error(`${why}; with CI set, the Python crossing must run`);
-  t.skip(`skipped: ${why}`);
-  return undefined;
-}
 
 /** Leave `key` absent, escalated and acknowledged: nothing pending but the owed dispatch, so due at i64::MAX. */
 async function owe(location, key) {

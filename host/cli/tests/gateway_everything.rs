@@ -428,6 +428,11 @@ impl RawClient {
         }
     }
 
+    /// Whether a notification `method` has been heard so far.
+    fn heard(&self, method: &str) -> bool {
+        self.notifications.iter().any(|n| n["method"] == method)
+    }
+
     /// The `execution` the client sees for `tool`.
     async fn execution(&mut self, tool: &str) -> Value {
         let listed = self.request("tools/list", serde_json::json!({})).await;
@@ -494,10 +499,7 @@ async fn a_protected_tool_called_as_a_task_is_refused_and_nothing_is_claimed_or_
     let listed = client.request("tasks/list", serde_json::json!({})).await;
     assert_eq!(listed["result"]["tasks"], serde_json::json!([]), "{listed}");
     assert!(
-        !client
-            .notifications
-            .iter()
-            .any(|n| n["method"] == "notifications/tasks/status"),
+        !client.heard("notifications/tasks/status"),
         "{:?}",
         client.notifications
     );
@@ -531,10 +533,7 @@ async fn a_protected_tool_the_upstream_runs_only_as_a_task_runs_as_the_gateways_
     );
     // The task is the gateway's: the client hears no status of it and does not find it listed.
     assert!(
-        !client
-            .notifications
-            .iter()
-            .any(|n| n["method"] == "notifications/tasks/status"),
+        !client.heard("notifications/tasks/status"),
         "{:?}",
         client.notifications
     );

@@ -106,6 +106,19 @@ impl Storage for Observed {
     }
 }
 
+/// The store at `path`, the flushes its commits were asked for, and a `Once` over both.
+fn observed(path: &Path, synchronous: Synchronous) -> (Arc<SqliteStorage>, Arc<Mutex<Vec<Flush>>>, Once) {
+    let store = Arc::new(open(path, synchronous));
+    let flushes = Arc::new(Mutex::new(Vec::new()));
+    let once = Once::builder(Observed {
+        store: store.clone(),
+        flushes: flushes.clone(),
+    })
+    .build()
+    .unwrap();
+    (store, flushes, once)
+}
+
 /// Confirmed by this call's own send (not a replay).
 fn sent_now(called: &Called) -> bool {
     called.confirmed().is_some_and(|c| !c.replayed)
@@ -121,14 +134,7 @@ fn protected_call(synchronous: Synchronous) -> (Called, Vec<Flush>, CommitCounts
 fn protected_call_answered(synchronous: Synchronous, sent: Sent) -> (Called, Vec<Flush>, CommitCounts, Option<Row>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("once.db");
-    let store = Arc::new(open(&path, synchronous));
-    let flushes = Arc::new(Mutex::new(Vec::new()));
-    let once = Once::builder(Observed {
-        store: store.clone(),
-        flushes: flushes.clone(),
-    })
-    .build()
-    .unwrap();
+    let (store, flushes, once) = observed(&path, synchronous);
     let called = once
         .call(
             "tenant",
@@ -200,14 +206,7 @@ fn intent_only_commits_a_rejection_full() {
 #[test]
 fn intent_only_defers_a_replay_count_but_not_a_late_success() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(open(&dir.path().join("once.db"), Synchronous::IntentOnly));
-    let flushes = Arc::new(Mutex::new(Vec::new()));
-    let once = Once::builder(Observed {
-        store: store.clone(),
-        flushes: flushes.clone(),
-    })
-    .build()
-    .unwrap();
+    let (_store, flushes, once) = observed(&dir.path().join("once.db"), Synchronous::IntentOnly);
     let args = r#"{"order":1,"amount":2}"#;
     let first = once
         .call("tenant", Some("r-1"), "refund", args, |_| {

@@ -217,27 +217,20 @@ def step(text: str, where: str) -> Step:
         ) from e
 
 
-_ERRORS: dict[str, type[errors.OnceError]] = {
-    "InvalidRequest": errors.InvalidRequest,
-    "InvalidPolicy": errors.InvalidPolicy,
-    "Storage": errors.StorageError,
-    "InvalidTransition": errors.InvalidTransition,
-}
-
-
 def error_of(v: Any, where: str) -> errors.OnceError:
     """The exception for an `error` in the JSON form, naming the export it came from."""
-    if v == "NotFound":
-        return errors.NotFound(f"{where}: no record for this scope and key")
-    if v == "FenceMismatch":
-        return errors.FenceMismatch(f"{where}: the fence belongs to no attempt of this record")
-    if v == "NotConfigured":
-        return errors.NotConfigured(f"{where}: called before configure")
+    if isinstance(v, str):
+        return _error_case(_kebab(v), None, where, strict=True)
     ((tag, payload),) = v.items()
     if tag == "InvalidJson":
         return errors.InvalidJson(JSON_ERROR_KIND[payload["kind"]], payload["pointer"], payload["offset"],
                                   f"{payload['message']} ({where})")
-    return _ERRORS[tag](f"{where}: {payload}")
+    return _error_case(_kebab(tag), payload, where, strict=True)
+
+
+def _kebab(name: str) -> str:
+    """A case's WIT name from its JSON form's UpperCamelCase one: `NotFound` -> `not-found`."""
+    return "".join(f"-{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
 
 
 # A state as a ledger stores it, `None` included (an unknown name is a KeyError: the batch is refused).
@@ -398,12 +391,29 @@ def plain(v: Any) -> Any:
 
 # ---------------------------------------------------------------- errors of typed exports
 
-_TYPED_ERRORS: dict[str, type[errors.OnceError]] = {
+# An `error`'s cases that carry nothing: the exception and what it says.
+_UNIT_ERRORS: dict[str, tuple[type[errors.OnceError], str]] = {
+    "not-found": (errors.NotFound, "no record for this scope and key"),
+    "fence-mismatch": (errors.FenceMismatch, "the fence belongs to no attempt of this record"),
+    "not-configured": (errors.NotConfigured, "called before configure"),
+}
+
+# An `error`'s cases that carry a message (`invalid-json` carries a `json-error`: `error`, `error_of`).
+_MESSAGE_ERRORS: dict[str, type[errors.OnceError]] = {
     "invalid-request": errors.InvalidRequest,
     "invalid-policy": errors.InvalidPolicy,
     "storage": errors.StorageError,
     "invalid-transition": errors.InvalidTransition,
 }
+
+
+def _error_case(tag: str, payload: Any, where: str, strict: bool = False) -> errors.OnceError:
+    """The exception for the `error` case `tag` (its WIT name); an unknown case is a KeyError when `strict`."""
+    if tag in _UNIT_ERRORS:
+        cls, says = _UNIT_ERRORS[tag]
+        return cls(f"{where}: {says}")
+    cls = _MESSAGE_ERRORS[tag] if strict else _MESSAGE_ERRORS.get(tag, errors.OnceError)
+    return cls(f"{where}: {payload}")
 
 
 def error(v: Any, where: str) -> errors.OnceError:
@@ -414,11 +424,4 @@ def error(v: Any, where: str) -> errors.OnceError:
     tag, payload = (v.tag, v.payload) if isinstance(v, Variant) else (str(v), None)
     if tag == "invalid-json":
         return error(payload, where)
-    if tag == "not-found":
-        return errors.NotFound(f"{where}: no record for this scope and key")
-    if tag == "fence-mismatch":
-        return errors.FenceMismatch(f"{where}: the fence belongs to no attempt of this record")
-    if tag == "not-configured":
-        return errors.NotConfigured(f"{where}: called before configure")
-    cls = _TYPED_ERRORS.get(tag, errors.OnceError)
-    return cls(f"{where}: {payload}")
+    return _error_case(tag, payload, where)

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::upstream::Answer;
 use super::{
     CREATED_TASK_META, EXECUTION_META, Line, OWN_TASK_META, Rewrite, RmcpIo, TASK_META, TASK_METHODS, envelope,
-    line_of, object_at, take_meta,
+    line_of, object_at, take_meta, tools_mut,
 };
 use crate::handler::Shared;
 
@@ -204,13 +204,7 @@ fn declare_tasks(result: &mut Map<String, Value>, tasks: Value) {
 /// Each tool's `execution` back where the upstream wrote it (as the gateway presents it). Whether any was.
 fn restore_executions(result: &mut Map<String, Value>) -> bool {
     let mut changed = false;
-    for tool in result
-        .get_mut("tools")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object_mut)
-    {
+    for tool in tools_mut(result) {
         let Some(mut tucked) = tool
             .get_mut("_meta")
             .and_then(Value::as_object_mut)

@@ -184,6 +184,16 @@ fn object_at<'a>(value: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut
         .as_object_mut()
 }
 
+/// The tool objects of a `tools/list` result.
+fn tools_mut(result: &mut Map<String, Value>) -> impl Iterator<Item = &mut Map<String, Value>> {
+    result
+        .get_mut("tools")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
 /// Remove `key` from `holder["_meta"]`, and `_meta` itself when that leaves it empty; the value removed.
 fn take_meta(holder: &mut Map<String, Value>, key: &str) -> Option<Value> {
     let meta = holder.get_mut("_meta")?.as_object_mut()?;

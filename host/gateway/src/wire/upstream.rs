@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CREATED_TASK_META, EXECUTION_META, Line, OWN_TASK_META, Rewrite, RmcpIo, TASK_META, envelope, line_of, take_meta,
+    tools_mut,
 };
 use crate::relay::Relay;
 
@@ -270,15 +271,7 @@ fn rmcps_answer(state: &mut State, asked: Asked, line: Line) -> Option<Line> {
             Some(line)
         }
         Asked::ToolsList => {
-            for tool in result
-                .get_mut("tools")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_object_mut)
-            {
-                tuck_execution(tool);
-            }
+            tools_mut(result).for_each(tuck_execution);
             Some(line_of(&message))
         }
         Asked::ToolsCall { task } => {
