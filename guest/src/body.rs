@@ -1,10 +1,10 @@
 //! An operation record's row body, written by hand: the same JSON text as
-//! `serde_json::to_string(&rec)` (field order, escapes, enum names), in a
-//! fraction of its time. Every transition writes one; serde's writer, which
-//! escapes every field name and grows its buffer as it goes, was the largest
-//! single cost of a protected call (BENCHMARKS.md row 2). Reading stays
-//! serde's (`store::decode`), which is what proves the two agree: the tests
-//! compare this writer with serde's on records in every state.
+//! `serde_json::to_string(&rec)` (field order, escapes, enum names, the
+//! fields left out), in a fraction of its time. Every transition writes one;
+//! serde's writer, which escapes every field name and grows its buffer as it
+//! goes, was the largest single cost of a protected call (BENCHMARKS.md row
+//! 2). Reading stays serde's (`store::decode`), which is what proves the two
+//! agree: the tests compare this writer with serde's on records in every state.
 
 use alloc::string::String;
 
@@ -24,7 +24,7 @@ pub fn record_json(rec: &OpRecord) -> String {
     w.str("fingerprint", &rec.fingerprint);
     w.str("args", &rec.args);
     w.str("provider_key", &rec.provider_key);
-    w.bool("key_in_args", rec.key_in_args);
+    flag(&mut w, "key_in_args", rec.key_in_args);
     w.str("owner", &rec.owner);
     w.raw("state", state(rec.state));
     w.key("attempts");
@@ -37,33 +37,34 @@ pub fn record_json(rec: &OpRecord) -> String {
         w.key("reported_previous");
         w.list(&rec.reported_previous, |w, f| write_string(f, &mut w.0));
     }
-    w.opt_str("receipt", rec.receipt.as_deref());
-    w.opt_num("confirmed_by", rec.confirmed_by.map(u64::from));
-    w.raw("confirmed_via", rec.confirmed_via.map_or("null", confirmation));
-    w.bool("absence_forced", rec.absence_forced);
-    w.opt_str("error", rec.error.as_deref());
-    w.opt_str("unknown_reason", rec.unknown_reason.as_deref());
-    w.opt_num("since", rec.since);
-    w.opt_num("deadline", rec.deadline);
-    w.opt_num("next_check", rec.next_check);
-    w.num("checks", u64::from(rec.checks));
-    w.opt_num("last_read_position", rec.last_read_position);
-    w.bool("escalated", rec.escalated);
-    w.bool("escalation_acked", rec.escalation_acked);
-    w.opt_str("escalation_id", rec.escalation_id.as_deref());
-    w.bool("possible_duplicate", rec.possible_duplicate);
-    w.opt_str("supersedes", rec.supersedes.as_deref());
-    w.opt_str("superseded_by", rec.superseded_by.as_deref());
-    w.opt_str("spend", rec.spend.as_deref());
-    w.key("reservation");
-    match &rec.reservation {
-        Some(r) => reservation(&mut w, r),
-        None => w.0.push_str("null"),
+    some_str(&mut w, "receipt", rec.receipt.as_deref());
+    some_num(&mut w, "confirmed_by", rec.confirmed_by.map(u64::from));
+    if let Some(via) = rec.confirmed_via {
+        w.raw("confirmed_via", confirmation(via));
+    }
+    flag(&mut w, "absence_forced", rec.absence_forced);
+    some_str(&mut w, "error", rec.error.as_deref());
+    some_str(&mut w, "unknown_reason", rec.unknown_reason.as_deref());
+    some_num(&mut w, "since", rec.since);
+    some_num(&mut w, "deadline", rec.deadline);
+    some_num(&mut w, "next_check", rec.next_check);
+    count(&mut w, "checks", rec.checks);
+    some_num(&mut w, "last_read_position", rec.last_read_position);
+    flag(&mut w, "escalated", rec.escalated);
+    flag(&mut w, "escalation_acked", rec.escalation_acked);
+    some_str(&mut w, "escalation_id", rec.escalation_id.as_deref());
+    flag(&mut w, "possible_duplicate", rec.possible_duplicate);
+    some_str(&mut w, "supersedes", rec.supersedes.as_deref());
+    some_str(&mut w, "superseded_by", rec.superseded_by.as_deref());
+    some_str(&mut w, "spend", rec.spend.as_deref());
+    if let Some(r) = &rec.reservation {
+        w.key("reservation");
+        reservation(&mut w, r);
     }
     w.key("policy");
     policy(&mut w, &rec.policy);
-    w.num("replays", u64::from(rec.replays));
-    w.num("conflicts", u64::from(rec.conflicts));
+    count(&mut w, "replays", rec.replays);
+    count(&mut w, "conflicts", rec.conflicts);
     w.num("created_at", rec.created_at);
     w.num("updated_at", rec.updated_at);
     w.num("transitioned_at", rec.transitioned_at);
@@ -77,9 +78,9 @@ fn attempt(w: &mut Writer, a: &Attempt) {
     w.str("fence", &a.fence);
     w.num("granted_at", a.granted_at);
     w.num("lease_until", a.lease_until);
-    w.opt_num("ended_at", a.ended_at);
-    w.opt_str("outcome", a.outcome.as_deref());
-    w.bool("owed", a.owed);
+    some_num(w, "ended_at", a.ended_at);
+    some_str(w, "outcome", a.outcome.as_deref());
+    flag(w, "owed", a.owed);
     w.0.push('}');
 }
 
@@ -94,17 +95,18 @@ fn reservation(w: &mut Writer, r: &Reservation) {
 
 fn policy(w: &mut Writer, p: &Policy) {
     w.0.push('{');
-    w.raw("route", p.route.map_or("null", route));
-    w.raw("identity", identity(p.identity));
-    w.opt_str("key_argument", p.key_argument.as_deref());
-    w.bool("key_sent_by_host", p.key_sent_by_host);
-    w.key("effect_fields");
-    match &p.effect_fields {
-        Some(fields) => w.list(fields, |w, f| write_string(f, &mut w.0)),
-        None => w.0.push_str("null"),
+    if let Some(r) = p.route {
+        w.raw("route", route(r));
     }
-    w.bool("verify_first", p.verify_first);
-    w.bool("provider_claims_key", p.provider_claims_key);
+    w.raw("identity", identity(p.identity));
+    some_str(w, "key_argument", p.key_argument.as_deref());
+    flag(w, "key_sent_by_host", p.key_sent_by_host);
+    if let Some(fields) = &p.effect_fields {
+        w.key("effect_fields");
+        w.list(fields, |w, f| write_string(f, &mut w.0));
+    }
+    flag(w, "verify_first", p.verify_first);
+    flag(w, "provider_claims_key", p.provider_claims_key);
     w.bool("lookup", p.lookup);
     w.num("max_in_flight_ms", p.max_in_flight_ms);
     w.num("dispatch_timeout_ms", p.dispatch_timeout_ms);
@@ -115,12 +117,11 @@ fn policy(w: &mut Writer, p: &Policy) {
     w.num("reconcile_interval_ms", p.reconcile_interval_ms);
     w.num("retention_ms", p.retention_ms);
     w.num("tombstone_retention_ms", p.tombstone_retention_ms);
-    w.key("quota");
-    match &p.quota {
-        Some(q) => quota(w, q),
-        None => w.0.push_str("null"),
+    if let Some(q) = &p.quota {
+        w.key("quota");
+        quota(w, q);
     }
-    w.opt_str("descriptor_pin", p.descriptor_pin.as_deref());
+    some_str(w, "descriptor_pin", p.descriptor_pin.as_deref());
     w.0.push('}');
 }
 
@@ -130,6 +131,37 @@ fn quota(w: &mut Writer, q: &Quota) {
     w.str("ceiling", &q.ceiling);
     w.num("decimals", u64::from(q.decimals));
     w.num("window_ms", q.window_ms);
-    w.opt_str("bucket", q.bucket.as_deref());
+    some_str(w, "bucket", q.bucket.as_deref());
     w.0.push('}');
+}
+
+// What a body leaves out (`OpRecord`'s serde attributes): an absent value, a
+// false flag, a zero count.
+
+/// A string member, left out when absent.
+fn some_str(w: &mut Writer, name: &str, value: Option<&str>) {
+    if let Some(v) = value {
+        w.str(name, v);
+    }
+}
+
+/// An integer member, left out when absent.
+fn some_num(w: &mut Writer, name: &str, value: Option<u64>) {
+    if let Some(v) = value {
+        w.num(name, v);
+    }
+}
+
+/// A flag, left out when false.
+fn flag(w: &mut Writer, name: &str, value: bool) {
+    if value {
+        w.raw(name, "true");
+    }
+}
+
+/// A count, left out when zero.
+fn count(w: &mut Writer, name: &str, value: u32) {
+    if value > 0 {
+        w.num(name, u64::from(value));
+    }
 }

@@ -28,12 +28,14 @@ pub struct Attempt {
     /// Its lease end: the host never sends after it.
     pub lease_until: u64,
     /// When its holder's `finish` was recorded (it stops sending then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<u64>,
     /// What the holder reported, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
     /// Granted as the owed dispatch of an absent record: if it is not sent,
     /// the dispatch is still owed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub owed: bool,
 }
 
@@ -60,7 +62,10 @@ pub struct Reservation {
     pub units: String,
 }
 
-/// The engine's record of one operation, stored as the row body.
+/// The engine's record of one operation, stored as the row body. A body
+/// leaves out every field that is absent, false or zero (each reads back as
+/// such, and bodies written with them spelled out read the same): most are,
+/// and a shorter body is less to write, fsync and parse on every transition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpRecord {
     /// Scope.
@@ -80,7 +85,7 @@ pub struct OpRecord {
     /// Whether the dispatched args carry the provider key (a key argument).
     /// Records written before this was kept read as false: a provider cannot
     /// be trusted to claim a key nobody can show it saw.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub key_in_args: bool,
     /// Who dispatches this operation (the creating host's `settings.owner`).
     #[serde(default = "default_owner")]
@@ -97,53 +102,71 @@ pub struct OpRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reported_previous: Vec<String>,
     /// Receipt of the effect, once confirmed; never changes after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<String>,
     /// The attempt whose effect the receipt is: the one that reported it, or
     /// for a confirmation by reading the provider, the latest attempt then.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmed_by: Option<u32>,
     /// How the ledger learnt of the effect.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmed_via: Option<Confirmation>,
     /// An operator resolved it absent before `max_in_flight` had passed (forced):
     /// an earlier attempt may still have an effect.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub absence_forced: bool,
     /// The last definite rejection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// Why the record is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown_reason: Option<String>,
     /// Since when the record is unknown or absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
     /// When the operator is escalated to (unknown, absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<u64>,
     /// Next provider read of an unknown record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_check: Option<u64>,
     /// Provider reads of this record that could not settle it.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub checks: u32,
     /// The last read position an absent answer carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_read_position: Option<u64>,
     /// Escalated to the operator.
+    #[serde(default, skip_serializing_if = "is_false")]
     pub escalated: bool,
     /// The operator sink acknowledged the escalation.
+    #[serde(default, skip_serializing_if = "is_false")]
     pub escalation_acked: bool,
     /// Id of the current escalation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalation_id: Option<String>,
     /// A success arrived while a newer attempt was in flight.
+    #[serde(default, skip_serializing_if = "is_false")]
     pub possible_duplicate: bool,
     /// Key this operation supersedes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supersedes: Option<String>,
     /// Key that superseded this operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
     /// Spend in minor units, if the tool has a quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spend: Option<String>,
     /// Quota reservation held now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<Reservation>,
     /// The tool's policy when the record was created.
     pub policy: Policy,
     /// Replays answered.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub replays: u32,
     /// Conflicts answered.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub conflicts: u32,
     /// Created.
     pub created_at: u64,
@@ -721,6 +744,16 @@ impl OpRecord {
         self.escalation_id = None;
         self.unknown_reason = None;
     }
+}
+
+/// Serde: a false flag is left out of a row body (absent reads as false).
+pub(crate) fn is_false(flag: &bool) -> bool {
+    !*flag
+}
+
+/// Serde: a zero count is left out of a row body (absent reads as zero).
+fn is_zero(count: &u32) -> bool {
+    *count == 0
 }
 
 fn default_owner() -> String {

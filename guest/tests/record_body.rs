@@ -159,3 +159,56 @@ fn every_field_set_and_every_enum_value() {
     rec.attempts.clear();
     same_as_serde(&rec);
 }
+
+/// A confirmed record as 0.3.0 wrote it, every field spelled out (the
+/// bench's call: `refund` of `{"order":1234,"amount":200,"currency":"EUR"}`).
+const SPELLED_OUT: &str = r#"{"scope":"tenant","key":"op1448","key_source":"Application","tool":"refund","fingerprint":"6543acc179c37fceec3d0396a019559ddf74d4be2bd87d8efb275fb0efd36b0d","args":"{\"amount\":200,\"currency\":\"EUR\",\"order\":1234}","provider_key":"once-4cc54f227c5480b1a3c90e97a36442fa1666f4ab45552f48fe03a7d35f52d672","key_in_args":false,"owner":"default","state":"Confirmed","attempts":[{"n":1,"fence":"1-c3cad6323eff411243170bba1ec13c79","granted_at":1796294268776,"lease_until":1796294303776,"ended_at":1796294268777,"outcome":"success","owed":false}],"receipt":"{\"refund_id\":\"r_1\"}","confirmed_by":1,"confirmed_via":"Answer","absence_forced":false,"error":null,"unknown_reason":null,"since":null,"deadline":null,"next_check":null,"checks":0,"last_read_position":null,"escalated":false,"escalation_acked":false,"escalation_id":null,"possible_duplicate":false,"supersedes":null,"superseded_by":null,"spend":null,"reservation":null,"policy":{"route":null,"identity":"Derived","key_argument":null,"key_sent_by_host":false,"effect_fields":null,"verify_first":false,"provider_claims_key":false,"lookup":false,"max_in_flight_ms":60000,"dispatch_timeout_ms":30000,"lease_ms":35000,"attempt_budget":3,"derived_window_ms":86400000,"resolve_deadline_ms":900000,"reconcile_interval_ms":1000,"retention_ms":604800000,"tombstone_retention_ms":7776000000,"quota":null,"descriptor_pin":null},"replays":0,"conflicts":0,"created_at":1796294268776,"updated_at":1796294268777,"transitioned_at":1796294268777}"#;
+
+#[test]
+fn a_body_leaves_out_absent_false_and_zero_and_spelled_out_bodies_read_the_same() {
+    let rec: OpRecord = serde_json::from_str(SPELLED_OUT).unwrap();
+    let compact = record_json(&rec);
+    same_as_serde(&rec);
+    // Every member dropped was null, false or 0 in the spelled-out body, except
+    // `lookup`, whose absence would read as true.
+    let full: serde_json::Value = serde_json::from_str(SPELLED_OUT).unwrap();
+    let short: serde_json::Value = serde_json::from_str(&compact).unwrap();
+    let dropped = |a: &serde_json::Value, b: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
+        let (a, b) = (a.as_object().unwrap(), b.as_object().unwrap());
+        a.iter()
+            .filter(|(k, _)| !b.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut gone = dropped(&full, &short);
+    gone.extend(dropped(&full["policy"], &short["policy"]));
+    gone.extend(dropped(&full["attempts"][0], &short["attempts"][0]));
+    assert_eq!(gone.len(), 28, "{gone:?}");
+    for (name, value) in &gone {
+        assert!(
+            value.is_null() || *value == false || *value == 0,
+            "{name} was {value}, yet left out"
+        );
+    }
+    assert_eq!(short["policy"]["lookup"], false);
+    // A third shorter (1,465 bytes spelled out, 958 compact).
+    assert!(
+        compact.len() * 3 <= SPELLED_OUT.len() * 2,
+        "{} bytes: {compact}",
+        compact.len()
+    );
+    // The compact text reads back as the very record the spelled-out one is.
+    let back: OpRecord = serde_json::from_str(&compact).unwrap();
+    assert_eq!(back, rec);
+    let row = once_guest::types::Row {
+        table: Table::Operation,
+        scope: rec.scope.clone(),
+        key: rec.key.clone(),
+        version: 2,
+        state: Some(State::Confirmed),
+        due_at: None,
+        owner: Some("default".into()),
+        body: SPELLED_OUT.into(),
+    };
+    assert_eq!(decode(&row).unwrap().rec, back);
+}

@@ -37,6 +37,7 @@ pub struct Quota {
     /// Window length in milliseconds.
     pub window_ms: u64,
     /// Shared bucket; none: the tool's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<String>,
 }
 
@@ -46,19 +47,24 @@ pub struct Quota {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     /// Explicit route; none: from the descriptor's annotations, else protect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
     /// Whether an application key is required or may be derived.
     pub identity: IdentityMode,
     /// The args field the provider key travels in; none: the recognised names when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_argument: Option<String>,
     /// The host carries the provider key out of band.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "crate::record::is_false")]
     pub key_sent_by_host: bool,
     /// JSON pointers of the effect-bearing args; none: every argument.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effect_fields: Option<Vec<String>>,
     /// Ask the provider before the first dispatch of a key the ledger never saw.
+    #[serde(default, skip_serializing_if = "crate::record::is_false")]
     pub verify_first: bool,
     /// The provider claims the key atomically.
+    #[serde(default, skip_serializing_if = "crate::record::is_false")]
     pub provider_claims_key: bool,
     /// The host can read the provider for this tool.
     #[serde(default = "yes")]
@@ -83,8 +89,10 @@ pub struct Policy {
     /// Retention of tombstones.
     pub tombstone_retention_ms: u64,
     /// Spend ceiling, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Quota>,
     /// Pinned descriptor fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub descriptor_pin: Option<String>,
 }
 

@@ -43,6 +43,12 @@ fn open(path: &Path, clock: &ManualClock) -> Once {
         .unwrap()
 }
 
+/// The padding of the calls that fill the disk. The pending holder's record and
+/// the call made once the disk is full are as large: a write that fails can
+/// leave the WAL grown by part of what it needed, room that a smaller write
+/// would then fit in (and would rightly be stored).
+const FILL: usize = 4_000;
+
 fn args(i: usize, pad: usize) -> String {
     format!(r#"{{"amount":{i},"memo":"{}"}}"#, "m".repeat(pad))
 }
@@ -57,7 +63,7 @@ fn healthy_start(once: &Once) -> Grant {
     assert!(sent_now(&confirmed), "{confirmed:?}");
     match once
         .transitions()
-        .begin(&Once::call_of("s", Some("pending"), "pay", &args(1, 10)))
+        .begin(&Once::call_of("s", Some("pending"), "pay", &args(1, FILL)))
         .unwrap()
     {
         Decision::Execute(grant) => grant,
@@ -84,7 +90,7 @@ fn is_unrecorded(called: &Called) -> bool {
 /// in flight; what was stored before is still there.
 fn assert_fails_closed(once: &Once, pending: &Grant, what: &str) {
     let dispatched = AtomicU32::new(0);
-    let called = once.call("s", Some("new"), "pay", &args(2, 10), |_| {
+    let called = once.call("s", Some("new"), "pay", &args(2, FILL), |_| {
         dispatched.fetch_add(1, Ordering::SeqCst);
         Sent::Success(RECEIPT.into())
     });
@@ -162,7 +168,7 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
         let key = format!("fill-{i}");
         let before = dispatched.load(Ordering::SeqCst);
         let called = once
-            .call("s", Some(&key), "pay", &args(i, 4_000), |_| {
+            .call("s", Some(&key), "pay", &args(i, FILL), |_| {
                 dispatched.fetch_add(1, Ordering::SeqCst);
                 Sent::Success(RECEIPT.into())
             })
@@ -185,12 +191,14 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
     }
     let blocked_at = blocked_at.expect("the file never filled up");
     assert!(blocked_at > 0, "the limit left no room for a single call");
+    let top_up = filler.as_ref().map(|f| fill_the_rest(&f.with_file_name("top-up")));
     assert_fails_closed(&once, &pending, "disk full");
     assert_eq!(once.inspect("s", "pending").unwrap().unwrap().state, State::InFlight);
     assert_eq!(once.inspect("s", "done").unwrap().unwrap().state, State::Confirmed);
 
     if let Some(filler) = filler {
         std::fs::remove_file(filler).unwrap();
+        std::fs::remove_file(top_up.expect("topped up with the filler")).unwrap();
         // The holder retries its finish: the outcome is kept.
         let ack = once
             .transitions()
@@ -208,6 +216,22 @@ fn fill_until_blocked(dir: &Path, filler: Option<PathBuf>) {
         assert!(sent_now(&called), "{called:?}");
         assert_eq!(sent.load(Ordering::SeqCst), 1);
     }
+}
+
+/// Take what space the blocked write left (less than that call needed, maybe
+/// enough for a smaller one), so that every write now meets a full disk.
+fn fill_the_rest(path: &Path) -> PathBuf {
+    let mut file = std::fs::File::create(path).unwrap();
+    let page = [0u8; 4096];
+    loop {
+        match file.write(&page) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+            Err(e) => panic!("filling the rest of the disk: {e}"),
+        }
+    }
+    path.to_path_buf()
 }
 
 /// Disk full as a file-size limit (RLIMIT_FSIZE, `ulimit -f`) on the child:
