@@ -5,7 +5,7 @@
 // $CARGO_TARGET_DIR or the repository's target/), built first with
 // `cargo build -p once-host` when missing or older than the guest's sources.
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -35,6 +35,23 @@ function component() {
   return wasm;
 }
 
+// jco's generated `_debugLog` reads process.env.JCO_DEBUG on every call (process.env is a
+// C++ lookup in Node), and the bindings call it many times per export call: 15% of a warm
+// protected call's time in Node (BENCHMARKS.md, "Node.js"). Read the variable once, at
+// load, instead; JCO_DEBUG still turns the log on. The pinned jco writes the check once;
+// any other output stops the build rather than going unpatched.
+function quietDebugLog(file) {
+  const check = "if (!globalThis?.process?.env?.JCO_DEBUG) { return; }";
+  const text = readFileSync(file, "utf8");
+  const found = text.split(check).length - 1;
+  if (found !== 1) throw new Error(`build: expected jco's debug-log check once in ${file}, found it ${found} times`);
+  const once = "const JCO_DEBUG_AT_LOAD = Boolean(globalThis?.process?.env?.JCO_DEBUG);\n";
+  const patched = text.replace(check, "if (!JCO_DEBUG_AT_LOAD) { return; }");
+  // After the module's directive prologue (jco starts it with "use components";).
+  const body = patched.indexOf("\nexport ");
+  writeFileSync(file, patched.slice(0, body + 1) + once + patched.slice(body + 1));
+}
+
 const wasm = component();
 const gen = join(HERE, "gen");
 rmSync(gen, { recursive: true, force: true });
@@ -43,6 +60,7 @@ const jco = join(HERE, "node_modules", "@bytecodealliance", "jco", "dist", "jco.
 execFileSync(process.execPath, [jco, "transpile", wasm, "-o", gen, "--name", "once", "--instantiation", "sync", "--quiet"], {
   stdio: "inherit",
 });
+quietDebugLog(join(gen, "once.js"));
 writeFileSync(join(gen, "package.json"), '{"type":"module"}\n');
 console.log(`build: ${wasm} transpiled into gen/`);
 rmSync(join(HERE, "dist"), { recursive: true, force: true });

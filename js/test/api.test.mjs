@@ -4,6 +4,7 @@ import { test } from "node:test";
 import {
   BlockedError, ConflictError, Once, Rejected, RejectedError, UnknownOutcomeError, evidence, sent,
 } from "../dist/index.js";
+import { child } from "./helpers.mjs";
 
 test("protect: sent once, replayed after, a changed payload under the key is a conflict", async (t) => {
   const once = await Once.memory();
@@ -74,4 +75,14 @@ test("routes: direct tools run unprotected; blocked tools never run; identity re
   const pay = once.protect("pay", async () => runs++);
   await assert.rejects(pay({ amount: 1 }), (e) => e instanceof BlockedError && e.account.ending.val.reason === "identity-required");
   assert.equal(runs, 2);
+});
+
+test("build: jco's debug log reads JCO_DEBUG once, at load, and still turns on with it", async () => {
+  const quiet = await child("one-call.mjs", [], { env: { ...process.env, JCO_DEBUG: "" } }).done;
+  assert.equal(quiet.code, 0, quiet.stderr);
+  assert.equal(quiet.stdout, "ending confirmed\n");
+  const loud = await child("one-call.mjs", [], { env: { ...process.env, JCO_DEBUG: "1" } }).done;
+  assert.equal(loud.code, 0, loud.stderr);
+  assert.match(loud.stdout, /ending confirmed\n/);
+  assert.match(loud.stdout, /\[.*\(\)\]/, "jco's debug lines, e.g. [clearCurrentTask()] args");
 });
