@@ -36,7 +36,7 @@ function component() {
 }
 
 // jco's generated `_debugLog` reads process.env.JCO_DEBUG on every call (process.env is a
-// C++ lookup in Node), and the bindings call it many times per export call: 15% of a warm
+// C++ lookup in Node), and the bindings call it many times per export call: about 12% of a warm
 // protected call's time in Node (BENCHMARKS.md, "Node.js"). Read the variable once, at
 // load, instead; JCO_DEBUG still turns the log on. The pinned jco writes the check once;
 // any other output stops the build rather than going unpatched.
