@@ -305,10 +305,7 @@ async fn a_retrying_agent_is_told_unknown_then_gets_the_replay() {
     let give_up = Instant::now() + Duration::from_secs(20);
     let last = loop {
         let result = session.refund(200.0, Some("refund-1234-t")).await;
-        // In flight is as transient as unknown: the background reconciler may be sending the
-        // owed dispatch at the moment this retry asks.
-        let settling = matches!(outcome(&result)["decision"].as_str(), Some("unknown" | "in-flight"));
-        if !settling || Instant::now() > give_up {
+        if !settling(&result) || Instant::now() > give_up {
             break result;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

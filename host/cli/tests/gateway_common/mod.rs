@@ -269,6 +269,12 @@ pub fn outcome(result: &CallToolResult) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Whether a retry should ask again: the operation is unknown, or in flight (the background
+/// reconciler may be sending the owed dispatch, or reading the provider, at that moment).
+pub fn settling(result: &CallToolResult) -> bool {
+    matches!(outcome(result)["decision"].as_str(), Some("unknown" | "in-flight"))
+}
+
 /// Wait for a condition on the effect ledger (the truth) instead of a fixed sleep.
 pub async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let give_up = Instant::now() + within;
