@@ -8,7 +8,7 @@
 wit_bindgen::generate!({
     path: "../wit",
     world: "once",
-    additional_derives: [PartialEq, Eq, serde::Serialize, serde::Deserialize],
+    additional_derives: [PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize],
     // `step`, `batch` and the other types whose JSON form crosses as text are in no signature.
     generate_unused_types: true,
 });

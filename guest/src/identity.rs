@@ -46,6 +46,11 @@ pub fn derived_key(fingerprint: &str) -> String {
 /// after its earlier audit trail, and gets a provider key of its own, so the
 /// provider's dedupe never answers the new operation with the old effect.
 pub fn provider_key(scope: &str, key: &str, first_version: u64) -> String {
+    let scope = if crate::mutant::on(crate::mutant::Mutant::ReadAcrossScopes) {
+        ""
+    } else {
+        scope
+    };
     let parts = [
         Part::Str("once-provider-key"),
         Part::Str(scope),

@@ -25,6 +25,7 @@ pub mod host;
 pub mod identity;
 pub mod input;
 mod json_out;
+pub mod mutant;
 pub mod payload;
 pub mod policy;
 pub mod protocol;

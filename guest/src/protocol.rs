@@ -39,6 +39,8 @@ pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error
         scope: &scope,
         tool,
         key: begun.key,
+        skew: h.settings().clock_skew_ms,
+        known: begun.effect,
     };
     call.follow(h, begun.decision, true)
 }
@@ -54,7 +56,7 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
         }
         answer => answer?,
     };
-    let call = CallRef::of(scope, key, rec.as_ref());
+    let call = CallRef::of(h, scope, key, rec.as_ref());
     match (outcome, ack) {
         // The effect happened; the ledger could not record it yet: reconciliation will find it.
         (Outcome::Success(response), FinishAck::Unrecorded) => {
@@ -91,7 +93,7 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
 pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
     // A read happens when one is due: a caller asking early (or often) gets the same wait.
     let (awaited, rec) = await_with_record(h, scope, key, ReadWhen::Due)?;
-    let call = CallRef::of(scope, key, Some(&rec));
+    let call = CallRef::of(h, scope, key, Some(&rec));
     match awaited {
         Awaited::Pending(holder) => Ok(call.wait_for_holder(h.now(), holder, Some(&rec))),
         Awaited::Rejected(rejected) => Ok(call.done(Ending::Rejected(rejected), Some(&rec))),
@@ -135,14 +137,21 @@ struct CallRef<'a> {
     scope: &'a str,
     tool: String,
     key: Option<(String, KeySource)>,
+    /// The declared skew: whether an earlier request may have committed unseen depends on it.
+    skew: u64,
+    /// What the ledger knows of the key's effect where the decision alone
+    /// does not say (an expired key's tombstone).
+    known: Option<Effect>,
 }
 
 impl<'a> CallRef<'a> {
-    fn of(scope: &'a str, key: &str, rec: Option<&OpRecord>) -> CallRef<'a> {
+    fn of(h: &impl Host, scope: &'a str, key: &str, rec: Option<&OpRecord>) -> CallRef<'a> {
         CallRef {
             scope,
             tool: rec.map_or_else(String::new, |r| r.tool.clone()),
             key: Some((key.into(), rec.map_or(KeySource::Application, |r| r.key_source))),
+            skew: h.settings().clock_skew_ms,
+            known: None,
         }
     }
 
@@ -189,7 +198,8 @@ impl<'a> CallRef<'a> {
                 let attempts = l.rec.attempts.len() as u32;
                 self.done(Ending::NotSent(NotSentInfo { attempts }), Some(&l.rec))
             }
-            _ => self.done(Ending::Blocked(b), None),
+            Some(l) => self.done(Ending::Blocked(b), Some(&l.rec)),
+            None => self.done(Ending::Blocked(b), None),
         })
     }
 
@@ -215,14 +225,19 @@ impl<'a> CallRef<'a> {
 
     /// The facts a caller is shown: did it happen, and what the same call again would do.
     fn account(&self, ending: Ending, rec: Option<&OpRecord>) -> Account {
-        let (effect, repeat) = match &ending {
+        let (mut effect, repeat) = match &ending {
             Ending::Confirmed(_) => (Effect::Happened, Repeat::Replays),
             Ending::Unrecorded(_) => (Effect::Happened, Repeat::Waits),
             Ending::Rejected(_) if rec.is_some_and(OpRecord::budget_left) => (Effect::None, Repeat::Retries),
             Ending::Rejected(_) | Ending::NotSent(_) | Ending::Conflict(_) => (Effect::None, Repeat::Refused),
             Ending::Unknown(_) | Ending::InFlight(_) => (Effect::Unknown, Repeat::Waits),
             Ending::Blocked(b) => (
-                Effect::None,
+                match b.reason {
+                    // The ledger failed (perhaps after applying the write), or the provider could not
+                    // tell: nothing is known of an effect, so none is claimed either way.
+                    BlockReason::Storage | BlockReason::Unverified => Effect::Unknown,
+                    _ => Effect::None,
+                },
                 match b.reason {
                     // Nothing was recorded, or nothing could be verified: the same call tries again.
                     BlockReason::Storage | BlockReason::Unverified => Repeat::Retries,
@@ -231,6 +246,21 @@ impl<'a> CallRef<'a> {
                 },
             ),
         };
+        match &ending {
+            // A superseded record that stored a late receipt: its effect happened after all.
+            Ending::Blocked(b) if b.reason == BlockReason::Superseded && b.receipt.is_some() => {
+                effect = Effect::Happened;
+            }
+            // A pruned key: its tombstone keeps whether the effect happened.
+            Ending::Blocked(b) if b.reason == BlockReason::Expired => {
+                effect = self.known.unwrap_or(effect);
+            }
+            _ => {}
+        }
+        // "None" only when no earlier request can still commit.
+        if effect == Effect::None && rec.is_some_and(|r| r.late_effect_possible(self.skew)) {
+            effect = Effect::Unknown;
+        }
         Account {
             scope: self.scope.into(),
             key: self.key.as_ref().map(|(k, _)| k.clone()),

@@ -337,6 +337,34 @@ impl OpRecord {
         self.key_in_args || self.policy.key_sent_by_host
     }
 
+    /// Whether a request of an attempt whose outcome is not definite (a lost
+    /// reply, an expired lease) may have committed, or may still commit,
+    /// without the ledger knowing: no provider read after its last dispatch
+    /// plus `max_in_flight` (give or take the skew) proved it absent. An
+    /// absence proven by the provider's claim on the key (which stops a
+    /// second effect, not a late first one) or forced by an operator proves
+    /// nothing past that time, and time passing proves nothing either: the
+    /// request may have committed before it. An answer says "no effect" only
+    /// when this does not hold.
+    pub fn late_effect_possible(&self, skew: u64) -> bool {
+        self.attempts
+            .iter()
+            .filter(|a| !matches!(a.outcome.as_deref(), Some("rejected" | "not-sent")))
+            .any(|a| {
+                let settled_at = a
+                    .last_dispatch()
+                    .saturating_add(self.policy.max_in_flight_ms)
+                    .saturating_add(skew);
+                self.last_read_position.is_none_or(|read| read <= settled_at)
+            })
+    }
+
+    /// Whether an escalation the sink has not acknowledged is marked: it
+    /// survives every transition and prune until it is acknowledged.
+    pub fn escalation_pending(&self) -> bool {
+        self.escalated && !self.escalation_acked
+    }
+
     /// Whether the last attempt ended without being sent.
     pub fn last_not_sent(&self) -> bool {
         self.current().is_some_and(|a| a.outcome.as_deref() == Some("not-sent"))
@@ -621,6 +649,15 @@ impl OpRecord {
         // Without a lookup nothing reads it: only the deadline is due.
         self.next_check = self.policy.lookup.then_some(now);
         self.checks = 0;
+        self.drop_deadline_escalation();
+    }
+
+    /// A new unknown or absent spell gets a deadline of its own; a pending
+    /// possible-duplicate escalation is kept.
+    fn drop_deadline_escalation(&mut self) {
+        if self.possible_duplicate && self.escalation_pending() {
+            return;
+        }
         self.escalated = false;
         self.escalation_acked = false;
         self.escalation_id = None;
@@ -633,9 +670,7 @@ impl OpRecord {
         self.since = Some(now);
         self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
         self.next_check = None;
-        self.escalated = false;
-        self.escalation_acked = false;
-        self.escalation_id = None;
+        self.drop_deadline_escalation();
         Event {
             kind,
             from: Some(from),
@@ -739,10 +774,15 @@ impl OpRecord {
     fn clear_pending(&mut self) {
         self.next_check = None;
         self.deadline = None;
+        self.unknown_reason = None;
+        // A possible duplicate the sink has not acknowledged stays escalated until it is:
+        // a transition never drops it (DESIGN.md "Background work always makes progress").
+        if self.possible_duplicate && self.escalation_pending() {
+            return;
+        }
         self.escalated = false;
         self.escalation_acked = false;
         self.escalation_id = None;
-        self.unknown_reason = None;
     }
 }
 

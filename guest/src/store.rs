@@ -118,6 +118,18 @@ pub struct Tombstone {
     pub outcome: State,
     /// When it was pruned.
     pub pruned_at: u64,
+    /// Whether the operation's effect happened: a confirmed record, or a
+    /// superseded one that stored a late receipt. Tombstones written before
+    /// this was kept read it from `outcome` ([`Tombstone::effect_happened`]).
+    #[serde(default, skip_serializing_if = "crate::record::is_false")]
+    pub happened: bool,
+}
+
+impl Tombstone {
+    /// Whether the pruned operation's effect happened.
+    pub fn effect_happened(&self) -> bool {
+        self.happened || self.outcome == State::Confirmed
+    }
 }
 
 /// Read a tombstone.
@@ -205,6 +217,7 @@ impl Tx {
             fingerprint: rec.fingerprint.clone(),
             outcome: rec.state,
             pruned_at: now,
+            happened: rec.receipt.is_some(),
         };
         self.batch.puts.push(Put {
             table: Table::Operation,
@@ -333,6 +346,11 @@ impl Tx {
             unit = theirs;
         }
         let used = current.as_ref().map_or(0, |b| b.used);
+        let used = if crate::mutant::on(crate::mutant::Mutant::DoubleReservation) {
+            used.saturating_add(units)
+        } else {
+            used
+        };
         let total = used
             .checked_add(units)
             .ok_or_else(|| LedgerError::Storage("quota total overflows".to_string()))?;

@@ -15,8 +15,7 @@ type RowKey = (u8, String, String);
 
 /// An in-memory host for tests.
 pub struct MemoryHost {
-    rows: RefCell<BTreeMap<RowKey, Row>>,
-    audit: RefCell<BTreeMap<(String, String, u64), AuditEvent>>,
+    ledger: RefCell<Ledger>,
     now: Cell<u64>,
     /// Settings handed to the engine.
     pub settings: RefCell<Settings>,
@@ -50,8 +49,7 @@ impl MemoryHost {
     /// An empty ledger at time 1,000,000.
     pub fn new() -> Self {
         MemoryHost {
-            rows: RefCell::new(BTreeMap::new()),
-            audit: RefCell::new(BTreeMap::new()),
+            ledger: RefCell::new(Ledger::default()),
             now: Cell::new(1_000_000),
             settings: RefCell::new(default_settings()),
             evidence: RefCell::new(VecDeque::new()),
@@ -93,28 +91,115 @@ impl MemoryHost {
     }
     /// One row as stored, indexed fields and all.
     pub fn row(&self, table: Table, scope: &str, key: &str) -> Option<Row> {
-        self.rows
-            .borrow()
-            .get(&(table_id(table), scope.to_string(), key.to_string()))
-            .cloned()
+        self.ledger.borrow().row(table, scope, key).cloned()
     }
     /// Every row (for invariant checks).
     pub fn rows(&self) -> Vec<Row> {
-        self.rows.borrow().values().cloned().collect()
+        self.ledger.borrow().rows.values().cloned().collect()
     }
     /// Drop every row and event: a lost ledger.
     pub fn wipe(&self) {
-        self.rows.borrow_mut().clear();
-        self.audit.borrow_mut().clear();
+        *self.ledger.borrow_mut() = Ledger::default();
     }
     /// Number of audit events.
     pub fn event_count(&self) -> usize {
-        self.audit.borrow().len()
+        self.ledger.borrow().audit.len()
     }
     /// Overwrite a row as stored, version and all (a row left by an older host).
     pub fn put_row(&self, row: Row) {
         let id = (table_id(row.table), row.scope.clone(), row.key.clone());
-        self.rows.borrow_mut().insert(id, row);
+        self.ledger.borrow_mut().rows.insert(id, row);
+    }
+    /// The ledger as it is now: rows and audit trail, a plain value.
+    pub fn ledger(&self) -> Ledger {
+        self.ledger.borrow().clone()
+    }
+    /// Replace the ledger (a model checker restoring a state it explored).
+    pub fn set_ledger(&self, ledger: Ledger) {
+        *self.ledger.borrow_mut() = ledger;
+    }
+    /// Set the clock.
+    pub fn set_now(&self, now: u64) {
+        self.now.set(now);
+    }
+}
+
+/// The rows and audit trail of an in-memory ledger, with the store's exact
+/// semantics (a batch applies whole or not at all; a put's expected version
+/// is a compare-and-swap). A plain value: `Clone + Hash + Eq`, so a model
+/// checker can keep one per explored state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Ledger {
+    /// Rows by (table, scope, key).
+    pub rows: BTreeMap<RowKey, Row>,
+    /// Audit events by (scope, key, version).
+    pub audit: BTreeMap<(String, String, u64), AuditEvent>,
+}
+
+impl Ledger {
+    /// One row as stored.
+    pub fn row(&self, table: Table, scope: &str, key: &str) -> Option<&Row> {
+        self.rows.get(&(table_id(table), scope.to_string(), key.to_string()))
+    }
+
+    /// `ledger.get`.
+    pub fn get(&self, table: Table, scope: &str, key: &str) -> Option<Stored> {
+        self.row(table, scope, key).map(|r| Stored {
+            version: r.version,
+            body: r.body.clone(),
+        })
+    }
+
+    /// `ledger.commit`: every put's expected version holds and no event
+    /// exists yet, or nothing applies.
+    pub fn commit(&mut self, batch: &Batch) -> Result<(), CommitError> {
+        let mut rows = self.rows.clone();
+        for put in &batch.puts {
+            let id = (table_id(put.table), put.scope.clone(), put.key.clone());
+            let current = rows.get(&id).map(|r| r.version);
+            if current != put.expected {
+                return Err(CommitError::Conflict);
+            }
+            match &put.row {
+                Some(row) => rows.insert(id, row.clone()),
+                None => rows.remove(&id),
+            };
+        }
+        let mut audit = self.audit.clone();
+        for event in &batch.events {
+            let id = (event.scope.clone(), event.key.clone(), event.version);
+            if audit.insert(id, event.clone()).is_some() {
+                return Err(CommitError::Conflict);
+            }
+        }
+        self.rows = rows;
+        self.audit = audit;
+        Ok(())
+    }
+
+    /// `ledger.scan`: due rows of a table in some states (of one owner), oldest due first.
+    pub fn scan(&self, table: Table, states: &[State], due_before: u64, owner: Option<String>, limit: u32) -> Vec<Row> {
+        let mut due: Vec<Row> = self
+            .rows
+            .values()
+            .filter(|r| r.table == table)
+            .filter(|r| r.due_at.is_some_and(|d| d <= due_before))
+            .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
+            .filter(|r| owner.is_none() || r.owner == owner)
+            .cloned()
+            .collect();
+        due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));
+        due.truncate(limit as usize);
+        due
+    }
+
+    /// `ledger.audit`: one operation's trail, in version order.
+    pub fn audit(&self, scope: &str, key: &str) -> Vec<AuditEvent> {
+        self.audit
+            .values()
+            .filter(|e| e.scope == scope && e.key == key)
+            .cloned()
+            .collect()
     }
 }
 
@@ -131,14 +216,7 @@ impl Host for MemoryHost {
         if self.fail_reads.get() {
             return Err("injected read failure".to_string());
         }
-        Ok(self
-            .rows
-            .borrow()
-            .get(&(table_id(table), scope.to_string(), key.to_string()))
-            .map(|r| Stored {
-                version: r.version,
-                body: r.body.clone(),
-            }))
+        Ok(self.ledger.borrow().get(table, scope, key))
     }
 
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
@@ -146,28 +224,7 @@ impl Host for MemoryHost {
             self.fail_commits.set(self.fail_commits.get() - 1);
             return Err(CommitError::Storage("injected commit failure".to_string()));
         }
-        let mut rows = self.rows.borrow().clone();
-        for put in &batch.puts {
-            let id = (table_id(put.table), put.scope.clone(), put.key.clone());
-            let current = rows.get(&id).map(|r| r.version);
-            if current != put.expected {
-                return Err(CommitError::Conflict);
-            }
-            match &put.row {
-                Some(row) => rows.insert(id, row.clone()),
-                None => rows.remove(&id),
-            };
-        }
-        let mut audit = self.audit.borrow().clone();
-        for event in &batch.events {
-            let id = (event.scope.clone(), event.key.clone(), event.version);
-            if audit.insert(id, event.clone()).is_some() {
-                return Err(CommitError::Conflict);
-            }
-        }
-        *self.rows.borrow_mut() = rows;
-        *self.audit.borrow_mut() = audit;
-        Ok(())
+        self.ledger.borrow_mut().commit(batch)
     }
 
     fn scan(
@@ -178,29 +235,11 @@ impl Host for MemoryHost {
         owner: Option<String>,
         limit: u32,
     ) -> Result<Vec<Row>, String> {
-        let mut due: Vec<Row> = self
-            .rows
-            .borrow()
-            .values()
-            .filter(|r| r.table == table)
-            .filter(|r| r.due_at.is_some_and(|d| d <= due_before))
-            .filter(|r| states.is_empty() || r.state.is_some_and(|s| states.contains(&s)))
-            .filter(|r| owner.is_none() || r.owner == owner)
-            .cloned()
-            .collect();
-        due.sort_by(|a, b| (a.due_at, &a.scope, &a.key).cmp(&(b.due_at, &b.scope, &b.key)));
-        due.truncate(limit as usize);
-        Ok(due)
+        Ok(self.ledger.borrow().scan(table, states, due_before, owner, limit))
     }
 
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
-        Ok(self
-            .audit
-            .borrow()
-            .values()
-            .filter(|e| e.scope == scope && e.key == key)
-            .cloned()
-            .collect())
+        Ok(self.ledger.borrow().audit(scope, key))
     }
 
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {

@@ -45,6 +45,9 @@ pub struct Begun {
     pub decision: Decision,
     /// The operation key and where it came from.
     pub key: Option<(String, KeySource)>,
+    /// What the ledger knows of the key's effect where the decision does not
+    /// carry it: an expired key's tombstone says whether its effect happened.
+    pub effect: Option<Effect>,
 }
 
 /// The `begin` export.
@@ -54,7 +57,13 @@ pub fn begin(h: &impl Host, req: BeginRequest) -> Result<Decision, Error> {
 
 /// [`begin`], also naming the operation key.
 pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
-    let unkeyed = |decision| Ok(Begun { decision, key: None });
+    let unkeyed = |decision| {
+        Ok(Begun {
+            decision,
+            key: None,
+            effect: None,
+        })
+    };
     let settings = h.settings();
     check_name("scope", &req.scope, &settings)?;
     check_name("tool", &req.tool, &settings)?;
@@ -116,11 +125,13 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
         key_source,
         audit_base: core::cell::Cell::new(0),
         blind: core::cell::Cell::new(blind),
+        effect: core::cell::Cell::new(None),
     };
     let keyed = |decision| {
         Ok(Begun {
             decision,
             key: Some((claim.key.clone(), key_source)),
+            effect: claim.effect.get(),
         })
     };
     for _ in 0..MAX_RACES {
@@ -145,6 +156,8 @@ struct Claim<'a> {
     audit_base: core::cell::Cell<u64>,
     /// The first decision claims the key without reading it (see [`Claim::decide`]).
     blind: core::cell::Cell<bool>,
+    /// What a tombstone said of the key's effect (see [`Begun::effect`]).
+    effect: core::cell::Cell<Option<Effect>>,
 }
 
 impl Claim<'_> {
@@ -198,14 +211,24 @@ impl Claim<'_> {
                     ),
                 });
             }
-            return Ok(blocked(
-                BlockReason::Expired,
+            let happened = stone.effect_happened() && !crate::mutant::on(crate::mutant::Mutant::TombstoneSaysNone);
+            self.effect
+                .set(Some(if happened { Effect::Happened } else { Effect::None }));
+            let detail = if happened {
                 format!(
-                    "key {} was pruned after {}; mint a new key for a new operation",
+                    "key {} was pruned after {}: its effect happened, and its receipt is no longer kept; \
+                     do not repeat it (a new key would be a second operation)",
                     self.key,
                     state_name(stone.outcome)
-                ),
-            ));
+                )
+            } else {
+                format!(
+                    "key {} was pruned after {} (no effect happened); mint a new key for a new operation",
+                    self.key,
+                    state_name(stone.outcome)
+                )
+            };
+            return Ok(blocked(BlockReason::Expired, detail));
         }
         let mut tx = Tx::new();
         if blind && self.key_source == KeySource::Application {
@@ -422,7 +445,8 @@ impl Claim<'_> {
             return Ok(Decision::Conflict(summary));
         }
         let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
-        if finished && rec.window_until().is_some_and(|until| now >= until) {
+        // A pending escalation (a possible duplicate) keeps the operation until the sink has it.
+        if finished && rec.window_until().is_some_and(|until| now >= until) && !rec.escalation_pending() {
             // Past the window, identical arguments are a new operation.
             return self.fresh(h, Some(&Loaded { rec, version }), false);
         }
@@ -443,6 +467,9 @@ impl Claim<'_> {
                 tx.record(&mut rec, version, event, now);
                 tx.commit(h)?;
                 Ok(unknown(&rec))
+            }
+            State::InFlight if crate::mutant::on(crate::mutant::Mutant::GrantWhileLeaseLive) => {
+                grant(h, rec, version, now)
             }
             State::InFlight => Ok(Decision::InFlight(InFlightInfo {
                 lease_until: rec.current().map_or(now, |a| a.lease_until),
@@ -625,7 +652,18 @@ fn replay(receipt: String, at: u64) -> Decision {
 /// A superseded record refuses every later begin.
 pub(super) fn superseded(rec: &OpRecord) -> Decision {
     let by = rec.superseded_by.as_deref().unwrap_or_default();
-    blocked(BlockReason::Superseded, format!("{} was superseded by {by}", rec.key))
+    match &rec.receipt {
+        // A late success arrived after all: say so, with its receipt.
+        Some(receipt) => Decision::Blocked(Blocked {
+            reason: BlockReason::Superseded,
+            detail: format!(
+                "{} was superseded by {by}, but an earlier attempt's effect arrived late (flagged possible duplicate)",
+                rec.key
+            ),
+            receipt: Some(receipt.clone()),
+        }),
+        None => blocked(BlockReason::Superseded, format!("{} was superseded by {by}", rec.key)),
+    }
 }
 
 pub(super) fn blocked(reason: BlockReason, detail: String) -> Decision {

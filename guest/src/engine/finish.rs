@@ -6,6 +6,7 @@ use super::escalation;
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
 use crate::input::checked_receipt;
+use crate::mutant::{self, Mutant};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, FinishAck, Outcome, State};
@@ -88,7 +89,11 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
             rec.flag_superseded_effect(receipt, fence, id, now)
         }
         // The attempt whose effect is recorded, or one already flagged, reporting again: nothing new.
-        (Outcome::Success(_), state) if rec.confirmed_by_fence(fence) || rec.reported_success(fence) => {
+        (Outcome::Success(_), state)
+            if rec.confirmed_by_fence(fence)
+                || rec.reported_success(fence)
+                || mutant::on(Mutant::ForgetSecondSuccess) =>
+        {
             return Ok((FinishAck::Ignored(state), rec));
         }
         // Another attempt's effect is already recorded: this one may be a second.

@@ -6,6 +6,7 @@ use super::escalation;
 use super::reconcile::{Read, expire, read_provider};
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
+use crate::mutant::{self, Mutant};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
 use crate::types::{Error, PruneReport, Row, State, Table};
 
@@ -32,7 +33,7 @@ pub struct SweepReport {
 pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     let now = h.now();
     // A host's background work touches only the records it owns.
-    let owner = Some(h.settings().owner);
+    let owner = Some(h.settings().owner).filter(|_| !mutant::on(Mutant::SweepTakesOtherOwners));
     let rows = h
         .scan(
             Table::Operation,
@@ -58,6 +59,21 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
                 },
                 Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
             }
+        }
+    }
+    // Deadlines escalate whoever owns the record: an owner that was renamed or
+    // is gone never reads or dispatches its records again, but an operator
+    // must hear of them. Only the escalation is done here, never a read or a send.
+    let rows = h
+        .scan(Table::Operation, &[State::Unknown, State::Absent], now, None, limit)
+        .map_err(Error::Storage)?;
+    for row in rows.iter().filter(|r| r.owner != owner) {
+        let loaded = decode(row).map_err(|e| Error::Storage(e.message()))?;
+        let now = now_for(h, Some(&loaded.rec));
+        if (escalation::deadline_passed(&loaded.rec, now) || loaded.rec.escalation_pending())
+            && let Ok((_, true)) = escalation::escalate_if_due(h, loaded, now)
+        {
+            report.escalated += 1;
         }
     }
     // A possible-duplicate escalation lives on a confirmed (or superseded)
@@ -141,6 +157,10 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
         let rec = &loaded.rec;
         let terminal = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
         if !terminal || rec.transitioned_at.saturating_add(rec.policy.retention_ms) > now {
+            continue;
+        }
+        // An escalation the sink has not acknowledged outlives retention: the sweep re-delivers it.
+        if rec.escalation_pending() {
             continue;
         }
         let mut tx = Tx::new();

@@ -7,6 +7,7 @@ use super::escalation;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, checked_receipt};
+use crate::mutant::{self, Mutant};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{
@@ -128,6 +129,9 @@ fn step(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, Ledge
 /// that is not due yet is not made either.
 fn settle(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
+    if mutant::on(Mutant::DispatchUnknownWithoutRead) {
+        return grant(h, loaded.rec, loaded.version, now);
+    }
     let not_due = when == ReadWhen::Due && loaded.rec.next_check.is_some_and(|t| t > now);
     if !loaded.rec.policy.lookup || not_due {
         let (loaded, _) = escalation::escalate_if_due(h, loaded, now)?;
@@ -224,6 +228,7 @@ fn absent(rec: &mut OpRecord, read_position: u64, skew: u64, now: u64, backoff: 
         (rec.still_unknown(&why, Some(read_position), backoff), Read::Unknown)
     } else if (rec.policy.provider_claims_key && rec.key_reaches_provider())
         || read_position > settled_at.saturating_add(skew)
+        || mutant::on(Mutant::SkipMaxInFlight)
     {
         (rec.prove_absent(read_position, now, "reconciled-absent"), Read::Absent)
     } else {

@@ -1,0 +1,72 @@
+//! Deliberate bugs for the model checker to find (`model/`): a checker that
+//! finds nothing proves nothing, so each mutant breaks one rule the checker
+//! must catch.
+//!
+//! Test-only: without the `mutants` feature (every build that ships, the
+//! component included) [`on`] is a constant `false` and each site compiles
+//! away. With it, a mutant is switched on per thread, for the duration of a
+//! closure ([`with`]), so tests running side by side never see each other's.
+
+/// One deliberate bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutant {
+    /// An unknown record's owed dispatch is granted without reading the provider.
+    DispatchUnknownWithoutRead,
+    /// ABSENT is proven as soon as the read is after the last dispatch,
+    /// without waiting out `max_in_flight`.
+    SkipMaxInFlight,
+    /// An expired (pruned) key answers "effect: none", whatever its tombstone says.
+    TombstoneSaysNone,
+    /// A second success on a confirmed record is ignored, not flagged.
+    ForgetSecondSuccess,
+    /// `sweep` takes every owner's records, not only its own.
+    SweepTakesOtherOwners,
+    /// A quota reservation is added to its bucket twice.
+    DoubleReservation,
+    /// A call on a record whose lease is live is granted an attempt of its own.
+    GrantWhileLeaseLive,
+    /// The provider key leaves out the scope: two scopes' keys read each other's effects.
+    ReadAcrossScopes,
+}
+
+impl Mutant {
+    /// Every mutant.
+    pub const ALL: [Mutant; 8] = [
+        Mutant::DispatchUnknownWithoutRead,
+        Mutant::SkipMaxInFlight,
+        Mutant::TombstoneSaysNone,
+        Mutant::ForgetSecondSuccess,
+        Mutant::SweepTakesOtherOwners,
+        Mutant::DoubleReservation,
+        Mutant::GrantWhileLeaseLive,
+        Mutant::ReadAcrossScopes,
+    ];
+}
+
+#[cfg(all(feature = "mutants", not(target_arch = "wasm32")))]
+std::thread_local! {
+    static ACTIVE: core::cell::Cell<Option<Mutant>> = const { core::cell::Cell::new(None) };
+}
+
+/// Whether `mutant` is switched on in this thread.
+#[inline(always)]
+pub fn on(mutant: Mutant) -> bool {
+    #[cfg(all(feature = "mutants", not(target_arch = "wasm32")))]
+    {
+        ACTIVE.with(|a| a.get() == Some(mutant))
+    }
+    #[cfg(not(all(feature = "mutants", not(target_arch = "wasm32"))))]
+    {
+        let _ = mutant;
+        false
+    }
+}
+
+/// Run `f` with `mutant` switched on in this thread (none: the engine as written).
+#[cfg(all(feature = "mutants", not(target_arch = "wasm32")))]
+pub fn with<T>(mutant: Option<Mutant>, f: impl FnOnce() -> T) -> T {
+    let before = ACTIVE.with(|a| a.replace(mutant));
+    let out = f();
+    ACTIVE.with(|a| a.set(before));
+    out
+}

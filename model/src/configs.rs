@@ -1,0 +1,255 @@
+//! The configurations the checker explores: several small ones rather than
+//! one huge one. [`small`] runs in CI (`cargo test -p once-model`); [`deep`]
+//! widens each (more starts, faults and time) for a documented longer run
+//! (`cargo run --release -p once-model -- deep`).
+
+use once_guest::mutant::Mutant;
+use once_guest::policy::{Policy, Quota, default_lease, default_policy};
+use once_guest::types::{IdentityMode, Route};
+
+use crate::host::Read;
+use crate::world::Budget;
+
+/// One second, in ms.
+pub const SECOND: u64 = 1_000;
+/// The declared clock skew between hosts (each host's clock is off by at most this).
+pub const SKEW_MS: u64 = 1_000;
+
+/// One operation a caller may call.
+#[derive(Debug, Clone)]
+pub struct OpSpec {
+    /// Scope.
+    pub scope: &'static str,
+    /// The application key; none: derived from the arguments.
+    pub key: Option<&'static str>,
+    /// The amount, as JSON number text.
+    pub amount: &'static str,
+    /// The op (index) this one supersedes.
+    pub supersedes: Option<usize>,
+}
+
+/// One host sharing the ledger.
+#[derive(Debug, Clone)]
+pub struct HostSpec {
+    /// Its owner name (who dispatches its records).
+    pub owner: &'static str,
+    /// Its clock's offset from true time, within the declared skew.
+    pub skew: i64,
+}
+
+/// One configuration of the model.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Its name, as reported.
+    pub name: &'static str,
+    /// The tool's policy (tool `refund`).
+    pub policy: Policy,
+    /// Operations.
+    pub ops: Vec<OpSpec>,
+    /// Hosts.
+    pub hosts: Vec<HostSpec>,
+    /// Callers: (host, op, calls it may start).
+    pub callers: Vec<(usize, usize, u8)>,
+    /// How provider reads may see the provider.
+    pub reads: Vec<Read>,
+    /// Faults and steps to inject.
+    pub budget: Budget,
+    /// Whether `report` may also claim "ambiguous" when it knows better (a lost reply).
+    pub lose_replies: bool,
+    /// Whether the fair-continuation liveness check runs on every state.
+    pub liveness: bool,
+    /// The deliberate bug switched on, if any.
+    pub mutant: Option<Mutant>,
+    /// The longest path explored (the budgets bound each kind of step; this
+    /// bounds their interleavings).
+    pub depth: usize,
+}
+
+/// The policy every configuration starts from: protected, an application
+/// key, a lookup, short times (only their order matters to the checker).
+pub fn base_policy() -> Policy {
+    let mut p = default_policy();
+    p.route = Some(Route::Protect);
+    p.identity = IdentityMode::Required;
+    p.dispatch_timeout_ms = 5 * SECOND;
+    p.lease_ms = default_lease(p.dispatch_timeout_ms, SKEW_MS);
+    p.max_in_flight_ms = 20 * SECOND;
+    p.attempt_budget = 2;
+    p.reconcile_interval_ms = 4 * SECOND;
+    p.resolve_deadline_ms = 30 * SECOND;
+    p.derived_window_ms = 60 * SECOND;
+    p.retention_ms = 120 * SECOND;
+    p.tombstone_retention_ms = 240 * SECOND;
+    p
+}
+
+fn op(scope: &'static str, key: &'static str, amount: &'static str) -> OpSpec {
+    OpSpec {
+        scope,
+        key: Some(key),
+        amount,
+        supersedes: None,
+    }
+}
+
+fn one_host() -> Vec<HostSpec> {
+    vec![HostSpec { owner: "a", skew: 0 }]
+}
+
+fn base(name: &'static str) -> Config {
+    Config {
+        name,
+        policy: base_policy(),
+        ops: vec![op("s", "k0", "3.00")],
+        hosts: one_host(),
+        callers: vec![(0, 0, 2)],
+        reads: vec![Read::Now],
+        budget: Budget {
+            ticks: 6,
+            crashes: 0,
+            commit_faults: 0,
+            owner_changes: 0,
+            sink_outages: 0,
+            resolves: 0,
+            prunes: 0,
+            sweeps: 3,
+        },
+        lose_replies: true,
+        liveness: true,
+        mutant: None,
+        depth: 11,
+    }
+}
+
+/// The small configurations, each a different corner of the protocol.
+pub fn small() -> Vec<Config> {
+    let mut all = Vec::new();
+
+    // One key, two callers: the core race, lost replies, a crash, a failed commit.
+    let mut c = base("one key, two callers");
+    c.callers = vec![(0, 0, 1), (0, 0, 1)];
+    c.budget.crashes = 1;
+    c.budget.commit_faults = 1;
+    c.budget.ticks = 4;
+    all.push(c);
+
+    // Reads that lag or cannot tell, and a provider that claims keys.
+    let mut c = base("lagging reads");
+    c.reads = vec![Read::Now, Read::Lagging, Read::CannotTell];
+    c.budget.ticks = 8;
+    all.push(c);
+
+    let mut c = base("provider claims the key");
+    c.policy.provider_claims_key = true;
+    c.policy.key_sent_by_host = true;
+    c.callers = vec![(0, 0, 2), (0, 0, 1)];
+    all.push(c);
+
+    // Supersede: a changed payload is a new operation naming the original.
+    let mut c = base("supersede");
+    c.ops = vec![
+        op("s", "k0", "3.00"),
+        OpSpec {
+            supersedes: Some(0),
+            ..op("s", "k1", "4.00")
+        },
+    ];
+    c.callers = vec![(0, 0, 1), (0, 1, 2)];
+    c.budget.ticks = 5;
+    all.push(c);
+
+    // A quota pair: two operations on one bucket, only one fits.
+    let mut c = base("quota pair");
+    c.policy.quota = Some(Quota {
+        spend_field: "/amount".into(),
+        ceiling: "5.00".into(),
+        decimals: 2,
+        window_ms: 3_600 * SECOND,
+        bucket: None,
+    });
+    c.ops = vec![op("s", "k0", "3.00"), op("s", "k1", "3.00")];
+    c.callers = vec![(0, 0, 1), (0, 1, 1)];
+    c.budget.ticks = 5;
+    all.push(c);
+
+    // A derived key across its window.
+    let mut c = base("derived key across its window");
+    c.policy.identity = IdentityMode::Derived;
+    c.ops = vec![OpSpec {
+        key: None,
+        ..op("s", "", "3.00")
+    }];
+    c.callers = vec![(0, 0, 3)];
+    c.budget.ticks = 10;
+    all.push(c);
+
+    // Prune and reuse: a key asked again after its record was pruned.
+    let mut c = base("prune and reuse");
+    c.budget.prunes = 2;
+    c.budget.ticks = 10;
+    all.push(c);
+
+    // Two hosts sharing a ledger, clocks skewed; one renames its owner; the sink goes down.
+    let mut c = base("two hosts");
+    c.hosts = vec![
+        HostSpec {
+            owner: "a",
+            skew: SKEW_MS as i64,
+        },
+        HostSpec {
+            owner: "b",
+            skew: -(SKEW_MS as i64),
+        },
+    ];
+    c.callers = vec![(0, 0, 1), (1, 0, 1)];
+    c.budget.owner_changes = 1;
+    c.budget.sink_outages = 1;
+    c.budget.ticks = 8;
+    all.push(c);
+
+    // An operator settles what nothing else can (with and without force).
+    let mut c = base("operator");
+    c.policy.lookup = false;
+    c.budget.resolves = 1;
+    c.budget.ticks = 6;
+    all.push(c);
+
+    // An operator forces an absence too early: the late effect must be
+    // flagged, and its escalation kept until the sink has it.
+    let mut c = base("forced absence");
+    c.policy.lookup = false;
+    c.callers = vec![(0, 0, 1)];
+    c.lose_replies = false;
+    c.budget.resolves = 1;
+    c.budget.sink_outages = 1;
+    c.budget.prunes = 1;
+    c.budget.ticks = 8;
+    c.budget.sweeps = 2;
+    c.depth = 16;
+    all.push(c);
+
+    // Two scopes naming the same key: two operations.
+    let mut c = base("two scopes");
+    c.ops = vec![op("s", "k0", "3.00"), op("t", "k0", "3.00")];
+    c.callers = vec![(0, 0, 1), (0, 1, 1)];
+    c.budget.ticks = 5;
+    all.push(c);
+
+    all
+}
+
+/// The deep configurations: the small ones with more of everything.
+pub fn deep() -> Vec<Config> {
+    small()
+        .into_iter()
+        .map(|mut c| {
+            c.budget.ticks += 4;
+            c.budget.crashes += 1;
+            c.budget.commit_faults += 1;
+            c.budget.sweeps += 2;
+            c.reads = vec![Read::Now, Read::Lagging, Read::CannotTell];
+            c.depth += 3;
+            c
+        })
+        .collect()
+}

@@ -1,0 +1,805 @@
+//! The model: its actions, each one atomic step of the engine or the world,
+//! and the properties every reachable state must have.
+
+use std::collections::BTreeSet;
+
+use once_guest::engine::{self, BeginRequest};
+use once_guest::mutant::{self, Mutant};
+use once_guest::protocol;
+use once_guest::store::decode;
+use once_guest::testing::default_settings;
+use once_guest::types::{Account, BlockReason, Ending, Error, Outcome, Resolution, Settings, State, Step, Table};
+use stateright::{Model, Property};
+
+use crate::configs::{Config, SKEW_MS};
+use crate::host::{ModelHost, Read};
+use crate::truth::{check_account, describe};
+use crate::world::{Agent, Fate, Held, Pos, Request, Time, World};
+
+/// The tool every configuration protects.
+pub const TOOL: &str = "refund";
+/// Rows one sweep or prune takes.
+pub const SCAN_LIMIT: u32 = 4;
+/// The world's clock when a run starts.
+pub const START: Time = 1_000_000;
+
+/// What a holder tells `report`, as its knowledge allows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Said {
+    /// The provider's receipt.
+    Success(String),
+    /// The provider refused.
+    Rejected,
+    /// A lost reply, a timeout, a crash: it may have happened.
+    Ambiguous,
+    /// Nothing was sent.
+    NotSent,
+}
+
+/// How an operator resolves a record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Settle {
+    /// It happened, with the provider's receipt.
+    Confirmed(String),
+    /// It did not; `force` before `max_in_flight` has passed.
+    Absent {
+        /// Resolve absent although an earlier request may still commit.
+        force: bool,
+    },
+}
+
+/// One atomic step.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A caller starts its call (`start`).
+    Start(usize, Read),
+    /// A holder sends its grant to the provider.
+    Send(usize),
+    /// A holder reports what happened (`report`).
+    Report(usize, Said),
+    /// A waiting caller asks again (`resume`).
+    Resume(usize, Read),
+    /// A waiting caller stops waiting.
+    GiveUp(usize),
+    /// The provider commits a request (a duplicate of a claimed key is answered, not applied).
+    Commit(usize),
+    /// The provider refuses a request.
+    Refuse(usize),
+    /// A host's background work (`sweep` with dispatch).
+    Sweep(usize, Read),
+    /// `prune`.
+    Prune,
+    /// A host dies: its callers' memory is gone, the ledger and the network stay.
+    Crash(usize),
+    /// The next commit fails: not applied, or applied with its answer lost.
+    FailCommit {
+        /// Whether the batch applies before the failure.
+        applied: bool,
+    },
+    /// A host's owner name changes (a changed command line, a new config).
+    RenameOwner(usize),
+    /// The escalation sink stops acknowledging.
+    SinkDown,
+    /// The escalation sink recovers.
+    SinkUp,
+    /// An operator resolves a record (`resolve`), truthfully.
+    Resolve(String, String, Settle),
+    /// Time jumps to the next moment anything can change.
+    Tick,
+}
+
+/// The engine and its world, as a stateright model of one configuration.
+pub struct OnceModel {
+    /// The configuration.
+    pub config: Config,
+}
+
+impl OnceModel {
+    /// The model of `config`.
+    pub fn new(config: Config) -> Self {
+        OnceModel { config }
+    }
+
+    /// Host `host`'s settings.
+    pub fn settings(&self, world: &World, host: usize) -> Settings {
+        let mut s = default_settings();
+        s.clock_skew_ms = SKEW_MS;
+        s.owner = world.owners[host].clone();
+        s
+    }
+
+    /// Host `host`'s clock.
+    pub fn clock(&self, world: &World, host: usize) -> Time {
+        world.now.saturating_add_signed(self.config.hosts[host].skew)
+    }
+
+    /// The operation key op `i` is called with (none: derived).
+    fn request(&self, i: usize) -> BeginRequest {
+        let op = &self.config.ops[i];
+        BeginRequest {
+            scope: op.scope.into(),
+            keys: op
+                .key
+                .map(|k| vec![("app".to_string(), k.to_string())])
+                .unwrap_or_default(),
+            tool: TOOL.into(),
+            args: format!(r#"{{"amount":{},"order":"o-{i}"}}"#, op.amount),
+            policy: self.config.policy.clone(),
+            descriptor: None,
+            supersedes: op.supersedes.and_then(|j| self.config.ops[j].key).map(String::from),
+            acknowledge_confirmed: false,
+        }
+    }
+
+    /// Run `f` against host `host`'s view of `world` and fold what it did back in.
+    /// `scope`: the one scope this step may touch (none: background work).
+    fn with_host<T>(
+        &self,
+        world: &mut World,
+        host: usize,
+        read: Read,
+        scope: Option<&str>,
+        f: impl FnOnce(&ModelHost<'_>) -> T,
+    ) -> T {
+        let settings = self.settings(world, host);
+        let clock = self.clock(world, host);
+        let snapshot = world.clone();
+        let h = ModelHost::new(&snapshot, settings, clock, read);
+        let out = mutant::with(self.config.mutant, || f(&h));
+        let (ledger, fault, acked, touched) = h.finish();
+        world.ledger = ledger;
+        world.fault = fault;
+        world.acked = acked;
+        if let Some(scope) = scope {
+            let foreign: BTreeSet<&String> = touched.iter().filter(|s| s.as_str() != scope).collect();
+            if !foreign.is_empty() {
+                world.violate(format!("a step for scope {scope} touched scope(s) {foreign:?}"));
+            }
+        }
+        out
+    }
+
+    /// Put agent `i` where `step` says, checking what it was told.
+    fn take_step(&self, world: &mut World, i: usize, step: Result<Step, Error>) {
+        let pos = match step {
+            Ok(Step::Dispatch(grant)) => {
+                self.check_grant(world, i, &grant.scope, &grant.key);
+                Pos::Holding(Held {
+                    scope: grant.scope,
+                    key: grant.key,
+                    fence: grant.fence,
+                    provider_key: grant.provider_key,
+                    attempt: grant.attempt,
+                    send_by: grant.send_by,
+                    lease_until: grant.lease_until,
+                    sent: None,
+                })
+            }
+            Ok(Step::Wait(waiting)) => {
+                if let Err(why) = check_account(world, &waiting.meanwhile) {
+                    world.violate(format!("false answer while waiting: {why}"));
+                }
+                Pos::Waiting {
+                    scope: waiting.scope,
+                    key: waiting.key,
+                    next: waiting.next,
+                }
+            }
+            Ok(Step::Done(account)) => {
+                if let Err(why) = check_account(world, &account) {
+                    world.violate(format!("false answer: {why}"));
+                }
+                if let Some(op) = world.agents[i].op
+                    && let Err(why) = self.check_quota_refusal(world, op, &account)
+                {
+                    world.violate(format!("false answer: {why}"));
+                }
+                Pos::Idle
+            }
+            Ok(Step::Direct) => {
+                world.violate("a protected call was answered direct".into());
+                Pos::Idle
+            }
+            // An error is no claim about the effect: the caller is back where it started.
+            Err(_) => Pos::Idle,
+        };
+        if world.agents[i].op.is_none() && pos == Pos::Idle {
+            // A courier's work ends with its send.
+            world.agents[i].starts_left = 0;
+        }
+        world.agents[i].pos = pos;
+    }
+
+    /// `blocked(quota)` is true only if the spend does not fit beside what
+    /// the other operations of the scope hold reserved.
+    fn check_quota_refusal(&self, world: &World, op: usize, account: &Account) -> Result<(), String> {
+        let (Ending::Blocked(b), Some(quota)) = (&account.ending, &self.config.policy.quota) else {
+            return Ok(());
+        };
+        if b.reason != BlockReason::Quota {
+            return Ok(());
+        }
+        let units = |amount: &str| once_guest::amount::parse_minor_units(amount, quota.decimals).unwrap_or(0);
+        let spec = &self.config.ops[op];
+        let held: u128 = world
+            .ledger
+            .rows
+            .values()
+            .filter(|r| r.table == Table::Operation && r.scope == spec.scope && Some(r.key.as_str()) != spec.key)
+            .filter_map(|r| decode(r).ok()?.rec.reservation)
+            .map(|res| res.units.parse::<u128>().unwrap_or(0))
+            .sum();
+        let ceiling = units(&quota.ceiling);
+        if held + units(spec.amount) <= ceiling {
+            return Err(format!(
+                "{}/{}: {} refused although {} held + {} fits the ceiling {}",
+                spec.scope,
+                spec.key.unwrap_or("derived"),
+                describe(account),
+                held,
+                units(spec.amount),
+                ceiling
+            ));
+        }
+        Ok(())
+    }
+
+    /// A host is granted only operations its owner dispatches.
+    fn check_grant(&self, world: &mut World, i: usize, scope: &str, key: &str) {
+        let owner = &world.owners[world.agents[i].host];
+        let rec_owner = world
+            .ledger
+            .row(Table::Operation, scope, key)
+            .and_then(|row| decode(row).ok())
+            .map(|l| l.rec.owner);
+        if rec_owner.as_ref() != Some(owner) {
+            let why = format!("host owner {owner:?} was granted {scope}/{key}, owned by {rec_owner:?}");
+            world.violate(why);
+        }
+    }
+
+    /// What a holder may truthfully report.
+    fn sayable(&self, world: &World, held: &Held) -> Vec<Said> {
+        let lose = self.config.lose_replies;
+        let mut said = match held.sent.map(|r| &world.requests[r].fate) {
+            None => vec![Said::NotSent],
+            Some(Fate::Effect { receipt, .. } | Fate::Deduped { receipt }) => vec![Said::Success(receipt.clone())],
+            Some(Fate::Refused) => vec![Said::Rejected],
+            Some(Fate::Pending | Fate::Dropped) => vec![Said::Ambiguous],
+        };
+        if lose && !said.contains(&Said::Ambiguous) {
+            said.push(Said::Ambiguous);
+        }
+        said
+    }
+
+    /// Bookkeeping after every step: receipts never change, and an
+    /// unacknowledged possible-duplicate escalation is never dropped.
+    fn observe(&self, world: &mut World) {
+        let mut records = Vec::new();
+        let mut unreadable = Vec::new();
+        for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {
+            match decode(row) {
+                Ok(loaded) => records.push(loaded.rec),
+                Err(e) => unreadable.push(format!(
+                    "row {}/{} does not decode: {}",
+                    row.scope,
+                    row.key,
+                    e.message()
+                )),
+            }
+        }
+        for why in unreadable {
+            world.violate(why);
+        }
+        for rec in &records {
+            if let Some(receipt) = &rec.receipt {
+                let id = (rec.scope.clone(), rec.key.clone(), rec.provider_key.clone());
+                match world.receipts.get(&id) {
+                    Some(first) if first != receipt => {
+                        let why = format!(
+                            "{}/{}: the stored receipt changed from {first} to {receipt}",
+                            rec.scope, rec.key
+                        );
+                        world.violate(why);
+                    }
+                    Some(_) => {}
+                    None => {
+                        world.receipts.insert(id, receipt.clone());
+                    }
+                }
+            }
+            if rec.possible_duplicate && rec.escalated && !rec.escalation_acked {
+                let id = rec.escalation_id.clone().unwrap_or_default();
+                world
+                    .pending_duplicates
+                    .insert((rec.scope.clone(), rec.key.clone(), id));
+            }
+        }
+        let pending: Vec<_> = world.pending_duplicates.iter().cloned().collect();
+        for (scope, key, id) in pending {
+            if world.acked.contains(&id) {
+                world.pending_duplicates.remove(&(scope, key, id));
+                continue;
+            }
+            let kept = records
+                .iter()
+                .any(|r| r.scope == scope && r.key == key && r.possible_duplicate && r.escalated);
+            if !kept {
+                world.violate(format!(
+                    "{scope}/{key}: an unacknowledged possible-duplicate escalation was dropped"
+                ));
+            }
+        }
+    }
+
+    /// The next moment (true time) anything can change, after now.
+    pub fn next_threshold(&self, world: &World) -> Option<Time> {
+        let mut at: Vec<Time> = Vec::new();
+        for row in world.ledger.rows.values() {
+            at.extend(row.due_at);
+            if let Ok(loaded) = decode(row).map(|l| l.rec) {
+                at.extend(loaded.window_until());
+                at.extend(loaded.deadline);
+                at.extend(loaded.next_check);
+            }
+        }
+        for agent in &world.agents {
+            match &agent.pos {
+                Pos::Holding(h) => at.extend([h.send_by, h.lease_until]),
+                Pos::Waiting { next, .. } => at.push(*next),
+                Pos::Idle => {}
+            }
+        }
+        let max_in_flight = self.config.policy.max_in_flight_ms;
+        let mut times: Vec<Time> = Vec::new();
+        // Ledger and grant times are host clocks: each host reaches them at its own true time.
+        // Every comparison but one changes as a time is reached; a send is allowed up to
+        // and including `send_by`, so what changes there comes a moment later.
+        for agent in &world.agents {
+            if let Pos::Holding(h) = &agent.pos {
+                at.push(h.send_by + 1);
+            }
+        }
+        for t in at.into_iter().filter(|t| *t < i64::MAX as u64) {
+            for host in &self.config.hosts {
+                times.push(t.saturating_add_signed(-host.skew));
+            }
+        }
+        for r in world.requests.iter().filter(|r| r.fate == Fate::Pending) {
+            times.push(r.sent_at + max_in_flight + 1);
+        }
+        times.into_iter().filter(|t| *t > world.now).min()
+    }
+
+    /// Apply one action to a copy of `world`.
+    pub fn step(&self, world: &World, action: &Action) -> Option<World> {
+        let mut w = world.clone();
+        match action.clone() {
+            Action::Start(i, read) => {
+                let op = w.agents[i].op?;
+                w.agents[i].starts_left -= 1;
+                let req = self.request(op);
+                let scope = req.scope.clone();
+                let host = w.agents[i].host;
+                let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::start_request(h, req));
+                self.take_step(&mut w, i, step);
+            }
+            Action::Send(i) => {
+                let Pos::Holding(held) = &w.agents[i].pos else {
+                    return None;
+                };
+                let (host, mut held) = (w.agents[i].host, held.clone());
+                w.requests.push(Request {
+                    scope: held.scope.clone(),
+                    key: held.key.clone(),
+                    provider_key: held.provider_key.clone(),
+                    fence: held.fence.clone(),
+                    host,
+                    sent_at: w.now,
+                    fate: Fate::Pending,
+                });
+                held.sent = Some(w.requests.len() - 1);
+                w.agents[i].pos = Pos::Holding(held);
+            }
+            Action::Report(i, said) => {
+                let Pos::Holding(held) = w.agents[i].pos.clone() else {
+                    return None;
+                };
+                let outcome = match &said {
+                    Said::Success(receipt) => {
+                        w.heard
+                            .entry(held.provider_key.clone())
+                            .or_default()
+                            .insert(receipt.clone());
+                        Outcome::Success(receipt.clone())
+                    }
+                    Said::Rejected => Outcome::Rejected("declined".into()),
+                    Said::Ambiguous => Outcome::Ambiguous("no reply".into()),
+                    Said::NotSent => Outcome::NotSent,
+                };
+                let host = w.agents[i].host;
+                let step = self.with_host(&mut w, host, Read::Now, Some(&held.scope), |h| {
+                    protocol::report(h, &held.scope, &held.key, &held.fence, outcome)
+                });
+                self.take_step(&mut w, i, step);
+            }
+            Action::Resume(i, read) => {
+                let Pos::Waiting { scope, key, .. } = w.agents[i].pos.clone() else {
+                    return None;
+                };
+                let host = w.agents[i].host;
+                let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::resume(h, &scope, &key));
+                self.take_step(&mut w, i, step);
+            }
+            Action::GiveUp(i) => w.agents[i].pos = Pos::Idle,
+            Action::Commit(r) => {
+                let pk = w.requests[r].provider_key.clone();
+                let original = w.effects(&pk).into_iter().next();
+                w.requests[r].fate = match original {
+                    Some((receipt, _)) if self.config.policy.provider_claims_key => Fate::Deduped { receipt },
+                    _ => Fate::Effect {
+                        receipt: format!(r#"{{"refund":"{}/{}#{r}"}}"#, w.requests[r].scope, w.requests[r].key),
+                        at: w.now,
+                    },
+                };
+            }
+            Action::Refuse(r) => w.requests[r].fate = Fate::Refused,
+            Action::Sweep(host, read) => {
+                w.budget.sweeps -= 1;
+                let result = self.with_host(&mut w, host, read, None, |h| protocol::sweep(h, SCAN_LIMIT, true));
+                if let Ok(result) = result {
+                    for grant in result.dispatches {
+                        w.agents.push(Agent {
+                            host,
+                            op: None,
+                            starts_left: 0,
+                            pos: Pos::Idle,
+                        });
+                        let i = w.agents.len() - 1;
+                        self.take_step(&mut w, i, Ok(Step::Dispatch(grant)));
+                    }
+                }
+            }
+            Action::Prune => {
+                w.budget.prunes -= 1;
+                let _ = self.with_host(&mut w, 0, Read::Now, None, |h| engine::prune(h, SCAN_LIMIT));
+            }
+            Action::Crash(host) => {
+                w.budget.crashes -= 1;
+                for agent in w.agents.iter_mut().filter(|a| a.host == host) {
+                    agent.pos = Pos::Idle;
+                    if agent.op.is_none() {
+                        agent.starts_left = 0;
+                    }
+                }
+            }
+            Action::FailCommit { applied } => {
+                w.budget.commit_faults -= 1;
+                w.fault = Some(applied);
+            }
+            Action::RenameOwner(host) => {
+                w.budget.owner_changes -= 1;
+                w.owners[host] = format!("{}-renamed", w.owners[host]);
+            }
+            Action::SinkDown => {
+                w.budget.sink_outages -= 1;
+                w.sink_up = false;
+            }
+            Action::SinkUp => w.sink_up = true,
+            Action::Resolve(scope, key, settle) => {
+                w.budget.resolves -= 1;
+                let (resolution, force) = match &settle {
+                    Settle::Confirmed(receipt) => (Resolution::Confirmed(receipt.clone()), false),
+                    Settle::Absent { force } => (Resolution::Absent, *force),
+                };
+                let pk = self.record_provider_key(&w, &scope, &key);
+                let done = self.with_host(&mut w, 0, Read::Now, Some(&scope), |h| {
+                    engine::resolve(h, &scope, &key, resolution, "checked by the model", force)
+                });
+                if done.is_ok()
+                    && force
+                    && let Some(pk) = pk
+                {
+                    w.forced.insert(pk);
+                }
+            }
+            Action::Tick => {
+                w.budget.ticks -= 1;
+                w.now = self.next_threshold(&w)?;
+                let max_in_flight = self.config.policy.max_in_flight_ms;
+                for r in w.requests.iter_mut() {
+                    if r.fate == Fate::Pending && r.sent_at + max_in_flight < w.now {
+                        r.fate = Fate::Dropped;
+                    }
+                }
+            }
+        }
+        // Couriers that are done leave.
+        w.agents.retain(|a| a.op.is_some() || a.pos != Pos::Idle);
+        self.observe(&mut w);
+        // A step that changed nothing but its own budget is no step: the
+        // checker would otherwise count each idle sweep as a new state.
+        let mut same = w.clone();
+        same.budget = world.budget;
+        if same == *world { None } else { Some(w) }
+    }
+
+    fn record_provider_key(&self, world: &World, scope: &str, key: &str) -> Option<String> {
+        let row = world.ledger.row(Table::Operation, scope, key)?;
+        decode(row).ok().map(|l| l.rec.provider_key)
+    }
+
+    /// The records an operator may resolve, truthfully: (scope, key, how).
+    fn resolutions(&self, world: &World) -> Vec<(String, String, Settle)> {
+        let mut out = Vec::new();
+        for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {
+            let Ok(loaded) = decode(row) else { continue };
+            let rec = loaded.rec;
+            if !matches!(
+                rec.state,
+                State::Unknown | State::InFlight | State::Absent | State::Failed
+            ) {
+                continue;
+            }
+            match world.effects(&rec.provider_key).into_iter().next() {
+                Some((receipt, _)) => out.push((rec.scope, rec.key, Settle::Confirmed(receipt))),
+                None if matches!(rec.state, State::Unknown | State::InFlight) => {
+                    out.push((rec.scope.clone(), rec.key.clone(), Settle::Absent { force: false }));
+                    out.push((rec.scope, rec.key, Settle::Absent { force: true }));
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    /// The initial world.
+    pub fn initial(&self) -> World {
+        World {
+            now: START,
+            ledger: Default::default(),
+            agents: self
+                .config
+                .callers
+                .iter()
+                .map(|&(host, op, starts)| Agent {
+                    host,
+                    op: Some(op),
+                    starts_left: starts,
+                    pos: Pos::Idle,
+                })
+                .collect(),
+            requests: Vec::new(),
+            owners: self.config.hosts.iter().map(|h| h.owner.to_string()).collect(),
+            sink_up: true,
+            acked: Default::default(),
+            pending_duplicates: Default::default(),
+            forced: Default::default(),
+            heard: Default::default(),
+            receipts: Default::default(),
+            fault: None,
+            budget: self.config.budget,
+            violation: None,
+        }
+    }
+
+    /// Every action enabled in `world`, in a fixed order.
+    pub fn enabled(&self, world: &World, actions: &mut Vec<Action>) {
+        if world.violation.is_some() {
+            return;
+        }
+        let reads = &self.config.reads;
+        for (i, agent) in world.agents.iter().enumerate() {
+            let clock = self.clock(world, agent.host);
+            match &agent.pos {
+                Pos::Idle if agent.starts_left > 0 && agent.op.is_some() => {
+                    if self.config.policy.verify_first {
+                        actions.extend(reads.iter().map(|r| Action::Start(i, *r)));
+                    } else {
+                        actions.push(Action::Start(i, Read::Now));
+                    }
+                }
+                Pos::Idle => {}
+                Pos::Holding(held) => {
+                    if held.sent.is_none() && clock <= held.send_by {
+                        actions.push(Action::Send(i));
+                    }
+                    actions.extend(self.sayable(world, held).into_iter().map(|s| Action::Report(i, s)));
+                }
+                Pos::Waiting { next, .. } => {
+                    if clock >= *next {
+                        actions.extend(reads.iter().map(|r| Action::Resume(i, *r)));
+                    }
+                }
+            }
+        }
+        for (r, request) in world.requests.iter().enumerate() {
+            if request.fate == Fate::Pending {
+                actions.push(Action::Commit(r));
+                actions.push(Action::Refuse(r));
+            }
+        }
+        let b = &world.budget;
+        for host in 0..self.config.hosts.len() {
+            if b.sweeps > 0 {
+                actions.extend(reads.iter().map(|r| Action::Sweep(host, *r)));
+            }
+            if b.crashes > 0 && world.agents.iter().any(|a| a.host == host && a.pos != Pos::Idle) {
+                actions.push(Action::Crash(host));
+            }
+            if b.owner_changes > 0 {
+                actions.push(Action::RenameOwner(host));
+            }
+        }
+        if b.prunes > 0 && !world.ledger.rows.is_empty() {
+            actions.push(Action::Prune);
+        }
+        if b.commit_faults > 0 && world.fault.is_none() {
+            actions.push(Action::FailCommit { applied: false });
+            actions.push(Action::FailCommit { applied: true });
+        }
+        if b.sink_outages > 0 && world.sink_up {
+            actions.push(Action::SinkDown);
+        }
+        if !world.sink_up {
+            actions.push(Action::SinkUp);
+        }
+        if b.resolves > 0 {
+            for (scope, key, settle) in self.resolutions(world) {
+                actions.push(Action::Resolve(scope, key, settle));
+            }
+        }
+        if b.ticks > 0 && self.next_threshold(world).is_some() {
+            actions.push(Action::Tick);
+        }
+    }
+}
+
+/// At most one effect per operation, unless an operator forced an absence.
+pub fn at_most_one_effect(world: &World) -> Result<(), String> {
+    let keys: BTreeSet<&String> = world.requests.iter().map(|r| &r.provider_key).collect();
+    for pk in keys {
+        let effects = world.effects(pk);
+        if effects.len() > 1 && !world.forced.contains(pk) {
+            return Err(format!("provider key {pk}: {} effects {effects:?}", effects.len()));
+        }
+    }
+    Ok(())
+}
+
+/// Audit versions are contiguous from 1, and a record's version is its trail's last.
+pub fn audit_contiguous(world: &World) -> Result<(), String> {
+    let mut trails: std::collections::BTreeMap<(&str, &str), Vec<u64>> = Default::default();
+    for (scope, key, version) in world.ledger.audit.keys() {
+        trails.entry((scope, key)).or_default().push(*version);
+    }
+    for ((scope, key), versions) in trails {
+        for (n, v) in versions.iter().enumerate() {
+            if *v != n as u64 + 1 {
+                return Err(format!("{scope}/{key}: audit versions {versions:?} are not 1..n"));
+            }
+        }
+        if let Some(row) = world.ledger.row(Table::Operation, scope, key)
+            && Some(&row.version) != versions.last()
+        {
+            return Err(format!(
+                "{scope}/{key}: row version {} but trail {versions:?}",
+                row.version
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// No quota bucket is over its ceiling.
+pub fn quota_within_ceiling(model: &OnceModel, world: &World) -> Result<(), String> {
+    let Some(quota) = &model.config.policy.quota else {
+        return Ok(());
+    };
+    let ceiling = once_guest::amount::parse_minor_units(&quota.ceiling, quota.decimals).unwrap_or(0);
+    for row in world.ledger.rows.values().filter(|r| r.table == Table::Quota) {
+        let body: serde_json::Value = serde_json::from_str(&row.body).map_err(|e| e.to_string())?;
+        let used: u128 = body["used"].as_str().and_then(|u| u.parse().ok()).unwrap_or(0);
+        if used > ceiling {
+            return Err(format!(
+                "bucket {} holds {used} minor units; the ceiling is {ceiling}",
+                row.key
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A second success reported for one operation leaves its record flagged possible-duplicate.
+pub fn second_success_flagged(world: &World) -> Result<(), String> {
+    for (pk, receipts) in &world.heard {
+        if receipts.len() < 2 {
+            continue;
+        }
+        for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {
+            if let Ok(l) = decode(row)
+                && &l.rec.provider_key == pk
+                && !l.rec.possible_duplicate
+            {
+                return Err(format!(
+                    "{}/{}: two successes reported, not flagged",
+                    row.scope, row.key
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The properties, by name.
+pub const PROPERTIES: [&str; 6] = [
+    "every answer is true and every step keeps the rules",
+    "at most one effect per operation",
+    "audit versions are contiguous",
+    "quota never passes its ceiling",
+    "a second success is flagged",
+    "every operation settles under a fair schedule",
+];
+
+impl Model for OnceModel {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, state: &World, actions: &mut Vec<Action>) {
+        self.enabled(state, actions);
+    }
+
+    fn next_state(&self, last: &World, action: Action) -> Option<World> {
+        self.step(last, &action)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(PROPERTIES[0], |_, s: &World| s.violation.is_none()),
+            Property::always(PROPERTIES[1], |_, s: &World| at_most_one_effect(s).is_ok()),
+            Property::always(PROPERTIES[2], |_, s: &World| audit_contiguous(s).is_ok()),
+            Property::always(PROPERTIES[3], |m: &OnceModel, s: &World| {
+                quota_within_ceiling(m, s).is_ok()
+            }),
+            Property::always(PROPERTIES[4], |_, s: &World| second_success_flagged(s).is_ok()),
+            Property::always(PROPERTIES[5], |m: &OnceModel, s: &World| {
+                !m.config.liveness || crate::fair::settles(m, s).is_ok()
+            }),
+        ]
+    }
+}
+
+/// Which property `world` breaks, and why (for traces).
+pub fn broken(model: &OnceModel, world: &World) -> Option<(&'static str, String)> {
+    if let Some(v) = &world.violation {
+        return Some((PROPERTIES[0], v.clone()));
+    }
+    let checks: [(&'static str, Result<(), String>); 4] = [
+        (PROPERTIES[1], at_most_one_effect(world)),
+        (PROPERTIES[2], audit_contiguous(world)),
+        (PROPERTIES[3], quota_within_ceiling(model, world)),
+        (PROPERTIES[4], second_success_flagged(world)),
+    ];
+    for (name, result) in checks {
+        if let Err(why) = result {
+            return Some((name, why));
+        }
+    }
+    if model.config.liveness
+        && let Err(why) = crate::fair::settles(model, world)
+    {
+        return Some((PROPERTIES[5], why));
+    }
+    None
+}
+
+/// Which mutant a configuration runs with.
+pub fn with_mutant(mut config: Config, mutant: Option<Mutant>) -> Config {
+    config.mutant = mutant;
+    config
+}

@@ -1,0 +1,96 @@
+//! Every small configuration, explored exhaustively up to its depth: no
+//! property breaks. One test per configuration, so they run side by side.
+
+use once_model::configs;
+use once_model::trace::check;
+
+fn holds(name: &str) {
+    let config = configs::small()
+        .into_iter()
+        .find(|c| c.name == name)
+        .expect("a configuration of that name");
+    let report = check(config);
+    println!("{}", report.summary());
+    let traces: Vec<String> = report.counterexamples.iter().map(|c| c.render()).collect();
+    assert!(traces.is_empty(), "{}\n{}", report.summary(), traces.join("\n"));
+    assert!(
+        report.unique > 1_000,
+        "{}: too few states to mean anything",
+        report.summary()
+    );
+}
+
+#[test]
+fn one_key_two_callers() {
+    holds("one key, two callers");
+}
+
+#[test]
+fn lagging_reads() {
+    holds("lagging reads");
+}
+
+#[test]
+fn provider_claims_the_key() {
+    holds("provider claims the key");
+}
+
+#[test]
+fn supersede() {
+    holds("supersede");
+}
+
+#[test]
+fn quota_pair() {
+    holds("quota pair");
+}
+
+#[test]
+fn derived_key_across_its_window() {
+    holds("derived key across its window");
+}
+
+#[test]
+fn prune_and_reuse() {
+    holds("prune and reuse");
+}
+
+#[test]
+fn two_hosts() {
+    holds("two hosts");
+}
+
+#[test]
+fn operator() {
+    holds("operator");
+}
+
+#[test]
+fn forced_absence() {
+    holds("forced absence");
+}
+
+#[test]
+fn two_scopes() {
+    holds("two scopes");
+}
+
+#[test]
+fn every_configuration_has_a_test() {
+    let tested = [
+        "one key, two callers",
+        "lagging reads",
+        "provider claims the key",
+        "supersede",
+        "quota pair",
+        "derived key across its window",
+        "prune and reuse",
+        "two hosts",
+        "operator",
+        "forced absence",
+        "two scopes",
+    ];
+    for config in configs::small() {
+        assert!(tested.contains(&config.name), "{} has no test", config.name);
+    }
+}

@@ -1,0 +1,72 @@
+//! The checker has teeth: each deliberate bug in the engine (`once-guest`'s
+//! `mutants` feature, src/mutant.rs) is caught, in the configuration named
+//! here, by the property named here.
+
+use once_guest::mutant::Mutant;
+use once_model::configs;
+use once_model::model::PROPERTIES;
+use once_model::trace::check_until_broken;
+
+fn caught(mutant: Mutant, config: &str, property: &str) {
+    let mut c = configs::small()
+        .into_iter()
+        .find(|c| c.name == config)
+        .expect("a configuration of that name");
+    c.mutant = Some(mutant);
+    let report = check_until_broken(c);
+    let found = report
+        .counterexamples
+        .iter()
+        .find(|cx| cx.property == property)
+        .unwrap_or_else(|| panic!("{mutant:?} was not caught by {property:?}: {}", report.summary()));
+    println!("{mutant:?} caught in {config}:\n{}", found.render());
+}
+
+#[test]
+fn an_unknown_dispatched_without_a_read() {
+    caught(
+        Mutant::DispatchUnknownWithoutRead,
+        "one key, two callers",
+        PROPERTIES[1],
+    );
+}
+
+#[test]
+fn absence_proven_before_max_in_flight() {
+    caught(Mutant::SkipMaxInFlight, "one key, two callers", PROPERTIES[1]);
+}
+
+#[test]
+fn a_tombstone_that_says_none() {
+    caught(Mutant::TombstoneSaysNone, "prune and reuse", PROPERTIES[0]);
+}
+
+#[test]
+fn a_second_success_not_flagged() {
+    caught(Mutant::ForgetSecondSuccess, "forced absence", PROPERTIES[4]);
+}
+
+#[test]
+fn a_sweep_that_takes_another_owners_record() {
+    caught(Mutant::SweepTakesOtherOwners, "two hosts", PROPERTIES[0]);
+}
+
+#[test]
+fn a_reservation_applied_twice() {
+    caught(Mutant::DoubleReservation, "quota pair", PROPERTIES[0]);
+}
+
+#[test]
+fn a_provider_key_without_its_scope() {
+    caught(Mutant::ReadAcrossScopes, "two scopes", PROPERTIES[0]);
+}
+
+#[test]
+fn a_grant_beside_a_live_lease() {
+    caught(Mutant::GrantWhileLeaseLive, "one key, two callers", PROPERTIES[1]);
+}
+
+#[test]
+fn every_mutant_has_a_test() {
+    assert_eq!(Mutant::ALL.len(), 8, "a new mutant needs a test above");
+}

@@ -1,0 +1,124 @@
+//! Counterexamples the checker found in the engine as it was at b58a043,
+//! each replayed step by step: on b58a043 each trace ends in the broken
+//! property named beside it; now none does.
+
+use once_model::configs::{self, Config};
+use once_model::host::Read::Now;
+use once_model::model::{Action, Action::*, Said, Settle};
+use once_model::trace::replay;
+
+fn config(name: &str) -> Config {
+    configs::small()
+        .into_iter()
+        .find(|c| c.name == name)
+        .expect("a configuration of that name")
+}
+
+fn holds(name: &str, actions: &[Action]) {
+    if let Some((property, why)) = replay(config(name), actions) {
+        panic!("{name}: {property}: {why}");
+    }
+}
+
+/// b58a043: `blocked(storage)` said "effect: none" while the operation's
+/// request had committed (the claim's write applied, its answer lost).
+#[test]
+fn a_storage_failure_never_says_none() {
+    holds(
+        "one key, two callers",
+        &[
+            Start(0, Now),
+            Tick,
+            Send(0),
+            Commit(0),
+            Report(0, Said::Ambiguous),
+            FailCommit { applied: true },
+            Start(1, Now),
+        ],
+    );
+}
+
+/// b58a043: a confirmed key, pruned, answered "expired … mint a new key"
+/// with "effect: none": an agent would repeat the refund.
+#[test]
+fn a_pruned_confirmed_key_says_it_happened() {
+    holds(
+        "prune and reuse",
+        &[
+            Start(0, Now),
+            Tick,
+            Report(0, Said::NotSent),
+            Send(0),
+            Commit(0),
+            Report(0, Said::Ambiguous),
+            Tick,
+            Prune,
+            Start(0, Now),
+        ],
+    );
+}
+
+/// b58a043: with a provider that claims keys, an absence proven by the
+/// claim and a spent budget answered "effect: none" although the earlier
+/// request committed afterwards (a claim stops a second effect, not a late first one).
+#[test]
+fn a_claim_is_no_proof_of_no_effect() {
+    holds(
+        "provider claims the key",
+        &[
+            Start(0, Now),
+            Report(0, Said::NotSent),
+            Tick,
+            Send(0),
+            Report(0, Said::Ambiguous),
+            Tick,
+            Resume(0, Now),
+            Commit(0),
+            Tick,
+            Start(1, Now),
+        ],
+    );
+}
+
+/// b58a043: after a forced absence, the owed dispatch's rejection answered
+/// "effect: none" while the first request could still commit.
+#[test]
+fn a_rejection_after_a_forced_absence_says_unknown() {
+    holds(
+        "operator",
+        &[
+            Start(0, Now),
+            Tick,
+            Send(0),
+            Report(0, Said::Ambiguous),
+            Resolve("s".into(), "k0".into(), Settle::Absent { force: true }),
+            Sweep(0, Now),
+            Send(1),
+            Refuse(1),
+            Tick,
+            Tick,
+            Tick,
+            Report(1, Said::Rejected),
+        ],
+    );
+}
+
+/// b58a043: a host whose owner name changed never escalated its unknown
+/// record: nobody read, dispatched or escalated it again.
+#[test]
+fn a_renamed_owners_record_is_escalated() {
+    holds(
+        "two hosts",
+        &[
+            Start(1, Now),
+            Report(1, Said::Ambiguous),
+            Tick,
+            Tick,
+            Tick,
+            Tick,
+            Resume(1, Now),
+            Start(0, Now),
+            RenameOwner(1),
+        ],
+    );
+}
