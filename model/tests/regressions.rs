@@ -59,23 +59,67 @@ fn a_pruned_confirmed_key_says_it_happened() {
 }
 
 /// b58a043: with a provider that claims keys, an absence proven by the
-/// claim and a spent budget answered "effect: none" although the earlier
-/// request committed afterwards (a claim stops a second effect, not a late first one).
+/// claim and a spent budget answered "effect: none" while the earlier
+/// request could still commit (a claim stops a second effect, not a late first one).
 #[test]
 fn a_claim_is_no_proof_of_no_effect() {
     holds(
         "provider claims the key",
         &[
-            Start(0, Now),
-            Report(0, Said::NotSent),
+            Start(1, Now),
             Tick,
+            Tick,
+            Tick,
+            Report(1, Said::NotSent),
+            Send(1),
+            Report(1, Said::Ambiguous),
+            Tick,
+            Resume(1, Now),
+        ],
+    );
+}
+
+/// b58a043: after an absence forced before `max_in_flight`, a spent budget
+/// answered "effect: none" while the first request could still commit.
+#[test]
+fn a_spent_budget_after_a_forced_absence_says_unknown() {
+    holds(
+        "operator",
+        &[
+            Start(0, Now),
+            Tick,
+            Tick,
+            Tick,
+            Report(0, Said::NotSent),
             Send(0),
             Report(0, Said::Ambiguous),
+            Resolve("s".into(), "k0".into(), Settle::Absent { force: true }),
+            Start(0, Now),
+        ],
+    );
+}
+
+/// b58a043: the same, after the late request had committed: "effect: none"
+/// for a refund that happened.
+#[test]
+fn a_late_effect_after_a_forced_absence_is_not_denied() {
+    holds(
+        "forced absence",
+        &[
+            Start(0, Now),
             Tick,
-            Resume(0, Now),
+            Send(0),
+            Tick,
+            Tick,
+            Resolve("s".into(), "k0".into(), Settle::Absent { force: true }),
+            Sweep(0, Now),
+            Tick,
+            Tick,
+            Report(0, Said::Ambiguous),
+            Tick,
+            Tick,
             Commit(0),
-            Tick,
-            Start(1, Now),
+            Report(1, Said::NotSent),
         ],
     );
 }
@@ -104,21 +148,22 @@ fn a_rejection_after_a_forced_absence_says_unknown() {
 }
 
 /// b58a043: a host whose owner name changed never escalated its unknown
-/// record: nobody read, dispatched or escalated it again.
+/// record: nobody read, dispatched or escalated it again (the fair schedule
+/// ends with it unknown and unescalated).
 #[test]
 fn a_renamed_owners_record_is_escalated() {
     holds(
         "two hosts",
         &[
             Start(1, Now),
-            Report(1, Said::Ambiguous),
             Tick,
             Tick,
             Tick,
             Tick,
-            Resume(1, Now),
-            Start(0, Now),
+            Sweep(1, Now),
             RenameOwner(1),
+            Tick,
+            Tick,
         ],
     );
 }
