@@ -25,13 +25,17 @@ pub enum Mutant {
     DoubleReservation,
     /// A call on a record whose lease is live is granted an attempt of its own.
     GrantWhileLeaseLive,
+    /// `report` takes any fence of an in-flight record as the current one.
+    SkipFenceCheck,
+    /// A transition or prune drops an unacknowledged possible-duplicate escalation.
+    DropEscalationOnTransition,
     /// The provider key leaves out the scope: two scopes' keys read each other's effects.
     ReadAcrossScopes,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 8] = [
+    pub const ALL: [Mutant; 10] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -40,6 +44,8 @@ impl Mutant {
         Mutant::DoubleReservation,
         Mutant::GrantWhileLeaseLive,
         Mutant::ReadAcrossScopes,
+        Mutant::SkipFenceCheck,
+        Mutant::DropEscalationOnTransition,
     ];
 }
 

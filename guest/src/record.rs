@@ -655,7 +655,10 @@ impl OpRecord {
     /// A new unknown or absent spell gets a deadline of its own; a pending
     /// possible-duplicate escalation is kept.
     fn drop_deadline_escalation(&mut self) {
-        if self.possible_duplicate && self.escalation_pending() {
+        if self.possible_duplicate
+            && self.escalation_pending()
+            && !crate::mutant::on(crate::mutant::Mutant::DropEscalationOnTransition)
+        {
             return;
         }
         self.escalated = false;
@@ -777,7 +780,10 @@ impl OpRecord {
         self.unknown_reason = None;
         // A possible duplicate the sink has not acknowledged stays escalated until it is:
         // a transition never drops it (DESIGN.md "Background work always makes progress").
-        if self.possible_duplicate && self.escalation_pending() {
+        if self.possible_duplicate
+            && self.escalation_pending()
+            && !crate::mutant::on(crate::mutant::Mutant::DropEscalationOnTransition)
+        {
             return;
         }
         self.escalated = false;

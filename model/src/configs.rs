@@ -8,6 +8,7 @@ use once_guest::policy::{Policy, Quota, default_lease, default_policy};
 use once_guest::types::{IdentityMode, Route};
 
 use crate::host::Read;
+use crate::model::{Action, Said, Settle};
 use crate::world::Budget;
 
 /// One second, in ms.
@@ -63,6 +64,9 @@ pub struct Config {
     /// The longest path explored (the budgets bound each kind of step; this
     /// bounds their interleavings).
     pub depth: usize,
+    /// Steps taken before the exploration starts: a configuration that
+    /// explores from a state deep in the protocol (the budgets apply after it).
+    pub prefix: Vec<Action>,
 }
 
 /// The policy every configuration starts from: protected, an application
@@ -118,6 +122,7 @@ fn base(name: &'static str) -> Config {
         liveness: true,
         mutant: None,
         depth: 11,
+        prefix: Vec::new(),
     }
 }
 
@@ -225,7 +230,56 @@ pub fn small() -> Vec<Config> {
     c.budget.prunes = 1;
     c.budget.ticks = 8;
     c.budget.sweeps = 2;
-    c.depth = 16;
+    c.depth = 15;
+    all.push(c);
+
+    // From a possible duplicate whose escalation the sink has not taken (it
+    // is down): retention passes, prune and sweep run, the sink comes back.
+    let mut c = base("pending possible duplicate");
+    c.policy.lookup = false;
+    c.callers = vec![(0, 0, 1)];
+    c.lose_replies = false;
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Tick,
+        Action::Send(0),
+        Action::Tick,
+        Action::Tick,
+        Action::Resolve("s".into(), "k0".into(), Settle::Absent { force: true }),
+        Action::Sweep(0, Read::Now),
+        Action::Tick,
+        Action::Send(1),
+        Action::Commit(0),
+        Action::Commit(1),
+        Action::SinkDown,
+        Action::Report(1, Said::Success(r#"{"refund":"s/k0#1"}"#.into())),
+        Action::Report(0, Said::Success(r#"{"refund":"s/k0#0"}"#.into())),
+    ];
+    c.budget.ticks = 8;
+    c.budget.prunes = 2;
+    c.budget.sweeps = 3;
+    c.depth = 12;
+    all.push(c);
+
+    // From a holder left behind: its lease ended unsent, an operator
+    // resolved the record absent once no request could still commit, and the
+    // sweep granted the owed dispatch. The holder then reports with its stale
+    // fence; a third attempt is in the budget.
+    let mut c = base("stale holder");
+    c.policy.lookup = false;
+    c.policy.attempt_budget = 3;
+    c.callers = vec![(0, 0, 2)];
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Tick,
+        Action::Tick,
+        Action::Tick,
+        Action::Tick,
+        Action::Resolve("s".into(), "k0".into(), Settle::Absent { force: false }),
+        Action::Sweep(0, Read::Now),
+    ];
+    c.budget.ticks = 4;
+    c.depth = 10;
     all.push(c);
 
     // Two scopes naming the same key: two operations.
@@ -233,6 +287,7 @@ pub fn small() -> Vec<Config> {
     c.ops = vec![op("s", "k0", "3.00"), op("t", "k0", "3.00")];
     c.callers = vec![(0, 0, 1), (0, 1, 1)];
     c.budget.ticks = 5;
+    c.depth = 10;
     all.push(c);
 
     all

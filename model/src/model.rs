@@ -14,7 +14,7 @@ use stateright::{Model, Property};
 use crate::configs::{Config, SKEW_MS};
 use crate::host::{ModelHost, Read};
 use crate::truth::{check_account, describe};
-use crate::world::{Agent, Fate, Held, Pos, Request, Time, World};
+use crate::world::{Agent, Budget, Fate, Held, Pos, Request, Time, World};
 
 /// The tool every configuration protects.
 pub const TOOL: &str = "refund";
@@ -338,10 +338,21 @@ impl OnceModel {
         let mut at: Vec<Time> = Vec::new();
         for row in world.ledger.rows.values() {
             at.extend(row.due_at);
-            if let Ok(loaded) = decode(row).map(|l| l.rec) {
-                at.extend(loaded.window_until());
-                at.extend(loaded.deadline);
-                at.extend(loaded.next_check);
+            if let Ok(rec) = decode(row).map(|l| l.rec) {
+                at.extend(rec.window_until());
+                at.extend(rec.deadline);
+                at.extend(rec.next_check);
+                // When no earlier request can still commit: past it, a resolve needs no force
+                // and a read proves absence (the engine compares with and without the skew).
+                if let Some(last) = rec.last_dispatch() {
+                    let settled = last.saturating_add(rec.policy.max_in_flight_ms);
+                    at.extend([settled + 1, settled + SKEW_MS + 1]);
+                }
+                // Retention, even while a re-delivery keeps the row due sooner (only prune reads it).
+                let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+                if finished && world.budget.prunes > 0 {
+                    at.push(rec.transitioned_at.saturating_add(rec.policy.retention_ms));
+                }
             }
         }
         for agent in &world.agents {
@@ -554,8 +565,34 @@ impl OnceModel {
         out
     }
 
-    /// The initial world.
+    /// The initial world: empty, then the configuration's prefix taken.
     pub fn initial(&self) -> World {
+        let mut world = self.empty();
+        world.budget = Budget {
+            ticks: u8::MAX,
+            crashes: u8::MAX,
+            commit_faults: u8::MAX,
+            owner_changes: u8::MAX,
+            sink_outages: u8::MAX,
+            resolves: u8::MAX,
+            prunes: u8::MAX,
+            sweeps: u8::MAX,
+        };
+        for action in &self.config.prefix {
+            let mut enabled = Vec::new();
+            self.enabled(&world, &mut enabled);
+            assert!(
+                enabled.contains(action),
+                "{}: prefix step {action:?} is not enabled",
+                self.config.name
+            );
+            world = self.step(&world, action).expect("an enabled step changes the world");
+        }
+        world.budget = self.config.budget;
+        world
+    }
+
+    fn empty(&self) -> World {
         World {
             now: START,
             ledger: Default::default(),

@@ -67,6 +67,20 @@ fn a_grant_beside_a_live_lease() {
 }
 
 #[test]
+fn a_stale_fence_taken_as_current() {
+    caught(Mutant::SkipFenceCheck, "stale holder", PROPERTIES[1]);
+}
+
+#[test]
+fn a_pending_escalation_dropped() {
+    caught(
+        Mutant::DropEscalationOnTransition,
+        "pending possible duplicate",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 8, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 10, "a new mutant needs a test above");
 }

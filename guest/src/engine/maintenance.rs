@@ -160,7 +160,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
             continue;
         }
         // An escalation the sink has not acknowledged outlives retention: the sweep re-delivers it.
-        if rec.escalation_pending() {
+        if rec.escalation_pending() && !mutant::on(Mutant::DropEscalationOnTransition) {
             continue;
         }
         let mut tx = Tx::new();
