@@ -16,6 +16,9 @@ use crate::types::{Confirmation, KeySource, RecordSummary, State};
 /// owed dispatches. The largest timestamp every store can hold (i64).
 pub const OWED: u64 = i64::MAX as u64;
 
+/// Longest wait between two deliveries of an escalation the sink refused.
+pub const MAX_REDELIVERY_BACKOFF_MS: u64 = 5 * 60 * 1_000;
+
 /// One granted execute.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
@@ -145,6 +148,11 @@ pub struct OpRecord {
     /// Id of the current escalation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escalation_id: Option<String>,
+    /// Deliveries of the current escalation the sink did not acknowledge:
+    /// each one pushes the next re-delivery out (doubling), so an escalation
+    /// the sink keeps refusing never crowds other work out of a sweep.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub escalation_failures: u32,
     /// A success arrived while a newer attempt was in flight.
     #[serde(default, skip_serializing_if = "is_false")]
     pub possible_duplicate: bool,
@@ -266,6 +274,7 @@ impl OpRecord {
             escalated: false,
             escalation_acked: false,
             escalation_id: None,
+            escalation_failures: 0,
             possible_duplicate: false,
             supersedes: new.supersedes,
             superseded_by: None,
@@ -403,8 +412,13 @@ impl OpRecord {
 
     /// When the engine next wants to look at this record (sweep or prune).
     pub fn due_at(&self) -> Option<u64> {
-        let escalation_redelivery =
-            (self.escalated && !self.escalation_acked).then(|| self.updated_at + self.policy.reconcile_interval_ms);
+        let escalation_redelivery = self.escalation_pending().then(|| {
+            let interval = self.policy.reconcile_interval_ms;
+            let backoff = interval
+                .saturating_mul(1u64 << self.escalation_failures.min(16))
+                .min(MAX_REDELIVERY_BACKOFF_MS.max(interval));
+            self.updated_at.saturating_add(backoff)
+        });
         let pending_deadline = if self.escalated { None } else { self.deadline };
         match self.state {
             State::InFlight => self.current().map(|a| a.lease_until),
@@ -732,6 +746,7 @@ impl OpRecord {
     pub fn escalate(&mut self, id: String, reason: &str) -> Event {
         self.escalated = true;
         self.escalation_acked = false;
+        self.escalation_failures = 0;
         self.escalation_id = Some(id.clone());
         Event {
             kind: "escalated",
@@ -744,11 +759,23 @@ impl OpRecord {
     /// The sink acknowledged the escalation.
     pub fn acknowledge_escalation(&mut self) -> Event {
         self.escalation_acked = true;
+        self.escalation_failures = 0;
         Event {
             kind: "escalation-acknowledged",
             from: Some(self.state),
             attempt: None,
             detail: "{}".to_string(),
+        }
+    }
+
+    /// The sink did not acknowledge the escalation: the next delivery waits longer.
+    pub fn escalation_refused(&mut self) -> Event {
+        self.escalation_failures = self.escalation_failures.saturating_add(1);
+        Event {
+            kind: "escalation-refused",
+            from: Some(self.state),
+            attempt: None,
+            detail: detail(&[("failures", num(u64::from(self.escalation_failures)))]),
         }
     }
 

@@ -67,22 +67,25 @@ pub fn deliver(h: &impl Host, loaded: Loaded) -> (Loaded, bool) {
         reason: reason.to_string(),
         deadline: rec.deadline.unwrap_or(rec.transitioned_at),
     };
-    if h.escalate(&escalation) {
-        let mut acked = rec.clone();
-        let now = super::now_for(h, Some(rec));
-        let event = acked.acknowledge_escalation();
-        let mut tx = Tx::new();
-        tx.record(&mut acked, loaded.version, event, now);
-        // Losing this write only means a re-delivery, which the sink dedupes.
-        if tx.commit(h).is_ok() {
-            return (
-                Loaded {
-                    rec: acked,
-                    version: loaded.version + 1,
-                },
-                true,
-            );
-        }
+    let acknowledged = h.escalate(&escalation);
+    let mut after = rec.clone();
+    let now = super::now_for(h, Some(rec));
+    let event = if acknowledged {
+        after.acknowledge_escalation()
+    } else {
+        after.escalation_refused()
+    };
+    let mut tx = Tx::new();
+    tx.record(&mut after, loaded.version, event, now);
+    // Losing this write only means an early re-delivery, which the sink dedupes.
+    if tx.commit(h).is_ok() {
+        return (
+            Loaded {
+                rec: after,
+                version: loaded.version + 1,
+            },
+            true,
+        );
     }
     (loaded, true)
 }

@@ -22,24 +22,33 @@ pub fn queue(h: &impl Host, filter: &QueueFilter, limit: u32) -> Result<Operator
         check_name("tool", tool, &settings)?;
     }
     let now = h.now();
-    // One row more than asked tells whether the ledger held more than `limit`.
+    // The store filters by state only: with a filter, every unsettled row is read and the
+    // filter applied before the limit (a limit applied first hid a scope's records behind
+    // another's). Without one, one row more than asked tells whether there were more.
+    let filtered = filter.scopes.is_some() || filter.tool.is_some() || filter.key_prefix.is_some();
+    let scan_limit = if filtered { u32::MAX } else { limit.saturating_add(1) };
     let rows = h
         .scan(
             Table::Operation,
             &[State::Unknown, State::Absent, State::InFlight],
             OWED,
             None,
-            limit.saturating_add(1),
+            scan_limit,
         )
         .map_err(Error::Storage)?;
-    let truncated = rows.len() > limit as usize;
     let mut entries = Vec::new();
-    for row in rows.iter().take(limit as usize) {
+    let mut truncated = !filtered && rows.len() > limit as usize;
+    let read = if filtered { rows.len() } else { limit as usize };
+    for row in rows.iter().take(read) {
         let rec = decode(row).map_err(|e| Error::Storage(e.message()))?.rec;
         if !matches(filter, &rec) {
             continue;
         }
         if let Some(entry) = entry(h, rec, row.version) {
+            if entries.len() == limit as usize {
+                truncated = true;
+                break;
+            }
             entries.push(entry);
         }
     }
