@@ -371,3 +371,86 @@ fn http_config_mistakes_name_the_key() {
         assert!(stderr.contains(said), "{said:?} in {stderr}");
     }
 }
+
+/// A proxy that appends the tenant header instead of replacing it would let the client choose its tenant:
+/// two values (two header lines, or one comma-joined line) are refused 400, naming the header, and nothing
+/// reaches the engine or the upstream.
+#[test]
+fn a_tenant_header_with_two_values_is_refused_400() {
+    let rig = Rig::new(&fast_config("[http]\ntenant_header = \"X-Once-Tenant\"\n"));
+    let mut gw = rig.listen("none", 0);
+    let body = call_body("refund_order", refund(10.0), Some("dup-1")).to_string();
+    for (headers, said) in [
+        (
+            "X-Once-Tenant: globex\r\nX-Once-Tenant: acme\r\n",
+            "the tenant header x-once-tenant came 2 times",
+        ),
+        (
+            "X-Once-Tenant: globex, acme\r\n",
+            "the tenant header x-once-tenant holds a list",
+        ),
+        ("X-Once-Tenant: globex,acme\r\n", "holds a list"),
+    ] {
+        let (status, head, text) = raw::exchange(&gw.base, &raw::post_mcp(headers, &body));
+        assert_eq!(status, 400, "{headers:?}: {head}{text}");
+        assert!(text.contains(said), "{said:?} in {text}");
+    }
+    assert_eq!(records(&rig), 0, "a refused request writes no record\n{}", rig.logs());
+    assert_eq!(rig.effects().0, 0, "a refused request reaches no upstream");
+    // One value still names the tenant.
+    let one = gw.post(
+        None,
+        &[("x-once-tenant", "acme")],
+        &call_body("refund_order", refund(10.0), Some("dup-1")),
+    );
+    assert_eq!(one.outcome()["scope"], "acme", "{one:?}");
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// Raw HTTP/1.1 over 127.0.0.1, for what a well-behaved client never sends.
+mod raw {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    /// `http://127.0.0.1:PORT` -> `127.0.0.1:PORT`.
+    pub fn addr(base: &str) -> String {
+        base.trim_start_matches("http://").to_string()
+    }
+
+    /// A POST to /mcp with `extra` header lines (each ending `\r\n`) and `body`, closing after the answer.
+    pub fn post_mcp(extra: &str, body: &str) -> String {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// Send `request` whole and read the answer to its end: (status, head, body).
+    pub fn exchange(base: &str, request: &str) -> (u16, String, String) {
+        let limit = Duration::from_secs(30);
+        let mut s = TcpStream::connect_timeout(&addr(base).parse().unwrap(), limit).unwrap();
+        s.set_read_timeout(Some(limit)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap_or_else(|e| {
+            panic!(
+                "no whole answer within {limit:?}: {e}; had {:?}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+        split(&String::from_utf8_lossy(&answer))
+    }
+
+    /// (status, head, body) of a whole HTTP/1.1 answer.
+    pub fn split(answer: &str) -> (u16, String, String) {
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+        (status, head.to_string(), body.to_string())
+    }
+}

@@ -124,6 +124,9 @@ pub enum Refusal {
     Unauthorized(&'static str),
     /// Credentials that do not grant this (403).
     Forbidden(&'static str),
+    /// Credentials that say two things at once (400): a tenant header sent more than once, or
+    /// with a comma-joined list, as a proxy that appends instead of replacing would pass on.
+    BadRequest(String),
 }
 
 impl HttpAccess {
@@ -179,15 +182,37 @@ impl HttpAccess {
                     .map(Some)
                     .ok_or(Refusal::Unauthorized("the bearer token is not one this gateway knows"))
             }
-            Tenancy::Header(name) => headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(|v| Some(v.to_string()))
-                .ok_or(Refusal::Unauthorized(
-                    "this gateway takes the tenant from a header its proxy sets, and the request has none",
-                )),
+            Tenancy::Header(name) => {
+                // A proxy that appends the header instead of replacing it passes the client's own value on
+                // beside its own: taking either would let the client choose its tenant, so two are refused.
+                let mut values = headers.get_all(name).iter();
+                let (Some(value), None) = (values.next(), values.next()) else {
+                    return match headers.get_all(name).iter().count() {
+                        0 => Err(Refusal::Unauthorized(
+                            "this gateway takes the tenant from a header its proxy sets, and the request has none",
+                        )),
+                        n => Err(Refusal::BadRequest(format!(
+                            "the tenant header {name} came {n} times; it must come once, set (not appended) by the proxy"
+                        ))),
+                    };
+                };
+                let value = value
+                    .to_str()
+                    .map_err(|_| Refusal::BadRequest(format!("the tenant header {name} is not visible ASCII text")))?;
+                // `a, b` is how HTTP joins two values of one header: the same ambiguity in one line.
+                if value.contains(',') {
+                    return Err(Refusal::BadRequest(format!(
+                        "the tenant header {name} holds a list ({value:?}); it must name one tenant, set (not appended) by the proxy"
+                    )));
+                }
+                let value = value.trim();
+                if value.is_empty() {
+                    return Err(Refusal::Unauthorized(
+                        "this gateway takes the tenant from a header its proxy sets, and the request has none",
+                    ));
+                }
+                Ok(Some(value.to_string()))
+            }
         }
     }
 
@@ -374,6 +399,14 @@ mod tests {
         headers.insert("x-tenant", HeaderValue::from_static("acme"));
         assert_eq!(access.tenant_of(&headers), Ok(Some("acme".to_string())));
         assert!(access.tenant_of(&HeaderMap::new()).is_err());
+        let mut twice = headers.clone();
+        twice.append("x-tenant", HeaderValue::from_static("globex"));
+        assert!(
+            matches!(access.tenant_of(&twice), Err(Refusal::BadRequest(why)) if why.contains("x-tenant came 2 times"))
+        );
+        let mut joined = HeaderMap::new();
+        joined.insert("x-tenant", HeaderValue::from_static("globex, acme"));
+        assert!(matches!(access.tenant_of(&joined), Err(Refusal::BadRequest(why)) if why.contains("holds a list")));
         let open = HttpAccess::default();
         assert_eq!(open.tenant_of(&headers), Ok(None));
         assert_eq!(open.may_read_metrics(&HeaderMap::new()), Ok(()));

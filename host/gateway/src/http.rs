@@ -160,9 +160,10 @@ async fn front_door(State(front): State<Arc<Front>>, mut request: Request, next:
     }
 }
 
-fn text(refusal: &Refusal) -> &'static str {
+fn text(refusal: &Refusal) -> &str {
     match refusal {
         Refusal::Unauthorized(why) | Refusal::Forbidden(why) => why,
+        Refusal::BadRequest(why) => why,
     }
 }
 
@@ -170,6 +171,7 @@ fn refused(refusal: Refusal) -> Response {
     let status = match refusal {
         Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+        Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
     };
     let mut response = (status, format!("{}\n", text(&refusal))).into_response();
     if status == StatusCode::UNAUTHORIZED {
