@@ -1,8 +1,11 @@
 //! `once gateway --listen`: MCP over Streamable HTTP, with real processes (the
 //! gateway, its refund-mcp, the refund service's effect ledger) and a plain
-//! HTTP client. Tenants from bearer tokens, the 401 front door, /healthz,
-//! /metrics, the body limit, SIGTERM with a call in flight, and two replicas
-//! on one PostgreSQL ledger. Every verdict on refunds is read from the effect
+//! HTTP client (raw HTTP where a well-behaved client would not do it).
+//! Tenants from bearer tokens, the 401 front door, a proxy's tenant header
+//! sent once or refused, /healthz, /metrics, the body limit, a body that is
+//! not JSON, the header and body timeouts, idle sockets under a low
+//! file-descriptor limit, SIGTERM with a call in flight, and two replicas on
+//! one PostgreSQL ledger. Every verdict on refunds is read from the effect
 //! ledger; every verdict on records from the once ledger.
 
 mod gateway_common;

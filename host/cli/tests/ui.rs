@@ -1,6 +1,7 @@
 //! `once ui` over HTTP, as a real process on a real SQLite ledger: tokens,
-//! CSRF, the scope boundary, resolutions through the engine, and /metrics
-//! read by a Prometheus text-format parser.
+//! sessions, login CSRF, the security headers of every response, CSRF, the
+//! scope boundary, resolutions through the engine, and /metrics read by a
+//! Prometheus text-format parser.
 
 mod ui_common;
 
