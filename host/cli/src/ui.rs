@@ -10,7 +10,7 @@ use once_ui::{Access, Operator, Ui};
 
 use crate::Failure;
 
-/// `once ui [--db …] [--listen 127.0.0.1:PORT] [--operators FILE | --token T]`
+/// `once ui [--db …] [--listen 127.0.0.1:PORT] [--operators FILE | --token T] [--behind-tls]`
 #[derive(clap::Args)]
 pub struct UiArgs {
     /// The ledger: an SQLite file, or a PostgreSQL URL.
@@ -22,6 +22,12 @@ pub struct UiArgs {
     /// Allow a listen address other than loopback (put TLS in front of it).
     #[arg(long)]
     public: bool,
+    /// Browsers reach the page over HTTPS (a TLS-terminating proxy in front): the session cookie is Secure.
+    #[arg(long)]
+    behind_tls: bool,
+    /// How long a browser stays signed in, in seconds.
+    #[arg(long, default_value_t = once_ui::DEFAULT_SESSION_LIFETIME.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    session_lifetime_secs: u64,
     /// Operators and the scopes each may see (TOML, tokens as SHA-256); without it, one operator with --token.
     #[arg(long, conflicts_with = "token")]
     operators: Option<PathBuf>,
@@ -60,7 +66,10 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
     };
     let once = Arc::new(Once::open(&args.db)?.build()?);
     let access = Access::new(operators).map_err(io_failure(None))?;
-    let ui = Ui::new(once, access).limit(args.limit);
+    let ui = Ui::new(once, access)
+        .limit(args.limit)
+        .secure_cookie(args.behind_tls)
+        .session_lifetime(std::time::Duration::from_secs(args.session_lifetime_secs));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -71,10 +80,11 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
             .await
             .map_err(io_failure(Some(&listening)))?;
         let addr = listener.local_addr().map_err(io_failure(None))?;
-        // The first line is the address to open (tests and scripts read it). A closed stdout must not stop
+        // The first line is the address to open (tests and scripts read it). The token is beside it, never in
+        // it: an address with the token would be kept in the browser's history. A closed stdout must not stop
         // the server, so a failed write is ignored.
         let first = match &printed_token {
-            Some(token) => format!("once ui: http://{addr}/login?token={token}"),
+            Some(token) => format!("once ui: http://{addr}/ (sign in with the operator token: {token})"),
             None => format!("once ui: http://{addr}/ (sign in with your operator token)"),
         };
         let mut out = std::io::stdout().lock();

@@ -1,8 +1,11 @@
 //! `once gateway --listen`: MCP over Streamable HTTP, with real processes (the
 //! gateway, its refund-mcp, the refund service's effect ledger) and a plain
-//! HTTP client. Tenants from bearer tokens, the 401 front door, /healthz,
-//! /metrics, the body limit, SIGTERM with a call in flight, and two replicas
-//! on one PostgreSQL ledger. Every verdict on refunds is read from the effect
+//! HTTP client (raw HTTP where a well-behaved client would not do it).
+//! Tenants from bearer tokens, the 401 front door, a proxy's tenant header
+//! sent once or refused, /healthz, /metrics, the body limit, a body that is
+//! not JSON, the header and body timeouts, idle sockets under a low
+//! file-descriptor limit, SIGTERM with a call in flight, and two replicas on
+//! one PostgreSQL ledger. Every verdict on refunds is read from the effect
 //! ledger; every verdict on records from the once ledger.
 
 mod gateway_common;
@@ -369,5 +372,259 @@ fn http_config_mistakes_name_the_key() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(said), "{said:?} in {stderr}");
+    }
+}
+
+/// A proxy that appends the tenant header instead of replacing it would let the client choose its tenant:
+/// two values (two header lines, or one comma-joined line) are refused 400, naming the header, and nothing
+/// reaches the engine or the upstream.
+#[test]
+fn a_tenant_header_with_two_values_is_refused_400() {
+    let rig = Rig::new(&fast_config("[http]\ntenant_header = \"X-Once-Tenant\"\n"));
+    let mut gw = rig.listen("none", 0);
+    let body = call_body("refund_order", refund(10.0), Some("dup-1")).to_string();
+    for (headers, said) in [
+        (
+            "X-Once-Tenant: globex\r\nX-Once-Tenant: acme\r\n",
+            "the tenant header x-once-tenant came 2 times",
+        ),
+        (
+            "X-Once-Tenant: globex, acme\r\n",
+            "the tenant header x-once-tenant holds a list",
+        ),
+        ("X-Once-Tenant: globex,acme\r\n", "holds a list"),
+    ] {
+        let (status, head, text) = raw::exchange(&gw.base, &raw::post_mcp(headers, &body));
+        assert_eq!(status, 400, "{headers:?}: {head}{text}");
+        assert!(text.contains(said), "{said:?} in {text}");
+    }
+    assert_eq!(records(&rig), 0, "a refused request writes no record\n{}", rig.logs());
+    assert_eq!(rig.effects().0, 0, "a refused request reaches no upstream");
+    // One value still names the tenant.
+    let one = gw.post(
+        None,
+        &[("x-once-tenant", "acme")],
+        &call_body("refund_order", refund(10.0), Some("dup-1")),
+    );
+    assert_eq!(one.outcome()["scope"], "acme", "{one:?}");
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// A body that is not JSON is a JSON-RPC parse error (-32700, HTTP 400), not rmcp's 415; JSON that is no
+/// JSON-RPC message is an invalid request (-32600); a wrong content type is still 415. Nothing is recorded.
+#[test]
+fn a_body_that_is_not_json_is_a_jsonrpc_parse_error() {
+    let rig = Rig::new(&fast_config(""));
+    let mut gw = rig.listen("none", 0);
+    let answer = post(&gw.url, None, &[], "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ");
+    assert_eq!(answer.status, 400, "{answer:?}");
+    let message = answer
+        .message
+        .as_ref()
+        .unwrap_or_else(|| panic!("a JSON-RPC error: {answer:?}"));
+    assert_eq!(message["jsonrpc"], "2.0", "{message}");
+    assert_eq!(message["id"], Value::Null, "{message}");
+    assert_eq!(message["error"]["code"], -32700, "{message}");
+    assert!(
+        message["error"]["message"].as_str().unwrap().starts_with("Parse error"),
+        "{message}"
+    );
+
+    let answer = post(
+        &gw.url,
+        None,
+        &[],
+        "{\"jsonrpc\": \"2.0\", \"id\": 7, \"nothing\": true}",
+    );
+    assert_eq!(answer.status, 400, "{answer:?}");
+    let message = answer
+        .message
+        .as_ref()
+        .unwrap_or_else(|| panic!("a JSON-RPC error: {answer:?}"));
+    assert_eq!(
+        (message["error"]["code"].clone(), message["id"].clone()),
+        (json!(-32600), json!(7)),
+        "{message}"
+    );
+
+    let body = call_body("refund_order", refund(10.0), Some("p-1")).to_string();
+    let text_plain = raw::post_mcp("", &body).replace("Content-Type: application/json", "Content-Type: text/plain");
+    let (status, head, text) = raw::exchange(&gw.base, &text_plain);
+    assert_eq!(status, 415, "{head}{text}");
+    assert_eq!(records(&rig), 0, "{}", rig.logs());
+    assert_eq!(rig.effects().0, 0);
+    // A well-formed call still goes through.
+    assert_eq!(
+        gw.call(None, Some("p-1"), refund(10.0)).outcome()["decision"],
+        "executed"
+    );
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// How long the gateway took to close `stream` (read to its end), and what it sent first; panics past `limit`.
+fn closed_within(mut stream: std::net::TcpStream, limit: std::time::Duration) -> (std::time::Duration, String) {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // A reset is a close too.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!(
+            "the connection was still open after {:?} ({e}); it had sent {:?}",
+            started.elapsed(),
+            String::from_utf8_lossy(&answer)
+        ),
+    }
+    (started.elapsed(), String::from_utf8_lossy(&answer).to_string())
+}
+
+/// `[http] header_timeout`: a client that sends half a request's headers, or nothing at all, is disconnected
+/// when it runs out; `[http] body_timeout`: a body trickled a byte at a time is answered 408 and cut.
+#[test]
+fn half_sent_headers_and_trickled_bodies_are_cut_at_their_timeouts() {
+    use std::io::Write;
+    use std::time::Duration;
+    let rig = Rig::new(&fast_config("[http]\nheader_timeout = \"1s\"\nbody_timeout = \"1s\"\n"));
+    let mut gw = rig.listen("none", 0);
+    let addr = raw::addr(&gw.base);
+
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    half.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        .unwrap();
+    let silent = std::net::TcpStream::connect(&addr).unwrap();
+    let (took, _) = closed_within(half, Duration::from_secs(10));
+    assert!(took < Duration::from_secs(6), "half a header held {took:?}");
+    let (took, _) = closed_within(silent, Duration::from_secs(10));
+    assert!(took < Duration::from_secs(6), "a silent connection held {took:?}");
+
+    // Headers whole and at once, then a 200-byte body one byte every 100 ms (at most 100 of them: 10 s).
+    let body = call_body("refund_order", refund(10.0), Some("slow-1")).to_string();
+    let body = format!("{body:<200}");
+    let head = raw::post_mcp("", "").replace("Content-Length: 0", &format!("Content-Length: {}", body.len()));
+    let mut trickle = std::net::TcpStream::connect(&addr).unwrap();
+    trickle.write_all(head.as_bytes()).unwrap();
+    let reader = trickle.try_clone().unwrap();
+    let cut = std::thread::spawn(move || closed_within(reader, Duration::from_secs(15)));
+    let started = std::time::Instant::now();
+    for byte in body.as_bytes().iter().take(100) {
+        if cut.is_finished() || trickle.write_all(&[*byte]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, answer) = cut.join().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "a trickled body held {took:?}: {answer:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(answer.contains("did not arrive within 1s"), "{answer:?}");
+    assert!(ledger(&rig).inspect("default", "slow-1").unwrap().is_none());
+
+    // A client that sends its request in time is served as before.
+    assert_eq!(
+        gw.call(None, Some("fast-1"), refund(10.0)).outcome()["decision"],
+        "executed"
+    );
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// 200 idle sockets that never authenticate, at a 128 file-descriptor limit: the gateway keeps at most
+/// `[http] max_unauthenticated` of them (closing the oldest), so a tenant's call still succeeds.
+#[test]
+fn idle_unauthenticated_sockets_do_not_starve_a_tenant() {
+    use std::time::Duration;
+    let config = fast_config(&format!(
+        "[http]\ntenants = {{ acme = \"{}\" }}\nmetrics_tokens = [\"{}\"]\n\
+         header_timeout = \"60s\"\nmax_unauthenticated = 32\n",
+        sha256_hex(ACME),
+        sha256_hex("operator-token")
+    ));
+    let rig = Rig::new(&config);
+    let mut gw = rig.listen_with_nofile(128, "none", 0);
+    let addr = raw::addr(&gw.base);
+    let flood: Vec<std::net::TcpStream> = (0..200)
+        .map(|i| {
+            std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("socket {i}: {e}"))
+        })
+        .collect();
+    // The tenant's call, with a bound of its own (a starved one would wait in the listen backlog forever).
+    let body = call_body("refund_order", refund(10.0), Some("flood-1")).to_string();
+    let request = raw::post_mcp(&format!("Authorization: Bearer {ACME}\r\n"), &body);
+    let (status, head, text) = raw::exchange_within(&gw.base, &request, Duration::from_secs(15));
+    assert_eq!(status, 200, "{head}{text}\n{}", rig.logs());
+    let message: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        message["result"]["_meta"]["once/outcome"]["decision"], "executed",
+        "{message}"
+    );
+    assert_eq!(message["result"]["_meta"]["once/outcome"]["scope"], "acme", "{message}");
+
+    let (status, metrics) = gw.get("/metrics", Some("operator-token"));
+    assert_eq!(status, 200, "{metrics}");
+    let evicted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("once_gateway_connections_evicted_total "))
+        .unwrap_or_else(|| panic!("the eviction counter in {metrics}"))
+        .parse()
+        .unwrap();
+    assert!(evicted >= 200 - 32, "{evicted} evicted:\n{metrics}");
+    drop(flood);
+    assert!(gw.terminate().success(), "{}", rig.logs());
+}
+
+/// Raw HTTP/1.1 over 127.0.0.1, for what a well-behaved client never sends.
+mod raw {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    /// `http://127.0.0.1:PORT` -> `127.0.0.1:PORT`.
+    pub fn addr(base: &str) -> String {
+        base.trim_start_matches("http://").to_string()
+    }
+
+    /// A POST to /mcp with `extra` header lines (each ending `\r\n`) and `body`, closing after the answer.
+    pub fn post_mcp(extra: &str, body: &str) -> String {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// Send `request` whole and read the answer to its end: (status, head, body).
+    pub fn exchange(base: &str, request: &str) -> (u16, String, String) {
+        exchange_within(base, request, Duration::from_secs(30))
+    }
+
+    /// As [`exchange`], failing when the connection or the answer takes longer than `limit`.
+    pub fn exchange_within(base: &str, request: &str, limit: Duration) -> (u16, String, String) {
+        let mut s = TcpStream::connect_timeout(&addr(base).parse().unwrap(), limit).unwrap();
+        s.set_read_timeout(Some(limit)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap_or_else(|e| {
+            panic!(
+                "no whole answer within {limit:?}: {e}; had {:?}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+        split(&String::from_utf8_lossy(&answer))
+    }
+
+    /// (status, head, body) of a whole HTTP/1.1 answer.
+    pub fn split(answer: &str) -> (u16, String, String) {
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+        (status, head.to_string(), body.to_string())
     }
 }

@@ -1,6 +1,7 @@
 //! `once ui` over HTTP, as a real process on a real SQLite ledger: tokens,
-//! CSRF, the scope boundary, resolutions through the engine, and /metrics
-//! read by a Prometheus text-format parser.
+//! sessions, login CSRF, the security headers of every response, CSRF, the
+//! scope boundary, resolutions through the engine, and /metrics read by a
+//! Prometheus text-format parser.
 
 mod ui_common;
 
@@ -58,8 +59,8 @@ fn without_a_valid_token_every_request_is_401_and_nothing_is_written() {
         let (status, _, _) = post(&format!("{}/resolve", ui.base), token, &form);
         assert_eq!(status, 401);
     }
-    // The printed address signs a browser in: a cookie, and the token leaves the address bar.
-    let mut r = agent().get(ui.login.as_deref().unwrap()).call().unwrap();
+    // A link with the token still signs a browser in: a cookie, and the token leaves the address bar.
+    let mut r = agent().get(ui.token_link()).call().unwrap();
     assert_eq!(r.status().as_u16(), 303);
     let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
     assert!(
@@ -77,6 +78,185 @@ fn without_a_valid_token_every_request_is_401_and_nothing_is_written() {
     assert_eq!(page.status().as_u16(), 200);
     assert!(page.body_mut().read_to_string().unwrap().contains("k-tenant-a"));
     assert_eq!(record(&db, "tenant-a", "k-tenant-a"), before);
+}
+
+/// A sign-in form POST with optional extra headers: (status, Set-Cookie, Location, headers, body).
+fn sign_in(base: &str, token: &str, headers: &[(&str, &str)]) -> (u16, Option<String>, ureq::http::HeaderMap, String) {
+    let mut req = agent().post(format!("{base}/login"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut r = req.send_form([("token", token)]).expect("POST /login");
+    let cookie = r.headers().get("set-cookie").map(|v| v.to_str().unwrap().to_string());
+    let headers = r.headers().clone();
+    (
+        r.status().as_u16(),
+        cookie,
+        headers,
+        r.body_mut().read_to_string().unwrap(),
+    )
+}
+
+/// A GET with a `Cookie` header: (status, body).
+fn get_with_cookie(url: &str, cookie: &str) -> (u16, String) {
+    let mut r = agent().get(url).header("Cookie", cookie).call().expect("GET");
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// Signing in opens a session: the cookie holds a random id kept by the process, never the token; it is
+/// HttpOnly and SameSite=Strict (and Secure with `--behind-tls`); it expires; the raw token is no cookie.
+/// The address `once ui` prints holds no token.
+#[test]
+fn a_sign_in_sets_a_session_cookie_not_the_token() {
+    let (_dir, db) = ledger(&["tenant-a"]);
+    let ui = UiProcess::start(&db, &["--session-lifetime-secs", "2"]);
+    let token = ui.token();
+    assert!(
+        !ui.first_line.contains("token="),
+        "no token in the printed address: {}",
+        ui.first_line
+    );
+
+    let (status, cookie, headers, _) = sign_in(&ui.base, &token, &[]);
+    assert_eq!(status, 303);
+    assert_eq!(headers.get("location").unwrap(), "/");
+    let cookie = cookie.expect("a session cookie");
+    assert!(!cookie.contains(&token), "the token is not in the cookie: {cookie}");
+    let session = cookie.split(';').next().unwrap();
+    let (name, id) = session.split_once('=').unwrap();
+    assert_eq!(name, "once_session");
+    assert!(id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=2"] {
+        assert!(cookie.contains(attribute), "{attribute} in {cookie}");
+    }
+    assert!(!cookie.contains("Secure"), "plain HTTP without --behind-tls: {cookie}");
+    let (status, page) = get_with_cookie(&format!("{}/", ui.base), session);
+    assert_eq!(status, 200);
+    assert!(page.contains("k-tenant-a"));
+    // A second sign-in is a second session, not the same id.
+    let (_, again, _, _) = sign_in(&ui.base, &token, &[]);
+    assert_ne!(again.unwrap().split(';').next().unwrap(), session);
+    // The token itself, or a made-up id, in the cookie opens nothing.
+    for forged in [
+        format!("once_session={token}"),
+        format!("once_token={token}"),
+        format!("once_session={}", "0".repeat(64)),
+    ] {
+        assert_eq!(get_with_cookie(&format!("{}/", ui.base), &forged).0, 401, "{forged}");
+    }
+    // The session expires (here after 2 s).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(
+        get_with_cookie(&format!("{}/", ui.base), session).0,
+        401,
+        "an expired session"
+    );
+
+    let tls = UiProcess::start(&db, &["--behind-tls"]);
+    let (status, cookie, _, _) = sign_in(&tls.base, &tls.token(), &[]);
+    assert_eq!(status, 303);
+    assert!(cookie.unwrap().contains("; Secure"), "--behind-tls");
+}
+
+/// Login CSRF: a sign-in another site starts (its form posted cross-site, or a link to `/login?token=`) is
+/// refused 403 and sets no cookie; one from the page itself (or from no page at all) signs in.
+#[test]
+fn a_sign_in_from_another_site_is_refused() {
+    let (_dir, db) = ledger(&["tenant-a"]);
+    let ui = UiProcess::start(&db, &[]);
+    let token = ui.token();
+    let own = ui.base.clone();
+    for headers in [
+        vec![("Origin", "http://evil.example")],
+        vec![("Origin", "null")],
+        vec![("Sec-Fetch-Site", "cross-site")],
+        vec![("Sec-Fetch-Site", "same-site"), ("Origin", "http://sub.127.0.0.1")],
+        vec![("Sec-Fetch-Site", "cross-site"), ("Origin", own.as_str())],
+    ] {
+        let (status, cookie, _, body) = sign_in(&ui.base, &token, &headers);
+        assert_eq!(status, 403, "{headers:?}: {body}");
+        assert!(cookie.is_none(), "{headers:?}: no cookie");
+        assert!(body.contains("started by another site was refused"), "{body}");
+    }
+    let mut link = agent()
+        .get(ui.token_link())
+        .header("Sec-Fetch-Site", "cross-site")
+        .call()
+        .unwrap();
+    assert_eq!(link.status().as_u16(), 403);
+    assert!(link.headers().get("set-cookie").is_none());
+    let _ = link.body_mut().read_to_string();
+
+    for headers in [
+        vec![("Origin", own.as_str())],
+        vec![("Sec-Fetch-Site", "same-origin"), ("Origin", own.as_str())],
+        vec![("Sec-Fetch-Site", "none")],
+    ] {
+        let (status, cookie, _, body) = sign_in(&ui.base, &token, &headers);
+        assert_eq!(status, 303, "{headers:?}: {body}");
+        assert!(cookie.is_some_and(|c| c.starts_with("once_session=")), "{headers:?}");
+    }
+}
+
+/// The same security headers on every response: pages, a 404 for an unknown path, a redirect, a 401,
+/// /metrics, a refused form.
+#[test]
+fn every_response_carries_the_security_headers() {
+    let (_dir, db) = ledger(&["tenant-a"]);
+    let ui = UiProcess::start(&db, &[]);
+    let token = ui.token();
+    let mut answers = Vec::new();
+    for (path, bearer) in [
+        ("/", Some(token.as_str())),
+        ("/", None),
+        ("/no-such-page", None),
+        ("/no-such-page", Some(token.as_str())),
+        ("/metrics", Some(token.as_str())),
+        ("/login", None),
+        ("/record?scope=tenant-a&key=nope", Some(token.as_str())),
+    ] {
+        let mut req = agent().get(format!("{}{path}", ui.base));
+        if let Some(t) = bearer {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let r = req.call().unwrap();
+        answers.push((format!("GET {path}"), r.status().as_u16(), r.headers().clone()));
+    }
+    let (status, _, headers, _) = sign_in(&ui.base, &token, &[]);
+    answers.push(("POST /login".into(), status, headers));
+    let (status, _, headers, _) = sign_in(&ui.base, &token, &[("Origin", "http://evil.example")]);
+    answers.push(("POST /login cross-site".into(), status, headers));
+    let r = agent().post(format!("{}/", ui.base)).send_empty().unwrap();
+    answers.push(("POST /".into(), r.status().as_u16(), r.headers().clone()));
+    let statuses: Vec<u16> = answers.iter().map(|(_, s, _)| *s).collect();
+    assert_eq!(
+        statuses,
+        [200, 401, 404, 404, 200, 200, 404, 303, 403, 405],
+        "{answers:#?}"
+    );
+    for (what, _, headers) in &answers {
+        let csp = headers
+            .get("content-security-policy")
+            .unwrap_or_else(|| panic!("{what}: no CSP"))
+            .to_str()
+            .unwrap();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+            "{what}: {csp}"
+        );
+        for (name, value) in [
+            ("referrer-policy", "no-referrer"),
+            ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
+            ("x-frame-options", "DENY"),
+        ] {
+            assert_eq!(
+                headers.get(name).map(|v| v.to_str().unwrap()),
+                Some(value),
+                "{what}: {name}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -112,7 +292,7 @@ fn an_operator_limited_to_a_scope_never_sees_or_resolves_another() {
     let (dir, db) = ledger(&["tenant-a", "tenant-b"]);
     let b_before = record(&db, "tenant-b", "k-tenant-b");
     let ui = UiProcess::start(&db, &["--operators", operators(dir.path()).to_str().unwrap()]);
-    assert!(ui.login.is_none(), "an operators file prints no token");
+    assert!(ui.printed_token.is_none(), "an operators file prints no token");
 
     let (status, queue) = get(&format!("{}/", ui.base), Some("alice-token"));
     assert_eq!(status, 200);

@@ -126,9 +126,33 @@ async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
     let ui = UiProcess::start(Path::new(&rig.db), &[]);
     let driver = Driver::start(&chromedriver);
     let c = browser(&driver, &chromium).await;
-    c.goto(ui.login.as_deref().unwrap()).await.unwrap();
-    // Signed in, the address bar no longer holds the token.
+    // Signed in as the README says: the page's own form, the printed token pasted into it.
+    c.goto(&format!("{}/", ui.base)).await.unwrap();
+    c.find(Locator::Css(r#"input[name="token"]"#))
+        .await
+        .unwrap()
+        .send_keys(&ui.token())
+        .await
+        .unwrap();
+    c.find(Locator::Css(r#"form[action="/login"] button"#))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_url(&format!("{}/", ui.base).parse().unwrap())
+        .await
+        .unwrap();
     assert_eq!(c.current_url().await.unwrap().path(), "/");
+    // The browser holds a session id, never the token.
+    let cookies = c.get_all_cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|k| k.name() == "once_session")
+        .expect("a session cookie");
+    assert_ne!(session.value(), ui.token());
+    assert!(session.http_only().unwrap_or(false));
     let row = c
         .find(Locator::Css(
             r#"table[data-section="unknown"] tr[data-key="refund-ui-1"]"#,

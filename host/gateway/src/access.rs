@@ -4,12 +4,23 @@
 //! names the tenant only when the file says which header that is.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::config::Millis;
+
 /// The request body limit when the file sets none: far above any tool call, far below a memory problem.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// How long a connection may take to send a request's headers (and how long it may sit idle between
+/// requests) when the file sets none: far above a real client's, far below a file-descriptor siege.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request may take to send its body when the file sets none.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many connections may be open at once that have not yet carried an authenticated request, when the
+/// file sets none: well below the usual 1,024 file descriptors, so a flood of them leaves room for tenants.
+pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 256;
 
 /// `[http]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -20,6 +31,9 @@ pub(crate) struct HttpSection {
     tenants: Option<BTreeMap<String, TokenHashes>>,
     metrics_tokens: Option<Vec<String>>,
     allowed_hosts: Option<Vec<String>>,
+    header_timeout: Option<Millis>,
+    body_timeout: Option<Millis>,
+    max_unauthenticated: Option<usize>,
 }
 
 /// One tenant's token hashes: one, or several while a token is rotated.
@@ -79,6 +93,12 @@ pub enum AccessConfigError {
     /// A body limit of zero.
     #[error("[http] body_limit: must be at least 1 byte")]
     ZeroBodyLimit,
+    /// A timeout or a connection cap of zero: no request could ever be served.
+    #[error("[http] {key}: must be more than zero")]
+    Zero {
+        /// `header_timeout`, `body_timeout` or `max_unauthenticated`.
+        key: &'static str,
+    },
 }
 
 /// Who a request's tenant is.
@@ -104,6 +124,14 @@ pub struct HttpAccess {
     pub metrics_tokens: Vec<[u8; 32]>,
     /// `Host` values accepted (DNS-rebinding protection); `None`: loopback names only.
     pub allowed_hosts: Option<Vec<String>>,
+    /// How long a connection may take to send a request's headers, or sit idle between requests, before
+    /// it is closed.
+    pub header_timeout: Duration,
+    /// How long a request may take to send its body before it is answered 408 and its connection closed.
+    pub body_timeout: Duration,
+    /// How many connections may be open that have not yet carried an authenticated request; a new one
+    /// beyond it closes the oldest of them.
+    pub max_unauthenticated: usize,
 }
 
 impl Default for HttpAccess {
@@ -113,6 +141,9 @@ impl Default for HttpAccess {
             tenancy: Tenancy::Open,
             metrics_tokens: Vec::new(),
             allowed_hosts: None,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
         }
     }
 }
@@ -124,6 +155,9 @@ pub enum Refusal {
     Unauthorized(&'static str),
     /// Credentials that do not grant this (403).
     Forbidden(&'static str),
+    /// Credentials that say two things at once (400): a tenant header sent more than once, or
+    /// with a comma-joined list, as a proxy that appends instead of replacing would pass on.
+    BadRequest(String),
 }
 
 impl HttpAccess {
@@ -131,6 +165,15 @@ impl HttpAccess {
     pub(crate) fn from_section(section: HttpSection, scope: Option<&str>) -> Result<HttpAccess, AccessConfigError> {
         if section.body_limit == Some(0) {
             return Err(AccessConfigError::ZeroBodyLimit);
+        }
+        for (key, zero) in [
+            ("header_timeout", section.header_timeout == Some(Millis(0))),
+            ("body_timeout", section.body_timeout == Some(Millis(0))),
+            ("max_unauthenticated", section.max_unauthenticated == Some(0)),
+        ] {
+            if zero {
+                return Err(AccessConfigError::Zero { key });
+            }
         }
         let tenancy = match (section.tenants, section.tenant_header) {
             (Some(_), Some(_)) => return Err(AccessConfigError::BothModes),
@@ -164,6 +207,13 @@ impl HttpAccess {
             tenancy,
             metrics_tokens,
             allowed_hosts: section.allowed_hosts,
+            header_timeout: section
+                .header_timeout
+                .map_or(DEFAULT_HEADER_TIMEOUT, |m| Duration::from_millis(m.0)),
+            body_timeout: section
+                .body_timeout
+                .map_or(DEFAULT_BODY_TIMEOUT, |m| Duration::from_millis(m.0)),
+            max_unauthenticated: section.max_unauthenticated.unwrap_or(DEFAULT_MAX_UNAUTHENTICATED),
         })
     }
 
@@ -179,15 +229,37 @@ impl HttpAccess {
                     .map(Some)
                     .ok_or(Refusal::Unauthorized("the bearer token is not one this gateway knows"))
             }
-            Tenancy::Header(name) => headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|v| !v.is_empty())
-                .map(|v| Some(v.to_string()))
-                .ok_or(Refusal::Unauthorized(
-                    "this gateway takes the tenant from a header its proxy sets, and the request has none",
-                )),
+            Tenancy::Header(name) => {
+                // A proxy that appends the header instead of replacing it passes the client's own value on
+                // beside its own: taking either would let the client choose its tenant, so two are refused.
+                let mut values = headers.get_all(name).iter();
+                let (Some(value), None) = (values.next(), values.next()) else {
+                    return match headers.get_all(name).iter().count() {
+                        0 => Err(Refusal::Unauthorized(
+                            "this gateway takes the tenant from a header its proxy sets, and the request has none",
+                        )),
+                        n => Err(Refusal::BadRequest(format!(
+                            "the tenant header {name} came {n} times; it must come once, set (not appended) by the proxy"
+                        ))),
+                    };
+                };
+                let value = value
+                    .to_str()
+                    .map_err(|_| Refusal::BadRequest(format!("the tenant header {name} is not visible ASCII text")))?;
+                // `a, b` is how HTTP joins two values of one header: the same ambiguity in one line.
+                if value.contains(',') {
+                    return Err(Refusal::BadRequest(format!(
+                        "the tenant header {name} holds a list ({value:?}); it must name one tenant, set (not appended) by the proxy"
+                    )));
+                }
+                let value = value.trim();
+                if value.is_empty() {
+                    return Err(Refusal::Unauthorized(
+                        "this gateway takes the tenant from a header its proxy sets, and the request has none",
+                    ));
+                }
+                Ok(Some(value.to_string()))
+            }
         }
     }
 
@@ -361,6 +433,16 @@ mod tests {
             HttpAccess::from_section(section("tenant_header = \"x tenant\""), None),
             Err(AccessConfigError::BadHeader { .. })
         ));
+        assert_eq!(
+            HttpAccess::from_section(section("body_timeout = \"0s\""), None).unwrap_err(),
+            AccessConfigError::Zero { key: "body_timeout" }
+        );
+        let timed =
+            HttpAccess::from_section(section("header_timeout = \"2s\"\nmax_unauthenticated = 8"), None).unwrap();
+        assert_eq!(
+            (timed.header_timeout, timed.body_timeout, timed.max_unauthenticated),
+            (Duration::from_secs(2), DEFAULT_BODY_TIMEOUT, 8)
+        );
         assert!(matches!(
             HttpAccess::from_section(section("metrics_tokens = [\"zz\"]"), None),
             Err(AccessConfigError::BadHash { key, .. }) if key == "metrics_tokens"
@@ -374,6 +456,14 @@ mod tests {
         headers.insert("x-tenant", HeaderValue::from_static("acme"));
         assert_eq!(access.tenant_of(&headers), Ok(Some("acme".to_string())));
         assert!(access.tenant_of(&HeaderMap::new()).is_err());
+        let mut twice = headers.clone();
+        twice.append("x-tenant", HeaderValue::from_static("globex"));
+        assert!(
+            matches!(access.tenant_of(&twice), Err(Refusal::BadRequest(why)) if why.contains("x-tenant came 2 times"))
+        );
+        let mut joined = HeaderMap::new();
+        joined.insert("x-tenant", HeaderValue::from_static("globex, acme"));
+        assert!(matches!(access.tenant_of(&joined), Err(Refusal::BadRequest(why)) if why.contains("holds a list")));
         let open = HttpAccess::default();
         assert_eq!(open.tenant_of(&headers), Ok(None));
         assert_eq!(open.may_read_metrics(&HeaderMap::new()), Ok(()));

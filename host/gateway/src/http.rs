@@ -3,7 +3,10 @@
 //! can answer any request), mounted in axum beside `GET /healthz` and
 //! `GET /metrics`. Every `/mcp` request passes the front door first: its
 //! credentials name its tenant (`crate::access`), or it is answered 401 and
-//! goes no further. SIGTERM (or Ctrl-C) stops accepting, lets the calls in
+//! goes no further; its body is then read within `[http] body_timeout` and
+//! `body_limit`, and a body that is not JSON is answered a JSON-RPC parse
+//! error. Connections are accepted by `crate::admission` (header timeout,
+//! the cap on unauthenticated connections). SIGTERM (or Ctrl-C) stops accepting, lets the calls in
 //! flight finish (within `shutdown_grace`), drains the worker as stdio does,
 //! and returns.
 
@@ -12,11 +15,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use http_body_util::BodyExt as _;
 use once::Once;
 use once::types::QueueFilter;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -25,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::GatewayError;
 use crate::access::Refusal;
+use crate::admission::{self, Admission, Connection, Limits};
 use crate::handler::{Gateway, Shared};
 
 /// The tenant the front door found for a request, handed to the MCP handler in the request's extensions.
@@ -44,6 +50,7 @@ struct Front {
     shared: Arc<Shared>,
     once: Arc<Once>,
     refused: AtomicU64,
+    admission: Arc<Admission>,
 }
 
 /// Serve `gateway` on `listen` until SIGTERM, then shut down gracefully.
@@ -67,29 +74,34 @@ pub(crate) async fn serve(
         shared: shared.clone(),
         once,
         refused: AtomicU64::new(0),
+        admission: Arc::new(Admission::default()),
     });
     let app = axum::Router::new()
         .route_service(MCP_PATH, mcp)
         .route_layer(middleware::from_fn_with_state(front.clone(), front_door))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .with_state(front);
+        .with_state(front.clone());
     // Printed on stdout, which HTTP mode does not otherwise use: a supervisor (or a test) that asked for port 0
     // learns the port here.
     println!("once gateway: listening on http://{addr}{MCP_PATH}");
     tracing::info!(target: "once::gateway", "listening on http://{addr}{MCP_PATH}");
-    let accepting = stopping.clone();
-    let mut server = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { accepting.cancelled().await })
-            .into_future(),
-    );
+    let limits = Limits {
+        header_timeout: shared.config.http.header_timeout,
+        max_unauthenticated: shared.config.http.max_unauthenticated,
+    };
+    let mut server = tokio::spawn(admission::serve(
+        listener,
+        app,
+        limits,
+        front.admission.clone(),
+        stopping.clone(),
+    ));
     tokio::select! {
         _ = terminated() => {}
         ended = &mut server => {
             return Err(GatewayError::Runtime(format!("the HTTP server stopped: {}", match ended {
-                Ok(Ok(())) => "without a signal".to_string(),
-                Ok(Err(e)) => e.to_string(),
+                Ok(()) => "without a signal".to_string(),
                 Err(e) => e.to_string(),
             })));
         }
@@ -143,13 +155,21 @@ fn mcp_service(
     )
 }
 
-/// Every MCP request: its tenant from its credentials, or 401 before anything else sees it.
+/// Every MCP request: its tenant from its credentials, or 401 before anything else sees it; then its body,
+/// whole, in time, and JSON.
 async fn front_door(State(front): State<Arc<Front>>, mut request: Request, next: Next) -> Response {
     match front.shared.config.http.tenant_of(request.headers()) {
         Ok(tenant) => {
+            if let Some(connection) = request.extensions().get::<Connection>() {
+                connection.authenticated();
+            }
             if let Some(tenant) = tenant {
                 request.extensions_mut().insert(Tenant(tenant));
             }
+            let request = match whole_body(&front.shared.config.http, request).await {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
             next.run(request).await
         }
         Err(refusal) => {
@@ -160,9 +180,106 @@ async fn front_door(State(front): State<Arc<Front>>, mut request: Request, next:
     }
 }
 
-fn text(refusal: &Refusal) -> &'static str {
+/// A POST's body read whole within `body_timeout` and `body_limit`, and checked as JSON-RPC the way rmcp
+/// will read it. rmcp answers a body it cannot read 415, as if the content type were wrong; a body that is
+/// not JSON is a JSON-RPC parse error (-32700), and JSON that is no JSON-RPC message an invalid request
+/// (-32600), both 400 as the Streamable HTTP transport says. A wrong content type is still rmcp's 415.
+async fn whole_body(access: &crate::access::HttpAccess, request: Request) -> Result<Request, Response> {
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        });
+    if request.method() != axum::http::Method::POST || !json {
+        return Ok(request);
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match tokio::time::timeout(access.body_timeout, collect(body, access.body_limit)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(response)) => return Err(response),
+        Err(_) => {
+            tracing::info!(target: "once::gateway", "request refused: its body did not arrive within {:?}", access.body_timeout);
+            // `Connection: close`: the rest of a slow body is not waited for.
+            return Err((
+                StatusCode::REQUEST_TIMEOUT,
+                [(header::CONNECTION, "close")],
+                format!(
+                    "Request Timeout: the request body did not arrive within {:?}\n",
+                    access.body_timeout
+                ),
+            )
+                .into_response());
+        }
+    };
+    if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+        return Err(jsonrpc_error(
+            serde_json::Value::Null,
+            -32700,
+            format!("Parse error: the request body is not JSON ({e})"),
+        ));
+    }
+    if let Err(e) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(&bytes) {
+        let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("id").filter(|id| id.is_string() || id.is_number()).cloned())
+            .unwrap_or(serde_json::Value::Null);
+        return Err(jsonrpc_error(
+            id,
+            -32600,
+            format!("Invalid Request: the body is JSON but not a JSON-RPC message this server takes ({e})"),
+        ));
+    }
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// A body's bytes, or 413 past `limit` (rmcp's own words, which it used to answer) or 400 when it broke off.
+async fn collect(mut body: Body, limit: usize) -> Result<Bytes, Response> {
+    let mut collected = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("Bad Request: reading the request body failed: {e}\n"),
+            )
+                .into_response()
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if data.len() > limit.saturating_sub(collected.len()) {
+                return Err((
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    [(header::CONNECTION, "close")],
+                    format!("Payload Too Large: request body exceeds {limit} bytes"),
+                )
+                    .into_response());
+            }
+            collected.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(collected))
+}
+
+/// A JSON-RPC error response with no result, answered 400.
+fn jsonrpc_error(id: serde_json::Value, code: i64, message: String) -> Response {
+    tracing::info!(target: "once::gateway", "request refused: {message}");
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn text(refusal: &Refusal) -> &str {
     match refusal {
         Refusal::Unauthorized(why) | Refusal::Forbidden(why) => why,
+        Refusal::BadRequest(why) => why,
     }
 }
 
@@ -170,6 +287,7 @@ fn refused(refusal: Refusal) -> Response {
     let status = match refusal {
         Refusal::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+        Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
     };
     let mut response = (status, format!("{}\n", text(&refusal))).into_response();
     if status == StatusCode::UNAUTHORIZED {
@@ -258,6 +376,13 @@ fn process_counters(front: &Front) -> String {
          # TYPE once_gateway_unauthorized_total counter\n\
          once_gateway_unauthorized_total {}",
         front.refused.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP once_gateway_connections_evicted_total Connections closed because more than [http] max_unauthenticated had not yet authenticated.\n\
+         # TYPE once_gateway_connections_evicted_total counter\n\
+         once_gateway_connections_evicted_total {}",
+        front.admission.evicted()
     );
     let _ = writeln!(
         out,

@@ -25,6 +25,7 @@
 //! background settle rounds) and `check` (`--check-config`).
 
 mod access;
+mod admission;
 mod check;
 mod config;
 mod error;

@@ -15,10 +15,11 @@ mod routes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use once::Once;
 
-pub use crate::access::{Access, Operator, random_token, token_sha256};
+pub use crate::access::{Access, DEFAULT_SESSION_LIFETIME, Operator, random_token, token_sha256};
 pub use crate::config::{ConfigError, load_operators};
 
 /// What one `once ui` serves: a ledger, and who may see which part of it.
@@ -26,6 +27,7 @@ pub struct Ui {
     once: Arc<Once>,
     access: Access,
     limit: u32,
+    secure_cookie: bool,
 }
 
 /// How many pending records the queue examines by default.
@@ -38,7 +40,21 @@ impl Ui {
             once,
             access,
             limit: DEFAULT_LIMIT,
+            secure_cookie: false,
         }
+    }
+
+    /// Browsers reach the page over HTTPS (a TLS-terminating proxy in front of it): the session cookie is
+    /// `Secure`, so a browser never sends it over plain HTTP.
+    pub fn secure_cookie(mut self, secure: bool) -> Ui {
+        self.secure_cookie = secure;
+        self
+    }
+
+    /// A browser's session lasts `lifetime` from sign-in.
+    pub fn session_lifetime(mut self, lifetime: Duration) -> Ui {
+        self.access = self.access.session_lifetime(lifetime);
+        self
     }
 
     /// Examine at most `limit` pending records per queue (the page says when there were more).

@@ -292,7 +292,7 @@ pub fn login(failed: bool) -> String {
         ""
     };
     format!(
-        "{warn}<p>Open the address <code>once ui</code> printed when it started, or paste its token.</p>\
+        "{warn}<p>Paste your operator token (<code>once ui</code> printed it when it started, unless it was given one).</p>\
          <form method=post action=\"/login\"><input type=password name=token autofocus> <button>sign in</button></form>"
     )
 }

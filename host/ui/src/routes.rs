@@ -1,13 +1,19 @@
 //! The HTTP routes. Every request but `/login` needs an operator's token
-//! (a bearer header or the login cookie); a state-changing request is a POST
-//! that also carries the operator's CSRF token. Ledger work runs on the
-//! blocking pool: the engine and the ledger are synchronous.
+//! (a bearer header) or a session (the cookie `/login` sets); a
+//! state-changing request is a POST that also carries the operator's CSRF
+//! token, and a sign-in must come from this page, not another site. Every
+//! response, a 404 or a redirect too, carries the same security headers.
+//! Ledger work runs on the blocking pool: the engine and the ledger are
+//! synchronous.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Form, Query, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, HOST, LOCATION, ORIGIN, REFERRER_POLICY, SET_COOKIE,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -29,13 +35,13 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/login", get(login_link).post(login_form))
         .with_state(ui)
+        // Outermost, so axum's own answers (404 for an unknown path, 405, a rejected form) carry them too.
+        .layer(axum::middleware::map_response(security_headers))
 }
 
-/// A response that is an HTML page, never cached, never framed, no scripts.
-fn html(status: StatusCode, title: &str, operator: Option<&Operator>, body: &str) -> Response {
-    let mut r = (status, page(title, operator.map(|o| o.name.as_str()), body)).into_response();
+/// Every response: never cached, never framed, no scripts, no referrer, no sniffing.
+async fn security_headers(mut r: Response) -> Response {
     let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         CONTENT_SECURITY_POLICY,
@@ -43,7 +49,17 @@ fn html(status: StatusCode, title: &str, operator: Option<&Operator>, body: &str
             "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
         ),
     );
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    r
+}
+
+/// A response that is an HTML page (its security headers are added to every response, `security_headers`).
+fn html(status: StatusCode, title: &str, operator: Option<&Operator>, body: &str) -> Response {
+    let mut r = (status, page(title, operator.map(|o| o.name.as_str()), body)).into_response();
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
     r
 }
 
@@ -319,25 +335,69 @@ struct TokenForm {
     token: Option<String>,
 }
 
-async fn login_link(State(ui): State<Arc<Ui>>, Query(q): Query<TokenForm>) -> Response {
+async fn login_link(State(ui): State<Arc<Ui>>, headers: HeaderMap, Query(q): Query<TokenForm>) -> Response {
     match q.token {
-        Some(token) => sign_in(&ui, &token),
+        // Kept for links written before sign-in moved to the form: the token leaves the address bar at once
+        // (a redirect to `/`), and only as a sign-in this page or the address bar started.
+        Some(token) => sign_in(&ui, &headers, &token),
         None => html(StatusCode::OK, "sign in", None, &pages::login(false)),
     }
 }
 
-async fn login_form(State(ui): State<Arc<Ui>>, Form(f): Form<TokenForm>) -> Response {
-    sign_in(&ui, f.token.as_deref().unwrap_or(""))
+async fn login_form(State(ui): State<Arc<Ui>>, headers: HeaderMap, Form(f): Form<TokenForm>) -> Response {
+    sign_in(&ui, &headers, f.token.as_deref().unwrap_or(""))
 }
 
-/// A valid token becomes the browser's cookie (HttpOnly, SameSite=Strict), and the token leaves the address bar.
-fn sign_in(ui: &Ui, token: &str) -> Response {
-    let token = token.trim();
-    if ui.access.by_token(token).is_none() {
-        return html(StatusCode::UNAUTHORIZED, "sign in", None, &pages::login(true));
+/// Whether a sign-in was started by this page itself or by no page (an address typed or pasted, a script),
+/// not by another site (login CSRF: a foreign page signing the browser in as someone else). Browsers say so
+/// in `Sec-Fetch-Site`, and older ones in `Origin` (sent with every POST); a client that sends neither is
+/// not a browser another site could drive.
+fn from_this_site(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return matches!(site.to_str(), Ok("same-origin" | "none"));
     }
+    let Some(origin) = headers.get(ORIGIN) else {
+        return true;
+    };
+    // `Origin: scheme://host[:port]` against this request's `Host` (a proxy in front must pass `Host` on).
+    let authority = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, a)| a);
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok());
+    authority.is_some() && authority == host
+}
+
+/// A valid token opens a session: the cookie holds its random id (HttpOnly, SameSite=Strict, Secure behind
+/// TLS), never the token, and the browser is sent to `/`.
+fn sign_in(ui: &Ui, headers: &HeaderMap, token: &str) -> Response {
+    if !from_this_site(headers) {
+        return html(
+            StatusCode::FORBIDDEN,
+            "refused",
+            None,
+            &pages::message(
+                "A sign-in started by another site was refused. Open this page's own address and sign in there.",
+            ),
+        );
+    }
+    let Some(operator) = ui.access.by_token(token.trim()) else {
+        return html(StatusCode::UNAUTHORIZED, "sign in", None, &pages::login(true));
+    };
+    let id = match ui.access.open_session(operator) {
+        Ok(id) => id,
+        Err(e) => {
+            return html(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "error",
+                None,
+                &pages::message(&format!("no session could be opened: {e}")),
+            );
+        }
+    };
     let mut r = StatusCode::SEE_OTHER.into_response();
-    let cookie = format!("{COOKIE_NAME}={token}; Path=/; HttpOnly; SameSite=Strict");
+    let secure = if ui.secure_cookie { "; Secure" } else { "" };
+    let cookie = format!(
+        "{COOKIE_NAME}={id}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict{secure}",
+        ui.access.lifetime().as_secs()
+    );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(SET_COOKIE, v);
     }

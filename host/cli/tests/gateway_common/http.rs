@@ -75,6 +75,28 @@ impl Rig {
         all.extend_from_slice(flags);
         let mut cmd = self.gateway_command_with(&all, fault);
         cmd.args(upstream);
+        self.spawn_listening(cmd, n)
+    }
+
+    /// As [`Rig::listen`], with the gateway's file-descriptor limit (`ulimit -n`) set to `nofile`.
+    pub fn listen_with_nofile(&self, nofile: u32, fault: &str, n: usize) -> Listening {
+        let inner = self.gateway_command_with(&["--listen", "127.0.0.1:0"], fault);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$@\""))
+            .arg("sh")
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (key, value) in inner.get_envs() {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        self.spawn_listening(cmd, n)
+    }
+
+    fn spawn_listening(&self, mut cmd: Command, n: usize) -> Listening {
         let log = std::fs::File::create(self.log(n)).unwrap();
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
         let mut child = cmd.spawn().unwrap();

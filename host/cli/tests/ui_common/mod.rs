@@ -15,8 +15,10 @@ pub struct UiProcess {
     child: Child,
     /// `http://127.0.0.1:PORT`
     pub base: String,
-    /// The login address it printed (with the random token), when it printed one.
-    pub login: Option<String>,
+    /// The random operator token it printed beside its address, when it printed one.
+    pub printed_token: Option<String>,
+    /// The first line it printed.
+    pub first_line: String,
 }
 
 impl UiProcess {
@@ -39,28 +41,31 @@ impl UiProcess {
         stdout.read_line(&mut first).expect("reading once ui's address");
         // Keep reading what it prints, as a terminal would.
         std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-        let url = first
+        let said = first
             .trim()
             .strip_prefix("once ui: ")
-            .unwrap_or_else(|| panic!("once ui printed {first:?}"))
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_string();
-        let base = url.split("/login").next().unwrap().trim_end_matches('/').to_string();
-        let login = url.contains("/login?token=").then_some(url);
-        UiProcess { child, base, login }
+            .unwrap_or_else(|| panic!("once ui printed {first:?}"));
+        let base = said.split(' ').next().unwrap().trim_end_matches('/').to_string();
+        let printed_token = said
+            .split_once("(sign in with the operator token: ")
+            .map(|(_, t)| t.trim_end_matches(')').to_string());
+        UiProcess {
+            child,
+            base,
+            printed_token,
+            first_line: first.trim().to_string(),
+        }
     }
 
-    /// The token in the printed login address.
+    /// The token it printed.
     pub fn token(&self) -> String {
-        self.login
-            .as_ref()
-            .expect("a printed token")
-            .rsplit('=')
-            .next()
-            .unwrap()
-            .to_string()
+        self.printed_token.clone().expect("a printed token")
+    }
+
+    /// A link that signs a browser in with `token` in its address (written before sign-in moved to the form;
+    /// still accepted, and redirected at once so the token leaves the address bar).
+    pub fn token_link(&self) -> String {
+        format!("{}/login?token={}", self.base, self.token())
     }
 }
 
