@@ -237,3 +237,36 @@ fn an_unacknowledged_possible_duplicate_outlives_retention() {
     prune(&h, 10).unwrap();
     assert!(h.row(Table::Operation, "s", "k").is_none(), "acknowledged, then pruned");
 }
+
+/// b58a043: one row this build could not read (a newer build's body during
+/// a rolling upgrade) made sweep, prune and the queue fail for every row.
+#[test]
+fn an_unreadable_row_is_skipped_and_escalated_and_the_rest_goes_on() {
+    let h = MemoryHost::new();
+    unknown_record(&h, "bad", policy());
+    let mut row = h.row(Table::Operation, "s", "bad").unwrap();
+    row.body = r#"{"format":99,"from":"a newer build"}"#.into();
+    h.put_row(row);
+    unknown_record(&h, "good", policy());
+    h.script_lookup(Evidence::Confirmed(RECEIPT.into()));
+    h.advance(SECOND);
+    let report = sweep(&h, 10).unwrap();
+    assert_eq!(report.unreadable, 1);
+    assert_eq!(view(&h, "good").state, State::Confirmed);
+    let escalated: Vec<(String, String)> = h.escalations().into_iter().map(|e| (e.key, e.reason)).collect();
+    assert!(
+        escalated.iter().any(|(k, r)| k == "bad" && r.starts_with("unreadable")),
+        "{escalated:?}"
+    );
+    prune(&h, 10).unwrap();
+    queue(
+        &h,
+        &QueueFilter {
+            scopes: None,
+            tool: None,
+            key_prefix: None,
+        },
+        10,
+    )
+    .unwrap();
+}

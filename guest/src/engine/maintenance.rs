@@ -6,9 +6,10 @@ use super::escalation;
 use super::reconcile::{Read, expire, read_provider};
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
+use crate::identity::escalation_id;
 use crate::mutant::{self, Mutant};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
-use crate::types::{Error, PruneReport, Row, State, Table};
+use crate::types::{Error, Escalation, PruneReport, Row, State, Table};
 
 /// What one sweep did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub struct SweepReport {
     pub confirmed: u32,
     /// Escalations delivered (including re-deliveries).
     pub escalated: u32,
+    /// Rows this build could not read: skipped and escalated.
+    pub unreadable: u32,
     /// Every owed dispatch of this owner with an attempt left (scope, key),
     /// proven now or earlier: `reconcile` grants each.
     pub owed: Vec<(alloc::string::String, alloc::string::String)>,
@@ -45,9 +48,8 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         .map_err(Error::Storage)?;
     let mut report = SweepReport::default();
     for row in rows {
-        let mut loaded = match decode(&row) {
-            Ok(loaded) => loaded,
-            Err(e) => return Err(Error::Storage(e.message())),
+        let Some(mut loaded) = readable(h, &row, &mut report) else {
+            continue;
         };
         for _ in 0..MAX_RACES {
             match sweep_one(h, loaded.clone(), &mut report) {
@@ -68,7 +70,9 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         .scan(Table::Operation, &[State::Unknown, State::Absent], now, None, limit)
         .map_err(Error::Storage)?;
     for row in rows.iter().filter(|r| r.owner != owner) {
-        let loaded = decode(row).map_err(|e| Error::Storage(e.message()))?;
+        let Some(loaded) = readable(h, row, &mut report) else {
+            continue;
+        };
         let now = now_for(h, Some(&loaded.rec));
         if (escalation::deadline_passed(&loaded.rec, now) || loaded.rec.escalation_pending())
             && let Ok((_, true)) = escalation::escalate_if_due(h, loaded, now)
@@ -89,7 +93,9 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         )
         .map_err(Error::Storage)?;
     for row in rows {
-        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        let Some(loaded) = readable(h, &row, &mut report) else {
+            continue;
+        };
         if escalation::deliver(h, loaded).1 {
             report.escalated += 1;
         }
@@ -99,13 +105,42 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         .scan(Table::Operation, &[State::Absent], crate::record::OWED, owner, limit)
         .map_err(Error::Storage)?;
     for row in owed {
-        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        let Some(loaded) = readable(h, &row, &mut report) else {
+            continue;
+        };
         // One with no attempt left waits for its escalation and an operator, not a host.
         if loaded.rec.budget_left() {
             report.owed.push((row.scope, row.key));
         }
     }
     Ok(report)
+}
+
+/// A row's record, or none when this build cannot read it (a newer build's
+/// body during a rolling upgrade, a damaged row): one such row never stops
+/// the background work. It is skipped, counted, and escalated to the
+/// operator (delivered at least once per sweep that meets it; the sink
+/// dedupes on its id).
+fn readable(h: &impl Host, row: &Row, report: &mut SweepReport) -> Option<Loaded> {
+    match decode(row) {
+        Ok(loaded) => Some(loaded),
+        Err(e) => {
+            report.unreadable += 1;
+            let escalation = Escalation {
+                id: escalation_id(&row.scope, &row.key, row.version, "unreadable"),
+                scope: row.scope.clone(),
+                key: row.key.clone(),
+                tool: alloc::string::String::new(),
+                state: row.state.unwrap_or(State::Unknown),
+                reason: alloc::format!("unreadable: {}", e.message()),
+                deadline: h.now(),
+            };
+            if h.escalate(&escalation) {
+                report.escalated += 1;
+            }
+            None
+        }
+    }
 }
 
 fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Result<(), LedgerError> {
@@ -153,7 +188,8 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
         )
         .map_err(Error::Storage)?;
     for row in rows {
-        let loaded = decode(&row).map_err(|e| Error::Storage(e.message()))?;
+        // A row this build cannot read is the sweep's to report; prune leaves it as it is.
+        let Ok(loaded) = decode(&row) else { continue };
         let rec = &loaded.rec;
         let terminal = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
         if !terminal || rec.transitioned_at.saturating_add(rec.policy.retention_ms) > now {
