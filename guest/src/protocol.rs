@@ -183,6 +183,12 @@ impl<'a> CallRef<'a> {
                 }
             }
             Decision::Blocked(b) if b.reason == BlockReason::AttemptBudget => self.spent(h, b)?,
+            // A superseded record may still hold an attempt whose effect can arrive (its absence
+            // forced, or proven only by a claim): its answer reads the record.
+            Decision::Blocked(b) if b.reason == BlockReason::Superseded => {
+                let rec = crate::store::load(h, self.scope, self.key_str()).ok().flatten();
+                self.done(Ending::Blocked(b), rec.as_ref().map(|l| &l.rec))
+            }
             Decision::Blocked(b) => self.done(Ending::Blocked(b), None),
         })
     }

@@ -519,6 +519,7 @@ impl OpRecord {
         let mut event = self.confirm(receipt.clone(), Some(fence), now, "late-success-possible-duplicate");
         self.possible_duplicate = true;
         self.escalated = true;
+        self.escalation_failures = 0;
         self.escalation_id = Some(escalation_id.clone());
         event.detail = detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]);
         event
@@ -533,6 +534,7 @@ impl OpRecord {
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_acked = false;
+        self.escalation_failures = 0;
         self.escalation_id = Some(escalation_id.clone());
         Event {
             kind: "late-success-possible-duplicate",
@@ -551,6 +553,7 @@ impl OpRecord {
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_acked = false;
+        self.escalation_failures = 0;
         self.escalation_id = Some(escalation_id.clone());
         Event {
             kind: "late-success-superseded",
@@ -567,6 +570,7 @@ impl OpRecord {
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_acked = false;
+        self.escalation_failures = 0;
         self.escalation_id = Some(escalation_id.clone());
         Event {
             kind: "late-success-previous-operation",

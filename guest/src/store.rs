@@ -123,6 +123,10 @@ pub struct Tombstone {
     /// this was kept read it from `outcome` ([`Tombstone::effect_happened`]).
     #[serde(default, skip_serializing_if = "crate::record::is_false")]
     pub happened: bool,
+    /// Whether an earlier attempt may have committed unseen when it was
+    /// pruned ([`OpRecord::late_effect_possible`]): its effect is unknown.
+    #[serde(default, skip_serializing_if = "crate::record::is_false")]
+    pub uncertain: bool,
 }
 
 impl Tombstone {
@@ -210,7 +214,7 @@ impl Tx {
 
     /// Delete a record (pruning) and leave its tombstone. A derived key leaves
     /// none: past its window the same arguments are a new operation, never expired.
-    pub fn prune(&mut self, loaded: &Loaded, now: u64) {
+    pub fn prune(&mut self, loaded: &Loaded, now: u64, skew: u64) {
         let rec = &loaded.rec;
         let tombstone = Tombstone {
             tool: rec.tool.clone(),
@@ -218,6 +222,7 @@ impl Tx {
             outcome: rec.state,
             pruned_at: now,
             happened: rec.receipt.is_some(),
+            uncertain: rec.receipt.is_none() && rec.late_effect_possible(skew),
         };
         self.batch.puts.push(Put {
             table: Table::Operation,

@@ -270,3 +270,34 @@ fn an_unreadable_row_is_skipped_and_escalated_and_the_rest_goes_on() {
     )
     .unwrap();
 }
+
+/// An original resolved absent by force, then superseded: its request may
+/// still commit, so a repeat of the original says the effect is unknown,
+/// live and after prune (review of this change; none before).
+#[test]
+fn a_superseded_original_whose_absence_was_forced_says_unknown_live_and_pruned() {
+    let h = MemoryHost::new();
+    unknown_record(&h, "k1", policy());
+    resolve(&h, "s", "k1", Resolution::Absent, "forced", true).unwrap();
+    let mut successor = refund("k2", r#"{"order":1234,"amount":300}"#);
+    successor.supersedes = Some("k1".into());
+    execute_of(go(&h, successor));
+    let repeat = |h: &MemoryHost| match start_request(h, refund("k1", ARGS)).unwrap() {
+        Step::Done(account) => account,
+        other => panic!("{other:?}"),
+    };
+    let live = repeat(&h);
+    assert!(
+        matches!(&live.ending, Ending::Blocked(b) if b.reason == BlockReason::Superseded),
+        "{live:?}"
+    );
+    assert_eq!(live.effect, Effect::Unknown, "{live:?}");
+    h.advance(RETENTION + SECOND);
+    prune(&h, 10).unwrap();
+    let pruned = repeat(&h);
+    assert!(
+        matches!(&pruned.ending, Ending::Blocked(b) if b.reason == BlockReason::Expired),
+        "{pruned:?}"
+    );
+    assert_eq!(pruned.effect, Effect::Unknown, "{pruned:?}");
+}

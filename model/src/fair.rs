@@ -53,9 +53,10 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
                 None => break,
             }
         }
-        if w.violation.is_some() {
-            // A broken rule on the way is the safety properties' to report.
-            return Ok(());
+        // A broken rule on the way is reported here: the continuation's states lie beyond the
+        // explored graph, so no other property sees them.
+        if let Some(why) = &w.violation {
+            return Err(format!("on the fair schedule: {why}"));
         }
     }
     match unsettled(&w) {

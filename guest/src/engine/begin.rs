@@ -212,9 +212,20 @@ impl Claim<'_> {
                 });
             }
             let happened = stone.effect_happened() && !crate::mutant::on(crate::mutant::Mutant::TombstoneSaysNone);
-            self.effect
-                .set(Some(if happened { Effect::Happened } else { Effect::None }));
-            let detail = if happened {
+            let effect = match (happened, stone.uncertain) {
+                (true, _) => Effect::Happened,
+                (false, true) => Effect::Unknown,
+                (false, false) => Effect::None,
+            };
+            self.effect.set(Some(effect));
+            let detail = if effect == Effect::Unknown {
+                format!(
+                    "key {} was pruned after {} while an earlier attempt's effect was unknown; do not repeat it \
+                     before checking with the provider (a new key would be a second operation)",
+                    self.key,
+                    state_name(stone.outcome)
+                )
+            } else if happened {
                 format!(
                     "key {} was pruned after {}: its effect happened, and its receipt is no longer kept; \
                      do not repeat it (a new key would be a second operation)",

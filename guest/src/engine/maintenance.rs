@@ -200,7 +200,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
             continue;
         }
         let mut tx = Tx::new();
-        tx.prune(&loaded, now);
+        tx.prune(&loaded, now, h.settings().clock_skew_ms);
         match tx.commit(h) {
             Ok(()) => report.pruned += 1,
             // Changed meanwhile: the next prune looks again.
