@@ -15,12 +15,28 @@ use once_guest::types::{
     State, Step, Stored, Table,
 };
 
-/// A host whose every deferrable batch (a replay's count) loses its race.
-struct Contended {
+/// `MemoryHost` with two faults of its surroundings: every deferrable
+/// batch (a replay's count) loses its race, and the sink refuses one key's
+/// escalations for ever. It records every key it was asked to escalate.
+struct Faulty {
     mem: MemoryHost,
+    lose_deferrable: bool,
+    refused: &'static str,
+    delivered: RefCell<Vec<String>>,
 }
 
-impl Host for Contended {
+impl Faulty {
+    fn new(lose_deferrable: bool, refused: &'static str) -> Self {
+        Faulty {
+            mem: MemoryHost::new(),
+            lose_deferrable,
+            refused,
+            delivered: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Host for Faulty {
     fn now(&self) -> u64 {
         self.mem.now()
     }
@@ -31,7 +47,7 @@ impl Host for Contended {
         self.mem.get(table, scope, key)
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        if batch.deferrable {
+        if self.lose_deferrable && batch.deferrable {
             return Err(CommitError::Conflict);
         }
         self.mem.commit(batch)
@@ -46,7 +62,8 @@ impl Host for Contended {
         self.mem.lookup(tool, provider_key, args)
     }
     fn escalate(&self, escalation: &Escalation) -> bool {
-        self.mem.escalate(escalation)
+        self.delivered.borrow_mut().push(escalation.key.clone());
+        escalation.key != self.refused && self.mem.escalate(escalation)
     }
 }
 
@@ -54,7 +71,7 @@ impl Host for Contended {
 /// confirmed operation whose replay count kept losing its write race.
 #[test]
 fn a_confirmed_record_replays_when_counting_the_replay_loses_every_race() {
-    let h = Contended { mem: MemoryHost::new() };
+    let h = Faulty::new(true, "");
     let e = execute_of(begin(&h.mem, refund("k", ARGS)).unwrap());
     fin(&h.mem, "k", &e.fence, success(RECEIPT));
     let replay = replay_of(begin(&h, refund("k", ARGS)).unwrap());
@@ -122,41 +139,6 @@ fn a_pruned_rejected_key_says_none() {
     assert_eq!(account.effect, Effect::None, "{account:?}");
 }
 
-/// A sink that refuses one escalation for ever.
-struct Refusing {
-    mem: MemoryHost,
-    refused: String,
-    delivered: RefCell<Vec<String>>,
-}
-
-impl Host for Refusing {
-    fn now(&self) -> u64 {
-        self.mem.now()
-    }
-    fn settings(&self) -> Settings {
-        self.mem.settings()
-    }
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String> {
-        self.mem.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        self.mem.commit(batch)
-    }
-    fn scan(&self, t: Table, s: &[State], due: u64, owner: Option<String>, limit: u32) -> Result<Vec<Row>, String> {
-        self.mem.scan(t, s, due, owner, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String> {
-        self.mem.audit(scope, key)
-    }
-    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
-        self.mem.lookup(tool, provider_key, args)
-    }
-    fn escalate(&self, escalation: &Escalation) -> bool {
-        self.delivered.borrow_mut().push(escalation.key.clone());
-        escalation.key != self.refused
-    }
-}
-
 /// b58a043: an escalation the sink does not acknowledge stayed due in the
 /// past (nothing was written on a refusal), and with a row limit of one it
 /// filled every sweep: another record's ended lease was never expired.
@@ -164,11 +146,7 @@ impl Host for Refusing {
 fn a_refused_escalation_backs_off_and_the_sweep_reaches_other_work() {
     let mut p = policy();
     p.lookup = false;
-    let h = Refusing {
-        mem: MemoryHost::new(),
-        refused: "stuck".into(),
-        delivered: RefCell::new(Vec::new()),
-    };
+    let h = Faulty::new(false, "stuck");
     unknown_record(&h.mem, "stuck", p);
     h.mem.advance(DEADLINE + SECOND);
     sweep(&h, 1).unwrap();

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use once_guest::engine::{self, BeginRequest};
-use once_guest::mutant::{self, Mutant};
+use once_guest::mutant;
 use once_guest::protocol;
 use once_guest::store::decode;
 use once_guest::testing::default_settings;
@@ -833,10 +833,4 @@ pub fn broken(model: &OnceModel, world: &World) -> Option<(&'static str, String)
         return Some((PROPERTIES[5], why));
     }
     None
-}
-
-/// Which mutant a configuration runs with.
-pub fn with_mutant(mut config: Config, mutant: Option<Mutant>) -> Config {
-    config.mutant = mutant;
-    config
 }
