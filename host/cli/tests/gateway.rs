@@ -269,17 +269,21 @@ async fn replay_conflict_and_two_disagreeing_keys() {
     let derived_again = session.refund(20.0, None).await;
     let t = text(&derived_again);
     assert!(
-        t.starts_with("Replay: an identical refund_order call (same arguments) already ran at "),
+        t.starts_with("Replay: a refund_order call with the same order_id and amount already ran at "),
         "{t}"
     );
     assert!(t.contains(" as operation derived:"), "{t}");
     assert!(
-        t.contains(r#"For a deliberate second refund_order with the same arguments, give it its own operation key in _meta "once/key"."#),
+        t.contains(r#"For a deliberate second refund_order with the same order_id and amount, give it its own operation key in _meta "once/key"."#),
         "{t}"
     );
     assert!(
-        t.contains("identical calls are this same operation; after that they are new"),
+        t.contains("calls with the same order_id and amount are this same operation; after that they are new"),
         "{t}"
+    );
+    assert_eq!(
+        outcome(&derived_again)["identity_fields"],
+        json!(["/order_id", "/amount"])
     );
     assert_eq!(outcome(&derived_again)["via"], "derived-args");
     assert!(outcome(&derived_again)["window_until"].as_u64().is_some());
@@ -290,6 +294,34 @@ async fn replay_conflict_and_two_disagreeing_keys() {
         "one $200 and one $20 refund\n{}",
         rig.logs()
     );
+}
+
+/// A model that retries an unknown outcome rewording what is not the refund (a reason, a request id it
+/// made up) gets the replay, not a second refund: the shipped config declares the effect fields, and a
+/// keyless call's identity is those fields alone (on b58a043 it was every argument: two refunds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reworded_keyless_retry_is_the_same_refund_under_the_shipped_config() {
+    let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+    let session = rig.connect("post_commit_disconnect", 0).await;
+    let args = |reason: &str, request: &str| json!({"order_id": ORDER_ID, "amount": 200.0, "reason": reason, "request_id": request});
+    let first = session
+        .call("refund_order", args("damaged in transit", "req-1"), None)
+        .await;
+    assert_eq!(
+        outcome(&first)["identity_fields"],
+        json!(["/order_id", "/amount"]),
+        "{}",
+        text(&first)
+    );
+    let retry = session
+        .call("refund_order", args("the parcel arrived damaged", "req-7f3a"), None)
+        .await;
+    let t = text(&retry);
+    assert_eq!(outcome(&retry)["decision"], "replayed", "{t}\n{}", rig.logs());
+    assert_eq!(outcome(&retry)["operation"], outcome(&first)["operation"], "{t}");
+    assert!(t.contains("with the same order_id and amount"), "{t}");
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&rig);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,6 +499,30 @@ fn check_config_states_the_scope_and_warns_about_session_scopes() {
     assert!(stdout.contains("scope fixed \"default\""), "{stdout}");
     assert!(stdout.contains("owner \"gateway: "), "{stdout}");
     assert!(!stdout.contains("warning"), "{stdout}");
+
+    // Without declared effect fields, a keyless refund is identified by every argument: said, naming the tool.
+    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
+    let undeclared: String = example
+        .lines()
+        .filter(|l| !l.starts_with("effect_fields"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let rig = Rig::new(&undeclared);
+    let out = run_gateway_to_exit(&rig, &["--check-config"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: refund_order: a call without an operation key is identified by all of its arguments"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("effect_fields = [\"/field\", …] in [tools.refund_order]"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("warning: get_order"),
+        "a DIRECT tool needs no identity: {stdout}"
+    );
 
     let rig = Rig::new(&format!("scope = \"session\"\n{}", fast_config("")));
     let out = run_gateway_to_exit(&rig, &["--check-config"]);

@@ -3,7 +3,7 @@
 
 use once::Once;
 use once::storage::memory::MemoryStorage;
-use once::types::Route;
+use once::types::{IdentityMode, Route};
 
 use crate::config::{Config, ProviderKey, ScopeMode};
 use crate::handler::Shared;
@@ -11,7 +11,7 @@ use crate::{GatewayError, SESSION_SCOPE_WARNING, owner};
 
 /// `--check-config` without an upstream: the file's policies through the engine's own check.
 pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
-    config
+    let once = config
         .apply(Once::builder(MemoryStorage::new()), &[])
         .build()
         .map_err(|e| GatewayError::Config(config.refused(&e)))?;
@@ -21,6 +21,11 @@ pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
     );
     if config.scope == ScopeMode::Session {
         println!("  warning: {SESSION_SCOPE_WARNING}");
+    }
+    for tool in config.named_tools() {
+        if let Some(warning) = identity_warning(&once, tool) {
+            println!("  warning: {warning}");
+        }
     }
     for tool in config.named_tools() {
         let how = if config.routes_explicitly(tool) {
@@ -91,5 +96,30 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
         }
         println!("{line}");
     }
+    for tool in shared.upstream.tools() {
+        if let Some(warning) = identity_warning(once, &tool.name) {
+            println!("warning: {warning}");
+        }
+    }
     Ok(())
+}
+
+/// A protected tool whose keyless calls derive their key from every argument: a model that retries an
+/// unknown outcome with one field reworded (a reason, a note, a request id it made up) starts a second
+/// operation, and the effect may happen twice. Declaring the effect fields makes the rewording the same
+/// operation.
+pub(crate) fn identity_warning(once: &Once, tool: &str) -> Option<String> {
+    let plan = once.plan(tool);
+    let derived_from_everything = plan.route == Route::Protect
+        && plan.blocked.is_none()
+        && plan.policy.identity == IdentityMode::Derived
+        && plan.policy.effect_fields.is_none();
+    derived_from_everything.then(|| {
+        format!(
+            "{tool}: a call without an operation key is identified by all of its arguments, so a retry that \
+             changes any of them (a reason, a note, an id the model made up) is a new operation and runs again; \
+             declare what the effect is with effect_fields = [\"/field\", …] in [tools.{tool}], or require keys \
+             with identity = \"required\""
+        )
+    })
 }

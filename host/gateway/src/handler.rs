@@ -505,6 +505,7 @@ impl Gateway {
                 .map(|l| l.tool.as_str()),
             key_meta,
             keyed: false,
+            effect_fields: None,
             output_schema: false,
             capture: Capture::default(),
         };
@@ -542,6 +543,9 @@ impl Gateway {
             }
         }
         cx.keyed = !keys.is_empty();
+        if !cx.keyed {
+            cx.effect_fields = once.policy(&tool).effect_fields;
+        }
         let call = Call {
             scope: scope.clone(),
             keys,

@@ -169,6 +169,11 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
     if shared.config.scope == ScopeMode::Session {
         tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
     }
+    for tool in shared.upstream.tools() {
+        if let Some(warning) = check::identity_warning(&once, &tool.name) {
+            tracing::warn!(target: "once::gateway", "{warning}");
+        }
+    }
     let gateway = Gateway::new(shared.clone(), once.clone(), session_scope(), instructions(&shared));
     if let Some(listen) = &args.listen {
         // One upstream for every client, started with no client capabilities (see `Gateway::initialize`).

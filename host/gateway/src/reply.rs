@@ -46,6 +46,9 @@ pub struct Context<'a> {
     pub key_meta: &'a str,
     /// Whether the caller named the operation key in `_meta` (else it was derived from the arguments).
     pub keyed: bool,
+    /// The tool's declared effect fields (JSON pointers): a derived key covers only these; `None`, every
+    /// argument but the provider key's.
+    pub effect_fields: Option<Vec<String>>,
     /// Whether the tool declares an output schema (its structured content must then be the upstream's).
     pub output_schema: bool,
     /// What the dispatcher saw.
@@ -58,16 +61,38 @@ impl Context<'_> {
         json!({"decision": decision, "tool": self.tool, "operation": Value::Null, "scope": self.scope})
     }
 
-    /// What the result of a protected call says: the decision and the engine's facts.
+    /// What the result of a protected call says: the decision and the engine's facts. A keyless call's
+    /// says what made its identity: `identity_fields` lists the argument pointers its derived key covers,
+    /// `null` when every argument does (but the provider key's).
     fn account_info(&self, decision: &str, a: &Account) -> Value {
-        json!({
+        let mut info = json!({
             "decision": decision, "tool": self.tool, "operation": a.key, "scope": self.scope,
             "effect": a.effect.to_string(), "repeat": a.repeat.to_string(),
-        })
+        });
+        if !self.keyed {
+            info["identity_fields"] = json!(self.effect_fields);
+        }
+        info
     }
 
-    /// How the model calls this same operation again: a derived key is the same for the same arguments,
-    /// a key from `_meta` only for the same key.
+    /// What a derived key covers, in words: "order_id and amount", or "arguments" when it is all of them.
+    fn identity_words(&self) -> String {
+        match &self.effect_fields {
+            None => "arguments".to_string(),
+            Some(fields) => {
+                let names: Vec<&str> = fields.iter().map(|f| f.strip_prefix('/').unwrap_or(f)).collect();
+                match names.split_last() {
+                    Some((last, [])) => (*last).to_string(),
+                    Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                    None => "arguments".to_string(),
+                }
+            }
+        }
+    }
+
+    /// How the model calls this same operation again: a derived key is the same for the same identity
+    /// fields (every argument unless the tool declares its effect fields), a key from `_meta` only for the
+    /// same key.
     fn again(&self, key: &str) -> String {
         if self.keyed {
             format!(
@@ -75,7 +100,7 @@ impl Context<'_> {
                 self.tool, self.key_meta
             )
         } else {
-            format!("Calling {} again with the same arguments", self.tool)
+            format!("Calling {} again with the same {}", self.tool, self.identity_words())
         }
     }
 
@@ -260,16 +285,17 @@ fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult 
              result. Nothing was sent again."
         ),
         ReplayVia::DerivedArgs => {
+            let same = cx.identity_words();
             let until = c.window_until.map_or_else(String::new, |t| {
                 format!(
-                    " Until {}, identical calls are this same operation; after that they are new.",
+                    " Until {}, calls with the same {same} are this same operation; after that they are new.",
                     utc(t)
                 )
             });
             format!(
-                "Replay: an identical {tool} call (same arguments) already ran at {} as operation {key}{how}; below \
-                 is its stored result. Nothing was sent again. For a deliberate second {tool} with the same \
-                 arguments, give it its own operation key in _meta \"{}\".{until}",
+                "Replay: a {tool} call with the same {same} already ran at {} as operation {key}{how}; below is \
+                 its stored result. Nothing was sent again. For a deliberate second {tool} with the same {same}, \
+                 give it its own operation key in _meta \"{}\".{until}",
                 utc(c.at),
                 cx.key_meta
             )

@@ -32,6 +32,7 @@ pub fn config_with_sweep(sweep_interval: &str, extra: &str) -> String {
 {extra}
 
 [tools.refund_order]
+effect_fields = ["/order_id", "/amount"]
 provider_key = "argument:idempotency_key"
 on_tool_error = "rejected"
 timeout = "1s"
@@ -304,7 +305,7 @@ pub fn assert_unknown_text(result: &CallToolResult, reason: &str) {
     assert!(t.contains("may or may not have happened"), "{t}");
     assert!(t.contains(reason), "{t}");
     assert!(
-        t.contains("Calling refund_order again with the same arguments will not send it again"),
+        t.contains("Calling refund_order again with the same order_id and amount will not send it again"),
         "{t}"
     );
     assert!(
