@@ -445,8 +445,12 @@ async fn tools_list_passes_through_unchanged() {
 /// Run a gateway with extra flags until it exits by itself. Its stdin stays open and silent, so one that got
 /// as far as serving would wait on it instead of exiting: a bad config must stop it before that.
 fn run_gateway_to_exit(rig: &Rig, flags: &[&str]) -> std::process::Output {
+    run_to_exit(rig, rig.gateway_command_with(flags, "none"))
+}
+
+/// [`run_gateway_to_exit`] for a gateway command made by the test.
+fn run_to_exit(rig: &Rig, mut cmd: Command) -> std::process::Output {
     use std::io::Read;
-    let mut cmd = rig.gateway_command_with(flags, "none");
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let _stdin = child.stdin.take();
@@ -497,7 +501,7 @@ fn check_config_states_the_scope_and_warns_about_session_scopes() {
     let out = run_gateway_to_exit(&rig, &["--check-config"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("scope fixed \"default\""), "{stdout}");
-    assert!(stdout.contains("owner \"gateway: "), "{stdout}");
+    assert!(stdout.contains("owner \"gateway refund-mcp #"), "{stdout}");
     assert!(!stdout.contains("warning"), "{stdout}");
 
     // Without declared effect fields, a keyless refund is identified by every argument: said, naming the tool.
@@ -650,4 +654,139 @@ max_in_flight = "1500ms"
     let status = session.close().await;
     assert!(status.success(), "gateway exit {status}\n{}", rig.logs());
     assert_exactly_one_refund(&rig);
+}
+
+// ---- two upstreams, one ledger: records are bound to the upstream they were made for ----
+
+/// Two gateways in front of the same server for two accounts (the account in the environment), on the
+/// default ledger and scope: the second is refused at start, saying what to set, instead of answering
+/// account B's refund with account A's receipt (b58a043: B was told "Replay", and B's refund never
+/// happened). Named apart (scope and owner), B makes its own refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_account_on_the_default_ledger_is_refused_not_answered_with_the_firsts_receipts() {
+    let a = Rig::with_config_file(EXAMPLE_CONFIG);
+    let mut command = a.gateway_command("none");
+    command.env("REFUND_ACCOUNT", "acct-a");
+    let session = a.connect_command(command, 0).await;
+    let first = session.refund(200.0, None).await;
+    assert_eq!(outcome(&first)["decision"], "executed", "{}", text(&first));
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&a);
+
+    // Account B: its own refund service and effect ledger, the same once ledger, the same config.
+    let mut b = Rig::with_config_file(EXAMPLE_CONFIG);
+    b.db = a.db.clone();
+    let mut command = b.gateway_command("none");
+    command.env("REFUND_ACCOUNT", "acct-b");
+    let out = run_to_exit(&b, command);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("scope \"default\" on this ledger belongs to another upstream (owner \"gateway refund-mcp #"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("name both its scope and its owner") && stderr.contains("a ledger of its own (--db"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing was served");
+    assert_eq!(b.effects(), (0, 0));
+
+    // Named apart, B is its own upstream on the shared ledger: its refund happens, A's record is untouched.
+    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
+    std::fs::write(
+        &b.config,
+        format!("scope = \"fixed:acct-b\"\nowner = \"acct-b\"\n{example}"),
+    )
+    .unwrap();
+    let mut command = b.gateway_command("none");
+    command.env("REFUND_ACCOUNT", "acct-b");
+    let session = b.connect_command(command, 1).await;
+    let own = session.refund(200.0, None).await;
+    assert_eq!(outcome(&own)["decision"], "executed", "{}\n{}", text(&own), b.logs());
+    assert_eq!(outcome(&own)["scope"], "acct-b");
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&b);
+    assert_exactly_one_refund(&a);
+
+    // A restarted gateway of account A is still A: the same key answers from its record.
+    let mut command = a.gateway_command("none");
+    command.env("REFUND_ACCOUNT", "acct-a");
+    let session = a.connect_command(command, 2).await;
+    let again = session.refund(200.0, None).await;
+    assert_eq!(
+        outcome(&again)["decision"],
+        "replayed",
+        "{}\n{}",
+        text(&again),
+        a.logs()
+    );
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&a);
+}
+
+/// A credential on the upstream's command line never reaches the ledger (its owner column or any row),
+/// an answer, a log line or `--check-config`'s report (b58a043 stored the whole command line as every
+/// record's owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_on_the_command_line_is_never_stored_shown_or_logged() {
+    const SECRET: &str = "sk-live-4f9a7c1e2b";
+    let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+    let command = |flags: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+        cmd.arg("gateway")
+            .args(flags)
+            .arg("--config")
+            .arg(&rig.config)
+            .arg("--db")
+            .arg(&rig.db)
+            .args(["--", "env", &format!("API_KEY={SECRET}")])
+            .arg(refund_mcp())
+            .arg("--db")
+            .arg(rig.effects_db())
+            .args(["--mode", "unsafe"]);
+        cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=debug");
+        cmd
+    };
+    let checked = run_to_exit(&rig, command(&["--check-config"]));
+    let report = String::from_utf8_lossy(&checked.stdout).into_owned() + &String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{report}");
+    assert!(report.contains("owner \"gateway env #"), "{report}");
+
+    let session = rig.connect_command(command(&[]), 0).await;
+    let mut answers = Vec::new();
+    answers.push(session.refund(200.0, None).await);
+    answers.push(session.refund(200.0, None).await);
+    answers.push(session.call("get_order", json!({"order_id": ORDER_ID}), None).await);
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&rig);
+
+    assert!(!report.contains(SECRET), "--check-config: {report}");
+    for answer in &answers {
+        let said = serde_json::to_string(answer).unwrap();
+        assert!(!said.contains(SECRET), "{said}");
+    }
+    let logs = rig.logs();
+    assert!(logs.contains("once::gateway"), "the log was written: {logs}");
+    assert!(!logs.contains(SECRET), "{logs}");
+    for file in ["once.db", "once.db-wal"] {
+        let path = std::path::Path::new(&rig.db).with_file_name(file);
+        if let Ok(bytes) = std::fs::read(&path) {
+            let found = bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes());
+            assert!(!found, "{} holds the credential", path.display());
+        }
+    }
+    let owners: Vec<String> = once::Once::open(&rig.db)
+        .unwrap()
+        .build()
+        .unwrap()
+        .list(None, 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.owner.unwrap_or_default())
+        .collect();
+    assert!(
+        !owners.is_empty() && owners.iter().all(|o| o.starts_with("gateway env #")),
+        "{owners:?}"
+    );
 }

@@ -111,7 +111,7 @@ async fn two_gateways_on_one_sqlite_ledger_send_a_key_once() {
 }
 
 /// Two gateways in front of two different refund services (two accounts)
-/// share one PostgreSQL ledger. Gateway A dies with an operation unknown;
+/// share one PostgreSQL ledger and, by B's explicit config, one scope. Gateway A dies with an operation unknown;
 /// gateway B's background worker, which could prove it absent at its own
 /// provider and send it there, never touches it. Restarted, A settles it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,7 +124,9 @@ async fn two_gateways_in_front_of_two_upstreams_each_settle_only_their_own() {
         .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"4s\"");
     let mut a = Rig::new(&config);
     a.db = schema.location();
-    let mut b = Rig::new(&config);
+    // A second upstream on a ledger is refused unless its config names both its scope and its owner
+    // (gateway.rs tests the refusal); named, B shares A's scope and still never touches A's records.
+    let mut b = Rig::new(&format!("scope = \"fixed:default\"\nowner = \"account-b\"\n{config}"));
     b.db = schema.location();
 
     let first = a.connect("pre_effect_disconnect", 0).await;
@@ -152,7 +154,7 @@ async fn two_gateways_in_front_of_two_upstreams_each_settle_only_their_own() {
     .await
     .unwrap();
     assert_eq!(view.state, State::Unknown, "B left it as A left it");
-    assert!(view.owner.starts_with("gateway: "), "{}", view.owner);
+    assert!(view.owner.starts_with("gateway refund-mcp #"), "{}", view.owner);
 
     // A, restarted with the same command, proves it absent and sends it once.
     let again = a.connect("pre_effect_disconnect", 1).await;

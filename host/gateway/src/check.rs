@@ -44,7 +44,7 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
     println!(
         "{}: ok; upstream `{}` lists {} tools; scope {}; owner {:?}",
         config.source,
-        shared.upstream.command_line(),
+        shared.upstream.shown(),
         shared.upstream.tools().len(),
         match &config.scope {
             ScopeMode::Session => "per session".to_string(),

@@ -41,6 +41,10 @@ pub struct Shared {
     in_flight: Arc<AtomicUsize>,
     /// Calls the engine blocked, by reason, since this process started (a block writes no record).
     blocked: Mutex<BTreeMap<String, u64>>,
+    /// Who dispatches this gateway's operations ([`crate::owner`]).
+    pub owner: String,
+    /// Scopes this gateway may serve: bound to its owner in the ledger (or explicitly shared).
+    admitted: Mutex<HashSet<String>>,
 }
 
 /// Counts one call in flight until dropped.
@@ -55,6 +59,10 @@ impl Drop for InFlight {
 impl Shared {
     /// Shared state over a started upstream.
     pub fn new(config: Config, upstream: Upstream, handle: Handle) -> Shared {
+        let owner = config.owner.clone().unwrap_or_else(|| {
+            let target = upstream.target();
+            crate::identity::default_owner(target, &crate::identity::identity(target))
+        });
         Shared {
             config,
             upstream,
@@ -64,7 +72,43 @@ impl Shared {
             pending: Mutex::new(HashSet::new()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             blocked: Mutex::new(BTreeMap::new()),
+            owner,
+            admitted: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Whether this gateway may serve `scope` on its ledger: the scope is bound to the first owner that
+    /// served it (see [`once::storage::Storage::bind`]), and a gateway whose config does not name both its
+    /// scope and its owner serves only scopes bound to itself. Two upstreams on one ledger (two accounts,
+    /// the default `once.db`) would otherwise answer each other's calls with each other's receipts. A
+    /// session's scope is its own and needs no binding. One ledger write per scope per process.
+    pub fn admit_scope(&self, once: &Once, scope: &str) -> Result<(), String> {
+        if self.config.scope == ScopeMode::Session
+            || self.admitted.lock().unwrap_or_else(|p| p.into_inner()).contains(scope)
+        {
+            return Ok(());
+        }
+        let holder = once
+            .bind(&format!("scope:{scope}"), &self.owner)
+            .map_err(|e| format!("binding scope {scope:?} to this gateway in the ledger: {e}"))?;
+        let shared_explicitly = self.config.scope_explicit && self.config.owner.is_some();
+        if holder != self.owner && !shared_explicitly {
+            let source = &self.config.source;
+            return Err(format!(
+                "scope {scope:?} on this ledger belongs to another upstream (owner {holder:?}); this gateway is \
+                 {:?}. Two upstreams on one ledger would answer each other's calls from each other's records. Give \
+                 this gateway a ledger of its own (--db, or db = \"…\" in {source}), or name both its scope and its \
+                 owner in {source} (scope = \"fixed:NAME\", owner = \"NAME\"; gateways with one owner are replicas \
+                 of one upstream). If it is the same upstream and only its command line or environment changed, \
+                 set owner = {holder:?} in {source} to go on serving its operations",
+                self.owner
+            ));
+        }
+        self.admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(scope.to_string());
+        Ok(())
     }
 
     /// Count a call in flight until the guard drops.
@@ -510,6 +554,9 @@ impl Gateway {
             capture: Capture::default(),
         };
         if let Some(why) = refused {
+            return Ok(reply::engine_error(&OnceError::Component(why), &cx));
+        }
+        if let Err(why) = shared.admit_scope(once, &scope) {
             return Ok(reply::engine_error(&OnceError::Component(why), &cx));
         }
         // Up before the claim: the lease then covers only claim to send, never a restart.

@@ -31,6 +31,7 @@ mod config;
 mod error;
 mod handler;
 mod http;
+mod identity;
 mod lookup;
 mod relay;
 mod remote;
@@ -166,6 +167,22 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
         return printed.map_err(|e| GatewayError::Runtime(e.to_string()))?;
     }
 
+    if let ScopeMode::Fixed(scope) = &shared.config.scope {
+        // The one scope of a default gateway is checked now: a second upstream on the ledger stops at start.
+        let admitted = {
+            let (shared, once, scope) = (shared.clone(), once.clone(), scope.clone());
+            tokio::task::spawn_blocking(move || shared.admit_scope(&once, &scope)).await
+        };
+        let refused = match admitted {
+            Ok(Ok(())) => None,
+            Ok(Err(why)) => Some(GatewayError::Config(format!("{}: {why}", shared.config.source))),
+            Err(e) => Some(GatewayError::Runtime(e.to_string())),
+        };
+        if let Some(e) = refused {
+            shared.upstream.shutdown().await;
+            return Err(e);
+        }
+    }
     if shared.config.scope == ScopeMode::Session {
         tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
     }
@@ -228,15 +245,11 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     Ok(once)
 }
 
-/// Who dispatches this gateway's operations: the configured `owner`, else the upstream's
-/// command line (or URL, without credentials or query). Gateways with one owner settle each
-/// other's records; others never touch them.
+/// Who dispatches this gateway's operations: the configured `owner`, else the upstream's name and
+/// identity digest (`gateway refund-mcp #3fa2c19e0b7d`: [`identity::default_owner`]). Gateways with
+/// one owner settle each other's records; others never touch them.
 pub(crate) fn owner(shared: &Shared) -> String {
-    shared
-        .config
-        .owner
-        .clone()
-        .unwrap_or_else(|| format!("gateway: {}", shared.upstream.command_line()))
+    shared.owner.clone()
 }
 
 /// A fresh scope for this client connection (`scope = "session"` only): keys never collide

@@ -77,6 +77,12 @@ impl UpstreamUrl {
         &self.shown
     }
 
+    /// The URL as given, credentials included: only for the upstream's identity digest
+    /// ([`crate::identity`]), never for a message.
+    pub fn as_given(&self) -> &str {
+        &self.url
+    }
+
     /// A fresh transport: a new session, initialized by whoever serves over it.
     pub fn transport(&self) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
         let client = reqwest::Client::builder()

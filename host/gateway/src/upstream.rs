@@ -171,13 +171,15 @@ impl Upstream {
         Ok(upstream)
     }
 
-    /// The upstream as one line, for messages and the default owner: the command line, or the
-    /// URL without credentials or query.
-    pub fn command_line(&self) -> String {
-        match &self.target {
-            Target::Command(command) => command.join(" "),
-            Target::Url(url) => url.shown().to_string(),
-        }
+    /// The upstream in messages and logs: the program and its argument count, or the URL without
+    /// credentials or query ([`crate::identity::shown`]).
+    pub fn shown(&self) -> String {
+        crate::identity::shown(&self.target)
+    }
+
+    /// Where the upstream is.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     /// The link to the client that this upstream's notifications and requests are relayed to.
@@ -252,12 +254,7 @@ impl Upstream {
         self.pace_restart().await;
         let started = tokio::time::timeout(START_TIMEOUT, self.spawn(wanted))
             .await
-            .map_err(|_| {
-                format!(
-                    "the upstream ({}) did not start within {START_TIMEOUT:?}",
-                    self.command_line()
-                )
-            })??;
+            .map_err(|_| format!("the upstream ({}) did not start within {START_TIMEOUT:?}", self.shown()))??;
         let found = (started.service.peer().clone(), started.generation);
         *conn = Some(started);
         Ok(found)
@@ -309,9 +306,9 @@ impl Upstream {
                     .kill_on_drop(true);
                 let mut process = command
                     .spawn()
-                    .map_err(|e| format!("starting the upstream {:?}: {e}", self.command_line()))?;
+                    .map_err(|e| format!("starting the upstream {:?}: {e}", self.shown()))?;
                 let (Some(stdout), Some(stdin)) = (process.stdout.take(), process.stdin.take()) else {
-                    return Err(format!("starting the upstream {:?}: no stdio", self.command_line()));
+                    return Err(format!("starting the upstream {:?}: no stdio", self.shown()));
                 };
                 let (io, layer) = UpstreamWire::splice(stdout, stdin, self.relay.clone());
                 (child, wire) = (Some(process), Some(layer));
@@ -319,18 +316,13 @@ impl Upstream {
             }
             Target::Url(url) => handler.serve(url.transport()?).await,
         };
-        let service = served.map_err(|e| {
-            self.redact(format!(
-                "the upstream ({}) did not initialize: {e}",
-                self.command_line()
-            ))
-        })?;
-        let tools = service.peer().list_all_tools().await.map_err(|e| {
-            self.redact(format!(
-                "the upstream ({}) did not list its tools: {e}",
-                self.command_line()
-            ))
-        })?;
+        let service =
+            served.map_err(|e| self.redact(format!("the upstream ({}) did not initialize: {e}", self.shown())))?;
+        let tools = service
+            .peer()
+            .list_all_tools()
+            .await
+            .map_err(|e| self.redact(format!("the upstream ({}) did not list its tools: {e}", self.shown())))?;
         self.relay.set_tools(tools);
         *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
         *self.tasks.write().unwrap_or_else(|p| p.into_inner()) = wire.as_ref().and_then(|w| w.tasks());

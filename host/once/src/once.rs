@@ -447,6 +447,13 @@ impl Once {
         plan_of(&self.configured(), tool)
     }
 
+    /// Bind `name` to `holder` in the ledger unless it is bound already, and return the holder
+    /// it is bound to (see [`Storage::bind`]): how a gateway keeps a second upstream out of the
+    /// scopes it serves.
+    pub fn bind(&self, name: &str, holder: &str) -> Result<String, OnceError> {
+        self.host.storage.bind(name, holder).map_err(storage_error)
+    }
+
     /// The policy of `tool`, every field decided.
     pub fn policy(&self, tool: &str) -> ToolPolicy {
         self.plan(tool).policy

@@ -536,6 +536,43 @@ fn writes_are_visible_across_handles(f: &dyn Fresh) {
     );
 }
 
+/// A binding is first come, first served across handles (processes), even when they race, and the
+/// store's rows are untouched by it.
+fn bindings_are_first_come(f: &dyn Fresh) {
+    let (a, b) = (f.handle(), f.handle());
+    assert_eq!(a.bind("scope:default", "gateway a #1").unwrap(), "gateway a #1");
+    assert_eq!(
+        b.bind("scope:default", "gateway b #2").unwrap(),
+        "gateway a #1",
+        "the first holder stays"
+    );
+    assert_eq!(
+        a.bind("scope:default", "gateway a #1").unwrap(),
+        "gateway a #1",
+        "binding again is a no-op"
+    );
+    assert_eq!(
+        b.bind("scope:acme", "gateway b #2").unwrap(),
+        "gateway b #2",
+        "names are independent"
+    );
+    assert!(a.list(None, 10).unwrap().is_empty(), "a binding is not a record");
+    let holders: Vec<String> = std::thread::scope(|t| {
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let s = f.handle();
+                t.spawn(move || s.bind("scope:raced", &format!("racer {i}")).unwrap())
+            })
+            .collect();
+        racers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert!(
+        holders.windows(2).all(|w| w[0] == w[1]),
+        "every racer sees one holder: {holders:?}"
+    );
+    assert_eq!(a.bind("scope:raced", "late").unwrap(), holders[0]);
+}
+
 /// One fresh, empty store of some backend; [`Fresh::handle`] opens another
 /// handle on that same store (a new connection, as another process would).
 trait Fresh: Sync {
@@ -734,6 +771,7 @@ conformance!(
         concurrent_compare_and_swap_loses_nothing,
         crossing_batches_stay_atomic,
         writes_are_visible_across_handles,
+        bindings_are_first_come,
     ],
 );
 

@@ -20,6 +20,8 @@ type AuditKey = (String, String, u64);
 struct Inner {
     rows: BTreeMap<RowKey, Row>,
     audit: BTreeMap<AuditKey, AuditEvent>,
+    /// [`Storage::bind`]'s bindings, by name.
+    bindings: BTreeMap<String, String>,
 }
 
 /// A [`Storage`] held in memory by this process; lost when dropped.
@@ -160,5 +162,14 @@ impl Storage for MemoryStorage {
             by_state,
             events: events.into_iter().map(|(k, n)| (k.to_owned(), n)).collect(),
         })
+    }
+
+    fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
+        let mut inner = self.lock();
+        Ok(inner
+            .bindings
+            .entry(name.to_owned())
+            .or_insert_with(|| holder.to_owned())
+            .clone())
     }
 }

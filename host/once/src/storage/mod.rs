@@ -86,6 +86,21 @@ pub trait Storage: Send + Sync {
     fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError>;
     /// Operation records per state and audit events per kind; with `scope`, that scope's only.
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError>;
+    /// Bind `name` to `holder` unless it is bound already (first come, atomic across processes
+    /// sharing the ledger), and return the holder it is bound to: `holder` itself, or the one
+    /// that came first. Kept in the ledger's `meta` table under `binding:NAME`, beside the schema
+    /// version; never removed. A gateway binds each scope it serves to its upstream, so a second
+    /// upstream on the same ledger is refused instead of answered with the first one's records.
+    /// A store that keeps no bindings says so (an error), never pretends to bind.
+    fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
+        let _ = (name, holder);
+        Err(StorageError("this store keeps no bindings".to_string()))
+    }
+}
+
+/// The `meta` key of a binding made with [`Storage::bind`].
+pub fn binding_key(name: &str) -> String {
+    format!("binding:{name}")
 }
 
 /// A shared store is a store: the engine and its owner (a bench, an
@@ -118,6 +133,9 @@ impl<T: Storage + ?Sized> Storage for Arc<T> {
     }
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         (**self).stats(scope)
+    }
+    fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
+        (**self).bind(name, holder)
     }
 }
 

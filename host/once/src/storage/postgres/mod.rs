@@ -57,7 +57,8 @@
 //! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
 //!
 //! ```sql
-//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '3')
+//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '3'),
+//!                                                                 -- ('binding:NAME', holder) of `Storage::bind`
 //! CREATE TABLE rows (
 //!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
 //!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,

@@ -14,6 +14,7 @@ pub(super) enum Q {
     ListState,
     StatsStates,
     StatsEvents,
+    Bind,
     Now,
 }
 
@@ -65,6 +66,12 @@ impl Sql {
                 Q::StatsEvents => format!(
                     "SELECT kind, count(*) FROM {s}.audit WHERE ($1::text IS NULL OR scope = $1) GROUP BY kind ORDER BY kind"
                 ),
+                // The insert and the read share one snapshot: a binding committed meanwhile by another
+                // host is in neither, and the caller asks again.
+                Q::Bind => format!(
+                    "WITH ins AS (INSERT INTO {s}.meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING \
+                     RETURNING value) SELECT value FROM ins UNION ALL SELECT value FROM {s}.meta WHERE key = $1"
+                ),
                 Q::Now => NOW_SQL.to_string(),
             }
         };
@@ -78,6 +85,7 @@ impl Sql {
             Q::ListState,
             Q::StatsStates,
             Q::StatsEvents,
+            Q::Bind,
             Q::Now,
         ];
         // `texts` is indexed by discriminant: ALL must list Q in declaration order.

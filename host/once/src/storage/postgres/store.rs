@@ -433,4 +433,23 @@ impl Storage for PostgresStorage {
         };
         POSTGRES.stats(counts(by_state)?, counts(events)?)
     }
+
+    fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
+        let key = crate::storage::binding_key(name);
+        text("binding", &key)?;
+        text("holder", holder)?;
+        // Twice at most: an empty answer means another host's binding committed during the first.
+        for _ in 0..2 {
+            let bound = self.shared.read("bind", |conn, sql| {
+                let statement = conn.statement(sql, Q::Bind)?;
+                conn.client.query(&statement, &[&key, &holder])
+            })?;
+            if let Some(row) = bound.first() {
+                return col(row, 0);
+            }
+        }
+        Err(StorageError(format!(
+            "postgres: bind {key}: no binding after two tries"
+        )))
+    }
 }

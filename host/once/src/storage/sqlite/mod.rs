@@ -34,7 +34,7 @@
 //!
 //! ```sql
 //! CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-//!   -- ('schema_version', '2')
+//!   -- ('schema_version', '2'), and ('binding:NAME', holder) rows of `Storage::bind`
 //! CREATE TABLE rows (
 //!   tbl TEXT NOT NULL,        -- 'operation' | 'tombstone' | 'quota'
 //!   scope TEXT NOT NULL, key TEXT NOT NULL,
@@ -474,5 +474,26 @@ impl Storage for SqliteStorage {
             tx.finish().map_err(|e| err("stats", e))?;
             SQLITE.stats(by_state, events)
         })
+    }
+
+    fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
+        let key = super::binding_key(name);
+        let mut guard = self.writer()?;
+        let writer = guard.as_mut().expect("writer() opened it");
+        // One write transaction: the first process to bind wins, every later one reads its holder.
+        let tx = writer
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| err("bind", e))?;
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+            params![key, holder],
+        )
+        .map_err(|e| err("bind", e))?;
+        let bound: String = tx
+            .query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0))
+            .map_err(|e| err("bind", e))?;
+        tx.commit().map_err(|e| err("bind", e))?;
+        Ok(bound)
     }
 }

@@ -1,0 +1,179 @@
+//! Who the upstream is. A record is bound to the upstream it was made for:
+//! two gateways in front of the same server for two accounts (the key in
+//! the environment, or on the command line) must never answer each other's
+//! calls from each other's records, nor send each other's owed calls. The
+//! identity is a digest of everything that can name the account — the
+//! command and its arguments, the working directory, the inherited
+//! environment, or the URL with its credentials — and is only ever stored
+//! or shown as that digest. What messages, logs and the default owner show
+//! of the upstream ([`shown`]) holds no argument and no credential.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::upstream::Target;
+
+/// Environment variables that describe the terminal or session the gateway
+/// was started from, not the upstream: left out of the identity, so a
+/// gateway restarted from another shell is still the same upstream.
+const SESSION_VARIABLES: [&str; 22] = [
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "TERM",
+    "COLORTERM",
+    "COLUMNS",
+    "LINES",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "TMUX",
+    "TMUX_PANE",
+    "STY",
+    "WINDOW",
+    "LS_COLORS",
+    "PS1",
+    "PS2",
+    "PROMPT_COMMAND",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "MAIL",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// Prefixes of session variables (and of once's own settings, which configure the gateway, not the upstream).
+const SESSION_PREFIXES: [&str; 7] = ["SSH_", "XDG_", "TERM_", "ITERM_", "VSCODE_", "KITTY_", "ONCE_"];
+
+/// Whether an inherited variable names the upstream's account or configuration (it counts) or only the
+/// session the gateway runs in (it does not).
+fn counts(name: &str) -> bool {
+    !SESSION_VARIABLES.contains(&name) && !SESSION_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The upstream's identity: SHA-256, in hex, of what names it. For a command: its arguments, the
+/// working directory (relative paths in them resolve there) and every inherited environment
+/// variable but the session's; for a URL: the URL as given, credentials and query included.
+pub fn identity(target: &Target) -> String {
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .filter(|(k, _)| counts(k))
+        .collect();
+    let cwd = std::env::current_dir().map_or_else(|_| String::new(), |d| d.to_string_lossy().into_owned());
+    identity_of(target, &cwd, &env)
+}
+
+fn identity_of(target: &Target, cwd: &str, env: &BTreeMap<String, String>) -> String {
+    let named = match target {
+        Target::Command(command) => serde_json::json!({"command": command, "cwd": cwd, "env": env}),
+        Target::Url(url) => serde_json::json!({"url": url.as_given()}),
+    };
+    let digest = Sha256::digest(named.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The upstream in messages and logs: a command's program and how many arguments it has (an argument
+/// may be a credential), or the URL without credentials, query or fragment.
+pub fn shown(target: &Target) -> String {
+    match target {
+        Target::Command(command) => match command.split_first() {
+            None => "(no command)".to_string(),
+            Some((program, [])) => program.clone(),
+            Some((program, [_])) => format!("{program} (1 argument, not shown)"),
+            Some((program, args)) => format!("{program} ({} arguments, not shown)", args.len()),
+        },
+        Target::Url(url) => url.shown().to_string(),
+    }
+}
+
+/// The default owner: the program's name (or the URL as [`shown`]) and the identity's first 12 hex
+/// digits, so two upstreams are two owners and neither name holds a secret.
+pub fn default_owner(target: &Target, identity: &str) -> String {
+    let name = match target {
+        Target::Command(command) => command
+            .first()
+            .map(|p| {
+                Path::new(p)
+                    .file_name()
+                    .map_or_else(|| p.clone(), |f| f.to_string_lossy().into_owned())
+            })
+            .unwrap_or_default(),
+        Target::Url(url) => url.shown().to_string(),
+    };
+    format!("gateway {name} #{}", &identity[..12])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::UpstreamUrl;
+
+    fn command(args: &[&str]) -> Target {
+        Target::Command(args.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn an_account_in_the_arguments_the_environment_or_the_url_is_another_upstream() {
+        let base = identity_of(&command(&["srv", "--api-key=a"]), "/srv", &env(&[("KEY", "a")]));
+        assert_eq!(base.len(), 64);
+        assert_eq!(
+            base,
+            identity_of(&command(&["srv", "--api-key=a"]), "/srv", &env(&[("KEY", "a")])),
+            "stable"
+        );
+        for other in [
+            identity_of(&command(&["srv", "--api-key=b"]), "/srv", &env(&[("KEY", "a")])),
+            identity_of(&command(&["srv", "--api-key=a"]), "/srv", &env(&[("KEY", "b")])),
+            identity_of(&command(&["srv", "--api-key=a"]), "/other", &env(&[("KEY", "a")])),
+        ] {
+            assert_ne!(base, other);
+        }
+        let url = |u: &str| Target::Url(UpstreamUrl::parse(u).unwrap());
+        assert_ne!(
+            identity_of(&url("http://a:1@h/mcp"), "", &env(&[])),
+            identity_of(&url("http://a:2@h/mcp"), "", &env(&[]))
+        );
+        assert_ne!(
+            identity_of(&url("http://h/mcp?token=1"), "", &env(&[])),
+            identity_of(&url("http://h/mcp?token=2"), "", &env(&[]))
+        );
+    }
+
+    #[test]
+    fn the_session_is_not_the_upstream() {
+        for name in [
+            "PWD",
+            "SHLVL",
+            "TERM",
+            "SSH_TTY",
+            "XDG_SESSION_ID",
+            "ONCE_LOG",
+            "TERM_PROGRAM",
+        ] {
+            assert!(!counts(name), "{name}");
+        }
+        for name in ["STRIPE_API_KEY", "HOME", "PATH", "DATABASE_URL"] {
+            assert!(counts(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn nothing_shown_holds_an_argument_or_a_credential() {
+        let secret = command(&["/usr/bin/env", "API_KEY=sk-live-1", "srv", "--token", "t0k"]);
+        let shown = shown(&secret);
+        assert_eq!(shown, "/usr/bin/env (4 arguments, not shown)");
+        let owner = default_owner(&secret, &identity_of(&secret, "/", &env(&[])));
+        assert!(
+            owner.starts_with("gateway env #") && owner.len() == "gateway env #".len() + 12,
+            "{owner}"
+        );
+        let url = Target::Url(UpstreamUrl::parse("http://ops:pw@mcp.internal:8931/mcp?token=abc").unwrap());
+        let owner = default_owner(&url, &identity_of(&url, "", &env(&[])));
+        assert!(!owner.contains("pw") && !owner.contains("abc"), "{owner}");
+    }
+}
