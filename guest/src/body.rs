@@ -11,7 +11,7 @@ use alloc::string::String;
 use crate::canon::write_string;
 use crate::json_out::{Writer, confirmation, identity, key_source, route, state};
 use crate::policy::{Policy, Quota};
-use crate::record::{Attempt, OpRecord, Reservation};
+use crate::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
 
 /// The JSON text of `rec`, as serde_json writes it.
 pub fn record_json(rec: &OpRecord) -> String {
@@ -38,6 +38,10 @@ pub fn record_json(rec: &OpRecord) -> String {
         w.list(&rec.reported_previous, |w, f| write_string(f, &mut w.0));
     }
     some_str(&mut w, "receipt", rec.receipt.as_deref());
+    if let Some(f) = &rec.receipt_flaw {
+        w.key("receipt_flaw");
+        receipt_flaw(&mut w, f);
+    }
     some_num(&mut w, "confirmed_by", rec.confirmed_by.map(u64::from));
     if let Some(via) = rec.confirmed_via {
         w.raw("confirmed_via", confirmation(via));
@@ -81,6 +85,15 @@ fn attempt(w: &mut Writer, a: &Attempt) {
     some_num(w, "ended_at", a.ended_at);
     some_str(w, "outcome", a.outcome.as_deref());
     flag(w, "owed", a.owed);
+    w.0.push('}');
+}
+
+fn receipt_flaw(w: &mut Writer, f: &ReceiptFlaw) {
+    w.0.push('{');
+    w.str("problem", &f.problem);
+    flag(w, "abridged", f.abridged);
+    w.num("bytes", f.bytes);
+    w.str("sha256", &f.sha256);
     w.0.push('}');
 }
 

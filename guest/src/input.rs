@@ -4,6 +4,8 @@ use alloc::format;
 use alloc::string::{String, ToString};
 
 use crate::canon;
+use crate::digest::sha256_hex;
+use crate::record::{Receipt, ReceiptFlaw};
 use crate::types::{Error, JsonError, JsonErrorKind, Settings};
 
 /// The JSON limits of the host's settings.
@@ -60,12 +62,53 @@ pub fn check_name(what: &str, value: &str, settings: &Settings) -> Result<(), Er
     Ok(())
 }
 
-/// A receipt (a provider's response, a lookup's or an operator's receipt),
-/// checked to be strict I-JSON within the limits and kept exactly as written:
-/// the provider's words are never re-serialized through doubles.
+/// A receipt an operator asserts, checked to be strict I-JSON within the
+/// limits and kept exactly as written: the provider's words are never
+/// re-serialized through doubles. An operator can correct a bad one; a
+/// provider's is taken as it comes ([`provider_receipt`]).
 pub fn checked_receipt(text: String, settings: &Settings) -> Result<String, Error> {
     canon::validate(text.as_bytes(), &limits(settings)).map_err(json_error)?;
     Ok(text)
+}
+
+/// A receipt the provider sent (a response to a dispatch, a lookup's
+/// evidence), as the ledger keeps it. Strict I-JSON within the limits is kept
+/// exactly as written, like [`checked_receipt`]. Anything else is still the
+/// evidence that the effect happened (DESIGN.md "Every answer is true"), so it
+/// is never refused: within the size limit it is kept verbatim, over it (it
+/// cannot be stored whole) it is replaced by a stand-in naming its size and
+/// SHA-256; either way the receipt is flagged with what the check found.
+pub fn provider_receipt(text: String, settings: &Settings) -> Receipt {
+    let Err(e) = canon::validate(text.as_bytes(), &limits(settings)) else {
+        return Receipt::strict(text);
+    };
+    let sha256 = sha256_hex(text.as_bytes());
+    let bytes = text.len() as u64;
+    let abridged = e.kind == canon::ErrorKind::TooLarge;
+    let text = if abridged {
+        abridged_receipt(bytes, &sha256, u64::from(settings.max_input_bytes))
+    } else {
+        text
+    };
+    Receipt {
+        text,
+        flaw: Some(ReceiptFlaw {
+            problem: e.message,
+            abridged,
+            bytes,
+            sha256,
+        }),
+    }
+}
+
+/// What is stored and replayed for a receipt over the size limit: canonical
+/// JSON (so every host reads it like any receipt) that says what it stands
+/// for, under a name no provider's receipt is likely to use.
+fn abridged_receipt(bytes: u64, sha256: &str, limit: u64) -> String {
+    format!(
+        "{{\"once_abridged_receipt\":{{\"bytes\":{bytes},\"note\":\"the provider's receipt was over the \
+         ledger's limit of {limit} bytes: only its size and SHA-256 are kept\",\"sha256\":\"{sha256}\"}}}}"
+    )
 }
 
 /// A note for an operator command: required.

@@ -47,15 +47,9 @@ pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error
 
 /// The `report` export: what the provider answered to a dispatched grant.
 pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<Step, Error> {
-    let (ack, rec) = match finish_with_record(h, scope, key, fence, outcome.clone()) {
-        // A success whose response cannot be stored as a receipt still happened: like a
-        // failed write, the record expires into unknown and reconciliation finds the effect.
-        Err(Error::InvalidJson(_)) if matches!(outcome, Outcome::Success(_)) => {
-            let rec = crate::store::load(h, scope, key).ok().flatten().map(|l| l.rec);
-            (FinishAck::Unrecorded, rec)
-        }
-        answer => answer?,
-    };
+    // A success is recorded whatever its response's form (`finish` stores one that is
+    // not strict I-JSON as it came, flagged): the effect happened.
+    let (ack, rec) = finish_with_record(h, scope, key, fence, outcome.clone())?;
     let call = CallRef::of(h, scope, key, rec.as_ref());
     match (outcome, ack) {
         // The effect happened; the ledger could not record it yet: reconciliation will find it.

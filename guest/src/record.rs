@@ -65,6 +65,58 @@ pub struct Reservation {
     pub units: String,
 }
 
+/// How a stored receipt falls short of the provider's strict I-JSON
+/// (DESIGN.md "Every answer is true"). A receipt that fails the strict check
+/// (a lone surrogate, a duplicate key, not JSON at all, too deep, too large)
+/// is still the evidence that the effect happened, so it is stored anyway:
+/// verbatim within the size limit, else as a stand-in naming its size and
+/// digest. This says which, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiptFlaw {
+    /// What the strict check found (its message, e.g. a duplicate key and where).
+    pub problem: String,
+    /// Over the size limit: the stored receipt is a stand-in, not the provider's text.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub abridged: bool,
+    /// The size of the provider's text in bytes.
+    pub bytes: u64,
+    /// Lower-case hex SHA-256 of the provider's text.
+    pub sha256: String,
+}
+
+/// A receipt as the ledger keeps it: the text stored (and replayed), and how
+/// it falls short of strict I-JSON, if it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The stored text: the provider's own, or a stand-in when abridged.
+    pub text: String,
+    /// Set when the text is not the provider's strict I-JSON.
+    pub flaw: Option<ReceiptFlaw>,
+}
+
+impl Receipt {
+    /// A receipt that passed the strict check.
+    pub fn strict(text: String) -> Self {
+        Receipt { text, flaw: None }
+    }
+
+    /// The audit fields of an event that carries this receipt. A strict
+    /// receipt is JSON and goes in as it is; a flawed one may not be JSON (or
+    /// not JSON a ledger's own JSON columns would take), so it goes in as a
+    /// JSON string, beside its flaw.
+    fn audit_fields(&self) -> Vec<(&'static str, String)> {
+        match &self.flaw {
+            None => alloc::vec![("receipt", self.text.clone())],
+            Some(flaw) => alloc::vec![("receipt", string(&self.text)), ("receipt_flaw", flaw_json(flaw))],
+        }
+    }
+}
+
+/// A receipt flaw as JSON text (an audit detail's member).
+fn flaw_json(flaw: &ReceiptFlaw) -> String {
+    serde_json::to_string(flaw).expect("a receipt flaw always serializes")
+}
+
 /// The engine's record of one operation, stored as the row body. A body
 /// leaves out every field that is absent, false or zero (each reads back as
 /// such, and bodies written with them spelled out read the same): most are,
@@ -107,6 +159,10 @@ pub struct OpRecord {
     /// Receipt of the effect, once confirmed; never changes after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<String>,
+    /// How the stored receipt falls short of strict I-JSON, if it does
+    /// (stored verbatim, or abridged to a stand-in). Set with the receipt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt_flaw: Option<ReceiptFlaw>,
     /// The attempt whose effect the receipt is: the one that reported it, or
     /// for a confirmation by reading the provider, the latest attempt then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,7 +265,7 @@ pub enum Origin {
     /// verify-first found the effect at the provider: confirmed without a dispatch.
     Verified {
         /// The provider's receipt.
-        receipt: String,
+        receipt: Receipt,
     },
 }
 
@@ -261,6 +317,7 @@ impl OpRecord {
             previous_fences: Vec::new(),
             reported_previous: Vec::new(),
             receipt: None,
+            receipt_flaw: None,
             confirmed_by: None,
             confirmed_via: None,
             absence_forced: false,
@@ -307,13 +364,13 @@ impl OpRecord {
             }
             Origin::Verified { receipt } => {
                 rec.state = State::Confirmed;
-                rec.receipt = Some(receipt);
                 rec.confirmed_via = Some(Confirmation::Provider);
+                let detail = rec.store_receipt(receipt);
                 Event {
                     kind: "verified-confirmed",
                     from: None,
                     attempt: None,
-                    detail: "{}".to_string(),
+                    detail,
                 }
             }
         };
@@ -486,7 +543,7 @@ impl OpRecord {
     }
 
     /// -> confirmed with the receipt. `fence` names the attempt that reported it, if any.
-    pub fn confirm(&mut self, receipt: String, fence: Option<&str>, now: u64, kind: &'static str) -> Event {
+    pub fn confirm(&mut self, receipt: Receipt, fence: Option<&str>, now: u64, kind: &'static str) -> Event {
         let attempt = fence.and_then(|f| self.end_attempt(f, now, "success"));
         // Read from the provider: the effect found is the latest dispatch's.
         self.confirmed_by = attempt.or_else(|| self.current().map(|a| a.n));
@@ -496,14 +553,27 @@ impl OpRecord {
             _ => Confirmation::Answer,
         });
         let from = self.enter(State::Confirmed, now);
-        self.receipt = Some(receipt);
+        let detail = self.store_receipt(receipt);
         self.clear_pending();
         Event {
             kind,
             from: Some(from),
             attempt,
-            detail: "{}".to_string(),
+            detail,
         }
+    }
+
+    /// Keep `receipt` as the record's, with its flaw if it has one. Returns
+    /// the audit detail of the event that stores it: empty for a strict
+    /// receipt, else the flaw (the flag an operator sees in the audit trail).
+    fn store_receipt(&mut self, receipt: Receipt) -> String {
+        let detail = match &receipt.flaw {
+            None => "{}".to_string(),
+            Some(flaw) => detail(&[("receipt_flaw", flaw_json(flaw))]),
+        };
+        self.receipt = Some(receipt.text);
+        self.receipt_flaw = receipt.flaw;
+        detail
     }
 
     /// A success from an old attempt while a newer one is in flight: keep the
@@ -511,17 +581,18 @@ impl OpRecord {
     /// The escalation is marked in the same write.
     pub fn confirm_possible_duplicate(
         &mut self,
-        receipt: String,
+        receipt: Receipt,
         fence: &str,
         escalation_id: String,
         now: u64,
     ) -> Event {
-        let mut event = self.confirm(receipt.clone(), Some(fence), now, "late-success-possible-duplicate");
+        let fields = receipt.audit_fields();
+        let mut event = self.confirm(receipt, Some(fence), now, "late-success-possible-duplicate");
         self.possible_duplicate = true;
         self.escalated = true;
         self.escalation_failures = 0;
         self.escalation_id = Some(escalation_id.clone());
-        event.detail = detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]);
+        event.detail = detail_with(&[("escalation_id", string(&escalation_id))], fields);
         event
     }
 
@@ -529,7 +600,7 @@ impl OpRecord {
     /// record that already has its effect: a second effect may exist. The
     /// record keeps its receipt; this one is audited, and the escalation is
     /// marked in the same write.
-    pub fn flag_second_success(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+    pub fn flag_second_success(&mut self, receipt: Receipt, fence: &str, escalation_id: String, now: u64) -> Event {
         let attempt = self.end_attempt(fence, now, "success");
         self.possible_duplicate = true;
         self.escalated = true;
@@ -540,15 +611,18 @@ impl OpRecord {
             kind: "late-success-possible-duplicate",
             from: Some(self.state),
             attempt,
-            detail: detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]),
+            detail: detail_with(&[("escalation_id", string(&escalation_id))], receipt.audit_fields()),
         }
     }
 
     /// A success reported against a superseded record: the effect happened after all.
     /// The escalation is marked in the same write.
-    pub fn flag_superseded_effect(&mut self, receipt: String, fence: &str, escalation_id: String, now: u64) -> Event {
+    pub fn flag_superseded_effect(&mut self, receipt: Receipt, fence: &str, escalation_id: String, now: u64) -> Event {
         let attempt = self.end_attempt(fence, now, "success");
-        self.receipt.get_or_insert(receipt.clone());
+        let fields = receipt.audit_fields();
+        if self.receipt.is_none() {
+            self.store_receipt(receipt);
+        }
         self.confirmed_by = attempt;
         self.possible_duplicate = true;
         self.escalated = true;
@@ -559,13 +633,13 @@ impl OpRecord {
             kind: "late-success-superseded",
             from: Some(self.state),
             attempt,
-            detail: detail(&[("escalation_id", string(&escalation_id)), ("receipt", receipt)]),
+            detail: detail_with(&[("escalation_id", string(&escalation_id))], fields),
         }
     }
 
     /// A success from an attempt of the operation this record replaced: audited
     /// with its receipt, escalated; this record's own state does not change.
-    pub fn flag_previous_success(&mut self, receipt: String, fence: &str, escalation_id: String) -> Event {
+    pub fn flag_previous_success(&mut self, receipt: Receipt, fence: &str, escalation_id: String) -> Event {
         self.reported_previous.push(fence.to_string());
         self.possible_duplicate = true;
         self.escalated = true;
@@ -576,11 +650,10 @@ impl OpRecord {
             kind: "late-success-previous-operation",
             from: Some(self.state),
             attempt: None,
-            detail: detail(&[
-                ("escalation_id", string(&escalation_id)),
-                ("fence", string(fence)),
-                ("receipt", receipt),
-            ]),
+            detail: detail_with(
+                &[("escalation_id", string(&escalation_id)), ("fence", string(fence))],
+                receipt.audit_fields(),
+            ),
         }
     }
 
@@ -852,6 +925,13 @@ pub fn detail(fields: &[(&str, String)]) -> String {
     }
     out.push('}');
     out
+}
+
+/// [`detail`] of `fields` and `more` together.
+fn detail_with(fields: &[(&str, String)], more: Vec<(&'static str, String)>) -> String {
+    let mut all: Vec<(&str, String)> = fields.to_vec();
+    all.extend(more);
+    detail(&all)
 }
 
 /// A number as JSON text.

@@ -1568,19 +1568,30 @@ fn bad_args_are_typed_errors_and_write_nothing() {
     assert_nothing_written(&h);
 }
 
+/// An operator's receipt that is not strict I-JSON is refused without a
+/// write (the operator can correct it); a provider's is evidence of the
+/// effect and is stored as it came, flagged (tests/flawed_receipts.rs).
 #[test]
-fn bad_receipts_are_refused_without_a_write() {
+fn an_operators_bad_receipt_is_refused_without_a_write_and_a_providers_is_stored() {
     let h = MemoryHost::new();
     let e = execute_of(go(&h, refund("k", ARGS)));
-    assert!(matches!(
-        finish(&h, "s", "k", &e.fence, success(r#"{"a":1,"a":2}"#)),
-        Err(Error::InvalidJson(_))
-    ));
     assert!(matches!(
         resolve(&h, "s", "k", Resolution::Confirmed("{".to_string()), "note", true),
         Err(Error::InvalidJson(_))
     ));
     assert_eq!(view(&h, "k").version, 1);
+    assert_eq!(
+        finish(&h, "s", "k", &e.fence, success(r#"{"a":1,"a":2}"#)),
+        Ok(FinishAck::Recorded(State::Confirmed))
+    );
+    let v = view(&h, "k");
+    assert_eq!((v.version, v.receipt.as_deref()), (2, Some(r#"{"a":1,"a":2}"#)));
+    assert!(
+        body(&v)["receipt_flaw"]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key")
+    );
 }
 
 // ---------------------------------------------------------------- resolve

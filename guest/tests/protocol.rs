@@ -100,19 +100,25 @@ fn not_sent_is_followed_by_the_next_grant_and_a_spent_budget_by_not_sent() {
     assert_eq!((a.effect, a.repeat), (Effect::None, Repeat::Refused));
 }
 
+/// A function that returned has happened (DESIGN.md "Every answer is true"):
+/// a response that is not JSON is still its receipt, stored verbatim and
+/// flagged (b58a043 answered unrecorded and left the record in flight).
 #[test]
-fn a_success_whose_response_is_no_receipt_is_unrecorded_and_stays_in_flight() {
+fn a_success_whose_response_is_not_json_is_confirmed_with_it_verbatim() {
     let h = MemoryHost::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
     let a = done(sent(&h, &g, success("refunded, id r_1")));
+    let Ending::Confirmed(c) = a.ending else {
+        panic!("{a:?}")
+    };
+    assert_eq!((c.receipt.as_str(), c.replayed), ("refunded, id r_1", false));
+    assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Replays));
+    let v = view(&h, "k");
     assert_eq!(
-        a.ending,
-        Ending::Unrecorded(once_guest::types::UnrecordedInfo {
-            response: "refunded, id r_1".into()
-        })
+        (v.state, v.receipt.as_deref()),
+        (State::Confirmed, Some("refunded, id r_1"))
     );
-    assert_eq!((a.effect, a.repeat), (Effect::Happened, Repeat::Waits));
-    assert_eq!(view(&h, "k").state, State::InFlight);
+    assert!(body(&v)["receipt_flaw"].is_object());
 }
 
 #[test]

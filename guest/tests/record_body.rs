@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use once_guest::body::record_json;
 use once_guest::policy::{Policy, Quota};
-use once_guest::record::{Attempt, OpRecord, Reservation};
+use once_guest::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
 use once_guest::store::decode;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{Confirmation, IdentityMode, KeySource, Route, State, Table};
@@ -52,6 +52,18 @@ fn bodies_the_engine_writes_are_serdes() {
         bucket: Some("shared \"b\"".into()),
     });
     execute_of(go(&h, with_policy(refund("k4", ARGS), quota)));
+    // Confirmed with receipts that are not strict I-JSON, stored verbatim and flagged
+    // (a lone surrogate escape; not JSON, with raw control characters), and one over
+    // the limit, abridged.
+    for (key, receipt) in [
+        ("k5", r#"{"memo":"\ud800","id":1,"id":2}"#.to_string()),
+        ("k6", "\u{0}\t\"not json\" \\ \u{1f600}\u{2028}".to_string()),
+        ("k7", "x".repeat((1 << 20) + 1)),
+    ] {
+        let g = execute_of(go(&h, refund(key, ARGS)));
+        fin(&h, key, &g.fence, success(&receipt));
+        assert!(body(&view(&h, key))["receipt_flaw"].is_object(), "{key} is flagged");
+    }
     every_operation_row(&h);
 }
 
@@ -79,6 +91,12 @@ fn every_field_set_and_every_enum_value() {
     rec.previous_fences = vec![tricky.into(), String::new()];
     rec.reported_previous = vec!["1-x".into()];
     rec.receipt = Some(tricky.into());
+    rec.receipt_flaw = Some(ReceiptFlaw {
+        problem: tricky.into(),
+        abridged: true,
+        bytes: u64::MAX,
+        sha256: tricky.into(),
+    });
     rec.confirmed_by = Some(u32::MAX);
     rec.absence_forced = true;
     rec.error = Some(tricky.into());
@@ -157,6 +175,9 @@ fn every_field_set_and_every_enum_value() {
         same_as_serde(&rec);
     }
     rec.attempts.clear();
+    same_as_serde(&rec);
+    // A receipt kept whole leaves `abridged` out.
+    rec.receipt_flaw.as_mut().unwrap().abridged = false;
     same_as_serde(&rec);
 }
 

@@ -203,13 +203,8 @@ impl Claim<'_> {
             if req.policy.verify_first
                 && let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args)
             {
-                return Ok(match crate::input::checked_receipt(receipt, &h.settings()) {
-                    Ok(receipt) => replay(receipt, h.now()),
-                    Err(_) => blocked(
-                        BlockReason::Unverified,
-                        "the provider's receipt is not valid JSON".to_string(),
-                    ),
-                });
+                let receipt = crate::input::provider_receipt(receipt, &h.settings());
+                return Ok(replay(receipt.text, h.now()));
             }
             let happened = stone.effect_happened() && !crate::mutant::on(crate::mutant::Mutant::TombstoneSaysNone);
             let effect = match (happened, stone.uncertain) {
@@ -250,15 +245,8 @@ impl Claim<'_> {
             let lookup_started = h.now();
             match h.lookup(&req.tool, &provider_key, &args) {
                 Evidence::Confirmed(receipt) => {
-                    let receipt = match crate::input::checked_receipt(receipt, &h.settings()) {
-                        Ok(receipt) => receipt,
-                        Err(_) => {
-                            return Ok(blocked(
-                                BlockReason::Unverified,
-                                "the provider's receipt is not valid JSON".to_string(),
-                            ));
-                        }
-                    };
+                    // Found is found, whatever the receipt's form (a flawed one is stored flagged).
+                    let receipt = crate::input::provider_receipt(receipt, &h.settings());
                     let now = h.now();
                     // The money moved: count it, ceiling or not.
                     let reservation = match (&req.policy.quota, self.payload.spend) {

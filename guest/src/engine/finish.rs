@@ -5,9 +5,9 @@ use alloc::string::String;
 use super::escalation;
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
-use crate::input::checked_receipt;
+use crate::input::provider_receipt;
 use crate::mutant::{self, Mutant};
-use crate::record::OpRecord;
+use crate::record::{OpRecord, Receipt};
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, FinishAck, Outcome, State};
 
@@ -25,12 +25,13 @@ pub fn finish_with_record(
     fence: &str,
     outcome: Outcome,
 ) -> Result<(FinishAck, Option<OpRecord>), Error> {
-    let settings = h.settings();
-    // A malformed response is refused before anything is written: the record
-    // stays in flight, expires into unknown and is reconciled.
+    // A response that is not strict I-JSON still says the effect happened: it
+    // is stored as it came (or abridged) and flagged, never refused.
     let outcome = match outcome {
-        Outcome::Success(response) => Outcome::Success(checked_receipt(response, &settings)?),
-        other => other,
+        Outcome::Success(response) => Reported::Success(provider_receipt(response, &h.settings())),
+        Outcome::Rejected(error) => Reported::Rejected(error),
+        Outcome::Ambiguous(reason) => Reported::Ambiguous(reason),
+        Outcome::NotSent => Reported::NotSent,
     };
     for _ in 0..MAX_RACES {
         let loaded = match load(h, scope, key) {
@@ -42,7 +43,7 @@ pub fn finish_with_record(
         if !loaded.rec.attempts.iter().any(|a| a.fence == fence) {
             // A success of the operation this record replaced (a derived key past its window) is
             // still evidence: never dropped.
-            if let Outcome::Success(receipt) = &outcome
+            if let Reported::Success(receipt) = &outcome
                 && loaded.rec.previous_fences.iter().any(|f| f == fence)
             {
                 match previous_success(h, loaded, fence, receipt.clone()) {
@@ -62,7 +63,16 @@ pub fn finish_with_record(
     Ok((FinishAck::Unrecorded, None))
 }
 
-fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result<(FinishAck, OpRecord), LedgerError> {
+/// An [`Outcome`] with its receipt as the ledger keeps it.
+#[derive(Clone)]
+enum Reported {
+    Success(Receipt),
+    Rejected(String),
+    Ambiguous(String),
+    NotSent,
+}
+
+fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Reported) -> Result<(FinishAck, OpRecord), LedgerError> {
     let Loaded { mut rec, version } = loaded;
     let now = now_for(h, Some(&rec));
     let current = rec.state == State::InFlight
@@ -70,27 +80,27 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
     let mut tx = Tx::new();
     let event = match (outcome, rec.state) {
         // Evidence beats fences: a success from any attempt means the effect happened.
-        (Outcome::Success(receipt), State::InFlight) if current => {
+        (Reported::Success(receipt), State::InFlight) if current => {
             // Lost, this write leaves the record in flight: its lease ends, it goes unknown and
             // reconciliation finds the effect. Every other success settles what nothing re-reads.
             tx.defer();
             rec.confirm(receipt, Some(fence), now, "finish-success")
         }
-        (Outcome::Success(receipt), State::InFlight) => {
+        (Reported::Success(receipt), State::InFlight) => {
             let id = escalation::duplicate_id(&rec, fence, now);
             rec.confirm_possible_duplicate(receipt, fence, id, now)
         }
-        (Outcome::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
+        (Reported::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
             tx.count_spend(h, &mut rec, now)?;
             rec.confirm(receipt, Some(fence), now, "late-success")
         }
-        (Outcome::Success(receipt), State::Superseded) if rec.receipt.is_none() => {
+        (Reported::Success(receipt), State::Superseded) if rec.receipt.is_none() => {
             tx.count_spend(h, &mut rec, now)?;
             let id = escalation::duplicate_id(&rec, fence, now);
             rec.flag_superseded_effect(receipt, fence, id, now)
         }
         // The attempt whose effect is recorded, or one already flagged, reporting again: nothing new.
-        (Outcome::Success(_), state)
+        (Reported::Success(_), state)
             if rec.confirmed_by_fence(fence)
                 || rec.reported_success(fence)
                 || mutant::on(Mutant::ForgetSecondSuccess) =>
@@ -98,21 +108,21 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Outcome) -> Result
             return Ok((FinishAck::Ignored(state), rec));
         }
         // Another attempt's effect is already recorded: this one may be a second.
-        (Outcome::Success(receipt), _) => {
+        (Reported::Success(receipt), _) => {
             let id = escalation::duplicate_id(&rec, fence, now);
             rec.flag_second_success(receipt, fence, id, now)
         }
         // A stale fence cannot claim failure or ambiguity.
         (_, state) if !current => return Ok((FinishAck::Ignored(state), rec)),
-        (Outcome::Rejected(error), _) => release(h, &mut tx, &mut rec, fence, Some(error), now)?,
-        (Outcome::NotSent, _) => {
+        (Reported::Rejected(error), _) => release(h, &mut tx, &mut rec, fence, Some(error), now)?,
+        (Reported::NotSent, _) => {
             let (event, released) = rec.not_sent(fence, now);
             if let Some(reservation) = released {
                 tx.release(h, &rec.scope, &reservation)?;
             }
             event
         }
-        (Outcome::Ambiguous(reason), _) => rec.ambiguous(fence, reason, now),
+        (Reported::Ambiguous(reason), _) => rec.ambiguous(fence, reason, now),
     };
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
@@ -134,7 +144,7 @@ fn previous_success(
     h: &impl Host,
     loaded: Loaded,
     fence: &str,
-    receipt: String,
+    receipt: Receipt,
 ) -> Result<(FinishAck, OpRecord), LedgerError> {
     let Loaded { mut rec, version } = loaded;
     if rec.reported_previous.iter().any(|f| f == fence) {

@@ -7,7 +7,7 @@ use super::begin::state_name;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
-use crate::record::{detail, string};
+use crate::record::{Receipt, detail, string};
 use crate::store::{LedgerError, Loaded, Tx, load};
 use crate::types::{Error, RecordView, Resolution, State};
 
@@ -98,7 +98,7 @@ fn apply(
         Resolution::Confirmed(receipt) => match rec.state {
             State::Unknown | State::Absent | State::Failed | State::InFlight => {
                 tx.count_spend(h, &mut rec, now)?;
-                rec.confirm(receipt, None, now, "operator-confirmed")
+                rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed")
             }
             other => {
                 return refuse(&format!(

@@ -6,7 +6,7 @@ use super::begin::{blocked, grant, other_owner, replay_of, superseded, unknown};
 use super::escalation;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
-use crate::input::{check_name, checked_receipt};
+use crate::input::{check_name, provider_receipt};
 use crate::mutant::{self, Mutant};
 use crate::record::OpRecord;
 use crate::store::{LedgerError, Loaded, Tx, load};
@@ -182,13 +182,12 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
     let now = now_for(h, Some(&rec));
     let backoff = now.saturating_add(backoff(&rec));
     let (event, read) = match evidence {
-        Evidence::Confirmed(receipt) => match checked_receipt(receipt, &h.settings()) {
-            Ok(receipt) => (rec.confirm(receipt, None, now, "reconciled-confirmed"), Read::Confirmed),
-            Err(_) => (
-                rec.still_unknown("the provider's receipt is not valid JSON", None, backoff),
-                Read::Unknown,
-            ),
-        },
+        // The provider says the effect exists: that settles it, whatever its receipt's form
+        // (one that is not strict I-JSON is stored as it came, flagged).
+        Evidence::Confirmed(receipt) => {
+            let receipt = provider_receipt(receipt, &h.settings());
+            (rec.confirm(receipt, None, now, "reconciled-confirmed"), Read::Confirmed)
+        }
         // A read cannot reflect commits later than the moment it returned: a
         // read position in the future must not skip max_in_flight.
         Evidence::Absent(read_position) => absent(

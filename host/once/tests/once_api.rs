@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use once::storage::Storage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{
-    BlockReason, Decision, Effect, Ending, Evidence, IdentityMode, Outcome, Repeat, ReplayVia, State, UnrecordedInfo,
-};
+use once::types::{BlockReason, Decision, Effect, Ending, Evidence, IdentityMode, Outcome, Repeat, ReplayVia, State};
 use once::{Called, ManualClock, Once, Sent, policy_input};
 
 const TOOL: &str = "refund_order";
@@ -496,8 +494,12 @@ fn an_inconsistent_policy_is_refused_when_loaded_never_adjusted() {
     assert!(plan.policy.lease_ms > 1_000, "{plan:?}");
 }
 
+/// A function that returned has happened: a response that is not JSON is
+/// still its receipt, confirmed and stored verbatim (flagged in the record),
+/// and a repeat replays it without a second dispatch. (A success the ledger
+/// cannot write is `unrecorded`: tests/hardening_storage.rs.)
 #[test]
-fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
+fn a_success_whose_response_is_not_json_is_confirmed_verbatim() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(1_000_000);
     let once = Once::builder(sqlite(&dir.path().join("once.db")))
@@ -506,7 +508,6 @@ fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
         .build()
         .unwrap();
     let effects = AtomicU32::new(0);
-    // The provider answered, but not with JSON: finish refuses to store it as a receipt.
     let called = once
         .call(
             "t1",
@@ -516,20 +517,23 @@ fn a_success_the_ledger_cannot_record_is_unrecorded_not_an_error() {
             counting(&effects, Sent::Success("refunded, id r_1".into())),
         )
         .unwrap();
-    assert_eq!(
-        ending(&called),
-        &Ending::Unrecorded(UnrecordedInfo {
-            response: "refunded, id r_1".into()
-        })
+    assert!(
+        matches!(ending(&called), Ending::Confirmed(c) if c.receipt == "refunded, id r_1" && !c.replayed),
+        "{called:?}"
     );
     assert_eq!(called.effect(), Effect::Happened);
-    assert_eq!(once.inspect("t1", "refund-1").unwrap().unwrap().state, State::InFlight);
-    // A repeat never dispatches again while the record is open.
+    let view = once.inspect("t1", "refund-1").unwrap().unwrap();
+    assert_eq!(
+        (view.state, view.receipt.as_deref()),
+        (State::Confirmed, Some("refunded, id r_1"))
+    );
+    assert!(view.body.contains(r#""receipt_flaw":{"problem":"#), "{}", view.body);
+    // A repeat replays it; nothing is dispatched again.
     let again = once
         .call("t1", Some("refund-1"), TOOL, ARGS, counting(&effects, Sent::NotSent))
         .unwrap();
     assert!(
-        matches!(ending(&again), Ending::InFlight(_) | Ending::Unknown(_)),
+        matches!(ending(&again), Ending::Confirmed(c) if c.receipt == "refunded, id r_1" && c.replayed),
         "{again:?}"
     );
     assert_eq!(effects.load(Ordering::SeqCst), 1);
