@@ -92,6 +92,7 @@ fn receipt_flaw(w: &mut Writer, f: &ReceiptFlaw) {
     w.0.push('{');
     w.str("problem", &f.problem);
     flag(w, "abridged", f.abridged);
+    flag(w, "unparsed", f.unparsed);
     w.num("bytes", f.bytes);
     w.str("sha256", &f.sha256);
     w.0.push('}');

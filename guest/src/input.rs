@@ -85,8 +85,20 @@ pub fn provider_receipt(text: String, settings: &Settings) -> Receipt {
     let sha256 = sha256_hex(text.as_bytes());
     let bytes = text.len() as u64;
     let abridged = e.kind == canon::ErrorKind::TooLarge;
+    // Text no JSON parser reads would be stored fine, but every host that replays it parses it
+    // (Python's `json.loads`, JavaScript's `JSON.parse`) and would fail on the replay, so it is kept
+    // whole inside a JSON stand-in. Duplicate keys, lone surrogates and huge numbers parse everywhere.
+    let unparsed = matches!(
+        e.kind,
+        canon::ErrorKind::Syntax
+            | canon::ErrorKind::TrailingData
+            | canon::ErrorKind::NonFiniteNumber
+            | canon::ErrorKind::InvalidUtf8
+    );
     let text = if abridged {
         abridged_receipt(bytes, &sha256, u64::from(settings.max_input_bytes))
+    } else if unparsed {
+        unparsed_receipt(&text, bytes, &sha256)
     } else {
         text
     };
@@ -95,10 +107,25 @@ pub fn provider_receipt(text: String, settings: &Settings) -> Receipt {
         flaw: Some(ReceiptFlaw {
             problem: e.message,
             abridged,
+            unparsed: unparsed && !abridged,
             bytes,
             sha256,
         }),
     }
+}
+
+/// What is stored and replayed for a receipt that is not JSON: canonical JSON
+/// holding the provider's text whole, as a string, beside its size and SHA-256.
+fn unparsed_receipt(text: &str, bytes: u64, sha256: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 128);
+    out.push_str("{\"once_unparsed_receipt\":{\"bytes\":");
+    out.push_str(&bytes.to_string());
+    out.push_str(",\"sha256\":");
+    canon::write_string(sha256, &mut out);
+    out.push_str(",\"text\":");
+    canon::write_string(text, &mut out);
+    out.push_str("}}");
+    out
 }
 
 /// What is stored and replayed for a receipt over the size limit: canonical

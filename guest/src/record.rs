@@ -78,6 +78,10 @@ pub struct ReceiptFlaw {
     /// Over the size limit: the stored receipt is a stand-in, not the provider's text.
     #[serde(default, skip_serializing_if = "is_false")]
     pub abridged: bool,
+    /// Not JSON: the stored receipt is a stand-in holding the provider's text whole, as a string
+    /// (`{"once_unparsed_receipt":{"bytes":…,"sha256":…,"text":…}}`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unparsed: bool,
     /// The size of the provider's text in bytes.
     pub bytes: u64,
     /// Lower-case hex SHA-256 of the provider's text.

@@ -4,9 +4,10 @@
 //! evidence that the effect happened. b58a043 refused it: a report was told
 //! "unrecorded" and the record never settled, and a lookup returning it left
 //! the record unknown for ever. Each test here but the last failed there. Now the record
-//! is confirmed, the receipt stored as it came (verbatim, or over the limit
-//! a stand-in with its size and SHA-256) and flagged `receipt_flaw` in the
-//! row body and in the audit event that stored it.
+//! is confirmed, the receipt stored as it came (verbatim; text that is not
+//! JSON whole inside a JSON stand-in, since every host parses a replay; over
+//! the limit a stand-in with its size and SHA-256) and flagged `receipt_flaw`
+//! in the row body and in the audit event that stored it.
 
 mod common;
 
@@ -100,9 +101,37 @@ fn a_reported_receipt_with_a_duplicate_key_is_confirmed_and_replayed_verbatim() 
     reported_and_replayed_verbatim(DUPLICATE_KEY, "duplicate key");
 }
 
+/// Text that is not JSON: every host parses a replayed receipt, so it is kept whole inside a JSON
+/// stand-in (as a string, with its size and SHA-256); the reporting call gets it as it came.
 #[test]
-fn a_reported_response_that_is_not_json_is_confirmed_and_replayed_verbatim() {
-    reported_and_replayed_verbatim(NOT_JSON, "at root");
+fn a_reported_response_that_is_not_json_is_confirmed_and_replayed_whole_inside_a_stand_in() {
+    let h = MemoryHost::new();
+    let fence = dispatch_fence(start_request(&h, refund("k", ARGS)).unwrap());
+    let own = confirmed(report(&h, "s", "k", &fence, success(NOT_JSON)).unwrap());
+    let v = view(&h, "k");
+    assert_eq!(v.state, State::Confirmed);
+    let stored: Value = serde_json::from_str(v.receipt.as_deref().unwrap()).unwrap();
+    assert_eq!(stored, unparsed_stand_in(NOT_JSON));
+    assert_eq!(own.receipt, NOT_JSON, "the reporting call gets its response as it came");
+    let f = flaw(&v);
+    assert!(f["problem"].as_str().unwrap().contains("at root"), "{f}");
+    assert_eq!(
+        (f["unparsed"].clone(), f["abridged"].clone()),
+        (json!(true), Value::Null),
+        "{f}"
+    );
+    assert_audited(&v, "finish-success");
+    let again = confirmed(start_request(&h, refund("k", ARGS)).unwrap());
+    assert_eq!(
+        (again.receipt.as_str(), again.replayed),
+        (v.receipt.as_deref().unwrap(), true)
+    );
+    assert_eq!(view(&h, "k").attempts, 1);
+}
+
+/// The stand-in of a receipt that is not JSON.
+fn unparsed_stand_in(text: &str) -> Value {
+    json!({"once_unparsed_receipt": {"bytes": text.len(), "sha256": sha256_hex(text.as_bytes()), "text": text}})
 }
 
 /// `finish` (the single transition) records it too, rather than refusing it.
@@ -193,12 +222,14 @@ fn a_sweep_confirms_records_whose_lookup_returns_a_flawed_receipt() {
     let report = sweep(&h, 10).unwrap();
     assert_eq!((report.reconciled, report.confirmed), (2, 2));
     let (a, b) = (view(&h, "a"), view(&h, "b"));
-    assert_eq!((a.state, a.receipt.as_deref()), (State::Confirmed, Some(NOT_JSON)));
-    assert_verbatim_flaw(&a, NOT_JSON, "at root");
+    assert_eq!(a.state, State::Confirmed);
+    let stored: Value = serde_json::from_str(a.receipt.as_deref().unwrap()).unwrap();
+    assert_eq!(stored, unparsed_stand_in(NOT_JSON));
+    assert_eq!(flaw(&a)["unparsed"], json!(true));
     assert_eq!(b.state, State::Confirmed);
     assert_eq!(flaw(&b)["abridged"], json!(true));
     assert_eq!(flaw(&b)["sha256"], json!(sha256_hex(big.as_bytes())));
-    assert_eq!(replay_of(go(&h, refund("a", ARGS))).receipt, NOT_JSON);
+    assert_eq!(Some(replay_of(go(&h, refund("a", ARGS))).receipt), a.receipt);
 }
 
 /// verify-first: a lookup before the first dispatch that finds the effect
@@ -241,14 +272,18 @@ fn a_late_flawed_success_is_a_possible_duplicate_with_its_receipt_audited_as_tex
     );
     let v = view(&h, "k");
     assert!(v.possible_duplicate);
-    assert_eq!(v.receipt.as_deref(), Some(NOT_JSON));
+    let stored = v.receipt.clone().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&stored).unwrap(),
+        unparsed_stand_in(NOT_JSON)
+    );
     let event = v
         .audit
         .iter()
         .find(|e| e.kind == "late-success-possible-duplicate")
         .unwrap();
     let detail: Value = serde_json::from_str(&event.detail).unwrap();
-    assert_eq!(detail["receipt"], json!(NOT_JSON));
+    assert_eq!(detail["receipt"], json!(stored));
     assert_eq!(detail["receipt_flaw"], flaw(&v));
     // The second attempt's own success: audited beside the stored receipt, which does not change.
     assert_eq!(
@@ -256,7 +291,7 @@ fn a_late_flawed_success_is_a_possible_duplicate_with_its_receipt_audited_as_tex
         FinishAck::Recorded(State::Confirmed)
     );
     let v = view(&h, "k");
-    assert_eq!(v.receipt.as_deref(), Some(NOT_JSON));
+    assert_eq!(v.receipt, Some(stored));
     let second = v
         .audit
         .iter()

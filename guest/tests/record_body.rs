@@ -94,6 +94,7 @@ fn every_field_set_and_every_enum_value() {
     rec.receipt_flaw = Some(ReceiptFlaw {
         problem: tricky.into(),
         abridged: true,
+        unparsed: true,
         bytes: u64::MAX,
         sha256: tricky.into(),
     });
