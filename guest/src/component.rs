@@ -146,6 +146,9 @@ impl engine_export::Guest for Component {
     fn prune(limit: u32) -> Result<PruneReport, Error> {
         with_config(|_| engine::prune(&Imports, limit))
     }
+    fn adopt(from_owner: String, to_owner: String, note: String, limit: u32) -> Result<AdoptReport, Error> {
+        with_config(|_| engine::adopt(&Imports, &from_owner, &to_owner, &note, limit))
+    }
     fn canonicalize(json: Vec<u8>) -> Result<String, JsonError> {
         engine::canonicalize(&Imports, &json)
     }

@@ -6,13 +6,13 @@
 mod common;
 
 use common::*;
-use once_guest::engine::{await_holder, begin, finish, inspect, prune, reconcile, sweep};
+use once_guest::engine::{adopt, await_holder, begin, finish, inspect, prune, reconcile, sweep};
 use once_guest::host::Host;
 use once_guest::policy::{Policy, Quota};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
     Awaited, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource, Outcome,
-    ReplayVia, State, Table,
+    QueueFilter, ReplayVia, State, Table,
 };
 
 // ---------------------------------------------------------------- a success after another attempt's
@@ -353,6 +353,98 @@ fn a_host_never_reads_or_sends_another_owners_operation() {
     // A receipt is no one's secret within the scope: b replays it.
     as_owner(&h, "gateway-b");
     assert_eq!(replay_of(go(&h, refund("k", ARGS))).receipt, RECEIPT);
+}
+
+/// A renamed gateway orphans its records (item 4 of issue #29): the new name's sweep never reads or
+/// sends them (b58a043: and nothing else did either, while callers were told "once is checking in the
+/// background"). The queue names the old owner; `adopt` hands the records to the live owner, audited,
+/// and its sweep settles them. b58a043 had no `adopt` and no owner in the queue.
+#[test]
+fn an_adopted_record_is_settled_by_its_new_owner() {
+    let h = MemoryHost::new();
+    as_owner(&h, "gateway refund-mcp #old");
+    execute_of(go(&h, refund("k", ARGS)));
+    execute_of(go(&h, refund("done", ARGS)));
+    h.advance(LEASE + MAX_IN_FLIGHT + 10);
+
+    // Renamed: the new name's sweep sees nothing; the queue shows whose the orphan is.
+    as_owner(&h, "gateway refund-mcp #new");
+    h.script_lookup(Evidence::Absent(h.now()));
+    let report = sweep(&h, 10).unwrap();
+    assert_eq!((report.expired, report.reconciled, report.owed.len()), (0, 0, 0));
+    let queue = once_guest::engine::queue(
+        &h,
+        &QueueFilter {
+            scopes: None,
+            tool: None,
+            key_prefix: None,
+        },
+        10,
+    )
+    .unwrap();
+    assert!(
+        queue.entries.iter().all(|e| e.owner == "gateway refund-mcp #old") && queue.entries.len() == 2,
+        "{queue:?}"
+    );
+
+    // Bad requests write nothing.
+    let refused = adopt(&h, "gateway refund-mcp #old", "gateway refund-mcp #old", "same", 10).unwrap_err();
+    assert!(
+        matches!(&refused, Error::InvalidRequest(m) if m.contains("already belong")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        adopt(&h, "gateway refund-mcp #old", "x", " ", 10),
+        Err(Error::InvalidRequest(_))
+    ));
+    assert_eq!(view(&h, "k").owner, "gateway refund-mcp #old");
+
+    // One at a time: the report says more are left.
+    let first = adopt(
+        &h,
+        "gateway refund-mcp #old",
+        "gateway refund-mcp #new",
+        "renamed the binary",
+        1,
+    )
+    .unwrap();
+    assert_eq!((first.adopted, first.unreadable, first.more), (1, 0, true));
+    let rest = adopt(
+        &h,
+        "gateway refund-mcp #old",
+        "gateway refund-mcp #new",
+        "renamed the binary",
+        10,
+    )
+    .unwrap();
+    assert_eq!((rest.adopted, rest.more), (1, false));
+    for key in ["k", "done"] {
+        let v = view(&h, key);
+        assert_eq!(
+            (v.owner.as_str(), v.state, v.attempts),
+            ("gateway refund-mcp #new", State::InFlight, 1)
+        );
+        let adopted = v.audit.last().unwrap();
+        assert_eq!(adopted.kind, "adopted");
+        assert_eq!(
+            (adopted.from_state, adopted.to_state),
+            (Some(State::InFlight), Some(State::InFlight))
+        );
+        let detail: serde_json::Value = serde_json::from_str(&adopted.detail).unwrap();
+        assert_eq!(
+            detail,
+            serde_json::json!({"from": "gateway refund-mcp #old", "to": "gateway refund-mcp #new", "note": "renamed the binary"})
+        );
+        check_audit(&v);
+    }
+
+    // The live owner's sweep now expires, reads and owes them.
+    h.script_lookup(Evidence::Absent(h.now()));
+    let report = sweep(&h, 10).unwrap();
+    assert_eq!(report.expired, 2, "{report:?}");
+    let owed = sweep(&h, 10).unwrap().owed;
+    assert!(owed.contains(&("s".to_string(), "k".to_string())), "{owed:?}");
+    assert_eq!(execute_of(reconcile(&h, "s", "k").unwrap()).attempt, 2);
 }
 
 // ---------------------------------------------------------------- derived keys and their window

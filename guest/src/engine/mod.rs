@@ -14,7 +14,7 @@ mod reconcile;
 pub use begin::{BeginRequest, Begun, begin, begin_keyed, confirmed_info, grant_of, unknown_info};
 pub use finish::{finish, finish_with_record};
 pub use maintenance::{SweepReport, prune, sweep};
-pub use operator::{inspect, resolve};
+pub use operator::{adopt, inspect, resolve};
 pub use queue::queue;
 pub use reconcile::{ReadWhen, await_holder, await_with_record, reconcile, reconcile_when, rejected_info};
 

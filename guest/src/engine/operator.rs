@@ -7,9 +7,10 @@ use super::begin::state_name;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
+use crate::record::Event;
 use crate::record::{Receipt, detail, string};
-use crate::store::{LedgerError, Loaded, Tx, load};
-use crate::types::{Error, RecordView, Resolution, State};
+use crate::store::{LedgerError, Loaded, Tx, decode, load};
+use crate::types::{AdoptReport, Error, RecordView, Resolution, State, Table};
 
 /// The `inspect` export.
 pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordView>, Error> {
@@ -131,4 +132,77 @@ fn apply(
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok(Ok(rec.state))
+}
+
+/// The `adopt` export: an operator moves up to `limit` records of owner `from` to owner `to`.
+///
+/// A record's owner decides which host's background work reads, escalates
+/// and dispatches it; a gateway whose owner name changed (a new path, a new
+/// flag) leaves its old records to nobody. Adoption hands them to a live
+/// owner: each moved record keeps its state, attempts, lease and fences (a
+/// holder still running reports with its fence as before) and gets an
+/// `adopted` audit event naming both owners and the note. A record that
+/// changed meanwhile is read again; one this build cannot read stays put.
+pub fn adopt(h: &impl Host, from: &str, to: &str, note: &str, limit: u32) -> Result<AdoptReport, Error> {
+    let settings = h.settings();
+    check_name("from owner", from, &settings)?;
+    check_name("to owner", to, &settings)?;
+    check_note(note)?;
+    if from == to {
+        return Err(Error::InvalidRequest(format!(
+            "adopt: the records of {from:?} already belong to it: name another owner to move them to"
+        )));
+    }
+    let mut report = AdoptReport {
+        adopted: 0,
+        unreadable: 0,
+        more: false,
+    };
+    // One row more than asked tells whether more are left.
+    let rows = h
+        .scan(
+            Table::Operation,
+            &[],
+            u64::MAX,
+            Some(from.to_string()),
+            limit.saturating_add(1),
+        )
+        .map_err(Error::Storage)?;
+    report.more = rows.len() > limit as usize;
+    for row in rows.into_iter().take(limit as usize) {
+        let Ok(first) = decode(&row) else {
+            report.unreadable += 1;
+            continue;
+        };
+        let mut loaded = Some(first);
+        for _ in 0..MAX_RACES {
+            let Some(Loaded { mut rec, version }) = loaded.take() else {
+                break;
+            };
+            if rec.owner != from {
+                break;
+            }
+            let now = now_for(h, Some(&rec));
+            rec.owner = to.to_string();
+            let event = Event {
+                kind: "adopted",
+                from: Some(rec.state),
+                attempt: None,
+                detail: detail(&[("from", string(from)), ("to", string(to)), ("note", string(note))]),
+            };
+            let mut tx = Tx::new();
+            tx.record(&mut rec, version, event, now);
+            match tx.commit(h) {
+                Ok(()) => {
+                    report.adopted += 1;
+                    break;
+                }
+                Err(LedgerError::Conflict) => {
+                    loaded = load(h, &row.scope, &row.key).map_err(storage_error)?;
+                }
+                Err(e) => return Err(storage_error(e)),
+            }
+        }
+    }
+    Ok(report)
 }

@@ -103,6 +103,7 @@ fn entry(h: &impl Host, rec: OpRecord, version: u64) -> Option<QueueEntry> {
         scope: rec.scope,
         key: rec.key,
         tool: rec.tool,
+        owner: rec.owner,
         state: rec.state,
     })
 }

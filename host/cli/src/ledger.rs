@@ -1,4 +1,4 @@
-//! `once ledger …`: list, show, resolve and count records.
+//! `once ledger …`: list, show, resolve, adopt and count records.
 
 use std::io::{self, Write};
 
@@ -46,6 +46,23 @@ pub enum LedgerCommand {
         /// Resolve absent even before max_in_flight has passed since the last dispatch.
         #[arg(long)]
         force: bool,
+    },
+    /// Move a renamed or retired gateway's (or host's) records to a live owner (each audited), so
+    /// its background work reads, escalates and dispatches them; the scopes bound to the old
+    /// name move with them.
+    Adopt {
+        /// The owner whose records move (as `once ledger show` prints it).
+        #[arg(long)]
+        from: String,
+        /// The owner that takes them: a running gateway's (its `--check-config` prints it).
+        #[arg(long)]
+        to: String,
+        /// Why (kept in every moved record's audit trail).
+        #[arg(long)]
+        note: String,
+        /// Most records to move in one go; run again while records are left.
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
     },
     /// Records by state; replays, conflicts and unknowns from the audit trail.
     Stats,
@@ -113,6 +130,7 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 view.state,
                 if view.escalated { " (escalated)" } else { "" }
             );
+            say!(w, "owner        {}", view.owner);
             say!(w, "version      {}", view.version);
             say!(w, "attempts     {}", view.attempts);
             say!(w, "fingerprint  {}", view.fingerprint);
@@ -167,6 +185,26 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
             };
             let state = once.resolve(&scope, &key, &resolution, &note, force)?;
             say!(w, "{key}: {state}");
+            Ok(())
+        }
+        LedgerCommand::Adopt { from, to, note, limit } => {
+            let report = once.adopt(&from, &to, &note, limit)?;
+            say!(w, "adopted {} records of {from:?} as {to:?}", report.adopted);
+            // The scopes a gateway bound to the old name go with its records, so the renamed
+            // gateway is admitted to them (docs/gateway.md "Whose records").
+            for name in once.rebind(&from, &to)? {
+                say!(w, "{name} now belongs to {to:?}");
+            }
+            if report.unreadable > 0 {
+                say!(
+                    w,
+                    "left {} rows this build cannot read (the sweep escalates them)",
+                    report.unreadable
+                );
+            }
+            if report.more {
+                say!(w, "{from:?} has more records: run the same command again");
+            }
             Ok(())
         }
         LedgerCommand::Stats => {

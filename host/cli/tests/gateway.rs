@@ -790,3 +790,91 @@ async fn a_credential_on_the_command_line_is_never_stored_shown_or_logged() {
         "{owners:?}"
     );
 }
+
+/// A gateway whose upstream command changed (a new flag) is a new owner: refused on the ledger its old
+/// name served, with that name in the message, and the old name's unknown record left to nobody (b58a043:
+/// started, told callers "once is checking … in the background", and never read or sent it). `once ledger
+/// adopt` (audited) hands the records and the scope to the new name; the renamed gateway then settles the
+/// refund exactly once and the retry gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_gateways_records_are_adopted_and_settled_once() {
+    let rig = Rig::new(&fast_config("in_flight_wait = \"0ms\""));
+    let first = rig.connect("pre_effect_disconnect", 0).await;
+    let lost = first.refund(200.0, Some("refund-1234-renamed")).await;
+    assert_eq!(outcome(&lost)["decision"], "unknown", "{}\n{}", text(&lost), rig.logs());
+    first.kill().await;
+    let old_owner = {
+        let db = rig.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let once = once::Once::open(&db).unwrap().build().unwrap();
+            once.inspect("default", "refund-1234-renamed").unwrap().unwrap().owner
+        })
+        .await
+        .unwrap()
+    };
+    assert!(old_owner.starts_with("gateway refund-mcp #"), "{old_owner}");
+
+    // The same server with one more flag: another identity, another owner.
+    let renamed = |flags: &[&str]| {
+        let mut cmd = rig.gateway_command_with(flags, "none");
+        cmd.args(["--late-reply-ms", "2999"]);
+        cmd
+    };
+    let out = run_to_exit(&rig, renamed(&[]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("owner {old_owner:?}")), "{stderr}");
+    let checked = run_to_exit(&rig, renamed(&["--check-config"]));
+    let report = String::from_utf8_lossy(&checked.stdout).into_owned();
+    let new_owner = report
+        .split("owner \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no owner in {report}"))
+        .to_string();
+    assert_ne!(new_owner, old_owner);
+
+    let adopt = Command::new(env!("CARGO_BIN_EXE_once"))
+        .args([
+            "ledger", "--db", &rig.db, "adopt", "--from", &old_owner, "--to", &new_owner,
+        ])
+        .args(["--note", "the refund server got a new flag"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&adopt.stdout);
+    assert!(
+        adopt.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&adopt.stderr)
+    );
+    assert!(said.contains("adopted 1 records of"), "{said}");
+    assert!(
+        said.contains(&format!("scope:default now belongs to {new_owner:?}")),
+        "{said}"
+    );
+
+    let session = rig.connect_command(renamed(&[]), 1).await;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let last = loop {
+        let result = session.refund(200.0, Some("refund-1234-renamed")).await;
+        if !settling(&result) || Instant::now() > give_up {
+            break result;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let t = text(&last);
+    assert!(
+        matches!(outcome(&last)["decision"].as_str(), Some("replayed" | "executed")),
+        "{t}\n{}",
+        rig.logs()
+    );
+    assert!(session.close().await.success());
+    assert_exactly_one_refund(&rig);
+    let audit = rig.audit(&last);
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.starts_with("adopted: ") && e.contains("the refund server got a new flag")),
+        "{audit:#?}"
+    );
+}

@@ -454,6 +454,12 @@ impl Once {
         self.host.storage.bind(name, holder).map_err(storage_error)
     }
 
+    /// Hand every ledger binding held by `from` to `to` (see [`Storage::rebind`]): with
+    /// [`Once::adopt`], an operator moving a renamed gateway's records and scopes to its new name.
+    pub fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, OnceError> {
+        self.host.storage.rebind(from, to).map_err(storage_error)
+    }
+
     /// The policy of `tool`, every field decided.
     pub fn policy(&self, tool: &str) -> ToolPolicy {
         self.plan(tool).policy

@@ -5,8 +5,8 @@
 //! what is here.
 
 use crate::bindings::types::{
-    Awaited, Call, Decision, FinishAck, OperatorQueue, Outcome, PruneReport, QueueFilter, RecordView, Resolution, Row,
-    State, SweepResult,
+    AdoptReport, Awaited, Call, Decision, FinishAck, OperatorQueue, Outcome, PruneReport, QueueFilter, RecordView,
+    Resolution, Row, State, SweepResult,
 };
 use crate::once::{Once, OnceError, storage_error};
 use crate::storage::Stats;
@@ -21,6 +21,14 @@ impl Once {
     /// Records past retention become tombstones.
     pub fn prune(&self, limit: u32) -> Result<PruneReport, OnceError> {
         Ok(self.with_instance(|i| i.prune(limit))??)
+    }
+
+    /// Move up to `limit` records of owner `from` to owner `to`, each audited (`adopted`, with the
+    /// note): the records of a gateway or host whose owner name changed or that is gone, so a live
+    /// one reads, escalates and dispatches them (`once ledger adopt`). Call again while
+    /// [`AdoptReport::more`] says records are left.
+    pub fn adopt(&self, from: &str, to: &str, note: &str, limit: u32) -> Result<AdoptReport, OnceError> {
+        Ok(self.with_instance(|i| i.adopt(from, to, note, limit))??)
     }
 
     /// What needs a person (unknown, absent, lease-expired records matching

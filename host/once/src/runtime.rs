@@ -22,8 +22,8 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use crate::bindings::types::{
-    Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, OperatorQueue, Outcome,
-    PruneReport, QueueFilter, RecordView, Resolution, Settings, State, Step, SweepResult,
+    AdoptReport, Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, OperatorQueue,
+    Outcome, PruneReport, QueueFilter, RecordView, Resolution, Settings, State, Step, SweepResult,
 };
 use crate::bindings::{Once as OnceWorld, OncePre};
 use crate::io::HostState;
@@ -379,6 +379,11 @@ impl Instance {
     /// The `prune` export.
     pub fn prune(&mut self, limit: u32) -> Answer<PruneReport> {
         self.call(|w, s| w.once_core_engine().call_prune(s, limit))
+    }
+
+    /// The `adopt` export.
+    pub fn adopt(&mut self, from: &str, to: &str, note: &str, limit: u32) -> Answer<AdoptReport> {
+        self.call(|w, s| w.once_core_engine().call_adopt(s, from, to, note, limit))
     }
 
     /// The `queue` export.

@@ -571,6 +571,15 @@ fn bindings_are_first_come(f: &dyn Fresh) {
         "every racer sees one holder: {holders:?}"
     );
     assert_eq!(a.bind("scope:raced", "late").unwrap(), holders[0]);
+    // An operator hands a renamed holder's bindings to its new name; others stay.
+    assert_eq!(
+        b.rebind("gateway a #1", "gateway a #9").unwrap(),
+        ["scope:default"],
+        "only a's bindings move"
+    );
+    assert_eq!(a.bind("scope:default", "gateway b #2").unwrap(), "gateway a #9");
+    assert_eq!(a.bind("scope:acme", "x").unwrap(), "gateway b #2");
+    assert!(a.rebind("nobody", "gateway a #1").unwrap().is_empty());
 }
 
 /// One fresh, empty store of some backend; [`Fresh::handle`] opens another

@@ -112,8 +112,8 @@ fn section<'a>(
     }
     let _ = write!(
         b,
-        "<table class=queue data-section=\"{id}\"><tr><th>scope</th><th>key</th><th>tool</th><th>state</th>\
-         <th>since</th><th>age</th><th>deadline</th><th>attempts</th><th>escalated</th><th>reason</th></tr>"
+        "<table class=queue data-section=\"{id}\"><tr><th>scope</th><th>key</th><th>tool</th><th>owner</th>\
+         <th>state</th><th>since</th><th>age</th><th>deadline</th><th>attempts</th><th>escalated</th><th>reason</th></tr>"
     );
     for e in entries {
         let deadline = e.deadline.map_or("-".to_string(), |d| {
@@ -135,12 +135,13 @@ fn section<'a>(
         };
         let _ = write!(
             b,
-            "<tr data-key=\"{k}\"><td>{s}</td><td><a href=\"{href}\">{k}</a>{dup}</td><td>{t}</td><td>{st}</td>\
-             <td>{since}</td><td>{age}</td><td>{deadline}</td><td>{a}</td><td>{escalated}</td><td>{r}</td></tr>",
+            "<tr data-key=\"{k}\"><td>{s}</td><td><a href=\"{href}\">{k}</a>{dup}</td><td>{t}</td><td>{o}</td>\
+             <td>{st}</td><td>{since}</td><td>{age}</td><td>{deadline}</td><td>{a}</td><td>{escalated}</td><td>{r}</td></tr>",
             s = esc(&e.scope),
             k = esc(&e.key),
             href = esc(&record_href(&e.scope, &e.key)),
             t = esc(&e.tool),
+            o = esc(&e.owner),
             st = e.state.name(),
             since = time(e.since),
             age = age(now.saturating_sub(e.since)),

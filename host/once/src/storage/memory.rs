@@ -172,4 +172,14 @@ impl Storage for MemoryStorage {
             .or_insert_with(|| holder.to_owned())
             .clone())
     }
+
+    fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
+        let mut inner = self.lock();
+        let mut moved = Vec::new();
+        for (name, holder) in inner.bindings.iter_mut().filter(|(_, h)| h.as_str() == from) {
+            *holder = to.to_owned();
+            moved.push(name.clone());
+        }
+        Ok(moved)
+    }
 }

@@ -96,11 +96,20 @@ pub trait Storage: Send + Sync {
         let _ = (name, holder);
         Err(StorageError("this store keeps no bindings".to_string()))
     }
+    /// Hand every binding held by `from` to `to` (an operator adopting a renamed gateway's
+    /// records, `once ledger adopt`); the names moved, in order.
+    fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
+        let _ = (from, to);
+        Err(StorageError("this store keeps no bindings".to_string()))
+    }
 }
+
+/// The `meta` key prefix of a binding made with [`Storage::bind`].
+pub const BINDING_PREFIX: &str = "binding:";
 
 /// The `meta` key of a binding made with [`Storage::bind`].
 pub fn binding_key(name: &str) -> String {
-    format!("binding:{name}")
+    format!("{BINDING_PREFIX}{name}")
 }
 
 /// A shared store is a store: the engine and its owner (a bench, an
@@ -136,6 +145,9 @@ impl<T: Storage + ?Sized> Storage for Arc<T> {
     }
     fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
         (**self).bind(name, holder)
+    }
+    fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
+        (**self).rebind(from, to)
     }
 }
 

@@ -15,6 +15,7 @@ pub(super) enum Q {
     StatsStates,
     StatsEvents,
     Bind,
+    Rebind,
     Now,
 }
 
@@ -72,6 +73,9 @@ impl Sql {
                     "WITH ins AS (INSERT INTO {s}.meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING \
                      RETURNING value) SELECT value FROM ins UNION ALL SELECT value FROM {s}.meta WHERE key = $1"
                 ),
+                Q::Rebind => {
+                    format!("UPDATE {s}.meta SET value = $2 WHERE starts_with(key, $3) AND value = $1 RETURNING key")
+                }
                 Q::Now => NOW_SQL.to_string(),
             }
         };
@@ -86,6 +90,7 @@ impl Sql {
             Q::StatsStates,
             Q::StatsEvents,
             Q::Bind,
+            Q::Rebind,
             Q::Now,
         ];
         // `texts` is indexed by discriminant: ALL must list Q in declaration order.

@@ -452,4 +452,21 @@ impl Storage for PostgresStorage {
             "postgres: bind {key}: no binding after two tries"
         )))
     }
+
+    fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
+        text("holder", from)?;
+        text("holder", to)?;
+        let prefix = crate::storage::BINDING_PREFIX;
+        // One statement, so a retry after a lost connection moves nothing twice: it is idempotent.
+        let rows = self.shared.read("rebind", |conn, sql| {
+            let statement = conn.statement(sql, Q::Rebind)?;
+            conn.client.query(&statement, &[&from, &to, &prefix])
+        })?;
+        let mut names = rows
+            .iter()
+            .map(|r| col::<String>(r, 0).map(|k| k[prefix.len()..].to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        names.sort();
+        Ok(names)
+    }
 }

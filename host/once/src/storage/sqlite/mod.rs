@@ -496,4 +496,30 @@ impl Storage for SqliteStorage {
         tx.commit().map_err(|e| err("bind", e))?;
         Ok(bound)
     }
+
+    fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
+        let mut guard = self.writer()?;
+        let writer = guard.as_mut().expect("writer() opened it");
+        let tx = writer
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| err("rebind", e))?;
+        let moved: Vec<String> = tx
+            .prepare("UPDATE meta SET value = ?2 WHERE substr(key, 1, ?3) = ?4 AND value = ?1 RETURNING key")
+            .and_then(|mut s| {
+                s.query_map(
+                    params![from, to, super::BINDING_PREFIX.len() as i64, super::BINDING_PREFIX],
+                    |r| r.get::<_, String>(0),
+                )?
+                .collect()
+            })
+            .map_err(|e| err("rebind", e))?;
+        tx.commit().map_err(|e| err("rebind", e))?;
+        let mut names: Vec<String> = moved
+            .into_iter()
+            .map(|k| k[super::BINDING_PREFIX.len()..].to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
 }

@@ -215,6 +215,9 @@ impl exports::once::core::engine::Guest for Hostile {
     fn prune(_: u32) -> Result<PruneReport, Error> {
         Err(refused())
     }
+    fn adopt(_: String, _: String, _: String, _: u32) -> Result<AdoptReport, Error> {
+        Err(refused())
+    }
     fn canonicalize(json: Vec<u8>) -> Result<String, JsonError> {
         let command = core::str::from_utf8(&json).unwrap_or("");
         misbehave(command, "hostile", command).ok_or_else(|| JsonError {
