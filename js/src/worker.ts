@@ -123,6 +123,7 @@ function fresh(): Exports {
 }
 
 function handle(req: Request): Response {
+  // Two requests are not exports: the ledger clock, and settling the body format of the store, which lives here.
   if (req.op === "now") return { id: req.id, value: now() };
   if (req.op === "claimBodyFormat") {
     try {

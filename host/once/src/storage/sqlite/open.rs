@@ -189,21 +189,21 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
 /// read (no write lock taken).
 pub(super) fn claim_body_format(conn: &Connection, path: &Path, format: u32) -> Result<(), StorageError> {
     let ledger = path.display().to_string();
-    let read = |what: &str| {
+    let read = || {
         conn.query_row("SELECT value FROM meta WHERE key = ?1", [BODY_FORMAT_KEY], |r| {
             r.get::<_, String>(0)
         })
         .optional()
-        .map_err(|e| err(format_args!("{ledger}: {what}"), e))
+        .map_err(|e| err(format_args!("{ledger}: read body format"), e))
     };
-    if next_body_format(&ledger, read("read body format")?.as_deref(), format)?.is_none() {
+    if next_body_format(&ledger, read()?.as_deref(), format)?.is_none() {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| err(format_args!("{ledger}: begin body format transaction"), e))?;
     let result = (|| {
         // Read again under the write lock: another process may have raised it meanwhile.
-        let stored = read("read body format")?;
+        let stored = read()?;
         if let Some(next) = next_body_format(&ledger, stored.as_deref(), format)? {
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2)
