@@ -13,6 +13,22 @@ use crate::json_out::{Writer, confirmation, identity, key_source, route, state};
 use crate::policy::{Policy, Quota};
 use crate::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
 
+/// The format of every row body this engine writes: operation records (here),
+/// tombstones and quota buckets (`store`). Hosts record it in the ledger
+/// (`meta` key `body_format`, from [`crate::types::Configured::body_format`])
+/// and refuse a ledger that holds a higher one, so an older build never reads
+/// a body it would misread.
+///
+/// Bump it when a body an older build would misread is written: a field
+/// whose absence an older build reads as something else, a changed meaning
+/// or encoding of a field, a new enum case in a stored field. A field added
+/// with a `serde(default)` that means what older builds assumed needs no
+/// bump. This build reads every earlier format as well (its fields default
+/// to what older bodies meant), which is what lets a host raise a ledger's
+/// recorded format to this one; a change that cannot keep that promise needs
+/// a migration, not only a bump.
+pub const BODY_FORMAT: u32 = 1;
+
 /// The JSON text of `rec`, as serde_json writes it.
 pub fn record_json(rec: &OpRecord) -> String {
     let mut w = Writer::with_capacity(1024 + rec.args.len() + rec.receipt.as_ref().map_or(0, String::len));

@@ -69,6 +69,7 @@ impl Config {
         let configured = Configured {
             defaults: default_policy.to_wit("(defaults)"),
             tools: plans,
+            body_format: crate::body::BODY_FORMAT,
         };
         Ok((
             Config {

@@ -308,6 +308,9 @@ export class Once {
       if (!options.lookup && defaults.lookup === undefined) defaults.lookup = false;
       const tools = Object.entries(options.tools ?? {}).map(([tool, t]) => once!.toolConfig(tool, t));
       await once.configure({ settings, defaults, tools });
+      // Configuring reads no row; everything after may. A ledger holding bodies of a later format than this
+      // engine's is refused here, not misread by the first sweep, and a ledger without one gets it.
+      await once.claimBodyFormat(once.configured.bodyFormat);
     } catch (e) {
       await once.close();
       throw e;
@@ -320,6 +323,20 @@ export class Once {
     // A fact of this host: whether it can read this tool's provider (the defaults may say it cannot read others).
     if (policy.lookup === undefined) policy.lookup = Boolean(t.lookup ?? this.options.lookup);
     return { tool, policy, descriptor: descriptorInput(t.descriptor) };
+  }
+
+  /** Record the engine's body format in the ledger, or refuse a ledger holding a later one (a StorageError). */
+  private async claimBodyFormat(format: number): Promise<void> {
+    if (!this.postgresStore) {
+      await this.engine.call("claimBodyFormat", format);
+      return;
+    }
+    try {
+      await this.postgresStore.claimBodyFormat(format);
+    } catch (e) {
+      const message = e instanceof Error ? e.message : String(e);
+      throw new StorageError(`storage: ${message}`, { tag: "storage", val: message });
+    }
   }
 
   private async configure(configuration: Configuration): Promise<void> {

@@ -54,6 +54,9 @@ class RemoteStore implements SyncStore {
   counts(): never {
     throw new Error("counts of a remote store are read on the main thread");
   }
+  claimBodyFormat(): never {
+    throw new Error("the body format of a remote store is settled on the main thread");
+  }
   close(): void {}
 }
 
@@ -120,7 +123,17 @@ function fresh(): Exports {
 }
 
 function handle(req: Request): Response {
+  // Two requests are not exports: the ledger clock, and settling the body format of the store, which lives here.
   if (req.op === "now") return { id: req.id, value: now() };
+  if (req.op === "claimBodyFormat") {
+    try {
+      store.claimBodyFormat(req.args[0] as number);
+      return { id: req.id, value: null };
+    } catch (e) {
+      const message = e instanceof Error ? e.message : String(e);
+      return { id: req.id, error: { tag: "storage", val: message } };
+    }
+  }
   try {
     instance ??= fresh();
     const f = instance[req.op];

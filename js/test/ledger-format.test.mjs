@@ -122,3 +122,78 @@ test("PostgreSQL: a schema Node creates has the tables, columns, indexes and tri
   });
   assert.deepEqual(await shape(nodeSchema), await shape(rustSchema));
 });
+
+/** Plain access to a ledger's `meta` (an SQLite file, or a PostgreSQL schema): its `body_format`, read and set. */
+async function metaOf(t, location) {
+  if (!location.startsWith("postgres")) {
+    return {
+      read: async () => {
+        const db = new Database(location, { readonly: true });
+        try {
+          return db.prepare("SELECT value FROM meta WHERE key = 'body_format'").get()?.value;
+        } finally {
+          db.close();
+        }
+      },
+      set: async (value) => {
+        const db = new Database(location);
+        try {
+          db.prepare("DELETE FROM meta WHERE key = 'body_format'").run();
+          if (value !== undefined) db.prepare("INSERT INTO meta (key, value) VALUES ('body_format', ?)").run(value);
+        } finally {
+          db.close();
+        }
+      },
+      name: location,
+    };
+  }
+  const [url, schema] = location.split("?schema=");
+  const pg = (await import("pg")).default;
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  t.after(() => c.end());
+  return {
+    read: async () => (await c.query(`SELECT value FROM ${schema}.meta WHERE key = 'body_format'`)).rows[0]?.value,
+    set: async (value) => {
+      await c.query(`DELETE FROM ${schema}.meta WHERE key = 'body_format'`);
+      if (value !== undefined) await c.query(`INSERT INTO ${schema}.meta (key, value) VALUES ('body_format', $1)`, [value]);
+    },
+    name: `schema ${schema} on ${url.split("@").pop().split("?")[0]}`,
+  };
+}
+
+/** The engine's body format is recorded on open (a new ledger, one from before the key, an earlier format); a later one is refused. */
+async function bodyFormat(t, location) {
+  const o = await Once.open(location);
+  const format = o["configured"].bodyFormat;
+  await o.close();
+  const meta = await metaOf(t, location);
+  assert.equal(await meta.read(), String(format), "a new ledger records the engine's format");
+  for (const left of [undefined, "0"]) {
+    await meta.set(left);
+    const again = await Once.open(location);
+    await again.close();
+    assert.equal(await meta.read(), String(format), `left as ${left}`);
+  }
+  await meta.set(String(format + 1));
+  await assert.rejects(Once.open(location), (e) => {
+    assert.equal(e.name, "StorageError");
+    assert.equal(
+      e.message,
+      `storage: ledger ${meta.name} holds record bodies of format ${format + 1}; this build of once reads format ${format}: ` +
+        `upgrade once (any build reading format ${format + 1})`,
+    );
+    return true;
+  });
+  assert.equal(await meta.read(), String(format + 1), "the refusal wrote nothing");
+}
+
+test("SQLite: the ledger records the engine's body format, and one of a later format is refused", async (t) => {
+  await bodyFormat(t, join(tempDir(t), "ledger.db"));
+});
+
+test("PostgreSQL: the schema records the engine's body format, and one of a later format is refused", async (t) => {
+  const url = databaseUrl(t);
+  if (!url) return;
+  await bodyFormat(t, withSchema(url, await schemaFor(t, url)));
+});

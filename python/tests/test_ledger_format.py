@@ -115,3 +115,73 @@ def test_python_answers_a_record_the_rust_embedding_wrote(embed_bin: Path, tmp_p
     view = o.inspect(SCOPE, KEY)
     assert view is not None and view.state is once.State.FAILED and view.attempts == 3
     assert [e.kind for e in view.audit][:2] == ["begin", "finish-not-sent"]
+
+
+def _raw(db: str) -> Callable[[], object]:
+    """A plain connection to the ledger `db` names (an SQLite path, or a PostgreSQL URL with `?schema=`)."""
+    if db.startswith("postgres"):
+        import psycopg
+
+        url, schema = db.split("?schema=")
+        return lambda: psycopg.connect(url, autocommit=True, options=f"-c search_path={schema}")
+    import sqlite3
+
+    return lambda: sqlite3.connect(db, isolation_level=None)
+
+
+def body_format(db: str) -> str | None:
+    conn = _raw(db)()
+    try:
+        r = conn.execute("SELECT value FROM meta WHERE key = 'body_format'").fetchone()  # type: ignore[attr-defined]
+        return None if r is None else str(r[0])
+    finally:
+        conn.close()  # type: ignore[attr-defined]
+
+
+def set_body_format(db: str, value: str | None) -> None:
+    """Leave the ledger's recorded body format as another build (or one from before the key) left it."""
+    conn = _raw(db)()
+    try:
+        conn.execute("DELETE FROM meta WHERE key = 'body_format'")  # type: ignore[attr-defined]
+        if value is not None:
+            mark = "%s" if db.startswith("postgres") else "?"
+            conn.execute(f"INSERT INTO meta (key, value) VALUES ('body_format', {mark})", (value,))  # type: ignore[attr-defined]
+    finally:
+        conn.close()  # type: ignore[attr-defined]
+
+
+def ledger_name(db: str) -> str:
+    """How a refusal names the ledger: the file, or the schema and its server (as the Rust host does)."""
+    if not db.startswith("postgres"):
+        return db
+    url, schema = db.split("?schema=")
+    return f"schema {schema} on {url.split('@', 1)[-1].split('?')[0]}"
+
+
+def test_a_ledger_records_the_guests_body_format_and_one_of_a_later_format_is_refused(
+    ledger: tuple[Callable[[], Once], str]
+) -> None:
+    open_once, db = ledger
+    o = open_once()
+    fmt = int(getattr(o._configured, "body-format"))
+    assert body_format(db) == str(fmt), "a new ledger records the guest's format"
+    o.call(SCOPE, KEY, TOOL, ARGS, lambda d: Sent.success({"refund_id": "py-1"}))
+    o.close()
+
+    # A ledger from before the key holds format 1; an earlier format is raised: this guest reads both.
+    for left in (None, "0"):
+        set_body_format(db, left)
+        o = open_once()
+        assert body_format(db) == str(fmt), f"left as {left!r}"
+        again = o.call(SCOPE, KEY, TOOL, ARGS, never)
+        assert isinstance(again.ending, once.Confirmed) and again.ending.value() == {"refund_id": "py-1"}
+        o.close()
+
+    set_body_format(db, str(fmt + 1))
+    with pytest.raises(once.StorageError) as refused:
+        open_once()
+    assert str(refused.value) == (
+        f"ledger {ledger_name(db)} holds record bodies of format {fmt + 1}; this build of once reads format {fmt}: "
+        f"upgrade once (any build reading format {fmt + 1})"
+    )
+    assert body_format(db) == str(fmt + 1), "the refusal wrote nothing"

@@ -293,7 +293,10 @@ impl Builder {
 
     /// Load the component (once per process), and configure it: the engine
     /// fills every unset setting and policy field and checks them all now,
-    /// not at the first call.
+    /// not at the first call. Then settle the ledger's body format with the
+    /// engine's ([`Storage::claim_body_format`]): a ledger holding row bodies
+    /// of a later format than this build reads is refused with a storage
+    /// error that names the ledger and both formats.
     pub fn build(self) -> Result<Once, OnceError> {
         let runtime = match self.runtime {
             Some(rt) => rt,
@@ -337,7 +340,14 @@ impl Builder {
             wait: self.wait,
             limits: self.limits,
         };
-        once.reconfigure(configuration)?;
+        let configured = once.reconfigure(configuration)?;
+        // Configuring reads no row; everything after may. A ledger holding
+        // bodies of a later format than this engine's is refused here, not
+        // misread by the first sweep, and a ledger without one gets it.
+        once.host
+            .storage
+            .claim_body_format(configured.body_format)
+            .map_err(storage_error)?;
         Ok(once)
     }
 }

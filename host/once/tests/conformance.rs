@@ -386,6 +386,9 @@ impl Storage for Scripted {
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         self.inner().stats(scope)
     }
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        self.inner().claim_body_format(format)
+    }
 }
 
 // ------------------------------------------------------------------ WIT values -> neutral JSON

@@ -635,6 +635,9 @@ impl Storage for Breakable {
     fn stats(&self, scope: Option<&str>) -> Result<once::storage::Stats, once::storage::StorageError> {
         self.0.stats(scope)
     }
+    fn claim_body_format(&self, format: u32) -> Result<(), once::storage::StorageError> {
+        self.0.claim_body_format(format)
+    }
 }
 
 /// Not sent is not a rejection: the same operation asks for its next attempt

@@ -104,6 +104,9 @@ impl Storage for Observed {
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
         self.store.stats(scope)
     }
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        self.store.claim_body_format(format)
+    }
 }
 
 /// The store at `path`, the flushes its commits were asked for, and a `Once` over both.

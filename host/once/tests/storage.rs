@@ -1089,6 +1089,140 @@ fn sqlite_version_1_files_are_migrated() {
     drop(open(&path));
 }
 
+// ------------------------------------------------------- the body format
+
+/// The format of the row bodies this build's engine writes, as it states it.
+fn engine_body_format() -> u32 {
+    Once::builder(MemoryStorage::new())
+        .build()
+        .expect("the once component")
+        .configured()
+        .body_format
+}
+
+/// What a ledger that holds `holds` says to a build whose engine reads `reads`.
+fn newer_format_refusal(ledger: &str, holds: u32, reads: u32) -> String {
+    format!(
+        "storage: ledger {ledger} holds record bodies of format {holds}; this build of once reads format {reads}: \
+         upgrade once (any build reading format {holds})"
+    )
+}
+
+/// The `body_format` an SQLite ledger's meta records, if any.
+fn sqlite_body_format(path: &Path) -> Option<String> {
+    use rusqlite::OptionalExtension;
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row("SELECT value FROM meta WHERE key = 'body_format'", [], |r| r.get(0))
+        .optional()
+        .unwrap()
+}
+
+/// Set (or, with `None`, remove) an SQLite ledger's recorded body format, as
+/// another build (or one from before the key) left it.
+fn set_sqlite_body_format(path: &Path, value: Option<&str>) {
+    let raw = rusqlite::Connection::open(path).unwrap();
+    match value {
+        Some(v) => raw
+            .execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('body_format', ?1)",
+                [v],
+            )
+            .unwrap(),
+        None => raw.execute("DELETE FROM meta WHERE key = 'body_format'", []).unwrap(),
+    };
+}
+
+/// An engine built over a ledger records its body format there: on a new
+/// file, on a file from before the key (its bodies are format 1), and over
+/// an earlier format, which this build reads; the record written before
+/// still replays.
+#[test]
+fn sqlite_ledger_records_its_body_format() {
+    let format = engine_body_format();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("once.db");
+    let location = path.to_str().unwrap();
+    let once = Once::open(location).unwrap().build().unwrap();
+    assert_eq!(sqlite_body_format(&path), Some(format.to_string()), "a new ledger");
+    let sent = once
+        .call("s", Some("k"), "refund", r#"{"amount":1}"#, |_| {
+            once::Sent::Success(r#"{"id":"r-1"}"#.into())
+        })
+        .unwrap();
+    assert!(sent.confirmed().is_some(), "{sent:?}");
+    drop(once);
+
+    for (left, why) in [(None, "a ledger from before the key"), (Some("0"), "an earlier format")] {
+        set_sqlite_body_format(&path, left);
+        let once = Once::open(location).unwrap().build().unwrap();
+        assert_eq!(sqlite_body_format(&path), Some(format.to_string()), "{why}");
+        let again = once
+            .call("s", Some("k"), "refund", r#"{"amount":1}"#, |_| {
+                panic!("a confirmed record is replayed, never sent again")
+            })
+            .unwrap();
+        assert_eq!(again.receipt(), Some(r#"{"id":"r-1"}"#), "{why}");
+    }
+
+    // Hosts opening one such file at once all agree, and all open it.
+    set_sqlite_body_format(&path, None);
+    let barrier = Barrier::new(4);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                barrier.wait();
+                Once::open(location).unwrap().build().unwrap();
+            });
+        }
+    });
+    assert_eq!(sqlite_body_format(&path), Some(format.to_string()), "after a race");
+}
+
+/// A ledger whose bodies are of a later format than this build reads is
+/// refused by `build`, before any row is read, with an error that names the
+/// ledger, the format it holds and the one this build reads; nothing is
+/// written to it.
+#[test]
+fn sqlite_ledger_of_a_later_body_format_is_refused() {
+    let format = engine_body_format();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("once.db");
+    let location = path.to_str().unwrap();
+    drop(Once::open(location).unwrap().build().unwrap());
+    let later = (format + 1).to_string();
+    set_sqlite_body_format(&path, Some(&later));
+
+    for builder in [Once::open(location).unwrap(), Once::sqlite(&path).unwrap()] {
+        let Err(e) = builder.build() else {
+            panic!("a build reading format {format} opened a ledger of format {later}");
+        };
+        assert!(
+            matches!(&e, once::OnceError::Engine(once::types::Error::Storage(_))),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), newer_format_refusal(location, format + 1, format));
+    }
+    assert_eq!(sqlite_body_format(&path), Some(later), "the refusal wrote nothing");
+}
+
+/// One memory store shared by engines: the first records its format, and a
+/// later one than the engine's is refused as on a file.
+#[test]
+fn memory_ledger_of_a_later_body_format_is_refused() {
+    let format = engine_body_format();
+    let store = Arc::new(MemoryStorage::new());
+    drop(Once::builder(store.clone()).build().unwrap());
+    store.claim_body_format(format + 1).unwrap();
+    let Err(e) = Once::builder(store.clone()).build() else {
+        panic!(
+            "a build reading format {format} opened a store of format {}",
+            format + 1
+        );
+    };
+    assert_eq!(e.to_string(), newer_format_refusal("(in memory)", format + 1, format));
+}
+
 /// Without the `postgres` feature a PostgreSQL URL is refused with a storage
 /// error that says what is missing (`.ci/run` runs this with `-p once-host`).
 #[cfg(not(feature = "postgres"))]
@@ -1219,6 +1353,68 @@ fn postgres_newer_schema_is_refused() {
         .unwrap();
     let e = PostgresStorage::open_with(&schema.url, schema.options()).unwrap_err();
     assert!(e.0.contains("newer"), "{e}");
+}
+
+/// The `body_format` a PostgreSQL schema's meta records, if any.
+#[cfg(feature = "postgres")]
+fn postgres_body_format(schema: &TestSchema) -> Option<String> {
+    schema
+        .client()
+        .query_opt("SELECT value FROM meta WHERE key = 'body_format'", &[])
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// As on SQLite: an engine built over a schema records its body format
+/// (a new schema, one from before the key, an earlier format), hosts
+/// opening it at once agree, and a later format is refused, naming the
+/// schema and both formats, with nothing written.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_ledger_records_its_body_format_and_refuses_a_later_one() {
+    let Some(schema) = TestSchema::new() else { return };
+    let format = engine_body_format();
+    let location = schema.location();
+    drop(Once::open(&location).unwrap().build().unwrap());
+    assert_eq!(postgres_body_format(&schema), Some(format.to_string()), "a new schema");
+    let mut c = schema.client();
+    for (left, why) in [(None, "a schema from before the key"), (Some("0"), "an earlier format")] {
+        c.execute("DELETE FROM meta WHERE key = 'body_format'", &[]).unwrap();
+        if let Some(v) = left {
+            c.execute("INSERT INTO meta (key, value) VALUES ('body_format', $1)", &[&v])
+                .unwrap();
+        }
+        drop(Once::open(&location).unwrap().build().unwrap());
+        assert_eq!(postgres_body_format(&schema), Some(format.to_string()), "{why}");
+    }
+
+    c.execute("DELETE FROM meta WHERE key = 'body_format'", &[]).unwrap();
+    let barrier = Barrier::new(4);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                barrier.wait();
+                Once::open(&location).unwrap().build().unwrap();
+            });
+        }
+    });
+    assert_eq!(postgres_body_format(&schema), Some(format.to_string()), "after a race");
+
+    let later = (format + 1).to_string();
+    c.execute("UPDATE meta SET value = $1 WHERE key = 'body_format'", &[&later])
+        .unwrap();
+    let Err(e) = Once::open(&location).unwrap().build() else {
+        panic!("a build reading format {format} opened a schema of format {later}");
+    };
+    assert!(
+        matches!(&e, once::OnceError::Engine(once::types::Error::Storage(_))),
+        "{e:?}"
+    );
+    let server = schema.url.split_once('@').map_or(schema.url.as_str(), |(_, s)| s);
+    let server = server.split('?').next().unwrap_or(server);
+    let ledger = format!("schema {} on {server}", schema.name);
+    assert_eq!(e.to_string(), newer_format_refusal(&ledger, format + 1, format));
+    assert_eq!(postgres_body_format(&schema), Some(later), "the refusal wrote nothing");
 }
 
 #[cfg(feature = "postgres")]

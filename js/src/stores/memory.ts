@@ -1,6 +1,6 @@
 // The in-memory ledger: one Map of rows and one of audit events, in the engine's worker.
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, type Counts, type SyncStore, utf8cmp } from "./store.js";
+import { type CommitVerdict, type Counts, type SyncStore, nextBodyFormat, utf8cmp } from "./store.js";
 
 const rowKey = (t: string, s: string, k: string) => JSON.stringify([t, s, k]);
 const eventKey = (s: string, k: string, v: bigint) => JSON.stringify([s, k, String(v)]);
@@ -9,6 +9,13 @@ const eventKey = (s: string, k: string, v: bigint) => JSON.stringify([s, k, Stri
 export class MemoryStore implements SyncStore {
   private rows = new Map<string, Row>();
   private events = new Map<string, AuditEvent>();
+  /** Recorded by the first engine: handles sharing one store must agree, as on a file. */
+  private bodyFormat: string | undefined;
+
+  claimBodyFormat(format: number): void {
+    const next = nextBodyFormat("(in memory)", this.bodyFormat, format);
+    if (next !== undefined) this.bodyFormat = String(next);
+  }
 
   get(table: Table, scope: string, key: string): Row | undefined {
     const r = this.rows.get(rowKey(table, scope, key));

@@ -5,7 +5,7 @@
 // thread (the `pg` client is asynchronous); the engine's worker asks it.
 import pg from "pg";
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, I64_MAX, int, utf8cmp } from "./store.js";
+import { BODY_FORMAT_KEY, type CommitVerdict, I64_MAX, int, nextBodyFormat, utf8cmp } from "./store.js";
 
 /** The schema version this code writes and understands (the Rust host's). */
 export const SCHEMA_VERSION = 3;
@@ -231,6 +231,42 @@ export class PostgresStore {
       } catch (e) {
         await c.query("ROLLBACK").catch(() => {});
         throw new Error(`postgres: migrate ${this.schema}: ${(e as Error).message}`);
+      }
+    } finally {
+      c.release();
+    }
+  }
+
+  /**
+   * Settle the schema's body format with an engine that writes `format` (see `SyncStore.claimBodyFormat`):
+   * read, and written if it must change, in one transaction under the migration lock, so hosts opening one
+   * schema at once cannot both act on the old value. A schema already at `format` is only read.
+   */
+  async claimBodyFormat(format: number): Promise<void> {
+    const s = this.s;
+    const read = `SELECT value FROM ${s}.meta WHERE key = $1`;
+    const c = await this.pool.connect();
+    try {
+      // A pg Client knows where it connected (the pool's typings leave the fields out).
+      const at = c as unknown as { host: string; port: number; database: string };
+      const ledger = `schema ${this.schema} on ${at.host}:${at.port}/${at.database}`;
+      const stored = async () => (await c.query(read, [BODY_FORMAT_KEY])).rows[0]?.value as string | undefined;
+      if (nextBodyFormat(ledger, await stored(), format) === undefined) return;
+      await c.query("BEGIN");
+      try {
+        await c.query("SELECT pg_advisory_xact_lock(1869505381, hashtext($1))", [this.schema]);
+        // Read again under the lock: another host may have raised it meanwhile.
+        const next = nextBodyFormat(ledger, await stored(), format);
+        if (next !== undefined) {
+          await c.query(
+            `INSERT INTO ${s}.meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`,
+            [BODY_FORMAT_KEY, String(next)],
+          );
+        }
+        await c.query("COMMIT");
+      } catch (e) {
+        await c.query("ROLLBACK").catch(() => {});
+        throw e;
       }
     } finally {
       c.release();

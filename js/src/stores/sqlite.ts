@@ -14,7 +14,18 @@
 // and reconciliation finds the effect).
 import Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
-import { type CommitVerdict, type Counts, I64_MAX, SYNCHRONOUS_LEVELS, type Synchronous, type SyncStore, int, synchronousMode } from "./store.js";
+import {
+  BODY_FORMAT_KEY,
+  type CommitVerdict,
+  type Counts,
+  I64_MAX,
+  SYNCHRONOUS_LEVELS,
+  type Synchronous,
+  type SyncStore,
+  int,
+  nextBodyFormat,
+  synchronousMode,
+} from "./store.js";
 
 export { type Synchronous, synchronousMode };
 
@@ -189,6 +200,27 @@ export class SqliteStore implements SyncStore {
     } catch (e) {
       if (db.inTransaction) db.exec("ROLLBACK");
       throw new Error(`${(e as Error).message} (${this.at})`);
+    }
+  }
+
+  claimBodyFormat(format: number): void {
+    const db = this.db;
+    const read = () => (db.prepare("SELECT value FROM meta WHERE key = ?").get(BODY_FORMAT_KEY) as { value: string } | undefined)?.value;
+    if (nextBodyFormat(this.at, read(), format) === undefined) return;
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      // Read again under the write lock: another process may have raised it meanwhile.
+      const next = nextBodyFormat(this.at, read(), format);
+      if (next !== undefined) {
+        db.prepare("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value").run(
+          BODY_FORMAT_KEY,
+          String(next),
+        );
+      }
+      db.exec("COMMIT");
+    } catch (e) {
+      if (db.inTransaction) db.exec("ROLLBACK");
+      throw e;
     }
   }
 

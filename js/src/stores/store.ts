@@ -16,6 +16,12 @@ export interface SyncStore {
   commit(batch: Batch): CommitVerdict;
   scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Row[];
   audit(scope: string, key: string): AuditEvent[];
+  /**
+   * Settle the ledger's body format with an engine that writes `format` (and reads every earlier one), before
+   * it reads or writes a row: record it if none or an earlier one is recorded; throw (`nextBodyFormat`'s
+   * refusal), writing nothing, if a later one is. Atomic: read and written in one transaction.
+   */
+  claimBodyFormat(format: number): void;
   /** Rows per table and the number of audit events (operators' statistics, tests). */
   counts(): Counts;
   close(): void;
@@ -61,4 +67,34 @@ export function synchronousMode(given: unknown): Synchronous {
     throw new Error(`synchronous must be "full", "intent-only" or "normal", not ${JSON.stringify(given) ?? String(given)}`);
   }
   return mode as Synchronous;
+}
+
+/** The `meta` key under which a ledger records the format of its row bodies (the guest's `body-format`). */
+export const BODY_FORMAT_KEY = "body_format";
+
+/** The format of a ledger that records none: it predates the key, when every body was format 1. */
+export const UNRECORDED_BODY_FORMAT = 1;
+
+/**
+ * What a ledger's recorded body format must become before an engine that writes `format` (and reads every
+ * earlier one) uses it: the value to write (none recorded yet: the ledger holds format 1; or an earlier
+ * one), or undefined when it already says `format`. A later format is refused with an Error naming the
+ * ledger and both formats (the Rust host's words). Stores call this inside the write transaction that reads
+ * the value and writes the answer.
+ */
+export function nextBodyFormat(ledger: string, stored: string | undefined, format: number): number | undefined {
+  let holds = UNRECORDED_BODY_FORMAT;
+  if (stored !== undefined) {
+    if (!/^[0-9]+$/.test(stored)) {
+      throw new Error(`ledger ${ledger}: unreadable ${BODY_FORMAT_KEY} ${JSON.stringify(stored)} in its meta table (expected a number)`);
+    }
+    holds = Number(stored);
+  }
+  if (holds > format) {
+    throw new Error(
+      `ledger ${ledger} holds record bodies of format ${holds}; this build of once reads format ${format}: ` +
+        `upgrade once (any build reading format ${holds})`,
+    );
+  }
+  return stored === undefined || holds < format ? format : undefined;
 }

@@ -134,6 +134,12 @@ class Once:
         self._generation = 0
         self._configured: Any = None
         self._reconfigure(first)
+        # Configuring reads no row; everything after may. A ledger holding bodies of a later format than this
+        # guest's is refused here, not misread by the first sweep, and a ledger without one gets it.
+        try:
+            ledger.claim_body_format(int(getattr(self._configured, "body-format")))
+        except LedgerFailure as e:
+            raise errors.StorageError(str(e)) from e
 
     # -- constructors
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use super::codec::table_index;
-use super::{CommitError, Stats, Storage, StorageError};
+use super::{CommitError, Stats, Storage, StorageError, next_body_format};
 use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
 
 /// Row key: (table index, scope, key).
@@ -22,6 +22,10 @@ struct Inner {
     audit: BTreeMap<AuditKey, AuditEvent>,
     /// [`Storage::bind`]'s bindings, by name.
     bindings: BTreeMap<String, String>,
+    /// The body format recorded by the first engine built over the store:
+    /// one store may be shared by engines of several builds (a test, an
+    /// embedding that swaps runtimes), which must agree as on a file.
+    body_format: Option<String>,
 }
 
 /// A [`Storage`] held in memory by this process; lost when dropped.
@@ -181,5 +185,13 @@ impl Storage for MemoryStorage {
             moved.push(name.clone());
         }
         Ok(moved)
+    }
+
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        let mut inner = self.lock();
+        if let Some(next) = next_body_format("(in memory)", inner.body_format.as_deref(), format)? {
+            inner.body_format = Some(next.to_string());
+        }
+        Ok(())
     }
 }

@@ -23,6 +23,65 @@ use crate::io::{Clock, SystemClock};
 #[error("storage: {0}")]
 pub struct StorageError(pub String);
 
+/// The `meta` key under which a ledger records the format of its row bodies.
+pub const BODY_FORMAT_KEY: &str = "body_format";
+
+/// The body format of a ledger that records none: it was created before the
+/// key existed, when every body was format 1.
+pub const UNRECORDED_BODY_FORMAT: u32 = 1;
+
+/// A ledger holds row bodies of a later format than this build's engine
+/// reads: opening it is refused before any row is read or written, because
+/// this build could misread them (and a sweep would act on what it misread).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "ledger {ledger} holds record bodies of format {holds}; this build of once reads format {reads}: \
+     upgrade once (any build reading format {holds})"
+)]
+pub struct NewerBodyFormat {
+    /// The ledger, as its store names it (a file path, a PostgreSQL schema and server).
+    pub ledger: String,
+    /// The format its `meta` records.
+    pub holds: u32,
+    /// The latest format this build's engine reads (the one it writes).
+    pub reads: u32,
+}
+
+impl From<NewerBodyFormat> for StorageError {
+    fn from(e: NewerBodyFormat) -> Self {
+        StorageError(e.to_string())
+    }
+}
+
+/// What a ledger's recorded body format must become before an engine that
+/// writes `format` (and reads every earlier one) uses it: `Some` to write
+/// (nothing recorded yet: the ledger holds format
+/// [`UNRECORDED_BODY_FORMAT`]; or an earlier format, which this engine
+/// reads and from now on writes over), `None` when it already says
+/// `format`. A later format is refused ([`NewerBodyFormat`]), and so is a
+/// value that is not a number. Every backend runs this inside the write
+/// transaction that reads the value and writes the answer, so hosts opening
+/// one ledger at once cannot interleave the read and the write.
+pub(crate) fn next_body_format(ledger: &str, stored: Option<&str>, format: u32) -> Result<Option<u32>, StorageError> {
+    let holds = match stored {
+        None => UNRECORDED_BODY_FORMAT,
+        Some(text) => text.parse::<u32>().map_err(|_| {
+            StorageError(format!(
+                "ledger {ledger}: unreadable {BODY_FORMAT_KEY} {text:?} in its meta table (expected a number)"
+            ))
+        })?,
+    };
+    if holds > format {
+        return Err(NewerBodyFormat {
+            ledger: ledger.to_string(),
+            holds,
+            reads: format,
+        }
+        .into());
+    }
+    Ok((stored.is_none() || holds < format).then_some(format))
+}
+
 /// Why a batch did not apply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommitError {
@@ -102,6 +161,13 @@ pub trait Storage: Send + Sync {
         let _ = (from, to);
         Err(StorageError("this store keeps no bindings".to_string()))
     }
+    /// Settle the ledger's body format with an engine that writes `format`
+    /// (and reads every earlier one), before that engine reads or writes a
+    /// row: record it if the ledger records none or an earlier one; refuse
+    /// a ledger that holds a later one ([`NewerBodyFormat`]), writing
+    /// nothing. Atomic: the value is read and written in one transaction
+    /// ([`BODY_FORMAT_KEY`] in the ledger's `meta`).
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError>;
 }
 
 /// The `meta` key prefix of a binding made with [`Storage::bind`].
@@ -148,6 +214,9 @@ impl<T: Storage + ?Sized> Storage for Arc<T> {
     }
     fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
         (**self).rebind(from, to)
+    }
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        (**self).claim_body_format(format)
     }
 }
 

@@ -53,6 +53,40 @@ class LedgerFailure(Exception):
     """The store failed: nothing was applied, or (for a commit) the outcome is unknown."""
 
 
+# The `meta` key under which a ledger records the format of its row bodies (the guest's `body-format`).
+BODY_FORMAT_KEY = "body_format"
+# The format of a ledger that records none: it predates the key, when every body was format 1.
+UNRECORDED_BODY_FORMAT = 1
+
+
+class NewerBodyFormat(LedgerFailure):
+    """The ledger holds row bodies of a later format than this build's guest reads: refused before any row is
+    read, because this build could misread them."""
+
+    def __init__(self, ledger: str, holds: int, reads: int) -> None:
+        super().__init__(
+            f"ledger {ledger} holds record bodies of format {holds}; this build of once reads format {reads}: "
+            f"upgrade once (any build reading format {holds})"
+        )
+        self.ledger, self.holds, self.reads = ledger, holds, reads
+
+
+def next_body_format(ledger: str, stored: Optional[str], fmt: int) -> Optional[int]:
+    """What a ledger's recorded body format must become before a guest that writes `fmt` (and reads every
+    earlier one) uses it: the value to write (none recorded yet: the ledger holds format 1; or an earlier one),
+    or None when it already says `fmt`. A later format raises `NewerBodyFormat`. Stores call this inside the
+    write transaction that reads the value and writes the answer (as the Rust host's storage does)."""
+    if stored is None:
+        holds = UNRECORDED_BODY_FORMAT
+    elif str(stored).isdigit():
+        holds = int(stored)
+    else:
+        raise LedgerFailure(f"ledger {ledger}: unreadable {BODY_FORMAT_KEY} {stored!r} in its meta table (expected a number)")
+    if holds > fmt:
+        raise NewerBodyFormat(ledger, holds, fmt)
+    return fmt if stored is None or holds < fmt else None
+
+
 # Integers are signed 64-bit in both SQL stores (as in the Rust host's codec).
 I64_MAX = (1 << 63) - 1
 
@@ -133,6 +167,12 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def now(self) -> int:
         """Now, in the ledger's clock domain (ms); never runs backwards."""
+
+    @abc.abstractmethod
+    def claim_body_format(self, fmt: int) -> None:
+        """Settle the ledger's body format with a guest that writes `fmt` (and reads every earlier one), before
+        it reads or writes a row: record it if none or an earlier one is recorded; raise `NewerBodyFormat`,
+        writing nothing, if a later one is. Atomic: read and written in one transaction."""
 
     @abc.abstractmethod
     def counts(self) -> tuple[dict[str, int], int]:

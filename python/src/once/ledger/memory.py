@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Optional, Sequence
 
-from ._base import Event, Ledger, Put, Row, SystemClock
+from ._base import Event, Ledger, Put, Row, SystemClock, next_body_format
 
 TABLES = ("operation", "tombstone", "quota")
 
@@ -18,6 +18,14 @@ class MemoryLedger(Ledger):
         self._events: dict[tuple[str, str, int], Event] = {}
         self._lock = threading.Lock()
         self._clock = SystemClock()
+        # Recorded by the first guest: engines sharing one ledger object must agree, as on a file.
+        self._body_format: Optional[str] = None
+
+    def claim_body_format(self, fmt: int) -> None:
+        with self._lock:
+            new = next_body_format("(in memory)", self._body_format, fmt)
+            if new is not None:
+                self._body_format = str(new)
 
     def get(self, table: str, scope: str, key: str) -> Optional[Row]:
         with self._lock:

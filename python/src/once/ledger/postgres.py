@@ -15,7 +15,10 @@ import re
 import threading
 from typing import Any, Optional, Sequence
 
-from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, event_values, insert_values, update_values
+from ._base import (
+    BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, event_values, insert_values, next_body_format,
+    update_values,
+)
 
 try:
     import psycopg
@@ -218,6 +221,30 @@ class PostgresLedger(Ledger):
                 )
         except psycopg.Error as e:
             raise LedgerFailure(f"postgres: migrate schema {self.schema}: {e}") from e
+
+    def claim_body_format(self, fmt: int) -> None:
+        s = self._s
+        conn = self._conn()
+        info = conn.info
+        ledger = f"schema {self.schema} on {info.host}:{info.port}/{info.dbname}"
+        read = f"SELECT value FROM {s}.meta WHERE key = %s"
+        try:
+            r = conn.execute(read, (BODY_FORMAT_KEY,)).fetchone()
+            if next_body_format(ledger, r[0] if r else None, fmt) is None:
+                return
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(1869505381, hashtext(%s))", (self.schema,))
+                # Read again under the lock: another host may have raised it meanwhile.
+                r = conn.execute(read, (BODY_FORMAT_KEY,)).fetchone()
+                new = next_body_format(ledger, r[0] if r else None, fmt)
+                if new is not None:
+                    conn.execute(
+                        f"INSERT INTO {s}.meta (key, value) VALUES (%s, %s) "
+                        "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                        (BODY_FORMAT_KEY, str(new)),
+                    )
+        except psycopg.Error as e:
+            raise LedgerFailure(f"postgres: schema {self.schema}: record body format: {e}") from e
 
     def get(self, table: str, scope: str, key: str) -> Optional[Row]:
         _text("scope", scope)

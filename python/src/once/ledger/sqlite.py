@@ -6,7 +6,8 @@ attempt's own success, a replay or conflict count) at `NORMAL` and every
 other one at `FULL` (DESIGN.md "Durability budget"); a busy timeout for the
 write lock. A batch is one `BEGIN IMMEDIATE` transaction: SQLite's file lock
 makes the compare-and-swap atomic across processes. The tables are the Rust host's (schema version 2), so
-`once ledger list/show/resolve --db FILE` reads a ledger written here.
+`once ledger list/show/resolve --db FILE` reads a ledger written here; `meta` also records the guest's
+`body_format` once a client is built over the file, and a file holding a later one is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import threading
 import time
 from typing import Optional, Sequence
 
-from ._base import I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values, update_values
+from ._base import (
+    BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values,
+    next_body_format, update_values,
+)
 
 SCHEMA_VERSION = 2
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
@@ -152,6 +156,31 @@ class SqliteLedger(Ledger):
                 raise
         except sqlite3.Error as e:
             raise LedgerFailure(f"sqlite: {self.path}: create schema: {e}") from e
+
+    def claim_body_format(self, fmt: int) -> None:
+        conn = self._conn()
+        read = "SELECT value FROM meta WHERE key = ?"
+        try:
+            r = conn.execute(read, (BODY_FORMAT_KEY,)).fetchone()
+            if next_body_format(self.path, r[0] if r else None, fmt) is None:
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Read again under the write lock: another process may have raised it meanwhile.
+                r = conn.execute(read, (BODY_FORMAT_KEY,)).fetchone()
+                new = next_body_format(self.path, r[0] if r else None, fmt)
+                if new is not None:
+                    conn.execute(
+                        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        (BODY_FORMAT_KEY, str(new)),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: {self.path}: record body format: {e}") from e
 
     def get(self, table: str, scope: str, key: str) -> Optional[Row]:
         try:

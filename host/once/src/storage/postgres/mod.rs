@@ -57,8 +57,8 @@
 //! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
 //!
 //! ```sql
-//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);  -- ('schema_version', '3'),
-//!                                                                 -- ('binding:NAME', holder) of `Storage::bind`
+//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+//!   -- ('schema_version', '3'), ('body_format', '1'), ('binding:NAME', holder) of `Storage::bind`
 //! CREATE TABLE rows (
 //!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
 //!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
@@ -79,6 +79,12 @@
 //! -- plus a trigger that refuses UPDATE and DELETE on audit: it is append-only,
 //! -- and (version 3) FUNCTION apply_batch(puts as arrays, events as arrays).
 //! ```
+//!
+//! `body_format` is the format of the row bodies (the engine's), written
+//! when an engine is built over the schema ([`Storage::claim_body_format`](crate::storage::Storage::claim_body_format),
+//! under the migration lock): a schema without it predates the key and holds
+//! format 1; one holding a later format than the engine reads is refused
+//! before any row is read. It changes independently of `schema_version`.
 //!
 //! `COLLATE "C"` orders names by their UTF-8 bytes, as the other backends do.
 //! Integers are signed 64-bit: a version or timestamp above `i64::MAX` is

@@ -4,7 +4,7 @@
 use super::pool::Shared;
 use super::sql::quote_ident;
 use super::{col, err};
-use crate::storage::{Location, StorageError};
+use crate::storage::{BODY_FORMAT_KEY, Location, StorageError, next_body_format};
 
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: u32 = 3;
@@ -227,4 +227,55 @@ pub(super) fn migrate(shared: &Shared) -> Result<(), StorageError> {
         // but an open failure is rare enough to not reuse it.
         Err(e) => Err(e),
     }
+}
+
+/// The ledger's recorded body format, settled with an engine that writes
+/// `format` ([`next_body_format`]): read, and written if it must change, in
+/// one transaction under the schema's migration lock, so hosts opening one
+/// schema at once cannot both act on the old value. A schema already at
+/// `format` is only read (no lock taken).
+pub(super) fn claim_body_format(shared: &Shared, format: u32) -> Result<(), StorageError> {
+    let schema = &shared.schema;
+    let ledger = format!("schema {schema} on {}", shared.pool.server());
+    let quoted = quote_ident(schema);
+    let read_sql = format!("SELECT value FROM {quoted}.meta WHERE key = $1");
+    let mut checkout = shared.pool.get()?;
+    let client = &mut checkout.conn().client;
+    let stored = match client
+        .query_opt(&read_sql, &[&BODY_FORMAT_KEY])
+        .map_err(|e| err("read body format", &e))?
+    {
+        Some(row) => Some(col::<String>(&row, 0)?),
+        None => None,
+    };
+    if next_body_format(&ledger, stored.as_deref(), format)?.is_none() {
+        checkout.keep();
+        return Ok(());
+    }
+    let mut tx = client
+        .transaction()
+        .map_err(|e| err("begin body format transaction", &e))?;
+    tx.execute("SELECT pg_advisory_xact_lock(1869505381, hashtext($1))", &[schema])
+        .map_err(|e| err("lock for body format", &e))?;
+    // Read again under the lock: another host may have raised it meanwhile.
+    let stored = match tx
+        .query_opt(&read_sql, &[&BODY_FORMAT_KEY])
+        .map_err(|e| err("read body format", &e))?
+    {
+        Some(row) => Some(col::<String>(&row, 0)?),
+        None => None,
+    };
+    if let Some(next) = next_body_format(&ledger, stored.as_deref(), format)? {
+        tx.execute(
+            &format!(
+                "INSERT INTO {quoted}.meta (key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            &[&BODY_FORMAT_KEY, &next.to_string()],
+        )
+        .map_err(|e| err("record body format", &e))?;
+    }
+    tx.commit().map_err(|e| err("commit body format", &e))?;
+    checkout.keep();
+    Ok(())
 }

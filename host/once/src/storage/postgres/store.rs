@@ -9,7 +9,7 @@ use postgres::error::SqlState;
 
 use super::clock::DatabaseClock;
 use super::pool::{Conn, Pool, Shared, lost};
-use super::schema::{CONFLICT_SQLSTATE, is_url, migrate, split_schema};
+use super::schema::{CONFLICT_SQLSTATE, claim_body_format, is_url, migrate, split_schema};
 use super::sql::{Q, Sql};
 use super::{PostgresOptions, check_schema_name, col, describe, err};
 use crate::bindings::types::{AuditEvent, Batch, Put, Row, State, Table, Timestamp};
@@ -468,5 +468,9 @@ impl Storage for PostgresStorage {
             .collect::<Result<Vec<_>, _>>()?;
         names.sort();
         Ok(names)
+    }
+
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        claim_body_format(&self.shared, format)
     }
 }

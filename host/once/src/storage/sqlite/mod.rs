@@ -34,7 +34,7 @@
 //!
 //! ```sql
 //! CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-//!   -- ('schema_version', '2'), and ('binding:NAME', holder) rows of `Storage::bind`
+//!   -- ('schema_version', '2'), ('body_format', '1'), ('binding:NAME', holder) of `Storage::bind`
 //! CREATE TABLE rows (
 //!   tbl TEXT NOT NULL,        -- 'operation' | 'tombstone' | 'quota'
 //!   scope TEXT NOT NULL, key TEXT NOT NULL,
@@ -58,6 +58,13 @@
 //! Version 1 files (no `owner`) are migrated on open: their operation rows
 //! were all written by hosts without an owner name, so they get `default`.
 //!
+//! `body_format` is the format of the row bodies (the engine's, see
+//! `Configured::body_format`), written when an engine is built over the file
+//! ([`Storage::claim_body_format`]): a file without it predates the key and
+//! holds format 1; a file holding a later format than the engine reads is
+//! refused before any row is read. It changes independently of
+//! `schema_version`, which is this store's tables and columns.
+//!
 //! Integers are SQLite's signed 64-bit: a version or timestamp above
 //! `i64::MAX` is refused with a storage error (the row codec, shared with
 //! PostgreSQL, is `storage/codec.rs`).
@@ -77,7 +84,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 pub use self::group::MAX_COMMIT_DELAY;
 use self::group::Queue;
-use self::open::{open_reader, open_writer};
+use self::open::{claim_body_format, open_reader, open_writer};
 use super::codec::{self, EVENT_COLUMNS, ROW_COLUMNS, RawEvent, RawRow, SQLITE};
 use super::{CommitError, Flush, Stats, Storage, StorageError};
 use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
@@ -447,6 +454,22 @@ impl Storage for SqliteStorage {
                 params![tbl, state.name(), limit],
             ),
         })
+    }
+
+    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
+        let mut guard = self.writer()?;
+        let Some(writer) = guard.as_ref() else {
+            unreachable!("writer() always leaves a connection")
+        };
+        // The path must still name the file opened: a format recorded in a
+        // replaced file would vouch for bodies this store never checked.
+        self.check_file()?;
+        let result = claim_body_format(&writer.conn, &self.path, format);
+        if !writer.conn.is_autocommit() {
+            // A failed ROLLBACK left a transaction open: closing the connection ends it.
+            *guard = None;
+        }
+        result
     }
 
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use super::{Level, SCHEMA_VERSION, SqliteOptions, Writer, err};
-use crate::storage::{Flush, StorageError};
+use crate::storage::{BODY_FORMAT_KEY, Flush, StorageError, next_body_format};
 
 /// The busy timeout and the `synchronous` level every commit starts from.
 fn configure(conn: &Connection, path: &Path, options: &SqliteOptions) -> Result<Level, StorageError> {
@@ -175,6 +175,49 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
     })();
     match result {
         Ok(()) => conn.execute_batch("COMMIT").map_err(|e| err("commit schema", e)),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The ledger's recorded body format, settled with an engine that writes
+/// `format` ([`next_body_format`]): read, and written if it must change, in
+/// one `BEGIN IMMEDIATE` transaction, so two processes opening the file at
+/// once cannot both read the old value. A file already at `format` is only
+/// read (no write lock taken).
+pub(super) fn claim_body_format(conn: &Connection, path: &Path, format: u32) -> Result<(), StorageError> {
+    let ledger = path.display().to_string();
+    let read = || {
+        conn.query_row("SELECT value FROM meta WHERE key = ?1", [BODY_FORMAT_KEY], |r| {
+            r.get::<_, String>(0)
+        })
+        .optional()
+        .map_err(|e| err(format_args!("{ledger}: read body format"), e))
+    };
+    if next_body_format(&ledger, read()?.as_deref(), format)?.is_none() {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| err(format_args!("{ledger}: begin body format transaction"), e))?;
+    let result = (|| {
+        // Read again under the write lock: another process may have raised it meanwhile.
+        let stored = read()?;
+        if let Some(next) = next_body_format(&ledger, stored.as_deref(), format)? {
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (BODY_FORMAT_KEY, next.to_string()),
+            )
+            .map_err(|e| err(format_args!("{ledger}: write body format"), e))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| err(format_args!("{ledger}: commit body format"), e)),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)

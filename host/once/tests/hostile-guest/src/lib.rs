@@ -201,6 +201,7 @@ impl exports::once::core::engine::Guest for Hostile {
         Ok(Configured {
             defaults: policy(),
             tools: Vec::new(),
+            body_format: 1,
         })
     }
     fn queue(_: QueueFilter, _: u32) -> Result<OperatorQueue, Error> {
