@@ -685,6 +685,7 @@ fn render_policy(p: &ToolPolicy) -> Value {
 
 fn render_configured(c: &Configured) -> Value {
     json!({
+        "body-format": c.body_format,
         "defaults": render_policy(&c.defaults),
         "tools": c.tools.iter().map(|t| json!({
             "tool": t.tool, "route": route_name(t.route), "blocked": t.blocked, "policy": render_policy(&t.policy),
