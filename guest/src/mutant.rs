@@ -31,11 +31,13 @@ pub enum Mutant {
     DropEscalationOnTransition,
     /// The provider key leaves out the scope: two scopes' keys read each other's effects.
     ReadAcrossScopes,
+    /// `adopt` takes an unknown record as absent: its new owner sends it again without a read.
+    AdoptStartsOver,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 10] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -46,6 +48,7 @@ impl Mutant {
         Mutant::ReadAcrossScopes,
         Mutant::SkipFenceCheck,
         Mutant::DropEscalationOnTransition,
+        Mutant::AdoptStartsOver,
     ];
 }
 

@@ -113,6 +113,7 @@ fn base(name: &'static str) -> Config {
             crashes: 0,
             commit_faults: 0,
             owner_changes: 0,
+            adoptions: 0,
             sink_outages: 0,
             resolves: 0,
             prunes: 0,
@@ -210,6 +211,14 @@ pub fn small() -> Vec<Config> {
     c.budget.owner_changes = 1;
     c.budget.sink_outages = 1;
     c.budget.ticks = 8;
+    all.push(c);
+
+    // A host renamed with its operation unsettled; an operator adopts the orphaned
+    // records to the new name, whose background work then settles them.
+    let mut c = base("renamed and adopted");
+    c.budget.owner_changes = 1;
+    c.budget.adoptions = 1;
+    c.budget.ticks = 6;
     all.push(c);
 
     // An operator settles what nothing else can (with and without force).

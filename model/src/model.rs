@@ -78,6 +78,13 @@ pub enum Action {
     },
     /// A host's owner name changes (a changed command line, a new config).
     RenameOwner(usize),
+    /// An operator hands the records of an owner no host has any more to a host (`adopt`).
+    Adopt {
+        /// The orphaned owner.
+        from: String,
+        /// The host whose owner takes them.
+        to: usize,
+    },
     /// The escalation sink stops acknowledging.
     SinkDown,
     /// The escalation sink recovers.
@@ -493,6 +500,16 @@ impl OnceModel {
                 w.budget.owner_changes -= 1;
                 w.owners[host] = format!("{}-renamed", w.owners[host]);
             }
+            Action::Adopt { from, to } => {
+                w.budget.adoptions -= 1;
+                let owner = w.owners[to].clone();
+                let adopted = self.with_host(&mut w, to, Read::Now, None, |h| {
+                    engine::adopt(h, &from, &owner, "checked by the model", SCAN_LIMIT)
+                });
+                if let Err(e) = adopted {
+                    w.violate(format!("adopting {from}'s records as {owner} failed: {e:?}"));
+                }
+            }
             Action::SinkDown => {
                 w.budget.sink_outages -= 1;
                 w.sink_up = false;
@@ -542,6 +559,18 @@ impl OnceModel {
     }
 
     /// The records an operator may resolve, truthfully: (scope, key, how).
+    /// Owners of operation records that no host has now (a rename left them behind).
+    fn orphaned_owners(&self, world: &World) -> BTreeSet<String> {
+        world
+            .ledger
+            .rows
+            .values()
+            .filter(|r| r.table == Table::Operation)
+            .filter_map(|r| r.owner.clone())
+            .filter(|o| !world.owners.contains(o))
+            .collect()
+    }
+
     fn resolutions(&self, world: &World) -> Vec<(String, String, Settle)> {
         let mut out = Vec::new();
         for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {
@@ -573,6 +602,7 @@ impl OnceModel {
             crashes: u8::MAX,
             commit_faults: u8::MAX,
             owner_changes: u8::MAX,
+            adoptions: u8::MAX,
             sink_outages: u8::MAX,
             resolves: u8::MAX,
             prunes: u8::MAX,
@@ -667,6 +697,11 @@ impl OnceModel {
             }
             if b.owner_changes > 0 {
                 actions.push(Action::RenameOwner(host));
+            }
+            if b.adoptions > 0 {
+                for from in self.orphaned_owners(world) {
+                    actions.push(Action::Adopt { from, to: host });
+                }
             }
         }
         if b.prunes > 0 && !world.ledger.rows.is_empty() {

@@ -55,6 +55,8 @@ pub struct Budget {
     pub commit_faults: u8,
     /// Owner renames.
     pub owner_changes: u8,
+    /// Operator adoptions of an orphaned owner's records.
+    pub adoptions: u8,
     /// Sink outages.
     pub sink_outages: u8,
     /// Operator resolutions.

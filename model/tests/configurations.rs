@@ -57,6 +57,11 @@ fn prune_and_reuse() {
 }
 
 #[test]
+fn renamed_and_adopted() {
+    holds("renamed and adopted");
+}
+
+#[test]
 fn two_hosts() {
     holds("two hosts");
 }
@@ -97,6 +102,7 @@ fn every_configuration_has_a_test() {
         "derived key across its window",
         "prune and reuse",
         "two hosts",
+        "renamed and adopted",
         "operator",
         "forced absence",
         "pending possible duplicate",

@@ -81,6 +81,11 @@ fn a_pending_escalation_dropped() {
 }
 
 #[test]
+fn an_adopted_unknown_taken_as_absent() {
+    caught(Mutant::AdoptStartsOver, "renamed and adopted", PROPERTIES[1]);
+}
+
+#[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 10, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 11, "a new mutant needs a test above");
 }

@@ -7,6 +7,7 @@ use super::begin::state_name;
 use super::{MAX_RACES, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
+use crate::mutant::{self, Mutant};
 use crate::record::Event;
 use crate::record::{Receipt, detail, string};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
@@ -184,6 +185,9 @@ pub fn adopt(h: &impl Host, from: &str, to: &str, note: &str, limit: u32) -> Res
             }
             let now = now_for(h, Some(&rec));
             rec.owner = to.to_string();
+            if mutant::on(Mutant::AdoptStartsOver) && rec.state == State::Unknown {
+                let _ = rec.prove_absent(now, now, "adopted");
+            }
             let event = Event {
                 kind: "adopted",
                 from: Some(rec.state),
