@@ -628,3 +628,58 @@ mod raw {
         (status, head.to_string(), body.to_string())
     }
 }
+
+/// The README's tenant config (the example config plus acme and globex tokens) on two gateways in front of
+/// the same server for two accounts, on one ledger: the second stops at start, naming the tenant's scope and
+/// what to set (b58a043: it served, and account B's acme was answered with account A's acme receipts).
+#[test]
+fn the_readmes_tenants_on_a_second_account_are_refused_at_start() {
+    let config = format!(
+        "{}\n[http]\ntenants = {{ acme = \"{}\", globex = \"{}\" }}\n",
+        std::fs::read_to_string(EXAMPLE_CONFIG).unwrap(),
+        sha256_hex("acme-token"),
+        sha256_hex("globex-token")
+    );
+    let a = Rig::new(&config);
+    let mut gw = a.listen("none", 0);
+    let first = gw.call(Some("acme-token"), Some("k-1"), refund(100.0));
+    assert_eq!(first.outcome()["decision"], "executed", "{first:?}\n{}", a.logs());
+    assert!(gw.terminate().success(), "{}", a.logs());
+
+    // Account B: its own refund service, the same once ledger and config.
+    let mut b = Rig::new(&config);
+    b.db = a.db.clone();
+    let mut cmd = b.gateway_command_with(&["--listen", "127.0.0.1:0"], "none");
+    cmd.env("REFUND_ACCOUNT", "acct-b");
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > give_up {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("scope \"acme\" on this ledger belongs to another upstream"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "it never listened: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let refunds = EffectLedger::open(b.effects_db()).unwrap();
+    assert_eq!(refunds.count(ORDER_ID).unwrap(), 0);
+}

@@ -42,6 +42,7 @@ mod upstream;
 mod wire;
 mod worker;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,7 @@ use once::{Once, OnceError};
 use rmcp::ServiceExt;
 
 pub use self::access::AccessConfigError;
+use self::access::Tenancy;
 use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
 use self::handler::{Gateway, LookupProvider, Shared};
@@ -167,11 +169,21 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
         return printed.map_err(|e| GatewayError::Runtime(e.to_string()))?;
     }
 
-    if let ScopeMode::Fixed(scope) = &shared.config.scope {
-        // The one scope of a default gateway is checked now: a second upstream on the ledger stops at start.
+    // The scopes known at start are checked now, so a second upstream on the ledger stops here: the
+    // tenants' over HTTP with tokens, else the fixed one. Scopes named per call are checked at their first.
+    let known_scopes: Vec<String> = match (&args.listen, &shared.config.http.tenancy, &shared.config.scope) {
+        (Some(_), Tenancy::Tokens(tenants), _) => {
+            tenants.values().cloned().collect::<BTreeSet<_>>().into_iter().collect()
+        }
+        (Some(_), Tenancy::Header(_), _) => Vec::new(),
+        (_, _, ScopeMode::Fixed(scope)) => vec![scope.clone()],
+        _ => Vec::new(),
+    };
+    if !known_scopes.is_empty() {
         let admitted = {
-            let (shared, once, scope) = (shared.clone(), once.clone(), scope.clone());
-            tokio::task::spawn_blocking(move || shared.admit_scope(&once, &scope)).await
+            let (shared, once) = (shared.clone(), once.clone());
+            tokio::task::spawn_blocking(move || known_scopes.iter().try_for_each(|s| shared.admit_scope(&once, s)))
+                .await
         };
         let refused = match admitted {
             Ok(Ok(())) => None,
