@@ -732,20 +732,11 @@ async fn a_second_account_on_the_default_ledger_is_refused_not_answered_with_the
 async fn a_credential_on_the_command_line_is_never_stored_shown_or_logged() {
     const SECRET: &str = "sk-live-4f9a7c1e2b";
     let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+    let wrapper = ["env".to_string(), format!("API_KEY={SECRET}")];
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let command = |flags: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
-        cmd.arg("gateway")
-            .args(flags)
-            .arg("--config")
-            .arg(&rig.config)
-            .arg("--db")
-            .arg(&rig.db)
-            .args(["--", "env", &format!("API_KEY={SECRET}")])
-            .arg(refund_mcp())
-            .arg("--db")
-            .arg(rig.effects_db())
-            .args(["--mode", "unsafe"]);
-        cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=debug");
+        let mut cmd = rig.gateway_command_wrapped(flags, &wrapper, "none");
+        cmd.env("ONCE_LOG", "once=debug");
         cmd
     };
     let checked = run_to_exit(&rig, command(&["--check-config"]));

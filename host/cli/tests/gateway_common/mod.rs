@@ -120,6 +120,11 @@ impl Rig {
     }
 
     pub fn gateway_command_with(&self, flags: &[&str], fault: &str) -> Command {
+        self.gateway_command_wrapped(flags, &[], fault)
+    }
+
+    /// [`Rig::gateway_command_with`], the upstream started through `wrapper` (`env API_KEY=…`).
+    pub fn gateway_command_wrapped(&self, flags: &[&str], wrapper: &[&str], fault: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
         cmd.arg("gateway")
             .args(flags)
@@ -128,6 +133,7 @@ impl Rig {
             .arg("--db")
             .arg(&self.db)
             .arg("--")
+            .args(wrapper)
             .arg(refund_mcp())
             .arg("--db")
             .arg(self.effects_db())
