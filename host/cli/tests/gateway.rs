@@ -661,47 +661,61 @@ max_in_flight = "1500ms"
 /// Two gateways in front of the same server for two accounts (the account in the environment), on the
 /// default ledger and scope: the second is refused at start, saying what to set, instead of answering
 /// account B's refund with account A's receipt (b58a043: B was told "Replay", and B's refund never
-/// happened). Named apart (scope and owner), B makes its own refund.
+/// happened). Naming A's scope with an owner of its own does not get B in; a scope and owner of its own
+/// do, and B makes its own refund. A restarted from another session (systemd's INVOCATION_ID, another
+/// HOSTNAME) is still A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_account_on_the_default_ledger_is_refused_not_answered_with_the_firsts_receipts() {
+    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
     let a = Rig::with_config_file(EXAMPLE_CONFIG);
-    let mut command = a.gateway_command("none");
-    command.env("REFUND_ACCOUNT", "acct-a");
-    let session = a.connect_command(command, 0).await;
+    let account = |rig: &Rig, name: &str| {
+        let mut command = rig.gateway_command("none");
+        command.env("REFUND_ACCOUNT", name);
+        command
+    };
+    let session = a.connect_command(account(&a, "acct-a"), 0).await;
     let first = session.refund(200.0, None).await;
     assert_eq!(outcome(&first)["decision"], "executed", "{}", text(&first));
     assert!(session.close().await.success());
     assert_exactly_one_refund(&a);
 
-    // Account B: its own refund service and effect ledger, the same once ledger, the same config.
-    let mut b = Rig::with_config_file(EXAMPLE_CONFIG);
-    b.db = a.db.clone();
-    let mut command = b.gateway_command("none");
-    command.env("REFUND_ACCOUNT", "acct-b");
-    let out = run_to_exit(&b, command);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // Account B, the very same command line (even the same effect ledger path): only the environment differs.
+    let same_command = a.beside(&example);
+    let refused = |out: std::process::Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(out.stdout.is_empty(), "nothing was served");
+        stderr
+    };
+    let stderr = refused(run_to_exit(&same_command, account(&same_command, "acct-b")));
     assert!(
         stderr.contains("scope \"default\" on this ledger belongs to another upstream (owner \"gateway refund-mcp #"),
         "{stderr}"
     );
     assert!(
-        stderr.contains("name both its scope and its owner") && stderr.contains("a ledger of its own (--db"),
+        stderr.contains("a ledger of its own (--db") && stderr.contains("a scope and owner of its own"),
         "{stderr}"
     );
-    assert!(out.stdout.is_empty(), "nothing was served");
+
+    // B, its own refund service: A's scope named with an owner of B's own is refused too.
+    let mut b = Rig::with_config_file(EXAMPLE_CONFIG);
+    b.db = a.db.clone();
+    std::fs::write(
+        &b.config,
+        format!("scope = \"fixed:default\"\nowner = \"acct-b\"\n{example}"),
+    )
+    .unwrap();
+    let stderr = refused(run_to_exit(&b, account(&b, "acct-b")));
+    assert!(stderr.contains("this gateway is \"acct-b\""), "{stderr}");
     assert_eq!(b.effects(), (0, 0));
 
-    // Named apart, B is its own upstream on the shared ledger: its refund happens, A's record is untouched.
-    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
+    // A scope and owner of its own: B is its own upstream on the shared ledger, and its refund happens.
     std::fs::write(
         &b.config,
         format!("scope = \"fixed:acct-b\"\nowner = \"acct-b\"\n{example}"),
     )
     .unwrap();
-    let mut command = b.gateway_command("none");
-    command.env("REFUND_ACCOUNT", "acct-b");
-    let session = b.connect_command(command, 1).await;
+    let session = b.connect_command(account(&b, "acct-b"), 1).await;
     let own = session.refund(200.0, None).await;
     assert_eq!(outcome(&own)["decision"], "executed", "{}\n{}", text(&own), b.logs());
     assert_eq!(outcome(&own)["scope"], "acct-b");
@@ -709,9 +723,9 @@ async fn a_second_account_on_the_default_ledger_is_refused_not_answered_with_the
     assert_exactly_one_refund(&b);
     assert_exactly_one_refund(&a);
 
-    // A restarted gateway of account A is still A: the same key answers from its record.
-    let mut command = a.gateway_command("none");
-    command.env("REFUND_ACCOUNT", "acct-a");
+    // A restarted by a service manager on another machine name is still A: the same call answers from its record.
+    let mut command = account(&a, "acct-a");
+    command.env("INVOCATION_ID", "5e0c7a1b").env("HOSTNAME", "other-host");
     let session = a.connect_command(command, 2).await;
     let again = session.refund(200.0, None).await;
     assert_eq!(

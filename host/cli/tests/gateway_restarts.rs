@@ -111,7 +111,7 @@ async fn two_gateways_on_one_sqlite_ledger_send_a_key_once() {
 }
 
 /// Two gateways in front of two different refund services (two accounts)
-/// share one PostgreSQL ledger and, by B's explicit config, one scope. Gateway A dies with an operation unknown;
+/// share one PostgreSQL ledger (B with a scope and owner of its own). Gateway A dies with an operation unknown;
 /// gateway B's background worker, which could prove it absent at its own
 /// provider and send it there, never touches it. Restarted, A settles it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,9 +124,9 @@ async fn two_gateways_in_front_of_two_upstreams_each_settle_only_their_own() {
         .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"4s\"");
     let mut a = Rig::new(&config);
     a.db = schema.location();
-    // A second upstream on a ledger is refused unless its config names both its scope and its owner
-    // (gateway.rs tests the refusal); named, B shares A's scope and still never touches A's records.
-    let mut b = Rig::new(&format!("scope = \"fixed:default\"\nowner = \"account-b\"\n{config}"));
+    // A second upstream is refused on a scope the first one holds (gateway.rs tests the refusal); with a
+    // scope and owner of its own, B shares the ledger and its worker still never touches A's records.
+    let mut b = Rig::new(&format!("scope = \"fixed:account-b\"\nowner = \"account-b\"\n{config}"));
     b.db = schema.location();
 
     let first = a.connect("pre_effect_disconnect", 0).await;

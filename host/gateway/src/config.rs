@@ -244,9 +244,6 @@ pub struct Config {
     pub upstream_url: Option<UpstreamUrl>,
     /// How scopes are chosen.
     pub scope: ScopeMode,
-    /// Whether the file names the scope (`scope = …`): with `owner`, the user's word that gateways
-    /// naming the same ones serve one upstream.
-    pub scope_explicit: bool,
     /// Who dispatches this gateway's operations (`owner`; default: the upstream command line).
     pub owner: Option<String>,
     /// `_meta` fields carrying the operation key; every one present is passed to the engine.
@@ -322,7 +319,6 @@ impl Config {
             db: file.db,
             upstream_url,
             scope,
-            scope_explicit: file.scope.is_some(),
             owner: file.owner,
             key_meta,
             clock_skew_ms: file.clock_skew.map_or(0, |m| m.0),

@@ -78,10 +78,10 @@ impl Shared {
     }
 
     /// Whether this gateway may serve `scope` on its ledger: the scope is bound to the first owner that
-    /// served it (see [`once::storage::Storage::bind`]), and a gateway whose config does not name both its
-    /// scope and its owner serves only scopes bound to itself. Two upstreams on one ledger (two accounts,
-    /// the default `once.db`) would otherwise answer each other's calls with each other's receipts. A
-    /// session's scope is its own and needs no binding. One ledger write per scope per process.
+    /// served it (see [`once::storage::Storage::bind`]), and a gateway serves only scopes bound to its own
+    /// owner. Two upstreams on one ledger (two accounts, the default `once.db`) would otherwise answer each
+    /// other's calls with each other's receipts; replicas of one upstream share an owner, so they share
+    /// its scopes. A session's scope is its own and needs no binding. One ledger write per scope per process.
     pub fn admit_scope(&self, once: &Once, scope: &str) -> Result<(), String> {
         if self.config.scope == ScopeMode::Session
             || self.admitted.lock().unwrap_or_else(|p| p.into_inner()).contains(scope)
@@ -91,17 +91,17 @@ impl Shared {
         let holder = once
             .bind(&format!("scope:{scope}"), &self.owner)
             .map_err(|e| format!("binding scope {scope:?} to this gateway in the ledger: {e}"))?;
-        let shared_explicitly = self.config.scope_explicit && self.config.owner.is_some();
-        if holder != self.owner && !shared_explicitly {
+        if holder != self.owner {
             let source = &self.config.source;
             return Err(format!(
                 "scope {scope:?} on this ledger belongs to another upstream (owner {holder:?}); this gateway is \
                  {:?}. Two upstreams on one ledger would answer each other's calls from each other's records. Give \
-                 this gateway a ledger of its own (--db, or db = \"…\" in {source}), or name both its scope and its \
-                 owner in {source} (scope = \"fixed:NAME\", owner = \"NAME\"; gateways with one owner are replicas \
-                 of one upstream). If it is the same upstream and only its command line or environment changed, \
-                 set owner = {holder:?} in {source} to go on serving its operations",
-                self.owner
+                 this gateway a ledger of its own (--db, or db = \"…\" in {source}), or a scope and owner of its \
+                 own in {source} (scope = \"fixed:NAME\", owner = \"NAME\", a NAME no other gateway on the ledger \
+                 uses). If it is the same upstream and only its command line or environment changed, set owner = \
+                 {holder:?} in {source} (gateways with one owner are replicas of one upstream), or move the old \
+                 name's operations to this one: once ledger adopt --from {holder:?} --to {:?}",
+                self.owner, self.owner
             ));
         }
         self.admitted

@@ -15,10 +15,13 @@ use sha2::{Digest, Sha256};
 
 use crate::upstream::Target;
 
-/// Environment variables that describe the terminal or session the gateway
-/// was started from, not the upstream: left out of the identity, so a
-/// gateway restarted from another shell is still the same upstream.
-const SESSION_VARIABLES: [&str; 22] = [
+/// Environment variables that describe the terminal, session, service manager or machine the gateway
+/// was started from, not the upstream: left out of the identity, so a gateway restarted from another
+/// shell, by systemd (a new `INVOCATION_ID` each time) or in a recreated container is still the same
+/// upstream. A variable missing here makes a restart look like another upstream, which is refused at
+/// start (safe, but in the way: the refusal names the owner to set); a variable wrongly here would let
+/// two accounts look alike, so only variables no server reads for its account belong.
+const SESSION_VARIABLES: [&str; 44] = [
     "PWD",
     "OLDPWD",
     "SHLVL",
@@ -29,22 +32,59 @@ const SESSION_VARIABLES: [&str; 22] = [
     "LINES",
     "DISPLAY",
     "WAYLAND_DISPLAY",
+    "XAUTHORITY",
     "TMUX",
     "TMUX_PANE",
     "STY",
     "WINDOW",
+    "WINDOWID",
     "LS_COLORS",
     "PS1",
     "PS2",
+    "PS4",
     "PROMPT_COMMAND",
+    "HISTFILE",
     "DBUS_SESSION_BUS_ADDRESS",
+    "SESSION_MANAGER",
+    "DESKTOP_SESSION",
+    "GDMSESSION",
     "MAIL",
+    "HOSTNAME",
+    "HOST",
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "SYSTEMD_EXEC_PID",
+    "MANAGERPID",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_PID",
+    "WATCHDOG_USEC",
+    "WT_SESSION",
+    "WT_PROFILE_ID",
+    "SECURITYSESSIONID",
+    "INSIDE_EMACS",
+    "VTE_VERSION",
+    "GPG_TTY",
     "RUST_LOG",
     "RUST_BACKTRACE",
 ];
 
-/// Prefixes of session variables (and of once's own settings, which configure the gateway, not the upstream).
-const SESSION_PREFIXES: [&str; 7] = ["SSH_", "XDG_", "TERM_", "ITERM_", "VSCODE_", "KITTY_", "ONCE_"];
+/// Prefixes of such variables (and of once's own settings, which configure the gateway, not the upstream).
+const SESSION_PREFIXES: [&str; 14] = [
+    "SSH_",
+    "XDG_",
+    "TERM_",
+    "ITERM_",
+    "VSCODE_",
+    "KITTY_",
+    "KONSOLE_",
+    "GNOME_",
+    "ALACRITTY_",
+    "WEZTERM_",
+    "LISTEN_",
+    "XPC_",
+    "__CF",
+    "ONCE_",
+];
 
 /// Whether an inherited variable names the upstream's account or configuration (it counts) or only the
 /// session the gateway runs in (it does not).

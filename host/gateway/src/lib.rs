@@ -182,8 +182,12 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
     if !known_scopes.is_empty() {
         let admitted = {
             let (shared, once) = (shared.clone(), once.clone());
-            tokio::task::spawn_blocking(move || known_scopes.iter().try_for_each(|s| shared.admit_scope(&once, s)))
-                .await
+            tokio::task::spawn_blocking(move || {
+                known_scopes.iter().try_for_each(|s| shared.admit_scope(&once, s))?;
+                warn_of_orphans(&shared, &once, known_scopes);
+                Ok::<(), String>(())
+            })
+            .await
         };
         let refused = match admitted {
             Ok(Ok(())) => None,
@@ -262,6 +266,38 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
 /// one owner settle each other's records; others never touch them.
 pub(crate) fn owner(shared: &Shared) -> String {
     shared.owner.clone()
+}
+
+/// Say, at start, which unsettled operations in this gateway's scopes belong to an owner it is not: a
+/// ledger written before scopes were bound (whose default owner was the command line), or a gateway
+/// renamed since. Nothing reads or sends them until an operator adopts them (their deadlines still
+/// escalate); a caller asking for one is answered as the record stands. The owner itself is not logged
+/// (an old default owner holds the whole command line): `once ledger show KEY` names it.
+fn warn_of_orphans(shared: &Shared, once: &Once, scopes: Vec<String>) {
+    let filter = once::types::QueueFilter {
+        scopes: Some(scopes),
+        tool: None,
+        key_prefix: None,
+    };
+    let Ok(queue) = once.queue(&filter, 1_000) else {
+        return;
+    };
+    let orphans: Vec<_> = queue.entries.iter().filter(|e| e.owner != shared.owner).collect();
+    if let Some(first) = orphans.first() {
+        tracing::warn!(
+            target: "once::gateway",
+            "{} unsettled operation(s) in this gateway's scopes belong to another owner, which nothing here reads \
+             or sends (e.g. scope {:?} key {:?}: `once ledger show {} --scope {}` names the owner). If they are \
+             this gateway's under an earlier name (a build before scopes were bound named it after the command \
+             line), move them: once ledger adopt --from <that owner> --to {:?}",
+            orphans.len(),
+            first.scope,
+            first.key,
+            first.key,
+            first.scope,
+            shared.owner
+        );
+    }
 }
 
 /// A fresh scope for this client connection (`scope = "session"` only): keys never collide

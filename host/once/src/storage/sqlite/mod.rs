@@ -502,6 +502,8 @@ impl Storage for SqliteStorage {
     fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
         let key = super::binding_key(name);
         let mut guard = self.writer()?;
+        // A binding made in a replaced file would vouch for a ledger this store never opened.
+        self.check_file()?;
         let writer = guard.as_mut().expect("writer() opened it");
         // One write transaction: the first process to bind wins, every later one reads its holder.
         let tx = writer
@@ -522,6 +524,7 @@ impl Storage for SqliteStorage {
 
     fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
         let mut guard = self.writer()?;
+        self.check_file()?;
         let writer = guard.as_mut().expect("writer() opened it");
         let tx = writer
             .conn
