@@ -156,22 +156,17 @@ async fn never_retry_gets_one_refund_under_stale_read() {
 async fn a_gateway_killed_after_dispatch_is_finished_by_the_next_one() {
     // A fixed scope: the restarted agent and gateway continue the same operation.
     let rig = Rig::new(&fast_config(r#"scope = "fixed:desk-7""#));
-    let mut first = rig.connect("crash_after_dispatch", 0).await;
-    let pid = first.child.id().unwrap();
-    {
-        let call = first.refund(200.0, Some("refund-1234-a"));
-        tokio::pin!(call);
-        tokio::select! {
-            result = &mut call => panic!("the upstream holds its reply, yet the call ended: {}", text(&result)),
-            () = wait_for("the refund to commit", Duration::from_secs(20), || rig.effects().0 == 1) => {}
-        }
-        // SIGKILL: the gateway sent the refund and dies before it hears back.
-        let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
-        assert!(killed.success());
-    }
-    let status = first.child.wait().await.unwrap();
-    assert!(!status.success(), "the first gateway was killed");
-    drop(first);
+    let first = rig.connect("crash_after_dispatch", 0).await;
+    // The call stays open until the kill: a client that hung up first would make the gateway
+    // record it as ambiguous itself, and the next gateway would find nothing left in flight.
+    let mut params = CallToolRequestParams::new("refund_order")
+        .with_arguments(object(json!({"order_id": ORDER_ID, "amount": 200.0})));
+    params.meta = Some(meta(&[("once/key", "refund-1234-a")]));
+    let open = send_call(first.client.peer(), params).await;
+    wait_for("the refund to commit", Duration::from_secs(20), || rig.effects().0 == 1).await;
+    // SIGKILL: the gateway sent the refund and dies before it hears back.
+    first.kill().await;
+    drop(open);
 
     // The same gateway command again, as a supervisor restarts it (the fault fires once per ledger).
     let second = rig.connect("crash_after_dispatch", 1).await;
@@ -184,6 +179,11 @@ async fn a_gateway_killed_after_dispatch_is_finished_by_the_next_one() {
     );
     assert!(t.contains("Nothing was sent again"), "{t}");
     assert!(second.close().await.success());
+    let trail = rig.audit(&result);
+    assert!(
+        trail.iter().any(|e| e.starts_with("lease-expired")),
+        "the killed gateway left it in flight: {trail:#?}"
+    );
     assert_exactly_one_refund(&rig);
 }
 

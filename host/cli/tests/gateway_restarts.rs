@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use gateway_common::*;
 use once::types::State;
+use refund::ORDER_ID;
+use rmcp::model::CallToolRequestParams;
+use serde_json::json;
 
 fn assert_replay(result: &rmcp::model::CallToolResult, rig: &Rig) {
     let t = text(result);
@@ -43,28 +46,174 @@ async fn a_lost_reply_then_a_restart_replays_the_keyed_refund() {
     assert_exactly_one_refund(&rig);
 }
 
-/// The gateway is SIGKILLed while the upstream holds a committed refund's
-/// reply; a new gateway on the same ledger gets the same key: it waits out
-/// the dead holder's lease, reads the provider, and replays.
+/// The gateway is SIGKILLed while the upstream holds a committed refund's reply, its call still
+/// open, so it dies with the record in flight and no outcome reported. A new gateway on the same
+/// ledger gets the same call at once, over a new connection, while the dead holder's lease still
+/// runs: it waits the lease out, reads the provider and replays, keyed and keyless alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_mid_call_is_settled_by_the_next_one() {
+    for key in [Some("refund-1234-m"), None] {
+        let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+        kill_with_the_refund_open(&rig, key).await;
+
+        let second = rig.connect("late_reply", 1).await;
+        let result = second.refund(200.0, key).await;
+        assert!(second.close().await.success());
+        assert_settled_after_the_dead_holder(&rig, &result);
+    }
+}
+
+/// The same, with the call again made just before the dead holder's lease ends, and made to a
+/// gateway started only after it ended (nothing alive has settled the record yet): a replay
+/// either way, never UNKNOWN, and one refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_around_a_dead_holders_lease_end_is_replayed() {
+    for late_start in [false, true] {
+        let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+        let key = "refund-1234-l";
+        kill_with_the_refund_open(&rig, Some(key)).await;
+        let lease_until = lease_until(&rig, key).await;
+        let second = if late_start {
+            wait_for("the dead holder's lease to end", Duration::from_secs(20), || {
+                now_ms() > lease_until
+            })
+            .await;
+            rig.connect("late_reply", 1).await
+        } else {
+            let second = rig.connect("late_reply", 1).await;
+            wait_for(
+                "the dead holder's lease to near its end",
+                Duration::from_secs(20),
+                || now_ms() + 100 >= lease_until,
+            )
+            .await;
+            second
+        };
+        let result = second.refund(200.0, Some(key)).await;
+        assert!(second.close().await.success());
+        assert_settled_after_the_dead_holder(&rig, &result);
+    }
+}
+
+/// Issue #29 item 10: a host restarted the killed gateway with its upstream's command changed (the
+/// fault flag dropped, as a supervisor restarting "cleanly" might). On b58a043 the default owner was
+/// the command line, so the new gateway was another owner: it expired the record at the dead holder's
+/// lease end but never read or settled it, and answered the same key UNKNOWN ("lease expired without
+/// a reported outcome") for ever, with the refund readable all along. Now such a gateway stops at
+/// start, naming the record's owner; told that owner (the same upstream), it reads the provider when
+/// the lease ends and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_restarted_with_a_changed_upstream_command_names_the_owner_then_replays() {
     let rig = Rig::with_config_file(EXAMPLE_CONFIG);
-    let first = rig.connect("late_reply", 0).await;
-    {
-        let call = first.refund(200.0, Some("refund-1234-m"));
-        tokio::pin!(call);
-        tokio::select! {
-            result = &mut call => panic!("the upstream holds its reply, yet the call ended: {}", text(&result)),
-            () = wait_for("the refund to commit", Duration::from_secs(20), || rig.effects().0 == 1) => {}
+    let key = "refund-1234-o";
+    kill_with_the_refund_open(&rig, Some(key)).await;
+
+    let changed = rig.gateway_command("none");
+    let holder = match try_connect(&rig, changed, 1).await {
+        Ok(session) => {
+            let result = session.refund(200.0, Some(key)).await;
+            session.kill().await;
+            panic!(
+                "a gateway in front of another upstream command served the operation: {} / {}\n{}",
+                outcome(&result)["decision"],
+                text(&result),
+                rig.logs()
+            );
+        }
+        Err(log) => {
+            let (_, rest) = log
+                .split_once("set owner = \"")
+                .unwrap_or_else(|| panic!("the refusal names the owner to set:\n{log}"));
+            rest.split('"').next().unwrap().to_string()
+        }
+    };
+    assert!(holder.starts_with("gateway refund-mcp #"), "{holder}");
+    assert_eq!(rig.effects().0, 1);
+
+    // The same upstream after all: the config names the record's owner, as the refusal says.
+    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
+    std::fs::write(&rig.config, format!("owner = \"{holder}\"\n{example}")).unwrap();
+    let second = rig.connect("none", 2).await;
+    let result = second.refund(200.0, Some(key)).await;
+    assert!(second.close().await.success());
+    assert_settled_after_the_dead_holder(&rig, &result);
+}
+
+/// Start the gateway `command` (its stderr to log `n`) and initialize a client: the session, or the
+/// gateway's log when it stopped before serving.
+async fn try_connect(rig: &Rig, command: std::process::Command, n: usize) -> Result<Session, String> {
+    let log = std::fs::File::create(rig.log(n)).unwrap();
+    let mut cmd = tokio::process::Command::from(command);
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(log);
+    let mut child = cmd.spawn().unwrap();
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    match rmcp::ServiceExt::serve((), (stdout, stdin)).await {
+        Ok(client) => Ok(Session { client, child }),
+        Err(_) => {
+            let status = child.wait().await.unwrap();
+            assert_eq!(status.code(), Some(2), "refused as a configuration error");
+            Err(std::fs::read_to_string(rig.log(n)).unwrap())
         }
     }
-    first.kill().await;
+}
 
-    let second = rig.connect("late_reply", 1).await;
-    let result = second.refund(200.0, Some("refund-1234-m")).await;
-    assert!(second.close().await.success());
-    assert_replay(&result, &rig);
-    assert_exactly_one_refund(&rig);
+/// Send a refund through a gateway over `late_reply` and SIGKILL the gateway once the upstream has
+/// committed it, with the call still open: a client that hung up first would make the gateway record
+/// the call as ambiguous itself, and the next gateway would find it settled already.
+async fn kill_with_the_refund_open(rig: &Rig, key: Option<&str>) {
+    let first = rig.connect("late_reply", 0).await;
+    let mut params = CallToolRequestParams::new("refund_order")
+        .with_arguments(object(json!({"order_id": ORDER_ID, "amount": 200.0})));
+    if let Some(key) = key {
+        params.meta = Some(meta(&[("once/key", key)]));
+    }
+    let open = send_call(first.client.peer(), params).await;
+    wait_for("the refund to commit", Duration::from_secs(20), || rig.effects().0 == 1).await;
+    first.kill().await;
+    drop(open);
+}
+
+/// The end of the lease the killed gateway's attempt holds, on the ledger's clock (SQLite: this host's).
+async fn lease_until(rig: &Rig, key: &str) -> u64 {
+    let (db, key) = (rig.db.clone(), key.to_string());
+    let view = tokio::task::spawn_blocking(move || {
+        let once = once::Once::open(&db).unwrap().build().unwrap();
+        once.inspect("default", &key)
+            .unwrap()
+            .expect("the claim is in the ledger")
+    })
+    .await
+    .unwrap();
+    assert_eq!(view.state, State::InFlight, "the killed gateway reported nothing");
+    let body: serde_json::Value = serde_json::from_str(&view.body).unwrap();
+    body["attempts"][0]["lease_until"]
+        .as_u64()
+        .expect("the attempt's lease")
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A replay, read from the provider after the dead holder's lease expired with no outcome reported;
+/// exactly one refund.
+fn assert_settled_after_the_dead_holder(rig: &Rig, result: &rmcp::model::CallToolResult) {
+    assert_replay(result, rig);
+    let trail = rig.audit(result);
+    assert!(
+        trail.iter().any(|e| e.starts_with("lease-expired")),
+        "the first gateway left the record in flight: {trail:#?}"
+    );
+    assert!(
+        trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
+        "{trail:#?}"
+    );
+    assert_exactly_one_refund(rig);
 }
 
 /// No key at all: identical arguments after a restart are the same
