@@ -87,7 +87,8 @@ pub fn provider_receipt(text: String, settings: &Settings) -> Receipt {
     let abridged = e.kind == canon::ErrorKind::TooLarge;
     // Text no JSON parser reads would be stored fine, but every host that replays it parses it
     // (Python's `json.loads`, JavaScript's `JSON.parse`) and would fail on the replay, so it is kept
-    // whole inside a JSON stand-in. Duplicate keys, lone surrogates and huge numbers parse everywhere.
+    // whole inside a JSON stand-in. Duplicate keys, lone surrogates and huge numbers parse in both (the gateway,
+    // whose serde_json refuses a lone surrogate, shows such a receipt as text).
     let unparsed = matches!(
         e.kind,
         canon::ErrorKind::Syntax

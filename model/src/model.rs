@@ -558,7 +558,6 @@ impl OnceModel {
         decode(row).ok().map(|l| l.rec.provider_key)
     }
 
-    /// The records an operator may resolve, truthfully: (scope, key, how).
     /// Owners of operation records that no host has now (a rename left them behind).
     fn orphaned_owners(&self, world: &World) -> BTreeSet<String> {
         world
@@ -571,6 +570,7 @@ impl OnceModel {
             .collect()
     }
 
+    /// The records an operator may resolve, truthfully: (scope, key, how).
     fn resolutions(&self, world: &World) -> Vec<(String, String, Settle)> {
         let mut out = Vec::new();
         for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {

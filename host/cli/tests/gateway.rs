@@ -776,10 +776,14 @@ async fn a_credential_on_the_command_line_is_never_stored_shown_or_logged() {
     assert!(!logs.contains(SECRET), "{logs}");
     for file in ["once.db", "once.db-wal"] {
         let path = std::path::Path::new(&rig.db).with_file_name(file);
-        if let Ok(bytes) = std::fs::read(&path) {
-            let found = bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes());
-            assert!(!found, "{} holds the credential", path.display());
-        }
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            // The WAL is folded into the file when the last connection closes.
+            Err(e) if file.ends_with("-wal") && e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => panic!("{}: {e}", path.display()),
+        };
+        let found = bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes());
+        assert!(!found, "{} holds the credential", path.display());
     }
     let owners: Vec<String> = once::Once::open(&rig.db)
         .unwrap()
