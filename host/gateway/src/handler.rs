@@ -47,6 +47,9 @@ pub struct Shared {
     admitted: Mutex<HashSet<String>>,
 }
 
+/// Scopes remembered as this gateway's before the cache starts over (each costs one ledger read again).
+const MAX_ADMITTED: usize = 10_000;
+
 /// Counts one call in flight until dropped.
 pub struct InFlight(Arc<AtomicUsize>);
 
@@ -104,10 +107,12 @@ impl Shared {
                 self.owner, self.owner
             ));
         }
-        self.admitted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(scope.to_string());
+        let mut admitted = self.admitted.lock().unwrap_or_else(|p| p.into_inner());
+        // Scopes named per call come from clients: the cache is a shortcut, not a set that grows for ever.
+        if admitted.len() >= MAX_ADMITTED {
+            admitted.clear();
+        }
+        admitted.insert(scope.to_string());
         Ok(())
     }
 
