@@ -501,17 +501,30 @@ impl Upstream {
     /// protected call the intent was recorded before the task is created, and the task's result is the outcome.
     pub async fn call_to_end(
         &self,
-        mut params: CallToolRequestParams,
+        params: CallToolRequestParams,
         timeout: Duration,
         may_send: impl FnOnce() -> bool,
         link: &Link,
     ) -> Reply {
+        self.run_to_end(params, timeout, may_send, link).await.0
+    }
+
+    /// [`Upstream::call_to_end`], and the id of the upstream's task when the gateway stopped waiting for it
+    /// while it may still be running (the wait timed out or was cancelled): its effect may come later
+    /// than any request's would, so whoever reads the provider for this call must ask the task first.
+    pub async fn run_to_end(
+        &self,
+        mut params: CallToolRequestParams,
+        timeout: Duration,
+        may_send: impl FnOnce() -> bool,
+        link: &Link,
+    ) -> (Reply, Option<String>) {
         let as_task = self.runs_tasks()
             && self
                 .tool(&params.name)
                 .is_some_and(|t| crate::tasks::task_support(&t) == Some("required"));
         if !as_task {
-            return self.call(params, timeout, may_send, link).await;
+            return (self.call(params, timeout, may_send, link).await, None);
         }
         let started = Instant::now();
         params
@@ -523,19 +536,23 @@ impl Upstream {
                 self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link)
                     .await
             }
-            other => other,
+            other => (other, None),
         }
     }
 
     /// The outcome of the task `handle` names: its result, waited for within `timeout` (or the client's
-    /// cancellation). Anything but a tool result may follow an effect: lost, never failed.
-    async fn task_outcome(&self, handle: &CallToolResult, timeout: Duration, link: &Link) -> Reply {
+    /// cancellation). Anything but a tool result may follow an effect: lost, never failed. The task's id
+    /// comes back too when the wait was given up before the task ended.
+    async fn task_outcome(&self, handle: &CallToolResult, timeout: Duration, link: &Link) -> (Reply, Option<String>) {
         let created = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
         let Some(id) = created.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
-            return Reply::Lost("the upstream answered with a task that has no id".to_string());
+            return (
+                Reply::Lost("the upstream answered with a task that has no id".to_string()),
+                None,
+            );
         };
         let params = serde_json::json!({ "taskId": id });
-        match self
+        let reply = match self
             .raw_request("tasks/result", Some(params.clone()), &link.ct, Some(timeout))
             .await
         {
@@ -550,15 +567,52 @@ impl Upstream {
                 error.get("message").and_then(Value::as_str).unwrap_or("no message")
             )),
             Err(why) => {
-                // Stop it, as a call that is given up is told to stop; whether it acted is not known.
+                // Stop it, as a call that is given up is told to stop; whether it acted is not known, and
+                // the upstream may go on (`tasks/cancel` is a request, which it may refuse or be slow to honour).
                 let stop = CancellationToken::new();
                 let _ = self
                     .raw_request("tasks/cancel", Some(params), &stop, Some(TASK_CANCEL_WAIT))
                     .await;
-                Reply::Lost(format!(
-                    "the upstream's task {id} did not finish: {why}; it was asked to stop"
-                ))
+                return (
+                    Reply::Lost(format!(
+                        "the upstream's task {id} did not finish: {why}; it was asked to stop"
+                    )),
+                    Some(id.to_string()),
+                );
             }
+        };
+        (reply, None)
+    }
+
+    /// Where the upstream's task `id` is now: its status (`working`, `completed`, …) and, once `completed`,
+    /// its result. `Ok(None)`: the upstream answered that it does not know the task (it ended and was
+    /// deleted, or the process that ran it is gone). An error: nothing could be read.
+    pub async fn task_state(&self, id: &str, timeout: Duration) -> Result<Option<(String, Option<Value>)>, String> {
+        let params = serde_json::json!({ "taskId": id });
+        let stop = CancellationToken::new();
+        let task = match self
+            .raw_request("tasks/get", Some(params.clone()), &stop, Some(timeout))
+            .await?
+        {
+            Answer::Result(task) => task,
+            Answer::Error(_) => return Ok(None),
+        };
+        let status = task
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("(no status)")
+            .to_string();
+        if status != "completed" {
+            return Ok(Some((status, None)));
+        }
+        match self
+            .raw_request("tasks/result", Some(params), &stop, Some(timeout))
+            .await?
+        {
+            Answer::Result(result) => Ok(Some((status, Some(result)))),
+            Answer::Error(e) => Err(format!(
+                "tasks/result of the completed task {id} answered an error: {e}"
+            )),
         }
     }
 
