@@ -451,30 +451,26 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if d.attempt > 0 || capture.runs_tasks {
-        let (reply, running) = shared
-            .handle
-            .block_on(shared.upstream.run_to_end(params, d.timeout, may_send, &link));
-        if d.attempt > 0 {
-            let of = (d.tool.to_string(), d.provider_key.to_string(), d.args.to_string());
-            match running {
-                // Remembered for this attempt's reconciliation: the task may act long after the lease ends.
-                Some(id) => {
-                    let max_in_flight_ms = once.policy(d.tool).max_in_flight_ms;
-                    shared.tasks().insert(
-                        of,
-                        TaskRun {
-                            id,
-                            max_in_flight_ms,
-                            ended_at: None,
-                        },
-                    );
-                }
-                // This attempt was answered: an earlier task for it has nothing more to say.
-                None if matches!(reply, Reply::Result(_) | Reply::Error(_)) => {
-                    shared.tasks().remove(&of);
-                }
-                None => {}
+        let of = (d.tool.to_string(), d.provider_key.to_string(), d.args.to_string());
+        // Remembered for this attempt's reconciliation from the moment the task exists: it may act long
+        // after the lease ends, and the lease may end (and a read come) before this wait is over.
+        let created = |id: &str| {
+            if d.attempt > 0 {
+                let max_in_flight_ms = once.policy(d.tool).max_in_flight_ms;
+                let run = TaskRun {
+                    id: id.to_string(),
+                    max_in_flight_ms,
+                    ended_at: None,
+                };
+                shared.tasks().insert(of.clone(), run);
             }
+        };
+        let reply = shared
+            .handle
+            .block_on(shared.upstream.run_to_end(params, d.timeout, may_send, &link, created));
+        // Answered: the task (if any) ended with this answer, and has nothing more to say.
+        if d.attempt > 0 && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
+            shared.tasks().remove(&of);
         }
         reply
     } else {

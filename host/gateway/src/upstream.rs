@@ -506,25 +506,27 @@ impl Upstream {
         may_send: impl FnOnce() -> bool,
         link: &Link,
     ) -> Reply {
-        self.run_to_end(params, timeout, may_send, link).await.0
+        self.run_to_end(params, timeout, may_send, link, |_| {}).await
     }
 
-    /// [`Upstream::call_to_end`], and the id of the upstream's task when the gateway stopped waiting for it
-    /// while it may still be running (the wait timed out or was cancelled): its effect may come later
-    /// than any request's would, so whoever reads the provider for this call must ask the task first.
+    /// [`Upstream::call_to_end`], telling `created` the id of the upstream's task as soon as it exists,
+    /// before its result is waited for: a task may act long after the gateway stops waiting for it (and
+    /// after the attempt's lease), so whoever reads the provider for this call must be able to ask the
+    /// task first from that moment on.
     pub async fn run_to_end(
         &self,
         mut params: CallToolRequestParams,
         timeout: Duration,
         may_send: impl FnOnce() -> bool,
         link: &Link,
-    ) -> (Reply, Option<String>) {
+        created: impl FnOnce(&str),
+    ) -> Reply {
         let as_task = self.runs_tasks()
             && self
                 .tool(&params.name)
                 .is_some_and(|t| crate::tasks::task_support(&t) == Some("required"));
         if !as_task {
-            return (self.call(params, timeout, may_send, link).await, None);
+            return self.call(params, timeout, may_send, link).await;
         }
         let started = Instant::now();
         params
@@ -533,26 +535,29 @@ impl Upstream {
             .insert(crate::wire::OWN_TASK_META.to_string(), serde_json::json!({}));
         match self.call(params, timeout, may_send, link).await {
             Reply::Task(handle) => {
-                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link)
+                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link, created)
                     .await
             }
-            other => (other, None),
+            other => other,
         }
     }
 
     /// The outcome of the task `handle` names: its result, waited for within `timeout` (or the client's
-    /// cancellation). Anything but a tool result may follow an effect: lost, never failed. The task's id
-    /// comes back too when the wait was given up before the task ended.
-    async fn task_outcome(&self, handle: &CallToolResult, timeout: Duration, link: &Link) -> (Reply, Option<String>) {
-        let created = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
-        let Some(id) = created.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
-            return (
-                Reply::Lost("the upstream answered with a task that has no id".to_string()),
-                None,
-            );
+    /// cancellation). Anything but a tool result may follow an effect: lost, never failed.
+    async fn task_outcome(
+        &self,
+        handle: &CallToolResult,
+        timeout: Duration,
+        link: &Link,
+        created: impl FnOnce(&str),
+    ) -> Reply {
+        let meta = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
+        let Some(id) = meta.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
+            return Reply::Lost("the upstream answered with a task that has no id".to_string());
         };
+        created(id);
         let params = serde_json::json!({ "taskId": id });
-        let reply = match self
+        match self
             .raw_request("tasks/result", Some(params.clone()), &link.ct, Some(timeout))
             .await
         {
@@ -573,15 +578,11 @@ impl Upstream {
                 let _ = self
                     .raw_request("tasks/cancel", Some(params), &stop, Some(TASK_CANCEL_WAIT))
                     .await;
-                return (
-                    Reply::Lost(format!(
-                        "the upstream's task {id} did not finish: {why}; it was asked to stop"
-                    )),
-                    Some(id.to_string()),
-                );
+                Reply::Lost(format!(
+                    "the upstream's task {id} did not finish: {why}; it was asked to stop"
+                ))
             }
-        };
-        (reply, None)
+        }
     }
 
     /// Where the upstream's task `id` is now: its status (`working`, `completed`, …) and, once `completed`,
