@@ -11,7 +11,10 @@
 //! `tools/list_changed`) routes BLOCK from that moment. A protected tool is
 //! never run as the client's task: a call that asks for one is refused and
 //! nothing is claimed or sent; a protected tool the upstream runs only as a
-//! task runs as the gateway's own task, its result the recorded outcome.
+//! task runs as the gateway's own task, its result the recorded outcome; when
+//! that task outlives the wait and the tool's `max_in_flight`, the operation
+//! stays UNKNOWN while it works and is never started twice
+//! (`task-server.mjs`, whose task cannot be stopped, counts the starts).
 //!
 //! Needs node with `npm ci` run in tests/gateway/everything, and for the Python
 //! half `ONCE_PYTHON` pointing at a Python with mcp==2.3.0, so it is ignored by a
@@ -545,6 +548,68 @@ async fn a_protected_tool_the_upstream_runs_only_as_a_task_runs_as_the_gateways_
         again["result"]["_meta"]["once/outcome"]["decision"], "replayed",
         "{again}"
     );
+}
+
+/// How long the test server's refund task works before it makes its effect.
+const TASK_MS: u64 = 6_000;
+
+/// `refund` of `task-server.mjs` runs only as a task, for longer (6 s) than the gateway waits for it (1 s) plus
+/// its `max_in_flight` (1 s), and cannot be stopped (`tasks/cancel` is refused). A read of the provider while it
+/// works finds no refund: were that read as absent, the owed dispatch would start a second task and make a
+/// second refund. The operation must stay UNKNOWN while the task works and end as the one refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+async fn a_protected_task_that_outlives_max_in_flight_is_unknown_while_it_works_and_never_started_twice() {
+    let work = tempfile::tempdir().unwrap();
+    let config = "in_flight_wait = \"500ms\"\n[tools.refund]\ntimeout = \"1s\"\nmax_in_flight = \"1s\"\nreconcile_interval = \"100ms\"\n\
+                  provider_key = \"argument:idempotency_key\"\neffect_fields = [\"/order_id\"]\n\
+                  lookup = { tool = \"find_refund\", args = { idempotency_key = \"{key}\" }, found = \"/found\", \
+                  receipt = \"/refund\", read_position = \"sent\" }\n";
+    let script = everything_dir().join("task-server.mjs");
+    let (client, _) = gateway(work.path(), config, &script, &[&TASK_MS.to_string()]).await;
+    let started = std::time::Instant::now();
+    let mut params = CallToolRequestParams::new("refund");
+    params.arguments = serde_json::json!({"order_id": "o-1"}).as_object().cloned();
+
+    // The call, and the same call again until it settles: UNKNOWN (or in flight) while the task works, never
+    // a new effect. A call waits at most `in_flight_wait` (0.5 s) for the outcome, so the task outlives it.
+    let mut unsettled = 0;
+    let last = loop {
+        let again = client.call_tool(params.clone()).await.unwrap();
+        if !gateway_common::settling(&again) {
+            break again;
+        }
+        unsettled += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(TASK_MS * 4),
+            "never settled: {again:?}"
+        );
+    };
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(TASK_MS),
+        "settled before the task ended: {last:?}"
+    );
+    assert!(unsettled > 0, "the call answered UNKNOWN while the task worked");
+    assert_eq!(outcome(&last)["decision"], "replayed", "{last:?}");
+    let text: String = last
+        .content
+        .iter()
+        .filter_map(|c| c.as_text())
+        .map(|t| t.text.as_str())
+        .collect();
+    assert!(text.contains("re_1"), "the one refund: {last:?}");
+    // Long enough for a second task, had one been started when the first was read as absent, to act.
+    tokio::time::sleep(std::time::Duration::from_millis(TASK_MS * 2).saturating_sub(started.elapsed())).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    let effects = call(&client, "effects").await;
+    let counted: Value = serde_json::from_str(&effects.content[0].as_text().unwrap().text).unwrap();
+    assert_eq!(
+        counted,
+        serde_json::json!({"starts": 1, "refunds": 1}),
+        "one task, one refund"
+    );
+    let _ = client.cancel().await;
 }
 
 #[test]

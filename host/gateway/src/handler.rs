@@ -45,6 +45,20 @@ pub struct Shared {
     pub owner: String,
     /// Scopes this gateway may serve: bound to its owner in the ledger (or explicitly shared).
     admitted: Mutex<HashSet<String>>,
+    /// The upstream's tasks this gateway stopped waiting for while they may still run, by the attempt that
+    /// started them (tool, provider key, args): the provider is read through them first ([`task_evidence`]).
+    tasks: Mutex<HashMap<(String, String, String), TaskRun>>,
+}
+
+/// A task of the upstream's that ran a protected call and was given up on before it ended.
+#[derive(Debug, Clone)]
+struct TaskRun {
+    /// The upstream's task id.
+    id: String,
+    /// The tool's `max_in_flight` (ms): how long after the task ended an effect it started may still commit.
+    max_in_flight_ms: u64,
+    /// When (ledger clock) the task was first seen ended (or gone), if it was.
+    ended_at: Option<u64>,
 }
 
 /// Scopes remembered as this gateway's before the cache starts over (each costs one ledger read again).
@@ -77,7 +91,12 @@ impl Shared {
             blocked: Mutex::new(BTreeMap::new()),
             owner,
             admitted: Mutex::new(HashSet::new()),
+            tasks: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), TaskRun>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether this gateway may serve `scope` on its ledger: the scope is bound to the first owner that
@@ -274,6 +293,9 @@ pub struct LookupProvider(pub Arc<Shared>);
 impl Provider for LookupProvider {
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
         let shared = &self.0;
+        if let Some(evidence) = task_evidence(shared, tool, provider_key, args) {
+            return evidence;
+        }
         let Some(lookup) = shared.config.upstream_tool(tool).lookup.clone() else {
             return Evidence::Unknown(format!("no lookup is configured for {tool}"));
         };
@@ -317,6 +339,66 @@ impl Provider for LookupProvider {
             }
             other => other,
         }
+    }
+}
+
+/// How long a read of the upstream's task (`tasks/get`, `tasks/result` of a completed one) may take.
+const TASK_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What the upstream's task that ran this attempt says, when the gateway gave up waiting for it while it
+/// may still have been running; `None` when there is no such task, or it ended long enough ago that the
+/// configured lookup may decide. A task still working is UNKNOWN, never absent: its effect may come at any
+/// time before it ends, however long after the dispatch (`tasks/cancel` is only a request). A completed
+/// task's result is the outcome. A task that ended otherwise (failed, cancelled, an error result, or gone
+/// from the upstream) is treated as a request sent at its end: UNKNOWN until `max_in_flight` after it.
+fn task_evidence(shared: &Shared, tool: &str, provider_key: &str, args: &str) -> Option<Evidence> {
+    let of = (tool.to_string(), provider_key.to_string(), args.to_string());
+    let run = shared.tasks().get(&of).cloned()?;
+    let id = &run.id;
+    let ended = |at: u64, how: &str| {
+        let until = at.saturating_add(run.max_in_flight_ms);
+        Evidence::Unknown(format!(
+            "the upstream's task {id} that ran this call {how}; an effect it started may still commit until {} \
+             (max_in_flight after its end), so the provider is not read before then",
+            reply::utc(until)
+        ))
+    };
+    if let Some(at) = run.ended_at {
+        if shared.ledger_now() < at.saturating_add(run.max_in_flight_ms) {
+            return Some(ended(at, "has ended"));
+        }
+        // Its window has passed: from now on the configured lookup alone decides.
+        shared.tasks().remove(&of);
+        return None;
+    }
+    let state = shared.handle.block_on(shared.upstream.task_state(id, TASK_READ_WAIT));
+    let now = shared.ledger_now();
+    let end = |how: &str| {
+        if let Some(run) = shared.tasks().get_mut(&of) {
+            run.ended_at = Some(now);
+        }
+        Some(ended(now, how))
+    };
+    match state {
+        Err(why) => Some(Evidence::Unknown(format!(
+            "the upstream's task {id} that ran this call may still be working, and it could not be read: {why}"
+        ))),
+        Ok(None) => end("is no longer known to the upstream"),
+        Ok(Some((status, None))) if matches!(status.as_str(), "failed" | "cancelled") => {
+            end(&format!("ended {status}"))
+        }
+        Ok(Some((status, None))) => Some(Evidence::Unknown(format!(
+            "the upstream's task {id} that ran this call is still {status}: its effect may yet happen, so it is \
+             not read as absent"
+        ))),
+        Ok(Some((_, Some(result)))) => match serde_json::from_value::<CallToolResult>(result) {
+            Ok(result) if result.is_error != Some(true) => {
+                shared.tasks().remove(&of);
+                Some(Evidence::Confirmed(serde_json::to_string(&result).unwrap_or_default()))
+            }
+            Ok(_) => end("completed with an error result"),
+            Err(_) => end("completed with a result that is not a tool result"),
+        },
     }
 }
 
@@ -374,9 +456,28 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if d.attempt > 0 || capture.runs_tasks {
-        shared
+        let of = (d.tool.to_string(), d.provider_key.to_string(), d.args.to_string());
+        // Remembered for this attempt's reconciliation from the moment the task exists: it may act long
+        // after the lease ends, and the lease may end (and a read come) before this wait is over.
+        let created = |id: &str| {
+            if d.attempt > 0 {
+                let max_in_flight_ms = once.policy(d.tool).max_in_flight_ms;
+                let run = TaskRun {
+                    id: id.to_string(),
+                    max_in_flight_ms,
+                    ended_at: None,
+                };
+                shared.tasks().insert(of.clone(), run);
+            }
+        };
+        let reply = shared
             .handle
-            .block_on(shared.upstream.call_to_end(params, d.timeout, may_send, &link))
+            .block_on(shared.upstream.run_to_end(params, d.timeout, may_send, &link, created));
+        // Answered: the task (if any) ended with this answer, and has nothing more to say.
+        if d.attempt > 0 && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
+            shared.tasks().remove(&of);
+        }
+        reply
     } else {
         shared
             .handle

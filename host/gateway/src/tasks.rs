@@ -12,7 +12,10 @@
 //!   reads `forbidden` (called without a task, it runs to its end through
 //!   once), and so does `required` when the gateway can run the upstream's
 //!   task itself inside the protected call (the intent is recorded before
-//!   the task is created; the task's result is the call's outcome).
+//!   the task is created; the task's result is the call's outcome). A task
+//!   the gateway stopped waiting for may still act, however long after:
+//!   until it ends, reconciliation reads it as UNKNOWN, never absent
+//!   (`handler::task_evidence`).
 //! - A call of such a tool as a task is refused with -32601 before the engine
 //!   sees it: nothing is claimed, recorded or sent.
 

@@ -501,10 +501,25 @@ impl Upstream {
     /// protected call the intent was recorded before the task is created, and the task's result is the outcome.
     pub async fn call_to_end(
         &self,
+        params: CallToolRequestParams,
+        timeout: Duration,
+        may_send: impl FnOnce() -> bool,
+        link: &Link,
+    ) -> Reply {
+        self.run_to_end(params, timeout, may_send, link, |_| {}).await
+    }
+
+    /// [`Upstream::call_to_end`], telling `created` the id of the upstream's task as soon as it exists,
+    /// before its result is waited for: a task may act long after the gateway stops waiting for it (and
+    /// after the attempt's lease), so whoever reads the provider for this call must be able to ask the
+    /// task first from that moment on.
+    pub async fn run_to_end(
+        &self,
         mut params: CallToolRequestParams,
         timeout: Duration,
         may_send: impl FnOnce() -> bool,
         link: &Link,
+        created: impl FnOnce(&str),
     ) -> Reply {
         let as_task = self.runs_tasks()
             && self
@@ -520,7 +535,7 @@ impl Upstream {
             .insert(crate::wire::OWN_TASK_META.to_string(), serde_json::json!({}));
         match self.call(params, timeout, may_send, link).await {
             Reply::Task(handle) => {
-                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link)
+                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link, created)
                     .await
             }
             other => other,
@@ -529,11 +544,18 @@ impl Upstream {
 
     /// The outcome of the task `handle` names: its result, waited for within `timeout` (or the client's
     /// cancellation). Anything but a tool result may follow an effect: lost, never failed.
-    async fn task_outcome(&self, handle: &CallToolResult, timeout: Duration, link: &Link) -> Reply {
-        let created = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
-        let Some(id) = created.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
+    async fn task_outcome(
+        &self,
+        handle: &CallToolResult,
+        timeout: Duration,
+        link: &Link,
+        created: impl FnOnce(&str),
+    ) -> Reply {
+        let meta = handle.meta.as_ref().and_then(|m| m.get(crate::wire::CREATED_TASK_META));
+        let Some(id) = meta.and_then(|c| c.pointer("/task/taskId")).and_then(Value::as_str) else {
             return Reply::Lost("the upstream answered with a task that has no id".to_string());
         };
+        created(id);
         let params = serde_json::json!({ "taskId": id });
         match self
             .raw_request("tasks/result", Some(params.clone()), &link.ct, Some(timeout))
@@ -550,7 +572,8 @@ impl Upstream {
                 error.get("message").and_then(Value::as_str).unwrap_or("no message")
             )),
             Err(why) => {
-                // Stop it, as a call that is given up is told to stop; whether it acted is not known.
+                // Stop it, as a call that is given up is told to stop; whether it acted is not known, and
+                // the upstream may go on (`tasks/cancel` is a request, which it may refuse or be slow to honour).
                 let stop = CancellationToken::new();
                 let _ = self
                     .raw_request("tasks/cancel", Some(params), &stop, Some(TASK_CANCEL_WAIT))
@@ -559,6 +582,38 @@ impl Upstream {
                     "the upstream's task {id} did not finish: {why}; it was asked to stop"
                 ))
             }
+        }
+    }
+
+    /// Where the upstream's task `id` is now: its status (`working`, `completed`, …) and, once `completed`,
+    /// its result. `Ok(None)`: the upstream answered that it does not know the task (it ended and was
+    /// deleted, or the process that ran it is gone). An error: nothing could be read.
+    pub async fn task_state(&self, id: &str, timeout: Duration) -> Result<Option<(String, Option<Value>)>, String> {
+        let params = serde_json::json!({ "taskId": id });
+        let stop = CancellationToken::new();
+        let task = match self
+            .raw_request("tasks/get", Some(params.clone()), &stop, Some(timeout))
+            .await?
+        {
+            Answer::Result(task) => task,
+            Answer::Error(_) => return Ok(None),
+        };
+        let status = task
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("(no status)")
+            .to_string();
+        if status != "completed" {
+            return Ok(Some((status, None)));
+        }
+        match self
+            .raw_request("tasks/result", Some(params), &stop, Some(timeout))
+            .await?
+        {
+            Answer::Result(result) => Ok(Some((status, Some(result)))),
+            Answer::Error(e) => Err(format!(
+                "tasks/result of the completed task {id} answered an error: {e}"
+            )),
         }
     }
 
