@@ -43,7 +43,7 @@ pub struct Shared {
     blocked: Mutex<BTreeMap<String, u64>>,
     /// Who dispatches this gateway's operations ([`crate::owner`]).
     pub owner: String,
-    /// Scopes this gateway may serve: bound to its owner in the ledger (or explicitly shared).
+    /// Scopes this gateway may serve (bound to its owner in the ledger), as far as this process has seen.
     admitted: Mutex<HashSet<String>>,
     /// The upstream's tasks this gateway stopped waiting for while they may still run, by the attempt that
     /// started them (tool, provider key, args): the provider is read through them first ([`task_evidence`]).
