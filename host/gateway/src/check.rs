@@ -7,7 +7,7 @@ use once::types::{IdentityMode, Route};
 
 use crate::config::{Config, ProviderKey, ScopeMode};
 use crate::handler::Shared;
-use crate::{GatewayError, SESSION_SCOPE_WARNING, owner};
+use crate::{GatewayError, SESSION_SCOPE_WARNING};
 
 /// `--check-config` without an upstream: the file's policies through the engine's own check.
 pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
@@ -51,7 +51,7 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
             ScopeMode::Fixed(name) => format!("fixed {name:?}"),
             ScopeMode::Meta(field) => format!("from _meta {field:?} (a call without it is refused)"),
         },
-        owner(shared),
+        shared.owner,
     );
     if config.scope == ScopeMode::Session {
         println!("warning: {SESSION_SCOPE_WARNING}");

@@ -41,7 +41,9 @@ pub struct Shared {
     in_flight: Arc<AtomicUsize>,
     /// Calls the engine blocked, by reason, since this process started (a block writes no record).
     blocked: Mutex<BTreeMap<String, u64>>,
-    /// Who dispatches this gateway's operations ([`crate::owner`]).
+    /// Who dispatches this gateway's operations: the configured `owner`, else the upstream's name and
+    /// identity digest (`gateway refund-mcp #3fa2c19e0b7d`: [`crate::identity::default_owner`]).
+    /// Gateways with one owner settle each other's records; others never touch them.
     pub owner: String,
     /// Scopes this gateway may serve (bound to its owner in the ledger), as far as this process has seen.
     admitted: Mutex<HashSet<String>>,

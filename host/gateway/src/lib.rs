@@ -248,7 +248,9 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     let builder = Once::open(db).map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
     shared.set_ledger_clock(builder.ledger_clock());
     let descriptors = shared.descriptors();
-    let builder = builder.provider(LookupProvider(shared.clone())).owner(owner(shared));
+    let builder = builder
+        .provider(LookupProvider(shared.clone()))
+        .owner(shared.owner.clone());
     let once = shared
         .config
         .apply(builder, &descriptors)
@@ -259,13 +261,6 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
         })?;
     shared.configured_with(&descriptors);
     Ok(once)
-}
-
-/// Who dispatches this gateway's operations: the configured `owner`, else the upstream's name and
-/// identity digest (`gateway refund-mcp #3fa2c19e0b7d`: [`identity::default_owner`]). Gateways with
-/// one owner settle each other's records; others never touch them.
-pub(crate) fn owner(shared: &Shared) -> String {
-    shared.owner.clone()
 }
 
 /// Say, at start, which unsettled operations in this gateway's scopes belong to an owner it is not: a

@@ -454,7 +454,8 @@ impl Once {
 
     /// How `tool` is handled: its route and policy, every field decided.
     pub fn plan(&self, tool: &str) -> ToolPlan {
-        plan_of(&self.configured(), tool)
+        // One tool's plan, not a copy of every tool's: gateways ask on every call.
+        self.read_config(|c| plan_of(c.configured.as_ref().expect("a built handle is configured"), tool))
     }
 
     /// Bind `name` to `holder` in the ledger unless it is bound already, and return the holder

@@ -321,6 +321,26 @@ impl SqliteStorage {
         self.options
     }
 
+    /// Run `f` in one immediate write transaction on the writer, for the ledger's own `meta` rows
+    /// (bindings): committed if `f` succeeds, rolled back otherwise.
+    fn write_meta<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, rusqlite::Error>,
+    ) -> Result<T, StorageError> {
+        let mut guard = self.writer()?;
+        // A row written to a replaced file would vouch for a ledger this store never opened.
+        self.check_file()?;
+        let writer = guard.as_mut().expect("writer() opened it");
+        let tx = writer
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| err(what, e))?;
+        let out = f(&tx).map_err(|e| err(what, e))?;
+        tx.commit().map_err(|e| err(what, e))?;
+        Ok(out)
+    }
+
     fn writer(&self) -> Result<MutexGuard<'_, Option<Writer>>, StorageError> {
         // A panic while holding the lock leaves the connection possibly inside
         // a transaction: discard it and reopen.
@@ -501,46 +521,25 @@ impl Storage for SqliteStorage {
 
     fn bind(&self, name: &str, holder: &str) -> Result<String, StorageError> {
         let key = super::binding_key(name);
-        let mut guard = self.writer()?;
-        // A binding made in a replaced file would vouch for a ledger this store never opened.
-        self.check_file()?;
-        let writer = guard.as_mut().expect("writer() opened it");
-        // One write transaction: the first process to bind wins, every later one reads its holder.
-        let tx = writer
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| err("bind", e))?;
-        tx.execute(
-            "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
-            params![key, holder],
-        )
-        .map_err(|e| err("bind", e))?;
-        let bound: String = tx
-            .query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0))
-            .map_err(|e| err("bind", e))?;
-        tx.commit().map_err(|e| err("bind", e))?;
-        Ok(bound)
+        // The first process to bind wins; every later one reads its holder.
+        self.write_meta("bind", |tx| {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+                params![key, holder],
+            )?;
+            tx.query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0))
+        })
     }
 
     fn rebind(&self, from: &str, to: &str) -> Result<Vec<String>, StorageError> {
-        let mut guard = self.writer()?;
-        self.check_file()?;
-        let writer = guard.as_mut().expect("writer() opened it");
-        let tx = writer
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| err("rebind", e))?;
-        let moved: Vec<String> = tx
-            .prepare("UPDATE meta SET value = ?2 WHERE substr(key, 1, ?3) = ?4 AND value = ?1 RETURNING key")
-            .and_then(|mut s| {
-                s.query_map(
+        let moved: Vec<String> = self.write_meta("rebind", |tx| {
+            tx.prepare("UPDATE meta SET value = ?2 WHERE substr(key, 1, ?3) = ?4 AND value = ?1 RETURNING key")?
+                .query_map(
                     params![from, to, super::BINDING_PREFIX.len() as i64, super::BINDING_PREFIX],
                     |r| r.get::<_, String>(0),
                 )?
                 .collect()
-            })
-            .map_err(|e| err("rebind", e))?;
-        tx.commit().map_err(|e| err("rebind", e))?;
+        })?;
         let mut names: Vec<String> = moved
             .into_iter()
             .map(|k| k[super::BINDING_PREFIX.len()..].to_string())
