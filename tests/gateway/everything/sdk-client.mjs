@@ -150,8 +150,15 @@ async function connectWith(transport) {
   return client;
 }
 
-const refund = (client, amount, key) =>
-  client.callTool({ name: "refund_order", arguments: { order_id: ORDER, amount }, ...(key ? { _meta: { "once/key": key } } : {}) });
+/** refund_order on the order, with `key` in `_meta` (or none); a result the SDK rejects fails naming `step`. */
+async function refund(client, amount, key, step) {
+  try {
+    return await client.callTool({ name: "refund_order", arguments: { order_id: ORDER, amount }, ...(key ? { _meta: { "once/key": key } } : {}) });
+  } catch (e) {
+    e.message = `${step}: the SDK did not accept the answer: ${e.message}`;
+    throw e;
+  }
+}
 
 async function refunded(client) {
   const order = await client.callTool({ name: "get_order", arguments: { order_id: ORDER } });
@@ -173,30 +180,30 @@ async function rows() {
     check((await refunded(client)) === 0, "the order starts unrefunded");
 
     const key = `ts-${sdk}-${transportKind}`;
-    const first = await refund(client, 100, key);
+    const first = await refund(client, 100, key, "the keyed call");
     check(!first.isError && outcome(first).decision === "executed", `first call: ${show(first)}`);
     check(first.structuredContent?.amount === 100, `receipt ${show(first)}`);
     const refundId = first.structuredContent.refund_id;
     check(refundId !== undefined, `no refund_id: ${show(first)}`);
 
-    const again = await refund(client, 100, key);
+    const again = await refund(client, 100, key, "its repeat");
     check(outcome(again).decision === "replayed", `replay: ${show(again)}`);
     check(text(again).startsWith(`Replay of operation ${key}:`), `replay text: ${show(again)}`);
     check(again.structuredContent?.refund_id === refundId, `a second refund: ${show(again)}`);
 
-    const other = await refund(client, 50, key);
+    const other = await refund(client, 50, key, "the same key with another amount");
     check(other.isError === true && outcome(other).decision === "conflict", `conflict: ${show(other)}`);
 
-    const keyless = await refund(client, 30);
+    const keyless = await refund(client, 30, undefined, "the keyless call");
     check(!keyless.isError && outcome(keyless).decision === "executed", `keyless call: ${show(keyless)}`);
     check(String(outcome(keyless).operation).startsWith("derived:"), `derived key: ${show(keyless)}`);
-    const keylessAgain = await refund(client, 30);
+    const keylessAgain = await refund(client, 30, undefined, "the keyless repeat");
     check(outcome(keylessAgain).decision === "replayed", `keyless repeat: ${show(keylessAgain)}`);
     check(outcome(keylessAgain).operation === outcome(keyless).operation, `another operation: ${show(keylessAgain)}`);
     check(keylessAgain.structuredContent?.refund_id === keyless.structuredContent?.refund_id, "a second keyless refund");
 
     // The README's quota (500.00 a day): 130 taken, 400 more would pass it. once answers; nothing is sent.
-    const over = await refund(client, 400, `${key}-over`);
+    const over = await refund(client, 400, `${key}-over`, "the call over the quota");
     check(over.isError === true && outcome(over).decision === "blocked", `over the quota: ${show(over)}`);
 
     // The upstream's own view: one refund per operation (100 + 30).
@@ -215,7 +222,7 @@ async function unknown() {
   const client = await gw.connect();
   try {
     const key = `ts-${sdk}-${transportKind}-unknown`;
-    const lost = await refund(client, 100, key);
+    const lost = await refund(client, 100, key, "the call whose reply is lost");
     check(outcome(lost).decision === "unknown", `a lost reply: ${show(lost)}\n${readLog(gw.work)}`);
     // once settles it in the background (read, then the owed call sent once); the same call again reads that.
     const end = Date.now() + 30000;
@@ -223,7 +230,7 @@ async function unknown() {
     while (["unknown", "in-flight"].includes(outcome(answer).decision)) {
       check(Date.now() < end, `never settled: ${show(answer)}\n${readLog(gw.work)}`);
       await sleep(250);
-      answer = await refund(client, 100, key);
+      answer = await refund(client, 100, key, "the same call again");
     }
     // Settled by the background worker (read, then sent) before this call: a replay; or the absence was
     // proven and this call is the one that sends the owed attempt: executed, as a later attempt.
@@ -285,13 +292,13 @@ async function retry(key) {
     // MCP's own retry: the same call, a new request id, a new connection.
     const client = await gw.connect();
     try {
-      const answer = await refund(client, 100, key);
+      const answer = await refund(client, 100, key, "the retry");
       // The lost request was sent and its refund made: the retry is that operation's replay.
       check(!answer.isError && outcome(answer).decision === "replayed", `the retry: ${show(answer)}\n${readLog(gw.work)}`);
       check(answer.structuredContent?.amount === 100, `the retry's receipt: ${show(answer)}`);
       if (key) check(outcome(answer).operation === key, `another operation: ${show(answer)}`);
       else check(String(outcome(answer).operation).startsWith("derived:"), `derived key: ${show(answer)}`);
-      const repeat = await refund(client, 100, key);
+      const repeat = await refund(client, 100, key, "the retry's repeat");
       check(outcome(repeat).decision === "replayed", `the repeat: ${show(repeat)}`);
       check(repeat.structuredContent?.refund_id === answer.structuredContent?.refund_id, "a second refund");
       check((await refunded(client)) === 100, `one refund: ${readLog(gw.work)}`);
