@@ -216,8 +216,10 @@ async def unknown(row):
         await anyio.to_thread.run_sync(gateway.stop)
 
 
-def lost_post(row, url, request_id, args, key):
-    """POST a tools/call as this row's client would, and hang up before the answer: a lost answer."""
+async def lost_post(row, url, request_id, args, key, watcher):
+    """POST a tools/call as this row's client would, and hang up after the upstream made the refund but before
+    the answer came (refund-mcp under late_reply holds it 1.5 s): an answer lost on a broken connection.
+    `watcher` reads the order (DIRECT) to see the refund made."""
     from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
 
     meta = {"once/key": key} if key else {}
@@ -243,15 +245,17 @@ def lost_post(row, url, request_id, args, key):
     head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     with socket.create_connection((parts.hostname, parts.port), timeout=5) as sock:
         sock.sendall(head.encode() + body)
-        # refund-mcp under late_reply holds the answer for 1.5 s after the refund: hang up well before it.
-        time.sleep(0.6)
+        end = time.monotonic() + 10
+        while await refunded(row, watcher) != args["amount"]:
+            row.check(time.monotonic() < end, "the lost call made no refund")
+            await anyio.sleep(0.025)
         sock.setblocking(False)
         try:
-            early = sock.recv(65536).decode(errors="replace")
+            heard = sock.recv(65536).decode(errors="replace")
         except BlockingIOError:
-            early = ""
+            heard = ""
     # Headers may have come (a stream opened); the answer must not have.
-    row.check("once/outcome" not in early, f"the answer came before the hang-up: {early!r}")
+    row.check("once/outcome" not in heard, f"the answer came before the hang-up: {heard!r}")
 
 
 async def retry(row, key):
@@ -259,10 +263,10 @@ async def retry(row, key):
     gateway = await started(row, name, fault="late_reply", extra=("--late-reply-ms", "1500"))
     try:
         args = {"order_id": ORDER, "amount": 100}
-        await anyio.to_thread.run_sync(lost_post, row, gateway.url, f"lost-{name}", args, key)
-        # MCP's own retry: the same call, a new request id, a new connection.
         client = await connected(row, gateway)
         try:
+            await lost_post(row, gateway.url, f"lost-{name}", args, key, client)
+            # MCP's own retry: the same call, a new request id, on another connection than the one that broke.
             answer = await refund(client, 100, key, step="the retry")
             # The lost request was sent and its refund made: the retry is that operation's replay.
             row.check(

@@ -247,12 +247,16 @@ async function unknown() {
   }
 }
 
-/** POST a tools/call as this row's client would, and hang up before the answer: a lost answer. */
-function lostPost(url, id, args, key) {
+/**
+ * POST a tools/call as this row's client would, and hang up after the upstream made the refund but before the
+ * answer came (refund-mcp under late_reply holds it 1.5 s): an answer lost on a broken connection. `watcher`
+ * reads the order (DIRECT) to see the refund made.
+ */
+async function lostPost(url, id, args, key, watcher) {
   const meta = key ? { "once/key": key } : {};
   const headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
   if (row.era === "modern") {
-    // The 2026-07-28 per-request envelope and headers, from the SDK's own constants.
+    // The 2026-07-28 per-request envelope and headers, under the SDK's own names.
     Object.assign(meta, {
       [sdkModule.PROTOCOL_VERSION_META_KEY]: "2026-07-28",
       [sdkModule.CLIENT_INFO_META_KEY]: { name: `once-sdk-${sdk}`, version: "1.0.0" },
@@ -263,24 +267,18 @@ function lostPost(url, id, args, key) {
     headers["mcp-protocol-version"] = "2025-11-25";
   }
   const body = JSON.stringify({ jsonrpc: "2.0", id, method: "tools/call", params: { name: "refund_order", arguments: args, _meta: meta } });
-  return new Promise((resolve, reject) => {
-    const req = request(url, { method: "POST", headers });
-    req.on("error", () => resolve(false));
-    req.on("response", (res) => {
-      // Headers came (a stream opened); the answer must not: drop it unread.
-      res.destroy();
-      req.destroy();
-      resolve(res.statusCode);
-    });
-    req.end(body);
-    // refund-mcp under late_reply holds the answer for 1.5 s after the refund: hang up well before.
-    setTimeout(() => {
-      req.destroy();
-      resolve("closed");
-    }, 600);
-  }).then((how) => {
-    check(how === "closed" || how === 200, `the lost POST was answered ${how}`);
-  });
+  const req = request(url, { method: "POST", headers });
+  let heard = "";
+  req.on("response", (res) => res.on("data", (d) => void (heard += String(d))));
+  req.on("error", () => {}); // the hang-up below is ours
+  req.end(body);
+  const end = Date.now() + 10000;
+  while ((await refunded(watcher)) !== args.amount) {
+    check(Date.now() < end, `the lost call made no refund: ${heard}`);
+    await sleep(25);
+  }
+  req.destroy();
+  check(!heard.includes("once/outcome"), `the answer came before the hang-up: ${heard}`);
 }
 
 async function retry(key) {
@@ -288,10 +286,10 @@ async function retry(key) {
   const gw = await gateway(name, { fault: "late_reply", extra: ["--late-reply-ms", "1500"] });
   try {
     const args = { order_id: ORDER, amount: 100 };
-    await lostPost(gw.url, `lost-${name}`, args, key);
-    // MCP's own retry: the same call, a new request id, a new connection.
     const client = await gw.connect();
     try {
+      await lostPost(gw.url, `lost-${name}`, args, key, client);
+      // MCP's own retry: the same call, a new request id, on another connection than the one that broke.
       const answer = await refund(client, 100, key, "the retry");
       // The lost request was sent and its refund made: the retry is that operation's replay.
       check(!answer.isError && outcome(answer).decision === "replayed", `the retry: ${show(answer)}\n${readLog(gw.work)}`);
