@@ -16,7 +16,8 @@
 //!
 //! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
 //! evidence), `server` (the MCP methods the client calls), `handler` (a
-//! protected call and the provider lookup), `reply` (what the model is shown,
+//! protected call and the provider lookup), `shaped` (every result as the
+//! request's protocol revision requires it), `reply` (what the model is shown,
 //! from the engine's account), `upstream` (the MCP client of the real
 //! server), `remote` (a URL upstream: which HTTP failures prove a request
 //! never left), `relay` (what the upstream sends the client), `wire` (the raw
@@ -37,6 +38,7 @@ mod relay;
 mod remote;
 mod reply;
 mod server;
+mod shaped;
 mod tasks;
 mod upstream;
 mod wire;
