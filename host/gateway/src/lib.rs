@@ -3,7 +3,13 @@
 //! The client speaks MCP to the gateway on stdin/stdout (or, with `--listen`,
 //! many clients over Streamable HTTP: `http`, their tenants `access`); the gateway starts
 //! the upstream server as a child process and speaks MCP to it over its stdio,
-//! or connects to it at a URL over Streamable HTTP (`remote`).
+//! or connects to it at a URL over Streamable HTTP (`remote`). Each request
+//! upstream is sent in a revision chosen for it, never one another client's
+//! request switched: a child's in the revision its `initialize` settled; at
+//! a URL that answers `server/discover` with MCP 2026-07-28, the gateway's own
+//! requests (protected dispatches, lookups) in 2026-07-28 with the gateway's
+//! envelope, a client's in the revision its own `_meta` envelope names
+//! (`upstream` says how, and why on two connections).
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,
 //! list changes; see docs/gateway.md). Every `tools/call` runs the engine's
