@@ -311,12 +311,11 @@ impl Provider for LookupProvider {
         // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
         // before it, never after, in the domain the engine compares it with.
         let sent_at = shared.ledger_now();
-        let reply = shared.handle.block_on(shared.upstream.call_to_end(
-            params,
-            lookup.timeout,
-            || true,
-            &Link::default(),
-        ));
+        let reply = shared.handle.block_on(
+            shared
+                .upstream
+                .call_to_end(params, lookup.timeout, || true, &Link::own()),
+        );
         let answer = match reply {
             Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
                 Some(answer) => answer,
@@ -449,10 +448,12 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     } else {
         capture.link.clone()
     };
-    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client
-    // `_meta`); a direct call keeps the client's.
+    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client):
+    // the gateway's `_meta` envelope in the upstream's newest revision, never the client's `_meta` (only its
+    // progress and cancellation follow it). A direct call is the client's: its `_meta`, envelope and revision.
     if d.attempt > 0 {
         link.meta = None;
+        link.own = true;
     }
     let may_send = || once.now() < send_by;
     let reply = if link.ct.is_cancelled() {

@@ -3,7 +3,13 @@
 //! The client speaks MCP to the gateway on stdin/stdout (or, with `--listen`,
 //! many clients over Streamable HTTP: `http`, their tenants `access`); the gateway starts
 //! the upstream server as a child process and speaks MCP to it over its stdio,
-//! or connects to it at a URL over Streamable HTTP (`remote`).
+//! or connects to it at a URL over Streamable HTTP (`remote`). Each request
+//! upstream is sent in a revision chosen for it, never one another client's
+//! request switched: a child's in the revision its `initialize` settled; at
+//! a URL that answers `server/discover` with MCP 2026-07-28, the gateway's own
+//! requests (protected dispatches, lookups) in 2026-07-28 with the gateway's
+//! envelope, a client's in the revision its own `_meta` envelope names
+//! (`upstream` says how, and why on two connections).
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,
 //! list changes; see docs/gateway.md). Every `tools/call` runs the engine's
@@ -16,7 +22,8 @@
 //!
 //! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
 //! evidence), `server` (the MCP methods the client calls), `handler` (a
-//! protected call and the provider lookup), `reply` (what the model is shown,
+//! protected call and the provider lookup), `shaped` (every result as the
+//! request's protocol revision requires it), `reply` (what the model is shown,
 //! from the engine's account), `upstream` (the MCP client of the real
 //! server), `remote` (a URL upstream: which HTTP failures prove a request
 //! never left), `relay` (what the upstream sends the client), `wire` (the raw
@@ -37,6 +44,7 @@ mod relay;
 mod remote;
 mod reply;
 mod server;
+mod shaped;
 mod tasks;
 mod upstream;
 mod wire;

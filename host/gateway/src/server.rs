@@ -19,6 +19,7 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
 
 use crate::handler::Gateway;
+use crate::shaped::Complete;
 use crate::upstream::Link;
 
 /// The capabilities the gateway declares: the upstream's, but not its protocol
@@ -76,7 +77,7 @@ fn unexpected(method: &str) -> ErrorData {
 macro_rules! answer {
     ($self:ident, $context:ident, $request:expr, $variant:ident, $method:literal) => {
         match $self.shared().upstream.request($request, &link(&$context)).await? {
-            ServerResult::$variant(result) => Ok(result),
+            ServerResult::$variant(result) => Ok(result.complete()),
             _ => Err(unexpected($method)),
         }
     };
@@ -149,7 +150,7 @@ impl ServerHandler for Gateway {
     ) -> Result<GetPromptResponse, ErrorData> {
         let request = ClientRequest::GetPromptRequest(Request::new(request));
         match self.shared().upstream.request(request, &link(&context)).await? {
-            ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result)),
+            ServerResult::GetPromptResult(result) => Ok(GetPromptResponse::Complete(result.complete())),
             ServerResult::InputRequiredResult(result) => Ok(GetPromptResponse::InputRequired(result)),
             _ => Err(unexpected("prompts/get")),
         }
@@ -204,7 +205,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let request = ClientRequest::ReadResourceRequest(Request::new(request));
         match self.shared().upstream.request(request, &link(&context)).await? {
-            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result)),
+            ServerResult::ReadResourceResult(result) => Ok(ReadResourceResponse::Complete(result.complete())),
             ServerResult::InputRequiredResult(result) => Ok(ReadResourceResponse::InputRequired(result)),
             _ => Err(unexpected("resources/read")),
         }
@@ -249,18 +250,20 @@ impl ServerHandler for Gateway {
                 None,
             ));
         }
-        match self
+        let version = context.protocol_version();
+        let answer = match self
             .shared()
             .upstream
             .request(ClientRequest::CustomRequest(request), &link(&context))
             .await?
         {
-            ServerResult::CustomResult(result) => Ok(result),
+            ServerResult::CustomResult(result) => result,
             // The upstream's answer parsed as a known shape: pass it on as the JSON it was.
             other => serde_json::to_value(other)
                 .map(CustomResult)
-                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
-        }
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?,
+        };
+        Ok(crate::shaped::custom(answer, version.as_ref()))
     }
 
     async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
@@ -339,7 +342,7 @@ impl ServerHandler for Gateway {
                 None,
             ));
         }
-        Ok(result.into())
+        Ok(result.complete().into())
     }
 }
 

@@ -5,6 +5,39 @@
 //! dispatch), and restarted once when the client connects, so that the
 //! upstream sees the client's capabilities (sampling, elicitation, roots) as
 //! its own client's.
+//!
+//! Which revision each request is sent in (MCP 2026-07-28 has no handshake:
+//! each request names its revision and the client's capabilities in its
+//! `_meta` envelope, where the 2025 revisions settle both once, at
+//! `initialize`):
+//!
+//! - A command upstream is one stdio connection, opened with `initialize`
+//!   (a server pins a connection to the revision it opened with), so every
+//!   request on it is in that revision, 2025-11-25 at most. A 2026-07-28
+//!   client's envelope is not passed on there: its revision is not the
+//!   connection's.
+//! - A URL upstream is asked `server/discover` (with the gateway's envelope)
+//!   whenever the gateway connects. If it answers with 2026-07-28 among its
+//!   versions, the gateway keeps a second connection that speaks only
+//!   2026-07-28, beside the `initialize`d one that speaks only the older
+//!   revision. The gateway's own requests (a protected call's dispatch, an
+//!   owed dispatch the worker sends, a lookup) go on the 2026-07-28
+//!   connection with the gateway's envelope (what it declares upstream:
+//!   [`Upstream::declare`]), the same whoever's call it is; a client's
+//!   pass-through or DIRECT request goes there with the client's own
+//!   envelope when it came with one naming 2026-07-28, and on the older
+//!   connection, without envelope keys, when it did not. A URL upstream that
+//!   does not answer `server/discover` gets every request on the older
+//!   connection, as before.
+//!
+//! Why two connections: rmcp's Streamable HTTP client sends each request
+//! with the revision its `_meta` names, else the session's, and takes a
+//! named revision as the session's from then on (its worker's
+//! `inline_version`), which a 2025-era request cannot name. On one
+//! connection, one 2026-07-28 request would switch every later request of
+//! every client to 2026-07-28. Here no request on the older connection names
+//! a revision, and every request on the other names the one it speaks, so
+//! nothing one client sends changes what another's request is sent with.
 
 use std::process::Stdio;
 use std::sync::{Arc, RwLock};
@@ -12,10 +45,10 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientNotification, ClientRequest,
-    ErrorCode, ErrorData, Implementation, ProgressToken, Request, RequestMetaObject, ServerPeerInfo, ServerResult,
-    Tool,
+    ErrorCode, ErrorData, Implementation, ProgressToken, ProtocolVersion, Request, RequestMetaObject, ServerPeerInfo,
+    ServerResult, Tool,
 };
-use rmcp::service::{Peer, PeerRequestOptions, RunningService};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, PeerRequestOptions, RunningService};
 use rmcp::{RoleClient, RoleServer, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::process::{Child, Command};
@@ -33,6 +66,18 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// The first pause before restarting an upstream that died; it doubles up to `MAX_RESTART_PAUSE`.
 const MIN_RESTART_PAUSE: Duration = Duration::from_millis(50);
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(5);
+/// How long asking a URL upstream `server/discover` may take; no answer in time: it does not speak 2026-07-28.
+const DISCOVER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The revision without a handshake that the gateway speaks to an upstream that offers it.
+pub const MODERN: ProtocolVersion = ProtocolVersion::V_2026_07_28;
+/// The `_meta` keys of MCP 2026-07-28's per-request envelope: the revision and the client's identity,
+/// capabilities and log level. They mean nothing in an older revision.
+pub const ENVELOPE_KEYS: [&str; 4] = [
+    "io.modelcontextprotocol/protocolVersion",
+    "io.modelcontextprotocol/clientInfo",
+    "io.modelcontextprotocol/clientCapabilities",
+    "io.modelcontextprotocol/logLevel",
+];
 
 /// What one upstream call came to, before anyone classifies it.
 #[derive(Debug)]
@@ -64,7 +109,10 @@ impl Reply {
 }
 
 struct Conn {
+    /// The connection opened with `initialize`: a 2025 revision (or older), and every command upstream's.
     service: RunningService<RoleClient, RelayHandler>,
+    /// A URL upstream's 2026-07-28 connection, when it answered `server/discover` with that revision.
+    modern: Option<RunningService<RoleClient, RelayHandler>>,
     generation: u64,
     /// The capabilities this connection declared to the upstream.
     capabilities: ClientCapabilities,
@@ -75,8 +123,19 @@ struct Conn {
 }
 
 impl Conn {
+    fn peers(&self) -> Peers {
+        Peers {
+            legacy: self.service.peer().clone(),
+            modern: self.modern.as_ref().map(|m| m.peer().clone()),
+            generation: self.generation,
+        }
+    }
+
     /// Close the connection; a process that has not exited `grace` after its stdin closed is killed.
     async fn close(mut self, grace: Duration) {
+        if let Some(mut modern) = self.modern.take() {
+            let _ = modern.close_with_timeout(grace).await;
+        }
         let _ = self.service.close_with_timeout(grace).await;
         if let Some(mut child) = self.child.take()
             && tokio::time::timeout(grace, child.wait()).await.is_err()
@@ -103,6 +162,9 @@ pub struct Link {
     pub ct: CancellationToken,
     /// The client connection the request came on: its progress goes there, and to no other client.
     pub client: Option<Peer<RoleServer>>,
+    /// The gateway's own request (a protected dispatch, a lookup), not a client's: it is sent in the newest
+    /// revision the upstream speaks, with the gateway's envelope, never with a client's `_meta`.
+    pub own: bool,
 }
 
 impl Link {
@@ -115,8 +177,65 @@ impl Link {
             meta: (!meta.is_empty()).then_some(meta),
             ct,
             client: None,
+            own: false,
         }
     }
+
+    /// The link of a request of the gateway's own: no client `_meta`, nobody's cancellation.
+    pub fn own() -> Link {
+        Link {
+            own: true,
+            ..Link::default()
+        }
+    }
+
+    /// The revision a client's request names in its envelope, if it came with one.
+    fn claims(&self) -> Option<ProtocolVersion> {
+        self.meta.as_ref().and_then(RequestMetaObject::protocol_version)
+    }
+}
+
+/// The live connections of one generation.
+#[derive(Clone)]
+struct Peers {
+    legacy: Peer<RoleClient>,
+    modern: Option<Peer<RoleClient>>,
+    generation: u64,
+}
+
+impl Peers {
+    /// The connection `link`'s request goes on, and the `_meta` it carries there (see the module doc).
+    fn route(&self, link: &Link) -> (&Peer<RoleClient>, Option<RequestMetaObject>) {
+        match self.modern.as_ref().filter(|_| goes_modern(link)) {
+            Some(peer) => (peer, meta_on(link, true)),
+            None => (&self.legacy, meta_on(link, false)),
+        }
+    }
+}
+
+/// Whether `link`'s request goes on the 2026-07-28 connection, where the upstream has one: the gateway's
+/// own always, a client's when its envelope names that revision.
+fn goes_modern(link: &Link) -> bool {
+    link.own || link.claims().as_ref() == Some(&MODERN)
+}
+
+/// The `_meta` `link`'s request carries on the 2026-07-28 connection (`modern`) or the older one. On the
+/// first rmcp puts the gateway's envelope on every request, and a client's own envelope replaces it; the
+/// gateway's own request carries no client's. On the older one no envelope key travels.
+fn meta_on(link: &Link, modern: bool) -> Option<RequestMetaObject> {
+    if modern && !link.own {
+        return link.meta.clone();
+    }
+    link.meta.clone().map(without_envelope).filter(|m| !m.is_empty())
+}
+
+/// `meta` without the 2026-07-28 envelope keys: on the older connection, a named revision would
+/// be taken as the connection's (see the module doc), and the others mean nothing there.
+fn without_envelope(mut meta: RequestMetaObject) -> RequestMetaObject {
+    for key in ENVELOPE_KEYS {
+        meta.remove(key);
+    }
+    meta
 }
 
 /// Where the upstream server is.
@@ -142,6 +261,9 @@ pub struct Upstream {
     info: RwLock<Option<ServerPeerInfo>>,
     /// The `capabilities.tasks` it declared then, as it wrote them (a command upstream's only: [`crate::wire`]).
     tasks: RwLock<Option<Value>>,
+    /// Whether the connection of the last start speaks 2026-07-28 beside the older revision (a URL upstream's):
+    /// said in the log when it changes.
+    modern: std::sync::atomic::AtomicBool,
 }
 
 fn client_config(capabilities: ClientCapabilities) -> ClientConfig {
@@ -166,6 +288,7 @@ impl Upstream {
             wanted: RwLock::new(client_config(ClientCapabilities::default())),
             info: RwLock::new(None),
             tasks: RwLock::new(None),
+            modern: std::sync::atomic::AtomicBool::new(false),
         };
         upstream.peer().await?;
         Ok(upstream)
@@ -239,14 +362,15 @@ impl Upstream {
 
     /// A live connection and its generation, starting (or restarting) the process when there is none,
     /// or when the one there declared other client capabilities than the client now has.
-    async fn peer(&self) -> Result<(Peer<RoleClient>, u64), String> {
+    async fn peer(&self) -> Result<Peers, String> {
         let mut conn = self.conn.lock().await;
         let wanted = self.wanted();
         if let Some(c) = conn.as_ref()
             && !c.service.is_transport_closed()
+            && c.modern.as_ref().is_none_or(|m| !m.is_transport_closed())
             && c.capabilities == wanted.capabilities
         {
-            return Ok((c.service.peer().clone(), c.generation));
+            return Ok(c.peers());
         }
         if let Some(old) = conn.take() {
             old.close(Duration::from_secs(1)).await;
@@ -255,7 +379,7 @@ impl Upstream {
         let started = tokio::time::timeout(START_TIMEOUT, self.spawn(wanted))
             .await
             .map_err(|_| format!("the upstream ({}) did not start within {START_TIMEOUT:?}", self.shown()))??;
-        let found = (started.service.peer().clone(), started.generation);
+        let found = started.peers();
         *conn = Some(started);
         Ok(found)
     }
@@ -287,6 +411,7 @@ impl Upstream {
 
     async fn spawn(&self, config: ClientConfig) -> Result<Conn, String> {
         let capabilities = config.capabilities.clone();
+        let handler_config = config.clone();
         let handler = RelayHandler {
             relay: self.relay.clone(),
             config,
@@ -318,6 +443,10 @@ impl Upstream {
         };
         let service =
             served.map_err(|e| self.redact(format!("the upstream ({}) did not initialize: {e}", self.shown())))?;
+        let modern = match &self.target {
+            Target::Url(url) => self.discover(url, handler_config).await,
+            Target::Command(_) => None,
+        };
         let tools = service
             .peer()
             .list_all_tools()
@@ -326,14 +455,58 @@ impl Upstream {
         self.relay.set_tools(tools);
         *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
         *self.tasks.write().unwrap_or_else(|p| p.into_inner()) = wire.as_ref().and_then(|w| w.tasks());
+        let was = self.modern.swap(modern.is_some(), std::sync::atomic::Ordering::SeqCst);
+        if was != modern.is_some() || self.generations.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tracing::info!(
+                target: "once::gateway",
+                "the upstream ({}) {}",
+                self.shown(),
+                if modern.is_some() {
+                    "speaks MCP 2026-07-28: the gateway's own requests, and clients' requests in 2026-07-28, are sent in it"
+                } else {
+                    "does not answer server/discover with MCP 2026-07-28: every request is sent in the revision it was initialized with"
+                }
+            );
+        }
         let generation = self.generations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(Conn {
             service,
+            modern,
             generation,
             capabilities,
             child,
             wire,
         })
+    }
+
+    /// A second connection to the URL upstream in MCP 2026-07-28, opened with `server/discover` and the
+    /// gateway's envelope (`config`: what it declares upstream); `None` when the upstream does not offer
+    /// that revision (a 2025-era server answers the probe with an error, or not in time).
+    async fn discover(
+        &self,
+        url: &UpstreamUrl,
+        config: ClientConfig,
+    ) -> Option<RunningService<RoleClient, RelayHandler>> {
+        let handler = RelayHandler {
+            relay: self.relay.clone(),
+            config,
+        };
+        let lifecycle = ClientLifecycleMode::Discover {
+            preferred_versions: vec![MODERN],
+        };
+        let transport = url.transport().ok()?;
+        match tokio::time::timeout(DISCOVER_TIMEOUT, handler.serve_with_lifecycle(transport, lifecycle)).await {
+            Ok(Ok(service)) => Some(service),
+            Ok(Err(e)) => {
+                let why = self.redact(e.to_string());
+                tracing::debug!(target: "once::gateway", "server/discover: {why}");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(target: "once::gateway", "server/discover: no answer within {DISCOVER_TIMEOUT:?}");
+                None
+            }
+        }
     }
 
     /// Start (or restart) the upstream now if it is down, so a protected call
@@ -361,9 +534,9 @@ impl Upstream {
 
     /// One client request passed through as it came: its answer or error is the upstream's.
     pub async fn request(&self, request: ClientRequest, link: &Link) -> Result<ServerResult, ErrorData> {
-        let (peer, _) = self.peer().await.map_err(|e| ErrorData::internal_error(e, None))?;
+        let peers = self.peer().await.map_err(|e| ErrorData::internal_error(e, None))?;
         match self
-            .exchange(&peer, request, link, None)
+            .exchange(&peers, request, link, None)
             .await
             .map_err(relay::error_of)?
         {
@@ -374,18 +547,20 @@ impl Upstream {
         }
     }
 
-    /// Send `request` with the client's `_meta`, relay its progress, and wait for the answer, the
-    /// client's cancellation or `timeout`, whichever comes first; the upstream is told to stop
-    /// when the gateway stops waiting. An error: the request never entered the connection.
+    /// Send `request` on the connection and with the `_meta` that `link` calls for ([`Peers::route`]),
+    /// relay its progress, and wait for the answer, the client's cancellation or `timeout`, whichever
+    /// comes first; the upstream is told to stop when the gateway stops waiting. An error: the request
+    /// never entered the connection.
     async fn exchange(
         &self,
-        peer: &Peer<RoleClient>,
+        peers: &Peers,
         request: ClientRequest,
         link: &Link,
         timeout: Option<Duration>,
     ) -> Result<Exchanged, ServiceError> {
-        let options = match &link.meta {
-            Some(meta) => PeerRequestOptions::no_options().with_meta(meta.clone()),
+        let (peer, meta) = peers.route(link);
+        let options = match meta {
+            Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
         };
         let mut handle = peer.send_request_with_option(request, options).await?;
@@ -419,8 +594,8 @@ impl Upstream {
     /// A client notification the upstream needs (roots changed), passed on.
     pub async fn notify(&self, notification: ClientNotification) {
         match self.peer().await {
-            Ok((peer, _)) => {
-                if let Err(e) = peer.send_notification(notification).await {
+            Ok(peers) => {
+                if let Err(e) = peers.legacy.send_notification(notification).await {
                     tracing::debug!(target: "once::gateway", "a notification did not reach the upstream: {e}");
                 }
             }
@@ -438,15 +613,16 @@ impl Upstream {
         may_send: impl FnOnce() -> bool,
         link: &Link,
     ) -> Reply {
-        let (peer, generation) = match self.peer().await {
+        let peers = match self.peer().await {
             Ok(found) => found,
             Err(e) => return Reply::NotSent(e),
         };
+        let generation = peers.generation;
         if !may_send() {
             return Reply::NotSent("the lease ran out before the upstream was ready".to_string());
         }
         let request = ClientRequest::CallToolRequest(Request::new(params));
-        let exchanged = match self.exchange(&peer, request, link, Some(timeout)).await {
+        let exchanged = match self.exchange(&peers, request, link, Some(timeout)).await {
             Ok(exchanged) => exchanged,
             // The request never entered the connection.
             Err(e) => {
@@ -636,4 +812,54 @@ enum Exchanged {
     Cancelled,
     /// No answer within this long.
     TimedOut(Duration),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn client_meta(pairs: Value) -> Link {
+        let meta: RequestMetaObject = serde_json::from_value(pairs).unwrap();
+        Link::of(meta, CancellationToken::new())
+    }
+
+    #[test]
+    fn the_gateways_own_requests_go_modern_without_a_clients_meta() {
+        let own = Link::own();
+        assert!(goes_modern(&own));
+        assert_eq!(meta_on(&own, true), None);
+        assert_eq!(meta_on(&own, false), None);
+    }
+
+    #[test]
+    fn a_clients_request_goes_in_the_revision_its_envelope_names_and_only_there_with_it() {
+        let modern = client_meta(json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+            "trace": "t1",
+        }));
+        assert!(goes_modern(&modern));
+        // Its own envelope, as it sent it, on the 2026-07-28 connection.
+        let sent = serde_json::to_value(meta_on(&modern, true)).unwrap();
+        assert_eq!(
+            sent["io.modelcontextprotocol/clientCapabilities"],
+            json!({"sampling": {}})
+        );
+        assert_eq!(sent["io.modelcontextprotocol/protocolVersion"], "2026-07-28");
+        // On the older connection (an upstream without 2026-07-28) no envelope key, the rest kept.
+        let sent = serde_json::to_value(meta_on(&modern, false)).unwrap();
+        assert_eq!(sent, json!({"trace": "t1"}));
+
+        let legacy = client_meta(json!({"trace": "t2"}));
+        assert!(!goes_modern(&legacy));
+        assert_eq!(
+            serde_json::to_value(meta_on(&legacy, false)).unwrap(),
+            json!({"trace": "t2"})
+        );
+        // A revision other than the one the connection speaks is not sent there.
+        let older = client_meta(json!({"io.modelcontextprotocol/protocolVersion": "2025-11-25"}));
+        assert!(!goes_modern(&older));
+        assert_eq!(meta_on(&older, false), None);
+    }
 }

@@ -1,0 +1,398 @@
+//! The gateway in front of an upstream on the official TypeScript server SDK
+//! v2 (`@modelcontextprotocol/server` 2.4.0, pinned in
+//! tests/gateway/everything/package-lock.json): `sdk2-server.mjs`, which
+//! speaks MCP 2026-07-28 (per-request `_meta` envelope) beside the 2025
+//! revisions, as a stdio child and at a URL. Driven by an rmcp client: a
+//! protected refund runs once, its replay sends nothing, a DIRECT read, a
+//! prompt and a resource pass through, and a lost reply is reconciled by the
+//! lookup without a second send. At a URL the gateway's own requests go in
+//! 2026-07-28 with its envelope (the server records each refund's era), and a
+//! 2026-07-28 client interleaved with a 2025-era one on one `--listen`
+//! gateway each get their answers in their own revision: neither switches
+//! the revision the other's requests are sent in. Effects are counted in the
+//! server's own file.
+//!
+//! Needs node with `npm ci` run in tests/gateway/everything, so it is ignored
+//! by a plain `cargo test`; `.ci/run` runs it with `--ignored`.
+
+mod gateway_common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gateway_common::http::post;
+use gateway_common::{Rig, Session, outcome, settling};
+use rmcp::model::{CallToolResult, GetPromptRequestParams, ReadResourceRequestParams};
+use serde_json::{Value, json};
+
+/// The refund protected, its provider key an argument, the server's `find_refund` its lookup.
+const CONFIG: &str = r#"
+sweep_interval = "50ms"
+
+[tools.refund]
+route = "protect"
+effect_fields = ["/order_id", "/amount"]
+provider_key = "argument:idempotency_key"
+on_tool_error = "rejected"
+timeout = "1s"
+max_in_flight = "500ms"
+reconcile_interval = "100ms"
+reconcile = "required"
+lookup = { tool = "find_refund", args = { idempotency_key = "{key}" }, found = "/found", receipt = "/refund", read_position = "sent" }
+"#;
+
+fn server_script() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap();
+    let dir = root.join("tests/gateway/everything");
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/server").exists(),
+        "the v2 server SDK is not installed: run `npm ci` in {}",
+        dir.display()
+    );
+    dir.join("sdk2-server.mjs")
+}
+
+/// The server's effects file: one JSON object per refund it made.
+fn effects_file(rig: &Rig) -> PathBuf {
+    rig.dir.path().join("refunds.jsonl")
+}
+
+fn refunds(rig: &Rig) -> Vec<Value> {
+    std::fs::read_to_string(effects_file(rig))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `sdk2-server.mjs --http` on a free port; killed when dropped.
+struct Sdk2Http {
+    child: Child,
+    url: String,
+}
+
+impl Sdk2Http {
+    fn start(rig: &Rig, flags: &[&str]) -> Sdk2Http {
+        let mut child = Command::new("node")
+            .arg(server_script())
+            .arg(effects_file(rig))
+            .arg("--http")
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(rig.dir.path().join("sdk2-server.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("sdk2-server names its address first, not {line:?}"))
+            .to_string();
+        Sdk2Http { child, url }
+    }
+}
+
+impl Drop for Sdk2Http {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `once gateway` over the server as a stdio child (`flags` for the server).
+fn stdio_gateway(rig: &Rig, flags: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+    cmd.arg("gateway")
+        .arg("--config")
+        .arg(&rig.config)
+        .arg("--db")
+        .arg(&rig.db)
+        .args(["--", "node"])
+        .arg(server_script())
+        .arg(effects_file(rig))
+        .args(flags);
+    cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=info");
+    cmd
+}
+
+fn refund_args(order: &str) -> Value {
+    json!({"order_id": order, "amount": 25.5})
+}
+
+/// A tool result's JSON: its structured content, else its first text that is JSON.
+fn payload(result: &CallToolResult) -> Value {
+    if let Some(v) = &result.structured_content {
+        return v.clone();
+    }
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text())
+        .find_map(|t| serde_json::from_str(&t.text).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// The rows every upstream form must pass: a protected refund once, its replay, a DIRECT read, a prompt
+/// and a resource. The refund is asked for in `era` (the revision the gateway speaks upstream for its own
+/// requests); the DIRECT read of this 2025-era client in `legacy`.
+async fn protected_once_replay_direct_prompt_resource(rig: &Rig, session: &Session, era: &str) {
+    let first = session.call("refund", refund_args("A-1"), Some("op-1")).await;
+    assert_eq!(outcome(&first)["decision"], "executed", "{first:?}\n{}", rig.logs());
+    let made = refunds(rig);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["order_id"], "A-1");
+    assert_eq!(made[0]["era"], era, "{made:?}");
+    assert_eq!(payload(&first)["refund_id"], made[0]["refund_id"], "{first:?}");
+
+    let again = session.call("refund", refund_args("A-1"), Some("op-1")).await;
+    assert_eq!(outcome(&again)["decision"], "replayed", "{again:?}");
+    assert_eq!(payload(&again)["refund_id"], made[0]["refund_id"], "{again:?}");
+    assert_eq!(refunds(rig).len(), 1, "a replay sends nothing");
+
+    let count = session.call("refund_count", json!({}), None).await;
+    // DIRECT: the upstream's own answer, nothing of once's added.
+    assert_eq!(outcome(&count), Value::Null, "{count:?}");
+    assert_eq!(payload(&count)["refunds"], 1, "{count:?}");
+    assert_eq!(payload(&count)["era"], "legacy", "{count:?}");
+
+    let prompt = session
+        .client
+        .get_prompt(GetPromptRequestParams::new("refund-note"))
+        .await
+        .unwrap();
+    let said = serde_json::to_value(&prompt.messages[0].content).unwrap();
+    assert_eq!(
+        said["text"], "Tell the customer the refund is on its way.",
+        "{prompt:?}"
+    );
+    let resource = session
+        .client
+        .read_resource(ReadResourceRequestParams::new("refunds://policy"))
+        .await
+        .unwrap();
+    let contents = serde_json::to_value(&resource.contents[0]).unwrap();
+    assert_eq!(contents["text"], "Refunds within 30 days.", "{resource:?}");
+}
+
+/// The first refund's reply is lost (the server made it and never answers): the attempt is ambiguous, the
+/// lookup confirms the refund (within the call, or in the background while the same call again waits),
+/// and the call is answered from what the lookup read. The server made exactly one refund.
+async fn a_lost_reply_is_reconciled_by_the_lookup(rig: &Rig, session: &Session) {
+    let mut settled = session.call("refund", refund_args("B-7"), Some("op-lost")).await;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while settling(&settled) {
+        assert!(Instant::now() < give_up, "never settled: {settled:?}\n{}", rig.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settled = session.call("refund", refund_args("B-7"), Some("op-lost")).await;
+    }
+    assert_eq!(outcome(&settled)["decision"], "replayed", "{settled:?}\n{}", rig.logs());
+    assert_eq!(outcome(&settled)["confirmed_by"], "provider", "{settled:?}");
+    let said = gateway_common::text(&settled);
+    assert!(
+        said.contains("its reply was lost; once confirmed it by reading find_refund"),
+        "{said}"
+    );
+    let trail = rig.audit(&settled);
+    assert!(
+        trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
+        "{trail:#?}"
+    );
+    let made = refunds(rig);
+    assert_eq!(made.len(), 1, "sent once, never again: {made:?}");
+    assert_eq!(payload(&settled)["refund_id"], made[0]["refund_id"], "{settled:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+async fn a_v2_sdk_server_as_a_stdio_child_is_protected_and_passed_through() {
+    let rig = Rig::new(CONFIG);
+    let session = rig.connect_command(stdio_gateway(&rig, &[]), 0).await;
+    // A stdio connection is pinned to the revision it opened with: 2025-11-25, the gateway's requests too.
+    protected_once_replay_direct_prompt_resource(&rig, &session, "legacy").await;
+    assert!(session.close().await.success(), "{}", rig.logs());
+
+    let rig = Rig::new(CONFIG);
+    let session = rig
+        .connect_command(stdio_gateway(&rig, &["--hang-first-refund"]), 0)
+        .await;
+    a_lost_reply_is_reconciled_by_the_lookup(&rig, &session).await;
+    assert!(session.close().await.success(), "{}", rig.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+async fn a_v2_sdk_server_at_a_url_gets_the_gateways_requests_in_2026_07_28() {
+    let rig = Rig::new(CONFIG);
+    let server = Sdk2Http::start(&rig, &[]);
+    let session = rig.connect_url(&server.url, 0).await;
+    // The gateway's own request carries its envelope: the server took the refund as a 2026-07-28 request
+    // (it refuses one that names no envelope under that revision), while this 2025-era client's DIRECT
+    // read stays in its own revision.
+    protected_once_replay_direct_prompt_resource(&rig, &session, "modern").await;
+    assert!(session.close().await.success(), "{}", rig.logs());
+
+    let rig = Rig::new(CONFIG);
+    let server = Sdk2Http::start(&rig, &["--hang-first-refund"]);
+    let session = rig.connect_url(&server.url, 0).await;
+    a_lost_reply_is_reconciled_by_the_lookup(&rig, &session).await;
+    assert!(session.close().await.success(), "{}", rig.logs());
+    let made = refunds(&rig);
+    assert_eq!(made[0]["era"], "modern", "{made:?}");
+}
+
+/// `once gateway --listen` in front of `url`; killed when dropped.
+struct Listening {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn listen_in_front_of(rig: &Rig, upstream: &str) -> Listening {
+    let mut cmd = rig.url_gateway_command(upstream);
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(rig.log(0)).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("once gateway: listening on ")
+        .unwrap_or_else(|| panic!("the gateway names its address first, not {line:?}\n{}", rig.logs()))
+        .to_string();
+    Listening { child, url }
+}
+
+/// Two clients of one `--listen` gateway: one speaks 2026-07-28 (every request carries the envelope and
+/// names its revision in `MCP-Protocol-Version`), the other a 2025 revision (neither).
+struct Client<'a> {
+    gateway: &'a Listening,
+    modern: bool,
+    next: u64,
+}
+
+impl Client<'_> {
+    fn request(&mut self, method: &str, name: Option<&str>, mut params: Value) -> Value {
+        self.next += 1;
+        let mut headers = Vec::new();
+        if self.modern {
+            params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+            params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({});
+            params["_meta"]["io.modelcontextprotocol/clientInfo"] = json!({"name": "modern", "version": "1"});
+            headers.push(("MCP-Protocol-Version", "2026-07-28"));
+            headers.push(("Mcp-Method", method));
+            if let Some(name) = name {
+                headers.push(("Mcp-Name", name));
+            }
+        }
+        let body = json!({"jsonrpc": "2.0", "id": self.next, "method": method, "params": params});
+        let answer = post(&self.gateway.url, None, &headers, &body.to_string());
+        let message = answer
+            .message
+            .unwrap_or_else(|| panic!("no answer to {method} ({}): {}", answer.status, answer.body));
+        message
+            .get("result")
+            .cloned()
+            .unwrap_or_else(|| panic!("{method} failed for the {} client: {message}", self.era()))
+    }
+
+    fn era(&self) -> &'static str {
+        if self.modern { "modern" } else { "legacy" }
+    }
+
+    fn call(&mut self, tool: &str, args: Value, key: Option<&str>) -> Value {
+        let mut params = json!({"name": tool, "arguments": args});
+        if let Some(key) = key {
+            params["_meta"] = json!({"once/key": key});
+        }
+        self.request("tools/call", Some(tool), params)
+    }
+
+    /// A DIRECT read: the server says which revision the request came in.
+    fn count(&mut self) -> Value {
+        let result = self.call("refund_count", json!({}), None);
+        let payload = result["structuredContent"].clone();
+        assert_eq!(payload["era"], self.era(), "{result}");
+        payload
+    }
+}
+
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+fn a_modern_and_a_legacy_client_interleaved_on_one_url_upstream_each_keep_their_revision() {
+    let rig = Rig::new(CONFIG);
+    let server = Sdk2Http::start(&rig, &[]);
+    let gateway = listen_in_front_of(&rig, &server.url);
+    let mut modern = Client {
+        gateway: &gateway,
+        modern: true,
+        next: 0,
+    };
+    let mut legacy = Client {
+        gateway: &gateway,
+        modern: false,
+        next: 100,
+    };
+    // Each DIRECT read reaches the server in its client's revision, whatever the other sent just before.
+    assert_eq!(legacy.count()["refunds"], 0);
+    assert_eq!(modern.count()["refunds"], 0);
+    assert_eq!(legacy.count()["refunds"], 0);
+    let prompt = legacy.request("prompts/get", Some("refund-note"), json!({"name": "refund-note"}));
+    assert_eq!(
+        prompt["messages"][0]["content"]["text"],
+        "Tell the customer the refund is on its way."
+    );
+    let resource = modern.request(
+        "resources/read",
+        Some("refunds://policy"),
+        json!({"uri": "refunds://policy"}),
+    );
+    assert_eq!(resource["contents"][0]["text"], "Refunds within 30 days.", "{resource}");
+    let resource = legacy.request("resources/read", None, json!({"uri": "refunds://policy"}));
+    assert_eq!(resource["contents"][0]["text"], "Refunds within 30 days.", "{resource}");
+
+    // Protected refunds are the gateway's requests: in 2026-07-28 with its envelope, whichever client asked.
+    let by_modern = modern.call("refund", refund_args("M-1"), Some("op-modern"));
+    assert_eq!(
+        by_modern["_meta"]["once/outcome"]["decision"],
+        "executed",
+        "{by_modern}\n{}",
+        rig.logs()
+    );
+    let by_legacy = legacy.call("refund", refund_args("L-1"), Some("op-legacy"));
+    assert_eq!(
+        by_legacy["_meta"]["once/outcome"]["decision"],
+        "executed",
+        "{by_legacy}\n{}",
+        rig.logs()
+    );
+    assert_eq!(modern.count()["refunds"], 2);
+    assert_eq!(legacy.count()["refunds"], 2);
+    // The same calls again replay: nothing more is sent.
+    let replayed = legacy.call("refund", refund_args("M-1"), Some("op-modern"));
+    assert_eq!(replayed["_meta"]["once/outcome"]["decision"], "replayed", "{replayed}");
+    let replayed = modern.call("refund", refund_args("L-1"), Some("op-legacy"));
+    assert_eq!(replayed["_meta"]["once/outcome"]["decision"], "replayed", "{replayed}");
+
+    let made = refunds(&rig);
+    assert_eq!(made.len(), 2, "{made:?}");
+    assert!(made.iter().all(|r| r["era"] == "modern"), "{made:?}");
+    let orders: Vec<&str> = made.iter().map(|r| r["order_id"].as_str().unwrap()).collect();
+    assert_eq!(orders, ["M-1", "L-1"]);
+}

@@ -1,0 +1,162 @@
+// A small MCP server on the official TypeScript server SDK v2
+// (`@modelcontextprotocol/server` 2.4.0, pinned in package-lock.json), for
+// host/cli/tests/gateway_sdk2_upstream.rs: the gateway in front of an upstream
+// that speaks MCP 2026-07-28 (per-request `_meta` envelope) beside the 2025
+// revisions, as a stdio child or at a URL (Streamable HTTP on 127.0.0.1).
+//
+//   node sdk2-server.mjs EFFECTS [--http] [--hang-first-refund]
+//
+// - `refund` (destructive) appends one JSON line per refund to EFFECTS (with
+//   the era it was asked in: `legacy` or `modern`), fsync'd before it
+//   answers: the test counts effects there, never in what the gateway says.
+//   It honours no idempotency key, so every send is an effect.
+// - `find_refund` (read-only) is the lookup: it reads EFFECTS for the refund
+//   made under an idempotency key (linearizable: the file is the truth).
+// - `refund_count` (read-only, DIRECT by its annotations) says how many
+//   refunds EFFECTS holds, and which revision the request came in.
+// - one prompt (`refund-note`) and one resource (`refunds://policy`).
+//
+// `--hang-first-refund`: the first refund makes its effect and then never
+// answers (a lost reply); later ones answer. With `--http` it serves on port
+// 0 of 127.0.0.1 and prints `listening on http://127.0.0.1:PORT/mcp` to
+// stdout; otherwise it serves stdio.
+
+import { createServer } from "node:http";
+import { closeSync, existsSync, fsyncSync, openSync, readFileSync, writeSync } from "node:fs";
+import { McpServer, createMcpHandler } from "@modelcontextprotocol/server";
+import { serveStdio } from "@modelcontextprotocol/server/stdio";
+import { z } from "zod";
+
+const args = process.argv.slice(2);
+const effects = args.find((a) => !a.startsWith("--"));
+if (!effects) {
+  console.error("usage: sdk2-server.mjs EFFECTS [--http] [--hang-first-refund]");
+  process.exit(2);
+}
+const http = args.includes("--http");
+let hangNext = args.includes("--hang-first-refund");
+
+function refunds() {
+  if (!existsSync(effects)) return [];
+  return readFileSync(effects, "utf8")
+    .split("\n")
+    .filter((line) => line.trim() !== "")
+    .map((line) => JSON.parse(line));
+}
+
+function record(refund) {
+  const fd = openSync(effects, "a");
+  try {
+    writeSync(fd, `${JSON.stringify(refund)}\n`);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+const json = (value) => ({
+  content: [{ type: "text", text: JSON.stringify(value) }],
+  structuredContent: value,
+});
+
+// One factory serves both eras (the SDK calls it per HTTP request, or per stdio connection).
+function build(context) {
+  const server = new McpServer(
+    { name: "once-sdk2-server", version: "1.0.0" },
+    { capabilities: { tools: {}, prompts: {}, resources: {} } },
+  );
+  server.registerTool(
+    "refund",
+    {
+      description: "Refunds an order. Every call refunds again.",
+      inputSchema: z.object({ order_id: z.string(), amount: z.number(), idempotency_key: z.string() }),
+      annotations: { destructiveHint: true, idempotentHint: false },
+    },
+    async ({ order_id, amount, idempotency_key }) => {
+      const era = context?.era ?? "unknown";
+      const refund = { refund_id: `re_${refunds().length + 1}`, order_id, amount, idempotency_key, era };
+      record(refund);
+      if (hangNext) {
+        hangNext = false;
+        // The effect is made; the answer never comes.
+        await new Promise(() => {});
+      }
+      return json(refund);
+    },
+  );
+  server.registerTool(
+    "find_refund",
+    {
+      description: "The refund made under an idempotency key, if any.",
+      inputSchema: z.object({ idempotency_key: z.string() }),
+      annotations: { readOnlyHint: true },
+    },
+    async ({ idempotency_key }) => {
+      const found = refunds().find((r) => r.idempotency_key === idempotency_key);
+      return json(found ? { found: true, refund: found } : { found: false });
+    },
+  );
+  server.registerTool(
+    "refund_count",
+    {
+      description: "How many refunds were made.",
+      inputSchema: z.object({}),
+      annotations: { readOnlyHint: true },
+    },
+    async () => json({ refunds: refunds().length, era: context?.era ?? "unknown" }),
+  );
+  server.registerPrompt(
+    "refund-note",
+    { description: "A note to the customer about a refund." },
+    () => ({
+      messages: [{ role: "user", content: { type: "text", text: "Tell the customer the refund is on its way." } }],
+    }),
+  );
+  server.registerResource(
+    "policy",
+    "refunds://policy",
+    { mimeType: "text/plain", description: "The refund policy." },
+    async (uri) => ({ contents: [{ uri: uri.href, text: "Refunds within 30 days." }] }),
+  );
+  return server;
+}
+
+if (!http) {
+  serveStdio(build);
+} else {
+  const handler = createMcpHandler(build);
+  // node:http in front of the handler's web-standard face: one Request in, its Response streamed out.
+  const listener = createServer(async (req, res) => {
+    const chunks = [];
+    for await (const chunk of req) chunks.push(chunk);
+    const abort = new AbortController();
+    res.on("close", () => abort.abort());
+    const headers = new Headers();
+    for (const [name, value] of Object.entries(req.headers)) {
+      if (Array.isArray(value)) value.forEach((v) => headers.append(name, v));
+      else if (value !== undefined) headers.set(name, value);
+    }
+    const body = chunks.length > 0 && req.method !== "GET" && req.method !== "HEAD" ? Buffer.concat(chunks) : undefined;
+    try {
+      const request = new Request(`http://${req.headers.host}${req.url}`, {
+        method: req.method,
+        headers,
+        body,
+        signal: abort.signal,
+      });
+      const response = await handler.fetch(request);
+      res.writeHead(response.status, Object.fromEntries(response.headers));
+      if (response.body) {
+        for await (const chunk of response.body) res.write(chunk);
+      }
+      res.end();
+    } catch (e) {
+      if (!res.headersSent) res.writeHead(500);
+      res.end();
+      if (!abort.signal.aborted) console.error(`sdk2-server: ${e?.stack ?? e}`);
+    }
+  });
+  listener.listen(0, "127.0.0.1", () => {
+    console.log(`listening on http://127.0.0.1:${listener.address().port}/mcp`);
+  });
+}
