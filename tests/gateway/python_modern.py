@@ -120,17 +120,26 @@ async def connected(row, gateway):
     return client
 
 
-async def refund(client, amount, key=None, *, step):
+def of_its_revision(row, result, step):
+    """A result to a client on a revision before 2026-07-28 carries nothing that revision does not know."""
+    # The model defaults result_type to "complete"; the fields set are the ones the answer carried.
+    if row.mode == "legacy":
+        row.check("result_type" not in result.model_fields_set, f"{step}: resultType sent to a legacy client")
+    return result
+
+
+async def refund(row, client, amount, key=None, *, step):
     """refund_order on the order, with `key` in `_meta` (or none); a result the SDK rejects fails naming `step`."""
     meta = {"once/key": key} if key else None
     try:
-        return await client.call_tool("refund_order", {"order_id": ORDER, "amount": amount}, meta=meta)
+        result = await client.call_tool("refund_order", {"order_id": ORDER, "amount": amount}, meta=meta)
     except Exception as e:
         raise AssertionError(f"{step}: the SDK did not accept the answer: {type(e).__name__}: {e}") from e
+    return of_its_revision(row, result, step)
 
 
 async def refunded(row, client):
-    order = await client.call_tool("get_order", {"order_id": ORDER})
+    order = of_its_revision(row, await client.call_tool("get_order", {"order_id": ORDER}), "get_order")
     row.check(not order.is_error, f"get_order failed: {show(order)}")
     return order.structured_content["refunded"]
 
@@ -148,23 +157,23 @@ async def rows(row):
             row.check(await refunded(row, client) == 0, "the order starts unrefunded")
 
             key = f"py-{row.mode}-{row.transport}"
-            first = await refund(client, 100, key, step="the keyed call")
+            first = await refund(row, client, 100, key, step="the keyed call")
             row.check(not first.is_error and outcome(first).get("decision") == "executed", f"first: {show(first)}")
             row.check(first.structured_content["amount"] == 100, f"receipt {show(first)}")
             refund_id = first.structured_content["refund_id"]
 
-            again = await refund(client, 100, key, step="its repeat")
+            again = await refund(row, client, 100, key, step="its repeat")
             row.check(outcome(again).get("decision") == "replayed", f"replay: {show(again)}")
             row.check(text(again).startswith(f"Replay of operation {key}:"), f"replay text: {show(again)}")
             row.check(again.structured_content["refund_id"] == refund_id, f"a second refund: {show(again)}")
 
-            other = await refund(client, 50, key, step="the same key with another amount")
+            other = await refund(row, client, 50, key, step="the same key with another amount")
             row.check(other.is_error and outcome(other).get("decision") == "conflict", f"conflict: {show(other)}")
 
-            keyless = await refund(client, 30, step="the keyless call")
+            keyless = await refund(row, client, 30, step="the keyless call")
             row.check(not keyless.is_error and outcome(keyless).get("decision") == "executed", f"keyless: {show(keyless)}")
             row.check(str(outcome(keyless).get("operation")).startswith("derived:"), f"derived key: {show(keyless)}")
-            keyless_again = await refund(client, 30, step="the keyless repeat")
+            keyless_again = await refund(row, client, 30, step="the keyless repeat")
             row.check(outcome(keyless_again).get("decision") == "replayed", f"keyless repeat: {show(keyless_again)}")
             row.check(outcome(keyless_again).get("operation") == outcome(keyless).get("operation"), "another operation")
             row.check(
@@ -173,7 +182,7 @@ async def rows(row):
             )
 
             # The README's quota (500.00 a day): 130 taken, 400 more would pass it. once answers; nothing is sent.
-            over = await refund(client, 400, f"{key}-over", step="the call over the quota")
+            over = await refund(row, client, 400, f"{key}-over", step="the call over the quota")
             row.check(over.is_error and outcome(over).get("decision") == "blocked", f"over the quota: {show(over)}")
 
             row.check(await refunded(row, client) == 130, "the order's refunds are not 100 + 30")
@@ -192,14 +201,14 @@ async def unknown(row):
         client = await connected(row, gateway)
         try:
             key = f"py-{row.mode}-{row.transport}-unknown"
-            answer = await refund(client, 100, key, step="the call whose reply is lost")
+            answer = await refund(row, client, 100, key, step="the call whose reply is lost")
             row.check(outcome(answer).get("decision") == "unknown", f"a lost reply: {show(answer)}\n{gateway.logs()}")
             # once settles it in the background (read, then the owed call sent once); the same call reads that.
             end = time.monotonic() + 30
             while outcome(answer).get("decision") in ("unknown", "in-flight"):
                 row.check(time.monotonic() < end, f"never settled: {show(answer)}\n{gateway.logs()}")
                 await anyio.sleep(0.25)
-                answer = await refund(client, 100, key, step="the same call again")
+                answer = await refund(row, client, 100, key, step="the same call again")
             # Settled by the background worker (read, then sent) before this call: a replay; or the absence
             # was proven and this call is the one that sends the owed attempt: executed, as a later attempt.
             settled = outcome(answer)
@@ -267,7 +276,7 @@ async def retry(row, key):
         try:
             await lost_post(row, gateway.url, f"lost-{name}", args, key, client)
             # MCP's own retry: the same call, a new request id, on another connection than the one that broke.
-            answer = await refund(client, 100, key, step="the retry")
+            answer = await refund(row, client, 100, key, step="the retry")
             # The lost request was sent and its refund made: the retry is that operation's replay.
             row.check(
                 not answer.is_error and outcome(answer).get("decision") == "replayed",
@@ -276,7 +285,7 @@ async def retry(row, key):
             row.check(answer.structured_content["amount"] == 100, f"the retry's receipt: {show(answer)}")
             operation = str(outcome(answer).get("operation"))
             row.check(operation == key if key else operation.startswith("derived:"), f"operation: {show(answer)}")
-            repeat = await refund(client, 100, key, step="the retry's repeat")
+            repeat = await refund(row, client, 100, key, step="the retry's repeat")
             row.check(outcome(repeat).get("decision") == "replayed", f"the repeat: {show(repeat)}")
             row.check(
                 repeat.structured_content["refund_id"] == answer.structured_content["refund_id"], "a second refund"

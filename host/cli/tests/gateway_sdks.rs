@@ -13,8 +13,9 @@
 //! itself after a lost reply (UNKNOWN) and the replay once settles it into; over HTTP, a call whose answer
 //! was lost on a broken connection and that the client re-issues with a new request id (MCP's own retry),
 //! with the key in `_meta` and with a derived key. Every one of these answers must be one the SDK
-//! accepted (a result it rejects throws in the driver script), and the refunds counted in the upstream's
-//! own effect table are exactly one per operation.
+//! accepted (a result it rejects throws in the driver script), a client that connected with initialize
+//! gets no `resultType` its revision does not know (seen where the SDK keeps it: TypeScript v1, Python),
+//! and the refunds counted in the upstream's own effect table are exactly one per operation.
 //!
 //! The drivers are tests/gateway/everything/sdk-client.mjs (TypeScript) and tests/gateway/python_modern.py
 //! (Python); each checks that the installed SDK is the pinned one. Needs node with `npm ci` run in
