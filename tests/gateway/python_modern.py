@@ -115,8 +115,8 @@ async def connected(row, gateway):
     row.check(client.protocol_version == row.version, f"negotiated {client.protocol_version}, expected {row.version}")
     if row.mode == "auto":
         row.check(client.session.discover_result is not None, "server/discover was not answered")
-    else:
-        row.check(client.server_info is not None and client.server_info.name == "once-gateway", f"{client.server_info}")
+    # initialize's serverInfo, or (2026-07-28) the discover result's `_meta` serverInfo.
+    row.check(client.server_info is not None and client.server_info.name == "once-gateway", f"{client.server_info}")
     return client
 
 

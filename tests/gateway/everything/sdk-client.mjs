@@ -144,9 +144,8 @@ async function connectWith(transport) {
       check(client.getDiscoverResult()?.supportedVersions?.includes("2026-07-28"), "server/discover not answered");
     }
   }
-  if (row.era === "legacy") {
-    check(client.getServerVersion()?.name === "once-gateway", `server ${JSON.stringify(client.getServerVersion())}`);
-  }
+  // initialize's serverInfo, or (2026-07-28) the discover result's `_meta` serverInfo.
+  check(client.getServerVersion()?.name === "once-gateway", `server ${JSON.stringify(client.getServerVersion())}`);
   return client;
 }
 
