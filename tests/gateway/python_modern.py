@@ -45,7 +45,8 @@ class Row:
         self.once_bin, self.refund_mcp, self.workdir, self.config = once_bin, refund_mcp, Path(workdir), config
         self.mode, self.transport = mode, transport
         self.label = f"python {mode}, {transport}"
-        # Only the default mode is expected to reach the new revision: the gateway offers it.
+        # "auto" probes server/discover and adopts 2026-07-28, which the gateway offers; "legacy"'s initialize
+        # asks for the newest handshake revision, which the gateway accepts.
         self.version = "2026-07-28" if mode == "auto" else "2025-11-25"
 
     def check(self, cond, what):

@@ -17,9 +17,12 @@
 //            the quota (blocked, nothing sent). Two operations ran: two refunds.
 //   unknown: the README's config with in_flight_wait = "0ms", refund-mcp under pre_effect_disconnect: the
 //            call's answer is once's UNKNOWN; the same call again until once settled it (one refund).
-//   retry-keyed, retry-derived (http only): the call is POSTed raw and its connection closed before the
-//            answer (refund-mcp under late_reply holds it); then the SDK sends it again with a new request
-//            id, on a new connection: with the key in _meta, and with no key (derived). One refund each.
+//   retry-keyed, retry-derived (http only): the call is POSTed raw and its connection closed once the
+//            upstream made the refund, before the answer (refund-mcp under late_reply holds it); then the SDK
+//            sends it again with a new request id, on another connection: with the key in _meta, and with no
+//            key (derived). One refund each, and the retry is that refund's replay.
+// With mode 'auto' on stdio the v2 SDK probes server/discover on a sibling process started with the same
+// command (a second gateway on the same ledgers, for the probe only), then starts the one it keeps.
 // Every answer must be one the SDK accepted: a call that throws fails the script. Pinned versions are
 // checked against node_modules (package-lock.json beside this file; `npm ci` installs them).
 
@@ -82,12 +85,19 @@ function gatewayArgs(work, config, fault, extra = []) {
   ];
 }
 
+// A listening gateway outlives this script unless stopped: a scenario that failed before its stop leaves
+// its gateway here, and the exit ends it.
+const listening = new Set();
+process.on("exit", () => listening.forEach((child) => child.kill("SIGKILL")));
+
 /** `once gateway --listen 127.0.0.1:0`: its URL from the first stdout line, its stderr in `work`/gateway.log. */
 function listen(work, args) {
   return new Promise((resolve, reject) => {
     const child = spawn(onceBin, ["gateway", "--listen", "127.0.0.1:0", ...args], {
       stdio: ["ignore", "pipe", openSync(join(work, "gateway.log"), "w")],
     });
+    listening.add(child);
+    child.once("exit", () => listening.delete(child));
     let out = "";
     const timer = setTimeout(() => reject(new Error(`the gateway did not start: ${out}`)), 30000);
     child.stdout.on("data", (d) => {
@@ -139,8 +149,9 @@ async function connectWith(transport) {
   await client.connect(transport);
   if (v2) {
     check(client.getProtocolEra() === row.era, `negotiated the ${client.getProtocolEra()} era, expected ${row.era}`);
+    const version = row.era === "modern" ? "2026-07-28" : "2025-11-25";
+    check(client.getNegotiatedProtocolVersion() === version, `version ${client.getNegotiatedProtocolVersion()}, expected ${version}`);
     if (row.era === "modern") {
-      check(client.getNegotiatedProtocolVersion() === "2026-07-28", `version ${client.getNegotiatedProtocolVersion()}`);
       check(client.getDiscoverResult()?.supportedVersions?.includes("2026-07-28"), "server/discover not answered");
     }
   }
