@@ -41,6 +41,13 @@ max_in_flight = "500ms"
 reconcile_interval = "100ms"
 reconcile = "required"
 lookup = { tool = "find_refund", args = { idempotency_key = "{key}" }, found = "/found", receipt = "/refund", read_position = "sent" }
+
+[tools.refund_confirmed]
+route = "protect"
+effect_fields = ["/order_id", "/amount"]
+provider_key = "argument:idempotency_key"
+on_tool_error = "rejected"
+lookup = { tool = "find_refund", args = { idempotency_key = "{key}" }, found = "/found", receipt = "/refund", read_position = "sent" }
 "#;
 
 fn server_script() -> PathBuf {
@@ -395,4 +402,93 @@ fn a_modern_and_a_legacy_client_interleaved_on_one_url_upstream_each_keep_their_
     assert!(made.iter().all(|r| r["era"] == "modern"), "{made:?}");
     let orders: Vec<&str> = made.iter().map(|r| r["order_id"].as_str().unwrap()).collect();
     assert_eq!(orders, ["M-1", "L-1"]);
+}
+
+/// The questions `refund_confirmed` asked (sdk2-server.mjs writes one line to EFFECTS.asked for each).
+fn questions(rig: &Rig) -> usize {
+    std::fs::read_to_string(rig.dir.path().join("refunds.jsonl.asked"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// `rounds-client.mjs` (the TypeScript client 2.4.0 in `era`) through a stdio gateway on `url`: its answers.
+fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
+    let script = server_script().with_file_name("rounds-client.mjs");
+    let out = Command::new("node")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(&rig.config)
+        .arg(&rig.db)
+        .arg(url)
+        .arg(era)
+        .env_remove("ONCE_DB")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "rounds-client.mjs {era} failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("rounds-client.mjs printed {stdout:?}: {e}\n{stderr}"))
+}
+
+/// MCP 2026-07-28's multi-round-trip input through a protected tool: the upstream's question reaches the
+/// client (the TypeScript SDK in its discover mode, which answers it), the answered round runs exactly
+/// once under the same operation (its answers are not part of the operation), the asking round is
+/// recorded as a rejection that did nothing, never as unknown, and the same call again replays.
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
+    let rig = Rig::new(CONFIG);
+    let upstream = Sdk2Http::start(&rig, &[]);
+    let answers = rounds_client(&rig, &upstream.url, "modern");
+    assert_eq!(answers["asked"], 1, "the client was asked once: {answers}");
+    let first = &answers["first"];
+    assert_eq!(first["_meta"]["once/outcome"]["decision"], "executed", "{first}");
+    assert_eq!(
+        first["_meta"]["once/outcome"]["attempt"], 2,
+        "the answered round is the second attempt: {first}"
+    );
+    assert_eq!(first["structuredContent"]["refund_id"], "re_1", "{first}");
+    let again = &answers["again"];
+    assert_eq!(again["_meta"]["once/outcome"]["decision"], "replayed", "{again}");
+    assert_eq!(again["structuredContent"]["refund_id"], "re_1", "{again}");
+    let made = refunds(&rig);
+    assert_eq!(made.len(), 1, "exactly one refund: {made:?}");
+    assert_eq!(made[0]["era"], "modern", "{made:?}");
+    assert_eq!(questions(&rig), 1, "one question, never asked again by a resend");
+    let ledger = Command::new(env!("CARGO_BIN_EXE_once"))
+        .args(["ledger", "show", "confirm-77", "--db", &rig.db])
+        .env_remove("ONCE_DB")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&ledger.stdout);
+    assert!(!shown.contains("unknown"), "nothing was recorded as unknown:\n{shown}");
+}
+
+/// A client on MCP 2025-11-25 cannot take a question: it is told in a tool result that nothing was done,
+/// and nothing was.
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_legacy_client_is_told_the_tool_asked_for_input_and_nothing_was_done() {
+    let rig = Rig::new(CONFIG);
+    let upstream = Sdk2Http::start(&rig, &[]);
+    let answers = rounds_client(&rig, &upstream.url, "legacy");
+    let first = &answers["first"];
+    assert_eq!(first["isError"], true, "{first}");
+    assert_eq!(first["_meta"]["once/outcome"]["decision"], "input-required", "{first}");
+    assert_eq!(first["_meta"]["once/outcome"]["effect"], "none", "{first}");
+    assert!(
+        first["content"][0]["text"].as_str().unwrap().starts_with("NOT RUN:"),
+        "{first}"
+    );
+    assert_eq!(answers["asked"], 0, "{answers}");
+    assert!(refunds(&rig).is_empty(), "no refund: {:?}", refunds(&rig));
+    assert_eq!(questions(&rig), 1);
 }

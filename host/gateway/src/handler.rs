@@ -13,7 +13,7 @@ use once::types::{Account, Call, Ending, Evidence, Repeat, Route, ToolDescriptor
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ContentBlock, ErrorData, JsonObject, LoggingLevel,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject, LoggingLevel,
     LoggingMessageNotificationParam, Notification, ServerNotification, Tool,
 };
 use serde_json::Value;
@@ -325,6 +325,7 @@ impl Provider for LookupProvider {
             Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
             Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
             Reply::Task(_) => return Evidence::Unknown(format!("{} answered with a task", lookup.tool)),
+            Reply::InputRequired(_) => return Evidence::Unknown(format!("{} asked for input", lookup.tool)),
         };
         match lookup.evidence(&answer, sent_at) {
             Evidence::Confirmed(receipt) => {
@@ -424,6 +425,9 @@ fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
                 .to_string(),
         ),
         Reply::NotSent(_) => Sent::NotSent,
+        // The upstream answered, and did nothing: a definite rejection of this attempt, which ends the call
+        // (the client answers the question in a call of its own) and leaves the next one to it ([`crate::rounds`]).
+        Reply::InputRequired(asked) => Sent::Rejected(serde_json::to_string(asked).unwrap_or_default()),
     }
 }
 
@@ -446,13 +450,19 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let mut link = if capture.sent {
         Link::default()
     } else {
+        // So are the client's answers to a question of an earlier round: this is that attempt.
+        if let Some(answers) = capture.answers.take() {
+            answers.apply(&mut params);
+        }
         capture.link.clone()
     };
-    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client):
-    // the gateway's `_meta` envelope in the upstream's newest revision, never the client's `_meta` (only its
-    // progress and cancellation follow it). A direct call is the client's: its `_meta`, envelope and revision.
+    // A protected dispatch is the engine's request, the same whoever sends it (the worker has no client), in
+    // the upstream's newest revision: never the client's `_meta`; only its progress and cancellation follow
+    // it, and its 2026-07-28 envelope, so that the upstream may ask the client it would act for
+    // (`crate::rounds`; the worker's carry the gateway's). A direct call is the client's: its `_meta`,
+    // envelope and revision.
     if d.attempt > 0 {
-        link.meta = None;
+        link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
     let may_send = || once.now() < send_by;
@@ -494,6 +504,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     // Why an attempt went unanswered or never left: what an operator needs to tell the two apart.
     let why = match &reply {
         Reply::Lost(why) | Reply::NotSent(why) => why.as_str(),
+        Reply::InputRequired(_) => "the upstream asked for input first, and did nothing",
         _ => "",
     };
     tracing::info!(target: "once::gateway", tool = d.tool, key = d.key, attempt = d.attempt, sent = sent_name(&sent), why, "dispatched");
@@ -624,14 +635,16 @@ impl Gateway {
     /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous).
     pub(crate) fn call(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         meta: JsonObject,
         link: Link,
         tenant: Option<String>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let (shared, once) = (&*self.shared, &*self.once);
         let started = Instant::now();
         let tool = request.name.to_string();
+        // A later round's answers to the upstream's question: not part of the operation (`crate::rounds`).
+        let answers = crate::rounds::Answers::take(&mut request);
         let (mut meta, mut link) = (meta, link);
         if self.over_http {
             // Only the stdio layer (`crate::wire`) writes these, and only where the gateway declared tasks.
@@ -663,19 +676,19 @@ impl Gateway {
             capture: Capture::default(),
         };
         if let Some(why) = refused {
-            return Ok(reply::engine_error(&OnceError::Component(why), &cx));
+            return Ok(reply::engine_error(&OnceError::Component(why), &cx).into());
         }
         if let Err(why) = shared.admit_scope(once, &scope) {
-            return Ok(reply::engine_error(&OnceError::Component(why), &cx));
+            return Ok(reply::engine_error(&OnceError::Component(why), &cx).into());
         }
         // Up before the claim: the lease then covers only claim to send, never a restart.
         if let Err(e) = shared.handle.block_on(shared.upstream.ready()) {
             let e = OnceError::Component(format!("the upstream is not available: {e}"));
-            return Ok(reply::engine_error(&e, &cx));
+            return Ok(reply::engine_error(&e, &cx).into());
         }
         if let Err(e) = shared.keep_configured(once, &tool) {
             let e = OnceError::Component(shared.config.refused(&e));
-            return Ok(reply::engine_error(&e, &cx));
+            return Ok(reply::engine_error(&e, &cx).into());
         }
         cx.output_schema = shared.upstream.tool(&tool).is_some_and(|t| t.output_schema.is_some());
         // A task is the upstream's to run; once's record must be the call's own outcome, so only a DIRECT
@@ -694,7 +707,7 @@ impl Gateway {
                 Some(Value::String(k)) => keys.push((format!("_meta {field}"), k.clone())),
                 Some(other) => {
                     let e = OnceError::Component(format!("_meta {field} must be a string, not {other}"));
-                    return Ok(reply::engine_error(&e, &cx));
+                    return Ok(reply::engine_error(&e, &cx).into());
                 }
             }
         }
@@ -729,6 +742,7 @@ impl Gateway {
         let mut capture = Capture {
             link,
             runs_tasks: self.over_http,
+            answers,
             ..Capture::default()
         };
         let called = once.call_with(&call, |d| dispatch(shared, once, d, &mut capture));
@@ -750,13 +764,18 @@ impl Gateway {
                     latency_ms = started.elapsed().as_millis() as u64,
                     "call"
                 );
+                // The upstream asked the client something before it would run the call: the question is the
+                // answer, as the upstream wrote it; the client calls again with its answers (`crate::rounds`).
+                if let Some(Reply::InputRequired(asked)) = &cx.capture.last {
+                    return Ok(CallToolResponse::InputRequired(asked.clone()));
+                }
                 let rendered = reply::render(called, &cx);
                 if cx.capture.link.ct.is_cancelled()
                     && let Ok(result) = &rendered
                 {
                     self.tell_cancelled(result);
                 }
-                rendered
+                rendered.map(CallToolResponse::from)
             }
             Err(e) => {
                 // Sent, then the engine failed: the record expires into unknown and is ours to settle.
@@ -774,7 +793,7 @@ impl Gateway {
                     latency_ms = started.elapsed().as_millis() as u64,
                     "call: {e}"
                 );
-                Ok(reply::engine_error(&e, &cx))
+                Ok(reply::engine_error(&e, &cx).into())
             }
         }
     }

@@ -23,7 +23,8 @@
 //! Modules: `config` (`once.toml`), `lookup` (a tool's lookup templates and
 //! evidence), `server` (the MCP methods the client calls), `handler` (a
 //! protected call and the provider lookup), `shaped` (every result as the
-//! request's protocol revision requires it), `reply` (what the model is shown,
+//! request's protocol revision requires it), `rounds` (MCP 2026-07-28's
+//! multi-round-trip input through a protected tool), `reply` (what the model is shown,
 //! from the engine's account), `upstream` (the MCP client of the real
 //! server), `remote` (a URL upstream: which HTTP failures prove a request
 //! never left), `relay` (what the upstream sends the client), `wire` (the raw
@@ -43,6 +44,7 @@ mod lookup;
 mod relay;
 mod remote;
 mod reply;
+mod rounds;
 mod server;
 mod shaped;
 mod tasks;

@@ -32,6 +32,9 @@ pub struct Capture {
     /// The client cannot follow a task (it came over HTTP, where the gateway declares none): a DIRECT call
     /// of a tool the upstream runs only as a task is run as one by the gateway, and its result waited for.
     pub runs_tasks: bool,
+    /// The client's answers to the upstream's question of an earlier round ([`crate::rounds`]): sent with
+    /// the attempt the client waits on, and with no other.
+    pub answers: Option<crate::rounds::Answers>,
 }
 
 /// Everything a text needs besides the engine's account.
@@ -450,6 +453,23 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
     )
 }
 
+/// What a client on a revision before MCP 2026-07-28 is told when the upstream asked for input before it
+/// would run `tool`: such a client cannot take the question ([`crate::rounds`]), and nothing was done.
+pub fn input_not_carried(tool: &str) -> CallToolResult {
+    let info = json!({
+        "decision": "input-required", "tool": tool,
+        "effect": Effect::None.to_string(), "repeat": Repeat::Retries.to_string(),
+    });
+    made(
+        format!(
+            "NOT RUN: {tool} asked for input before it would run (an MCP 2026-07-28 multi-round-trip request), \
+             which this client's protocol revision cannot carry. Nothing was done; calling it again asks again."
+        ),
+        info,
+        true,
+    )
+}
+
 fn direct(cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
     let tool = cx.tool;
     let info = cx.info("direct");
@@ -466,6 +486,9 @@ fn direct(cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
             true,
         )),
         Some(Reply::NotSent(why)) => Ok(made(format!("{tool} was not sent: {why}."), info, true)),
+        // Relayed as the question it is before anything is rendered (`Gateway::call`); here only for a client
+        // that cannot take one.
+        Some(Reply::InputRequired(_)) => Ok(input_not_carried(tool)),
         None => Ok(made(format!("{tool} was not sent."), info, true)),
     }
 }

@@ -321,14 +321,24 @@ impl ServerHandler for Gateway {
         let meta = context.meta.0.0.clone();
         let link = link(&context);
         let tenant = tenant(&context);
+        let stateless = crate::shaped::is_stateless_revision(context.protocol_version().as_ref());
+        let tool = request.name.to_string();
         // Counted until the engine is done, even if the client goes away first: shutdown waits for it.
         let in_flight = self.shared().in_flight();
-        let result = tokio::task::spawn_blocking(move || {
+        let response = tokio::task::spawn_blocking(move || {
             let _in_flight = in_flight;
             this.call(request, meta, link, tenant)
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;
+        let result = match response {
+            CallToolResponse::Complete(result) => result,
+            // A client on an older revision cannot take a question: it is told what happened instead.
+            CallToolResponse::InputRequired(_) if !stateless => {
+                return Ok(crate::reply::input_not_carried(&tool).into());
+            }
+            other => return Ok(other),
+        };
         // On stdio `crate::wire` hands a task handle to the client as the upstream sent it; over HTTP
         // nothing carries one (the gateway declares no tasks there, so none was asked for).
         if self.is_over_http()

@@ -45,8 +45,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientNotification, ClientRequest,
-    ErrorCode, ErrorData, Implementation, ProgressToken, ProtocolVersion, Request, RequestMetaObject, ServerPeerInfo,
-    ServerResult, Tool,
+    ErrorCode, ErrorData, Implementation, InputRequiredResult, ProgressToken, ProtocolVersion, Request,
+    RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, PeerRequestOptions, RunningService};
 use rmcp::{RoleClient, RoleServer, ServiceError, ServiceExt};
@@ -93,6 +93,9 @@ pub enum Reply {
     Lost(String),
     /// The request never left: the upstream could not be started, or the send deadline passed.
     NotSent(String),
+    /// The server asked for input before it would run the call (MCP 2026-07-28's multi-round-trip
+    /// `InputRequiredResult`): it answered, and did nothing; the client answers in a new call ([`crate::rounds`]).
+    InputRequired(InputRequiredResult),
 }
 
 impl Reply {
@@ -221,12 +224,36 @@ fn goes_modern(link: &Link) -> bool {
 
 /// The `_meta` `link`'s request carries on the 2026-07-28 connection (`modern`) or the older one. On the
 /// first rmcp puts the gateway's envelope on every request, and a client's own envelope replaces it; the
-/// gateway's own request carries no client's. On the older one no envelope key travels.
+/// gateway's own request carries none of a client's `_meta` but, for the attempt a client waits on, its
+/// envelope ([`envelope_of`]). On the older one no envelope key travels.
 fn meta_on(link: &Link, modern: bool) -> Option<RequestMetaObject> {
-    if modern && !link.own {
+    if modern {
         return link.meta.clone();
     }
     link.meta.clone().map(without_envelope).filter(|m| !m.is_empty())
+}
+
+/// What of a client's `_meta` goes with a protected dispatch the client waits on: its 2026-07-28 envelope
+/// (its revision, identity and capabilities: the upstream may then ask it for input, [`crate::rounds`]),
+/// less the tasks extension (a protected call's outcome must be the call's own answer, never a task's).
+/// Nothing when it named no 2026-07-28 revision: the gateway's envelope goes instead, as with the worker's
+/// dispatches. The rest of its `_meta` is the client's, not the operation's.
+pub fn envelope_of(meta: &RequestMetaObject) -> Option<RequestMetaObject> {
+    if meta.protocol_version().as_ref() != Some(&MODERN) {
+        return None;
+    }
+    let mut envelope = RequestMetaObject::new();
+    for key in ENVELOPE_KEYS {
+        if let Some(value) = meta.get(key) {
+            envelope.insert(key.to_string(), value.clone());
+        }
+    }
+    if let Some(Value::Object(capabilities)) = envelope.get_mut("io.modelcontextprotocol/clientCapabilities")
+        && let Some(Value::Object(extensions)) = capabilities.get_mut("extensions")
+    {
+        extensions.remove(rmcp::model::TASKS_EXTENSION_ID);
+    }
+    Some(envelope)
 }
 
 /// `meta` without the 2026-07-28 envelope keys: on the older connection, a named revision would
@@ -646,10 +673,11 @@ impl Upstream {
                     Reply::Result(result)
                 }
             }
-            // A task or an input request is not the call's outcome: it may have started, so it is not "not sent".
+            Exchanged::Answered(Ok(ServerResult::InputRequiredResult(asked))) => Reply::InputRequired(asked),
+            // Anything else is not the call's outcome: it may have started, so it is not "not sent".
             Exchanged::Answered(Ok(_)) => Reply::Lost(
-                "the upstream answered with a task or an input request instead of a tool result, which the gateway \
-                 does not follow"
+                "the upstream answered with something other than a tool result or an input request (a task it was \
+                 not asked for?), which the gateway does not follow"
                     .to_string(),
             ),
             // A URL upstream's connection could not even be opened: the request is still here.

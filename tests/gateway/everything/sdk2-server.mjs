@@ -14,6 +14,10 @@
 //   made under an idempotency key (linearizable: the file is the truth).
 // - `refund_count` (read-only, DIRECT by its annotations) says how many
 //   refunds EFFECTS holds, and which revision the request came in.
+// - `refund_confirmed` (destructive) asks its client to confirm first, with an
+//   MCP 2026-07-28 input request (an elicitation), and refunds only in the
+//   round that carries the confirmation; each question is a line of
+//   EFFECTS.asked.
 // - one prompt (`refund-note`) and one resource (`refunds://policy`).
 //
 // `--hang-first-refund`: the first refund makes its effect and then never
@@ -23,7 +27,7 @@
 
 import { createServer } from "node:http";
 import { closeSync, existsSync, fsyncSync, openSync, readFileSync, writeSync } from "node:fs";
-import { McpServer, createMcpHandler } from "@modelcontextprotocol/server";
+import { McpServer, acceptedContent, createMcpHandler, inputRequired } from "@modelcontextprotocol/server";
 import { serveStdio } from "@modelcontextprotocol/server/stdio";
 import { z } from "zod";
 
@@ -44,8 +48,8 @@ function refunds() {
     .map((line) => JSON.parse(line));
 }
 
-function record(refund) {
-  const fd = openSync(effects, "a");
+function record(refund, file = effects) {
+  const fd = openSync(file, "a");
   try {
     writeSync(fd, `${JSON.stringify(refund)}\n`);
     fsyncSync(fd);
@@ -104,6 +108,33 @@ function build(context) {
       annotations: { readOnlyHint: true },
     },
     async () => json({ refunds: refunds().length, era: context?.era ?? "unknown" }),
+  );
+  // A refund that asks its client to confirm first, as MCP 2026-07-28 lets a tool ask (multi-round-trip:
+  // the question is the answer, and the client calls again with its answer). It refunds only on a
+  // confirmation, and writes each question it asks to EFFECTS.asked.
+  server.registerTool(
+    "refund_confirmed",
+    {
+      description: "Refunds an order once the client confirms it. Every confirmed call refunds again.",
+      inputSchema: z.object({ order_id: z.string(), amount: z.number(), idempotency_key: z.string() }),
+      annotations: { destructiveHint: true, idempotentHint: false },
+    },
+    async ({ order_id, amount, idempotency_key }, ctx) => {
+      const confirmation = z.object({ confirm: z.boolean() });
+      const confirmed = acceptedContent(ctx.mcpReq.inputResponses, "confirm", confirmation);
+      if (confirmed?.confirm !== true) {
+        record({ asked: order_id, idempotency_key, era: context?.era ?? "unknown" }, `${effects}.asked`);
+        return inputRequired({
+          inputRequests: {
+            confirm: inputRequired.elicit({ message: `Refund ${amount} on ${order_id}?`, requestedSchema: confirmation }),
+          },
+          requestState: `asked:${order_id}`,
+        });
+      }
+      const refund = { refund_id: `re_${refunds().length + 1}`, order_id, amount, idempotency_key, era: context?.era ?? "unknown" };
+      record(refund);
+      return json(refund);
+    },
   );
   server.registerPrompt(
     "refund-note",
