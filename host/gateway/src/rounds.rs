@@ -18,13 +18,18 @@
 //!   verify; neither names another effect. Were they in the fingerprint, the
 //!   answering round would be a conflict with the asking one.
 //! - **A question is an answer that did nothing.** The attempt that got it
-//!   is reported `not-sent`: the upstream finished the request without acting,
-//!   so nothing can commit later, and the operation may be sent again (it
-//!   ends `failed: not sent`, nothing recorded as unknown, its quota released).
-//!   Each round therefore uses one of the tool's attempts.
-//! - **The answers go with the attempt the client waits on, only.** An
-//!   owed dispatch the background worker sends has no client to ask: the
-//!   upstream asks again, and that attempt too is not-sent.
+//!   is reported `rejected` (the provider answered and did nothing), with the
+//!   question as its error: the call ends there, nothing is recorded as
+//!   unknown, its quota is released, and the answering round is the next
+//!   attempt of the same operation. (`not-sent` would be wrong twice over:
+//!   the request did leave, and the engine re-grants a not-sent attempt at
+//!   once, within the same call, which would ask again until the attempts
+//!   ran out.) Each round therefore uses one of the tool's attempts.
+//! - **The answers go with the attempt the client waits on, only**, as does
+//!   the client's 2026-07-28 envelope (its capabilities: the upstream asks
+//!   only a client that can answer). An owed dispatch the background worker
+//!   sends has no client to ask: if the upstream asks again, that attempt too
+//!   is a rejection, and the client's next call answers.
 //!
 //! The gateway relays the question to the client as the upstream wrote it.
 //! A client on an older revision cannot receive one: it is told in a tool
