@@ -66,6 +66,11 @@ fn effects_file(rig: &Rig) -> PathBuf {
     rig.dir.path().join("refunds.jsonl")
 }
 
+/// The refunds the server made for `order`.
+fn refunds_of(rig: &Rig, order: &str) -> Vec<Value> {
+    refunds(rig).into_iter().filter(|r| r["order_id"] == order).collect()
+}
+
 fn refunds(rig: &Rig) -> Vec<Value> {
     std::fs::read_to_string(effects_file(rig))
         .unwrap_or_default()
@@ -82,12 +87,11 @@ struct Sdk2Http {
 }
 
 impl Sdk2Http {
-    fn start(rig: &Rig, flags: &[&str]) -> Sdk2Http {
+    fn start(rig: &Rig) -> Sdk2Http {
         let mut child = Command::new("node")
             .arg(server_script())
             .arg(effects_file(rig))
             .arg("--http")
-            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(rig.dir.path().join("sdk2-server.log")).unwrap())
@@ -113,8 +117,8 @@ impl Drop for Sdk2Http {
     }
 }
 
-/// `once gateway` over the server as a stdio child (`flags` for the server).
-fn stdio_gateway(rig: &Rig, flags: &[&str]) -> Command {
+/// `once gateway` over the server as a stdio child.
+fn stdio_gateway(rig: &Rig) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
     cmd.arg("gateway")
         .arg("--config")
@@ -123,8 +127,7 @@ fn stdio_gateway(rig: &Rig, flags: &[&str]) -> Command {
         .arg(&rig.db)
         .args(["--", "node"])
         .arg(server_script())
-        .arg(effects_file(rig))
-        .args(flags);
+        .arg(effects_file(rig));
     cmd.env_remove("ONCE_DB").env("ONCE_LOG", "once=info");
     cmd
 }
@@ -152,7 +155,7 @@ fn payload(result: &CallToolResult) -> Value {
 async fn protected_once_replay_direct_prompt_resource(rig: &Rig, session: &Session, era: &str) {
     let first = session.call("refund", refund_args("A-1"), Some("op-1")).await;
     assert_eq!(outcome(&first)["decision"], "executed", "{first:?}\n{}", rig.logs());
-    let made = refunds(rig);
+    let made = refunds_of(rig, "A-1");
     assert_eq!(made.len(), 1, "{made:?}");
     assert_eq!(made[0]["order_id"], "A-1");
     assert_eq!(made[0]["era"], era, "{made:?}");
@@ -161,7 +164,7 @@ async fn protected_once_replay_direct_prompt_resource(rig: &Rig, session: &Sessi
     let again = session.call("refund", refund_args("A-1"), Some("op-1")).await;
     assert_eq!(outcome(&again)["decision"], "replayed", "{again:?}");
     assert_eq!(payload(&again)["refund_id"], made[0]["refund_id"], "{again:?}");
-    assert_eq!(refunds(rig).len(), 1, "a replay sends nothing");
+    assert_eq!(refunds_of(rig, "A-1").len(), 1, "a replay sends nothing");
 
     let count = session.call("refund_count", json!({}), None).await;
     // DIRECT: the upstream's own answer, nothing of once's added.
@@ -188,17 +191,23 @@ async fn protected_once_replay_direct_prompt_resource(rig: &Rig, session: &Sessi
     assert_eq!(contents["text"], "Refunds within 30 days.", "{resource:?}");
 }
 
+/// The same call until the engine no longer answers it as unsettled.
+async fn settled(rig: &Rig, session: &Session, order: &str, key: &str) -> CallToolResult {
+    let mut result = session.call("refund", refund_args(order), Some(key)).await;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while settling(&result) {
+        assert!(Instant::now() < give_up, "never settled: {result:?}\n{}", rig.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        result = session.call("refund", refund_args(order), Some(key)).await;
+    }
+    result
+}
+
 /// The first refund's reply is lost (the server made it and never answers): the attempt is ambiguous, the
 /// lookup confirms the refund (within the call, or in the background while the same call again waits),
 /// and the call is answered from what the lookup read. The server made exactly one refund.
 async fn a_lost_reply_is_reconciled_by_the_lookup(rig: &Rig, session: &Session) {
-    let mut settled = session.call("refund", refund_args("B-7"), Some("op-lost")).await;
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while settling(&settled) {
-        assert!(Instant::now() < give_up, "never settled: {settled:?}\n{}", rig.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        settled = session.call("refund", refund_args("B-7"), Some("op-lost")).await;
-    }
+    let settled = settled(rig, session, "lose-reply-1", "op-lost").await;
     assert_eq!(outcome(&settled)["decision"], "replayed", "{settled:?}\n{}", rig.logs());
     assert_eq!(outcome(&settled)["confirmed_by"], "provider", "{settled:?}");
     let said = gateway_common::text(&settled);
@@ -211,8 +220,27 @@ async fn a_lost_reply_is_reconciled_by_the_lookup(rig: &Rig, session: &Session) 
         trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
         "{trail:#?}"
     );
-    let made = refunds(rig);
+    let made = refunds_of(rig, "lose-reply-1");
     assert_eq!(made.len(), 1, "sent once, never again: {made:?}");
+    assert_eq!(payload(&settled)["refund_id"], made[0]["refund_id"], "{settled:?}");
+}
+
+/// The first refund is lost before it acted (no effect, no answer): the lookup finds nothing once the
+/// attempt can no longer commit, and the owed dispatch (the gateway's own request, in `era`) makes the
+/// refund, exactly once.
+async fn an_owed_dispatch_is_sent_once_when_the_lookup_finds_nothing(rig: &Rig, session: &Session, era: &str) {
+    let settled = settled(rig, session, "drop-1", "op-owed").await;
+    let decision = outcome(&settled)["decision"].clone();
+    assert!(
+        decision == "executed" || decision == "replayed",
+        "{settled:?}\n{}",
+        rig.logs()
+    );
+    let trail = rig.audit(&settled);
+    assert!(trail.iter().any(|e| e.starts_with("reconciled-absent")), "{trail:#?}");
+    let made = refunds_of(rig, "drop-1");
+    assert_eq!(made.len(), 1, "the owed dispatch made it, once: {made:?}");
+    assert_eq!(made[0]["era"], era, "{made:?}");
     assert_eq!(payload(&settled)["refund_id"], made[0]["refund_id"], "{settled:?}");
 }
 
@@ -220,16 +248,11 @@ async fn a_lost_reply_is_reconciled_by_the_lookup(rig: &Rig, session: &Session) 
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
 async fn a_v2_sdk_server_as_a_stdio_child_is_protected_and_passed_through() {
     let rig = Rig::new(CONFIG);
-    let session = rig.connect_command(stdio_gateway(&rig, &[]), 0).await;
+    let session = rig.connect_command(stdio_gateway(&rig), 0).await;
     // A stdio connection is pinned to the revision it opened with: 2025-11-25, the gateway's requests too.
     protected_once_replay_direct_prompt_resource(&rig, &session, "legacy").await;
-    assert!(session.close().await.success(), "{}", rig.logs());
-
-    let rig = Rig::new(CONFIG);
-    let session = rig
-        .connect_command(stdio_gateway(&rig, &["--hang-first-refund"]), 0)
-        .await;
     a_lost_reply_is_reconciled_by_the_lookup(&rig, &session).await;
+    an_owed_dispatch_is_sent_once_when_the_lookup_finds_nothing(&rig, &session, "legacy").await;
     assert!(session.close().await.success(), "{}", rig.logs());
 }
 
@@ -237,21 +260,17 @@ async fn a_v2_sdk_server_as_a_stdio_child_is_protected_and_passed_through() {
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
 async fn a_v2_sdk_server_at_a_url_gets_the_gateways_requests_in_2026_07_28() {
     let rig = Rig::new(CONFIG);
-    let server = Sdk2Http::start(&rig, &[]);
+    let server = Sdk2Http::start(&rig);
     let session = rig.connect_url(&server.url, 0).await;
     // The gateway's own request carries its envelope: the server took the refund as a 2026-07-28 request
     // (it refuses one that names no envelope under that revision), while this 2025-era client's DIRECT
     // read stays in its own revision.
     protected_once_replay_direct_prompt_resource(&rig, &session, "modern").await;
-    assert!(session.close().await.success(), "{}", rig.logs());
-
-    let rig = Rig::new(CONFIG);
-    let server = Sdk2Http::start(&rig, &["--hang-first-refund"]);
-    let session = rig.connect_url(&server.url, 0).await;
+    // The lookup is the gateway's request too: it reads in 2026-07-28 and confirms the lost reply.
     a_lost_reply_is_reconciled_by_the_lookup(&rig, &session).await;
+    assert_eq!(refunds_of(&rig, "lose-reply-1")[0]["era"], "modern");
+    an_owed_dispatch_is_sent_once_when_the_lookup_finds_nothing(&rig, &session, "modern").await;
     assert!(session.close().await.success(), "{}", rig.logs());
-    let made = refunds(&rig);
-    assert_eq!(made[0]["era"], "modern", "{made:?}");
 }
 
 /// `once gateway --listen` in front of `url`; killed when dropped.
@@ -313,10 +332,19 @@ impl Client<'_> {
         let message = answer
             .message
             .unwrap_or_else(|| panic!("no answer to {method} ({}): {}", answer.status, answer.body));
-        message
+        let result = message
             .get("result")
             .cloned()
-            .unwrap_or_else(|| panic!("{method} failed for the {} client: {message}", self.era()))
+            .unwrap_or_else(|| panic!("{method} failed for the {} client: {message}", self.era()));
+        // Each answer in its client's revision: 2026-07-28 names the result's type, the 2025 ones do not know it.
+        let expected = if self.modern { json!("complete") } else { Value::Null };
+        assert_eq!(
+            result["resultType"],
+            expected,
+            "{method} to the {} client: {result}",
+            self.era()
+        );
+        result
     }
 
     fn era(&self) -> &'static str {
@@ -344,7 +372,7 @@ impl Client<'_> {
 #[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
 fn a_modern_and_a_legacy_client_interleaved_on_one_url_upstream_each_keep_their_revision() {
     let rig = Rig::new(CONFIG);
-    let server = Sdk2Http::start(&rig, &[]);
+    let server = Sdk2Http::start(&rig);
     let gateway = listen_in_front_of(&rig, &server.url);
     let mut modern = Client {
         gateway: &gateway,

@@ -4,7 +4,7 @@
 // that speaks MCP 2026-07-28 (per-request `_meta` envelope) beside the 2025
 // revisions, as a stdio child or at a URL (Streamable HTTP on 127.0.0.1).
 //
-//   node sdk2-server.mjs EFFECTS [--http] [--hang-first-refund]
+//   node sdk2-server.mjs EFFECTS [--http]
 //
 // - `refund` (destructive) appends one JSON line per refund to EFFECTS (with
 //   the era it was asked in: `legacy` or `modern`), fsync'd before it
@@ -20,10 +20,13 @@
 //   EFFECTS.asked.
 // - one prompt (`refund-note`) and one resource (`refunds://policy`).
 //
-// `--hang-first-refund`: the first refund makes its effect and then never
-// answers (a lost reply); later ones answer. With `--http` it serves on port
-// 0 of 127.0.0.1 and prints `listening on http://127.0.0.1:PORT/mcp` to
-// stdout; otherwise it serves stdio.
+// Faults, once per order, chosen by the order id: the first refund of an
+// order whose id starts with `lose-reply` makes its effect and never answers
+// (a lost reply); the first of one starting with `drop` never answers and
+// makes no effect (a request lost before it acted). Later refunds of the
+// same order behave. With `--http` it serves on port 0 of 127.0.0.1 and
+// prints `listening on http://127.0.0.1:PORT/mcp` to stdout; otherwise it
+// serves stdio.
 
 import { createServer } from "node:http";
 import { closeSync, existsSync, fsyncSync, openSync, readFileSync, writeSync } from "node:fs";
@@ -34,11 +37,13 @@ import { z } from "zod";
 const args = process.argv.slice(2);
 const effects = args.find((a) => !a.startsWith("--"));
 if (!effects) {
-  console.error("usage: sdk2-server.mjs EFFECTS [--http] [--hang-first-refund]");
+  console.error("usage: sdk2-server.mjs EFFECTS [--http]");
   process.exit(2);
 }
 const http = args.includes("--http");
-let hangNext = args.includes("--hang-first-refund");
+// The orders whose fault has fired (one process serves every request, stdio or HTTP).
+const faulted = new Set();
+const never = () => new Promise(() => {});
 
 function refunds() {
   if (!existsSync(effects)) return [];
@@ -77,14 +82,14 @@ function build(context) {
       annotations: { destructiveHint: true, idempotentHint: false },
     },
     async ({ order_id, amount, idempotency_key }) => {
+      const fault = !faulted.has(order_id) && ["lose-reply", "drop"].find((f) => order_id.startsWith(f));
+      if (fault) faulted.add(order_id);
+      if (fault === "drop") return never();
       const era = context?.era ?? "unknown";
       const refund = { refund_id: `re_${refunds().length + 1}`, order_id, amount, idempotency_key, era };
       record(refund);
-      if (hangNext) {
-        hangNext = false;
-        // The effect is made; the answer never comes.
-        await new Promise(() => {});
-      }
+      // The effect is made; the answer never comes.
+      if (fault === "lose-reply") return never();
       return json(refund);
     },
   );
