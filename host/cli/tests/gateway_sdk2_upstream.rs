@@ -474,7 +474,7 @@ fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
 #[ignore = "needs node and `npm ci` in tests/gateway/everything"]
 fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
     let rig = Rig::new(CONFIG);
-    let upstream = Sdk2Http::start(&rig, &[]);
+    let upstream = Sdk2Http::start(&rig);
     let answers = rounds_client(&rig, &upstream.url, "modern");
     assert_eq!(answers["asked"], 1, "the client was asked once: {answers}");
     let first = &answers["first"];
@@ -506,7 +506,7 @@ fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
 #[ignore = "needs node and `npm ci` in tests/gateway/everything"]
 fn a_legacy_client_is_told_the_tool_asked_for_input_and_nothing_was_done() {
     let rig = Rig::new(CONFIG);
-    let upstream = Sdk2Http::start(&rig, &[]);
+    let upstream = Sdk2Http::start(&rig);
     let answers = rounds_client(&rig, &upstream.url, "legacy");
     let first = &answers["first"];
     assert_eq!(first["isError"], true, "{first}");
