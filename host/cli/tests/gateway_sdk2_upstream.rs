@@ -520,3 +520,82 @@ fn a_legacy_client_is_told_the_tool_asked_for_input_and_nothing_was_done() {
     assert!(refunds(&rig).is_empty(), "no refund: {:?}", refunds(&rig));
     assert_eq!(questions(&rig), 1);
 }
+
+/// `relay-client.mjs` (the TypeScript client 2.4.0 on 2026-07-28) through a stdio gateway whose upstream is
+/// `upstream` (`once gateway` arguments): what its SDK accepted.
+fn relay_client(rig: &Rig, upstream: &[&str]) -> Value {
+    let script = server_script().with_file_name("relay-client.mjs");
+    let out = Command::new("node")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(&rig.config)
+        .arg(&rig.db)
+        .arg("--")
+        .args(upstream)
+        .env_remove("ONCE_DB")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "relay-client.mjs {upstream:?} failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("relay-client.mjs printed {stdout:?}: {e}\n{stderr}"))
+}
+
+/// What a 2026-07-28 client must see of the v2 server, whichever revision the gateway spoke to it in
+/// (`era`): every answer accepted by its SDK, one refund, its replay.
+fn assert_relayed(rig: &Rig, seen: &Value, era: &str) {
+    assert_eq!(seen["revision"], "2026-07-28", "{seen}");
+    assert_eq!(
+        seen["tools"],
+        json!(["find_refund", "refund", "refund_confirmed", "refund_count"]),
+        "{seen}"
+    );
+    assert_eq!(seen["prompts"], json!(["refund-note"]), "{seen}");
+    assert_eq!(
+        seen["prompt"]["messages"][0]["content"]["text"], "Tell the customer the refund is on its way.",
+        "{seen}"
+    );
+    assert_eq!(seen["resources"], json!(["refunds://policy"]), "{seen}");
+    assert_eq!(
+        seen["resource"]["contents"][0]["text"], "Refunds within 30 days.",
+        "{seen}"
+    );
+    assert_eq!(seen["direct"]["structuredContent"]["refunds"], 0, "{seen}");
+    assert_eq!(seen["first"]["_meta"]["once/outcome"]["decision"], "executed", "{seen}");
+    assert_eq!(seen["again"]["_meta"]["once/outcome"]["decision"], "replayed", "{seen}");
+    let made = refunds_of(rig, "M-1");
+    assert_eq!(made.len(), 1, "exactly one refund: {made:?}");
+    assert_eq!(made[0]["era"], era, "{made:?}");
+    assert_eq!(
+        seen["first"]["structuredContent"]["refund_id"], made[0]["refund_id"],
+        "{seen}"
+    );
+    assert_eq!(
+        seen["again"]["structuredContent"]["refund_id"], made[0]["refund_id"],
+        "{seen}"
+    );
+}
+
+/// A client on MCP 2026-07-28 (TypeScript 2.4.0, discover mode) gets every answer of a v2 server in a shape
+/// its SDK accepts — tools/list, prompts, resources, a DIRECT call, a protected call and its replay —
+/// from the server as a stdio child (spoken to in 2025-11-25, whose answers carry no `resultType`) and at
+/// a URL (its protected call sent in 2026-07-28).
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_2026_07_28_client_gets_every_answer_of_a_v2_server_as_a_child_and_at_a_url() {
+    let child = Rig::new(CONFIG);
+    let server = server_script().display().to_string();
+    let effects = effects_file(&child).display().to_string();
+    let seen = relay_client(&child, &["node", &server, &effects]);
+    assert_relayed(&child, &seen, "legacy");
+
+    let remote = Rig::new(CONFIG);
+    let upstream = Sdk2Http::start(&remote);
+    let seen = relay_client(&remote, &["--upstream-url", &upstream.url]);
+    assert_relayed(&remote, &seen, "modern");
+}
