@@ -441,16 +441,15 @@ fn questions(rig: &Rig) -> usize {
         .count()
 }
 
-/// `rounds-client.mjs` (the TypeScript client 2.4.0 in `era`) through a stdio gateway on `url`: its answers.
-fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
-    let script = server_script().with_file_name("rounds-client.mjs");
+/// Run the client script `script` (beside sdk2-server.mjs) as `node SCRIPT ONCE CONFIG DB ARGS…`: the JSON
+/// line it prints of what its SDK accepted (a result the SDK rejects fails the script, and so the test).
+fn node_client(rig: &Rig, script: &str, args: &[&str]) -> Value {
     let out = Command::new("node")
-        .arg(script)
+        .arg(server_script().with_file_name(script))
         .arg(env!("CARGO_BIN_EXE_once"))
         .arg(&rig.config)
         .arg(&rig.db)
-        .arg(url)
-        .arg(era)
+        .args(args)
         .env_remove("ONCE_DB")
         .output()
         .unwrap();
@@ -458,12 +457,13 @@ fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(
-        out.status.success(),
-        "rounds-client.mjs {era} failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("rounds-client.mjs printed {stdout:?}: {e}\n{stderr}"))
+    assert!(out.status.success(), "{script} {args:?} failed:\n{stdout}\n{stderr}");
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{script} printed {stdout:?}: {e}\n{stderr}"))
+}
+
+/// `rounds-client.mjs` (the TypeScript client 2.4.0 in `era`) through a stdio gateway on `url`: its answers.
+fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
+    node_client(rig, "rounds-client.mjs", &[url, era])
 }
 
 /// MCP 2026-07-28's multi-round-trip input through a protected tool: the upstream's question reaches the
@@ -524,26 +524,8 @@ fn a_legacy_client_is_told_the_tool_asked_for_input_and_nothing_was_done() {
 /// `relay-client.mjs` (the TypeScript client 2.4.0 on 2026-07-28) through a stdio gateway whose upstream is
 /// `upstream` (`once gateway` arguments): what its SDK accepted.
 fn relay_client(rig: &Rig, upstream: &[&str]) -> Value {
-    let script = server_script().with_file_name("relay-client.mjs");
-    let out = Command::new("node")
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_once"))
-        .arg(&rig.config)
-        .arg(&rig.db)
-        .arg("--")
-        .args(upstream)
-        .env_remove("ONCE_DB")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(
-        out.status.success(),
-        "relay-client.mjs {upstream:?} failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("relay-client.mjs printed {stdout:?}: {e}\n{stderr}"))
+    let args: Vec<&str> = std::iter::once("--").chain(upstream.iter().copied()).collect();
+    node_client(rig, "relay-client.mjs", &args)
 }
 
 /// What a 2026-07-28 client must see of the v2 server, whichever revision the gateway spoke to it in
