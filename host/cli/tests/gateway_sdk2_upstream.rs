@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gateway_common::http::post;
+use gateway_common::http::{Listening, post};
 use gateway_common::{Rig, Session, outcome, settling};
 use rmcp::model::{CallToolResult, GetPromptRequestParams, ReadResourceRequestParams};
 use serde_json::{Value, json};
@@ -274,35 +274,10 @@ async fn a_v2_sdk_server_at_a_url_gets_the_gateways_requests_in_2026_07_28() {
 }
 
 /// `once gateway --listen` in front of `url`; killed when dropped.
-struct Listening {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn listen_in_front_of(rig: &Rig, upstream: &str) -> Listening {
     let mut cmd = rig.url_gateway_command(upstream);
-    cmd.args(["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(rig.log(0)).unwrap());
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("once gateway: listening on ")
-        .unwrap_or_else(|| panic!("the gateway names its address first, not {line:?}\n{}", rig.logs()))
-        .to_string();
-    Listening { child, url }
+    cmd.args(["--listen", "127.0.0.1:0"]);
+    rig.spawn_listening(cmd, 0)
 }
 
 /// Two clients of one `--listen` gateway: one speaks 2026-07-28 (every request carries the envelope and

@@ -96,7 +96,8 @@ impl Rig {
         self.spawn_listening(cmd, n)
     }
 
-    fn spawn_listening(&self, mut cmd: Command, n: usize) -> Listening {
+    /// Start `cmd` (a `once gateway --listen 127.0.0.1:0 …`) with its log as gateway `n`'s: the address it names first.
+    pub fn spawn_listening(&self, mut cmd: Command, n: usize) -> Listening {
         let log = std::fs::File::create(self.log(n)).unwrap();
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
         let mut child = cmd.spawn().unwrap();
