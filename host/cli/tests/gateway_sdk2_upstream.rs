@@ -48,6 +48,18 @@ effect_fields = ["/order_id", "/amount"]
 provider_key = "argument:idempotency_key"
 on_tool_error = "rejected"
 lookup = { tool = "find_refund", args = { idempotency_key = "{key}" }, found = "/found", receipt = "/refund", read_position = "sent" }
+
+[tools.refund_sealed]
+route = "protect"
+effect_fields = ["/order_id", "/amount"]
+provider_key = "argument:idempotency_key"
+on_tool_error = "rejected"
+
+[tools.refund_header]
+route = "protect"
+effect_fields = ["/order_id", "/amount"]
+provider_key = "argument:idempotency_key"
+on_tool_error = "rejected"
 "#;
 
 fn server_script() -> PathBuf {
@@ -441,16 +453,14 @@ fn rounds_client(rig: &Rig, url: &str, era: &str) -> Value {
     node_client(rig, "rounds-client.mjs", &[url, era])
 }
 
-/// MCP 2026-07-28's multi-round-trip input through a protected tool: the upstream's question reaches the
-/// client (the TypeScript SDK in its discover mode, which answers it), the answered round runs exactly
-/// once under the same operation (its answers are not part of the operation), the asking round is
-/// recorded as a rejection that did nothing, never as unknown, and the same call again replays.
-#[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
-fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
+/// A protected tool that asks its client first, asked through a stdio gateway of a client in `era`: the
+/// question reached the client once, the answered round ran exactly once under the same operation (its
+/// answers are not part of the operation) as the second attempt, the asking round is recorded as a
+/// rejection that did nothing, never as unknown, and the same call again replays.
+fn asked_once_then_run_once(era: &str) {
     let rig = Rig::new(CONFIG);
     let upstream = Sdk2Http::start(&rig);
-    let answers = rounds_client(&rig, &upstream.url, "modern");
+    let answers = rounds_client(&rig, &upstream.url, era);
     assert_eq!(answers["asked"], 1, "the client was asked once: {answers}");
     let first = &answers["first"];
     assert_eq!(first["_meta"]["once/outcome"]["decision"], "executed", "{first}");
@@ -464,7 +474,10 @@ fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
     assert_eq!(again["structuredContent"]["refund_id"], "re_1", "{again}");
     let made = refunds(&rig);
     assert_eq!(made.len(), 1, "exactly one refund: {made:?}");
-    assert_eq!(made[0]["era"], "modern", "{made:?}");
+    assert_eq!(
+        made[0]["era"], "modern",
+        "the gateway's requests go in 2026-07-28: {made:?}"
+    );
     assert_eq!(questions(&rig), 1, "one question, never asked again by a resend");
     let ledger = Command::new(env!("CARGO_BIN_EXE_once"))
         .args(["ledger", "show", "confirm-77", "--db", &rig.db])
@@ -472,28 +485,216 @@ fn a_protected_tool_that_asks_its_client_first_runs_once_after_the_answer() {
         .output()
         .unwrap();
     let shown = String::from_utf8_lossy(&ledger.stdout);
+    assert!(
+        shown.contains("finish-rejected"),
+        "the asking round is a rejection:\n{shown}"
+    );
     assert!(!shown.contains("unknown"), "nothing was recorded as unknown:\n{shown}");
 }
 
-/// A client on MCP 2025-11-25 cannot take a question: it is told in a tool result that nothing was done,
-/// and nothing was.
+/// MCP 2026-07-28's multi-round-trip input through a protected tool, to a client on 2026-07-28 (the
+/// TypeScript SDK in its discover mode): the question is relayed as the upstream wrote it, and the client
+/// calls again with its answer.
 #[test]
 #[ignore = "needs node and `npm ci` in tests/gateway/everything"]
-fn a_legacy_client_is_told_the_tool_asked_for_input_and_nothing_was_done() {
+fn a_protected_tool_that_asks_a_2026_07_28_client_first_runs_once_after_the_answer() {
+    asked_once_then_run_once("modern");
+}
+
+/// The same to a client on 2025-11-25 (the TypeScript SDK in legacy mode, with the elicitation
+/// capability): it cannot take the question as a result, so the gateway asks it as `elicitation/create`
+/// and runs the answering round itself.
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_protected_tool_that_asks_a_legacy_client_first_is_asked_by_the_gateway_and_runs_once() {
+    asked_once_then_run_once("legacy");
+}
+
+/// A tool that would ask for input, called for clients that declared no capability for the question: a
+/// 2025-11-25 client on stdio without elicitation (the gateway's envelope upstream is its capabilities),
+/// and over `--listen` a 2025-era client (the gateway declares none there) and a 2026-07-28 client that
+/// declared none. The server refuses before running anything (MCP 2026-07-28's -32021, missing client
+/// capability), so each call is a rejection that did nothing: never unknown, no operator, no lookup, no
+/// owed dispatch, no refund.
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_tool_refused_for_a_missing_client_capability_did_nothing_and_is_not_unknown() {
     let rig = Rig::new(CONFIG);
     let upstream = Sdk2Http::start(&rig);
-    let answers = rounds_client(&rig, &upstream.url, "legacy");
-    let first = &answers["first"];
-    assert_eq!(first["isError"], true, "{first}");
-    assert_eq!(first["_meta"]["once/outcome"]["decision"], "input-required", "{first}");
-    assert_eq!(first["_meta"]["once/outcome"]["effect"], "none", "{first}");
-    assert!(
-        first["content"][0]["text"].as_str().unwrap().starts_with("NOT RUN:"),
-        "{first}"
-    );
+    let answers = rounds_client(&rig, &upstream.url, "mute");
+    let gateway = listen_in_front_of(&rig, &upstream.url);
+    let mut legacy = Client {
+        gateway: &gateway,
+        modern: false,
+        next: 100,
+    };
+    let mut modern = Client {
+        gateway: &gateway,
+        modern: true,
+        next: 0,
+    };
+    let over_http = [
+        (
+            legacy.call("refund_confirmed", refund_args("L-1"), Some("ask-legacy")),
+            "ask-legacy",
+        ),
+        (
+            modern.call("refund_confirmed", refund_args("M-1"), Some("ask-modern")),
+            "ask-modern",
+        ),
+    ];
+    let on_stdio = [
+        (answers["first"].clone(), "confirm-77"),
+        (answers["again"].clone(), "confirm-77"),
+    ];
+    for (answer, key) in on_stdio.iter().chain(&over_http) {
+        let outcome = &answer["_meta"]["once/outcome"];
+        assert_eq!(outcome["decision"], "rejected", "{answer}\n{}", rig.logs());
+        assert_eq!(outcome["effect"], "none", "nothing was done: {answer}");
+        let ledger = Command::new(env!("CARGO_BIN_EXE_once"))
+            .args(["ledger", "show", key, "--db", &rig.db])
+            .env_remove("ONCE_DB")
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&ledger.stdout);
+        assert!(!shown.contains("unknown"), "nothing was recorded as unknown:\n{shown}");
+    }
     assert_eq!(answers["asked"], 0, "{answers}");
     assert!(refunds(&rig).is_empty(), "no refund: {:?}", refunds(&rig));
-    assert_eq!(questions(&rig), 1);
+}
+
+/// One `tools/call` of `tool` for `order` on 2026-07-28 (with the elicitation capability), raw over
+/// HTTP to `gateway`, with `extra` params (answers): the JSON-RPC message it got.
+fn asking_call(gateway: &Listening, id: u64, tool: &str, order: &str, extra: Value) -> Value {
+    let mut params = json!({"name": tool, "arguments": refund_args(order), "_meta": {
+        "once/key": format!("op-{order}"),
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "asked", "version": "1"},
+    }});
+    if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+        p.extend(e.clone());
+    }
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let headers = [
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", tool),
+    ];
+    let answer = post(&gateway.url, None, &headers, &body.to_string());
+    answer
+        .message
+        .unwrap_or_else(|| panic!("{}: {}", answer.status, answer.body))
+}
+
+/// An answer belongs to the call it answers. The upstream keeps the refund it will make in its
+/// `requestState`; a client that mixes up two pending calls' states must not make operation A refund B's
+/// order (A recorded executed with B's refund, then B refunded again: two refunds of B). The gateway
+/// relays each state sealed to its call and refuses an answer sealed for another, before anything is sent;
+/// so it does a state it never relayed. Each call answered with its own state refunds its own order once.
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn an_answer_carries_only_the_request_state_relayed_for_its_own_call() {
+    let rig = Rig::new(CONFIG);
+    let upstream = Sdk2Http::start(&rig);
+    let gateway = listen_in_front_of(&rig, &upstream.url);
+    let asked_a = asking_call(&gateway, 1, "refund_sealed", "A", json!({}))["result"].clone();
+    let asked_b = asking_call(&gateway, 2, "refund_sealed", "B", json!({}))["result"].clone();
+    for asked in [&asked_a, &asked_b] {
+        assert_eq!(asked["resultType"], "input_required", "{asked}\n{}", rig.logs());
+        let state = asked["requestState"].as_str().unwrap();
+        assert!(
+            state.starts_with("once1.") && state.contains("pending:"),
+            "sealed: {asked}"
+        );
+    }
+    let yes = json!({"confirm": {"action": "accept", "content": {"confirm": true}}});
+    let mixed = asking_call(
+        &gateway,
+        3,
+        "refund_sealed",
+        "A",
+        json!({"inputResponses": yes, "requestState": asked_b["requestState"]}),
+    );
+    assert_eq!(
+        mixed["error"]["code"], -32602,
+        "another call's state is refused: {mixed}"
+    );
+    let raw = asked_b["requestState"]
+        .as_str()
+        .unwrap()
+        .split_once(".pending:")
+        .map(|(_, s)| format!("pending:{s}"));
+    let unsealed = asking_call(
+        &gateway,
+        4,
+        "refund_sealed",
+        "B",
+        json!({"inputResponses": yes, "requestState": raw}),
+    );
+    assert_eq!(
+        unsealed["error"]["code"], -32602,
+        "a state the gateway never relayed is refused: {unsealed}"
+    );
+    assert!(refunds(&rig).is_empty(), "nothing was sent: {:?}", refunds(&rig));
+
+    let a = asking_call(
+        &gateway,
+        5,
+        "refund_sealed",
+        "A",
+        json!({"inputResponses": yes, "requestState": asked_a["requestState"]}),
+    );
+    let b = asking_call(
+        &gateway,
+        6,
+        "refund_sealed",
+        "B",
+        json!({"inputResponses": yes, "requestState": asked_b["requestState"]}),
+    );
+    for (answer, order) in [(&a, "A"), (&b, "B")] {
+        let result = &answer["result"];
+        assert_eq!(
+            result["_meta"]["once/outcome"]["decision"],
+            "executed",
+            "{answer}\n{}",
+            rig.logs()
+        );
+        assert_eq!(result["structuredContent"]["order_id"], order, "{answer}");
+        assert_eq!(
+            refunds_of(&rig, order).len(),
+            1,
+            "one refund of {order}: {:?}",
+            refunds(&rig)
+        );
+    }
+    assert_eq!(refunds(&rig).len(), 2);
+}
+
+/// A tool whose argument the client mirrors into an `Mcp-Param-*` header (2026-07-28 `x-mcp-header`):
+/// the gateway's protected dispatch on the 2026-07-28 connection carries it from the start, whoever
+/// listed tools through the gateway (here nobody on 2026-07-28: a 2025-era client calls).
+#[test]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything"]
+fn a_protected_dispatch_carries_its_tools_param_headers_whoever_listed_tools() {
+    let rig = Rig::new(CONFIG);
+    let upstream = Sdk2Http::start(&rig);
+    let gateway = listen_in_front_of(&rig, &upstream.url);
+    let mut legacy = Client {
+        gateway: &gateway,
+        modern: false,
+        next: 0,
+    };
+    let answer = legacy.call("refund_header", refund_args("H-1"), Some("op-h1"));
+    assert_eq!(
+        answer["_meta"]["once/outcome"]["decision"],
+        "executed",
+        "{answer}\n{}",
+        rig.logs()
+    );
+    let made = refunds_of(&rig, "H-1");
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["era"], "modern", "{made:?}");
 }
 
 /// `relay-client.mjs` (the TypeScript client 2.4.0 on 2026-07-28) through a stdio gateway whose upstream is
@@ -509,7 +710,14 @@ fn assert_relayed(rig: &Rig, seen: &Value, era: &str) {
     assert_eq!(seen["revision"], "2026-07-28", "{seen}");
     assert_eq!(
         seen["tools"],
-        json!(["find_refund", "refund", "refund_confirmed", "refund_count"]),
+        json!([
+            "find_refund",
+            "refund",
+            "refund_confirmed",
+            "refund_count",
+            "refund_header",
+            "refund_sealed"
+        ]),
         "{seen}"
     );
     assert_eq!(seen["prompts"], json!(["refund-note"]), "{seen}");

@@ -50,6 +50,8 @@ pub struct Shared {
     /// The upstream's tasks this gateway stopped waiting for while they may still run, by the attempt that
     /// started them (tool, provider key, args): the provider is read through them first ([`task_evidence`]).
     tasks: Mutex<HashMap<(String, String, String), TaskRun>>,
+    /// The seal on the `requestState`s this gateway relays, under the ledger's secret (read at first use).
+    seal: OnceLock<crate::rounds::Seal>,
 }
 
 /// A task of the upstream's that ran a protected call and was given up on before it ended.
@@ -94,7 +96,21 @@ impl Shared {
             owner,
             admitted: Mutex::new(HashSet::new()),
             tasks: Mutex::new(HashMap::new()),
+            seal: OnceLock::new(),
         }
+    }
+
+    /// The seal on relayed `requestState`s ([`crate::rounds::Seal`]): its secret is bound in the ledger
+    /// first come, so every gateway on it (and this one after a restart) opens what another sealed.
+    fn seal(&self, once: &Once) -> Result<&crate::rounds::Seal, String> {
+        if let Some(seal) = self.seal.get() {
+            return Ok(seal);
+        }
+        let offered = crate::rounds::Seal::fresh_secret()?;
+        let secret = once
+            .bind(crate::rounds::SEAL_BINDING, &offered)
+            .map_err(|e| format!("reading the request-state seal's secret from the ledger: {e}"))?;
+        Ok(self.seal.get_or_init(|| crate::rounds::Seal::new(&secret)))
     }
 
     fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), TaskRun>> {
@@ -450,8 +466,9 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let mut link = if capture.sent {
         Link::default()
     } else {
-        // So are the client's answers to a question of an earlier round: this is that attempt.
-        if let Some(answers) = capture.answers.take() {
+        // So are the client's answers to a question of an earlier round: this is that attempt, and so is
+        // the attempt re-granted after one that never left (kept until one is sent: `capture.sent`).
+        if let Some(answers) = capture.answers.clone() {
             answers.apply(&mut params);
         }
         capture.link.clone()
@@ -632,7 +649,9 @@ impl Gateway {
         }
     }
 
-    /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous).
+    /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous). When the upstream
+    /// asks the client something first (`crate::rounds`), a client on 2026-07-28 gets the question; one on
+    /// an older revision is asked by the gateway over stdio, and its answers go in a round of the gateway's.
     pub(crate) fn call(
         &self,
         mut request: CallToolRequestParams,
@@ -640,11 +659,99 @@ impl Gateway {
         link: Link,
         tenant: Option<String>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let revision = link
+            .meta
+            .as_ref()
+            .and_then(rmcp::model::RequestMetaObject::protocol_version);
+        let stateless = crate::shaped::is_stateless_revision(revision.as_ref());
+        let tool = request.name.to_string();
+        let call = self.round_identity(&request, &meta, tenant.as_deref());
+        // A client's answers must answer a question relayed for this very call: refused before anything else.
+        let mut answers = crate::rounds::Answers::take(&mut request);
+        if let Some(given) = answers.take() {
+            let seal = self
+                .shared
+                .seal(&self.once)
+                .map_err(|e| ErrorData::internal_error(e, None))?;
+            match seal.open(&call, given.state()) {
+                Ok(state) => answers = Some(given.with_state(state)),
+                Err(why) => {
+                    return Err(ErrorData::invalid_params(
+                        format!("this call's answers to {tool}'s question are refused, and nothing was sent: {why}"),
+                        None,
+                    ));
+                }
+            }
+        }
+        for _ in 0..crate::rounds::MAX_ROUNDS {
+            let answered = self.call_round(
+                request.clone(),
+                answers.take(),
+                meta.clone(),
+                link.clone(),
+                tenant.clone(),
+            )?;
+            let CallToolResponse::InputRequired(mut asked) = answered else {
+                return Ok(answered);
+            };
+            if stateless {
+                let seal = self
+                    .shared
+                    .seal(&self.once)
+                    .map_err(|e| ErrorData::internal_error(e, None))?;
+                asked.request_state = Some(seal.seal(&call, asked.request_state.as_deref()));
+                return Ok(CallToolResponse::InputRequired(asked));
+            }
+            let Some(client) = link.client.as_ref().filter(|_| !self.over_http) else {
+                let why = "a request from the gateway has no way to a client over HTTP";
+                return Ok(reply::input_not_carried(&tool, why).into());
+            };
+            // Asked and answered here: the state never left the gateway, so it needs no seal.
+            match self
+                .shared
+                .handle
+                .block_on(crate::rounds::ask(client, &asked, &link.ct))
+            {
+                Ok(given) => answers = Some(given),
+                Err(why) => return Ok(reply::input_not_carried(&tool, &why).into()),
+            }
+        }
+        let why = format!("it asked again after {} answered rounds", crate::rounds::MAX_ROUNDS);
+        Ok(reply::input_not_carried(&tool, &why).into())
+    }
+
+    /// What a sealed `requestState` binds an answer to: the call's tool, arguments, the fields of its `_meta`
+    /// that name its operation and scope, and its tenant or session (`crate::rounds::Seal`).
+    fn round_identity(&self, request: &CallToolRequestParams, meta: &JsonObject, tenant: Option<&str>) -> String {
+        let config = &self.shared.config;
+        let scope_field = match &config.scope {
+            ScopeMode::Meta(field) => Some(field.as_str()),
+            _ => None,
+        };
+        let named: BTreeMap<&str, &Value> = config
+            .key_meta
+            .iter()
+            .map(String::as_str)
+            .chain([SUPERSEDES_META])
+            .chain(scope_field)
+            .filter_map(|field| meta.get(field).map(|v| (field, v)))
+            .collect();
+        serde_json::json!([tenant, request.name, request.arguments, named, self.session_scope]).to_string()
+    }
+
+    /// One round of a `tools/call`: the engine's call, and what the upstream answered its dispatch; `answers`
+    /// (opened, or asked by the gateway) go with the attempt the client waits on.
+    fn call_round(
+        &self,
+        request: CallToolRequestParams,
+        answers: Option<crate::rounds::Answers>,
+        meta: JsonObject,
+        link: Link,
+        tenant: Option<String>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let (shared, once) = (&*self.shared, &*self.once);
         let started = Instant::now();
         let tool = request.name.to_string();
-        // A later round's answers to the upstream's question: not part of the operation (`crate::rounds`).
-        let answers = crate::rounds::Answers::take(&mut request);
         let (mut meta, mut link) = (meta, link);
         if self.over_http {
             // Only the stdio layer (`crate::wire`) writes these, and only where the gateway declared tasks.

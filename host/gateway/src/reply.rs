@@ -454,8 +454,8 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
 }
 
 /// What a client on a revision before MCP 2026-07-28 is told when the upstream asked for input before it
-/// would run `tool`: such a client cannot take the question ([`crate::rounds`]), and nothing was done.
-pub fn input_not_carried(tool: &str) -> CallToolResult {
+/// would run `tool` and the question could not be put to it (`why`, [`crate::rounds`]): nothing was done.
+pub fn input_not_carried(tool: &str, why: &str) -> CallToolResult {
     let info = json!({
         "decision": "input-required", "tool": tool,
         "effect": Effect::None.to_string(), "repeat": Repeat::Retries.to_string(),
@@ -463,7 +463,7 @@ pub fn input_not_carried(tool: &str) -> CallToolResult {
     made(
         format!(
             "NOT RUN: {tool} asked for input before it would run (an MCP 2026-07-28 multi-round-trip request), \
-             which this client's protocol revision cannot carry. Nothing was done; calling it again asks again."
+             and the question could not be put to this client: {why}. Nothing was done; calling it again asks again."
         ),
         info,
         true,
@@ -488,7 +488,7 @@ fn direct(cx: &Context<'_>) -> Result<CallToolResult, ErrorData> {
         Some(Reply::NotSent(why)) => Ok(made(format!("{tool} was not sent: {why}."), info, true)),
         // Relayed as the question it is before anything is rendered (`Gateway::call`); here only for a client
         // that cannot take one.
-        Some(Reply::InputRequired(_)) => Ok(input_not_carried(tool)),
+        Some(Reply::InputRequired(_)) => Ok(input_not_carried(tool, "it was not relayed")),
         None => Ok(made(format!("{tool} was not sent."), info, true)),
     }
 }

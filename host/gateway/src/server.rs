@@ -335,7 +335,8 @@ impl ServerHandler for Gateway {
             CallToolResponse::Complete(result) => result,
             // A client on an older revision cannot take a question: it is told what happened instead.
             CallToolResponse::InputRequired(_) if !stateless => {
-                return Ok(crate::reply::input_not_carried(&tool).into());
+                let why = "this client's protocol revision cannot carry it";
+                return Ok(crate::reply::input_not_carried(&tool, why).into());
             }
             other => return Ok(other),
         };

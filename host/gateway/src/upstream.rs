@@ -99,13 +99,19 @@ pub enum Reply {
 }
 
 impl Reply {
-    /// Whether the server refused the request before running anything, by JSON-RPC's own codes.
+    /// Whether the server refused the request before running anything, by JSON-RPC's own codes and MCP
+    /// 2026-07-28's: a request whose headers do not match its body, one that needs a client capability the
+    /// request did not declare (a tool that would have asked its client for input), one in a revision the
+    /// server does not speak.
     pub fn refused_before_running(e: &ErrorData) -> bool {
         [
             ErrorCode::PARSE_ERROR,
             ErrorCode::INVALID_REQUEST,
             ErrorCode::METHOD_NOT_FOUND,
             ErrorCode::INVALID_PARAMS,
+            ErrorCode::HEADER_MISMATCH,
+            ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
         ]
         .contains(&e.code)
     }
@@ -523,7 +529,21 @@ impl Upstream {
         };
         let transport = url.transport().ok()?;
         match tokio::time::timeout(DISCOVER_TIMEOUT, handler.serve_with_lifecycle(transport, lifecycle)).await {
-            Ok(Ok(service)) => Some(service),
+            Ok(Ok(service)) => {
+                // rmcp puts a tool's `x-mcp-header` arguments in `Mcp-Param-*` headers from the tool lists seen
+                // on this connection: listed here, every dispatch on it carries them, whoever listed tools
+                // through the gateway and whenever it reconnected (a server refuses a call without them).
+                match tokio::time::timeout(DISCOVER_TIMEOUT, service.peer().list_all_tools()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(target: "once::gateway", "tools/list on the 2026-07-28 connection: {}", self.redact(e.to_string()))
+                    }
+                    Err(_) => {
+                        tracing::warn!(target: "once::gateway", "tools/list on the 2026-07-28 connection: no answer within {DISCOVER_TIMEOUT:?}")
+                    }
+                }
+                Some(service)
+            }
             Ok(Err(e)) => {
                 let why = self.redact(e.to_string());
                 tracing::debug!(target: "once::gateway", "server/discover: {why}");

@@ -3,11 +3,13 @@
 // (`@modelcontextprotocol/client` 2.4.0, pinned in package-lock.json) that confirms when asked.
 //
 // Usage: node rounds-client.mjs ONCE_BIN CONFIG DB URL ERA
-//   ERA modern: the client in versionNegotiation mode 'auto' (server/discover, 2026-07-28). Its call of
-//               `refund_confirmed` is asked to confirm, confirms, and is refunded; the same call again is
-//               a replay. Prints the answers as one JSON line: {"first": …, "again": …, "asked": N}.
-//   ERA legacy: the client in mode 'legacy' (initialize, 2025-11-25), which cannot take a question: the
-//               call's answer says so. Prints {"first": …}.
+//   ERA modern: the client in versionNegotiation mode 'auto' (server/discover, 2026-07-28), which takes the
+//               question itself (input_required) and calls again with its answer.
+//   ERA legacy: the client in mode 'legacy' (initialize, 2025-11-25), which cannot take an input_required
+//               result: the gateway asks it the question as an `elicitation/create` request.
+//   ERA mute:   mode 'legacy' without the elicitation capability: nobody can be asked.
+// Either way it calls `refund_confirmed` twice with one key and confirms when asked. Prints the answers as
+// one JSON line: {"first": …, "again": …, "asked": N}.
 // The caller counts the refunds in the server's own file. A call the SDK rejects fails the script.
 
 import { readFileSync } from "node:fs";
@@ -19,8 +21,8 @@ import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 const here = fileURLToPath(new URL(".", import.meta.url));
 const PINNED = "2.4.0";
 const [onceBin, config, db, url, era] = process.argv.slice(2);
-if (!url || !["modern", "legacy"].includes(era)) {
-  console.error("usage: node rounds-client.mjs ONCE_BIN CONFIG DB URL modern|legacy");
+if (!url || !["modern", "legacy", "mute"].includes(era)) {
+  console.error("usage: node rounds-client.mjs ONCE_BIN CONFIG DB URL modern|legacy|mute");
   process.exit(2);
 }
 const installed = JSON.parse(
@@ -32,11 +34,11 @@ let asked = 0;
 const client = new Client(
   { name: "rounds-client", version: "1.0.0" },
   {
-    capabilities: { elicitation: { form: {} } },
+    capabilities: era === "mute" ? {} : { elicitation: { form: {} } },
     versionNegotiation: { mode: era === "modern" ? "auto" : "legacy" },
   },
 );
-client.setRequestHandler("elicitation/create", async () => {
+if (era !== "mute") client.setRequestHandler("elicitation/create", async () => {
   asked += 1;
   return { action: "accept", content: { confirm: true } };
 });
@@ -54,8 +56,6 @@ const call = () =>
     _meta: { "once/key": "confirm-77" },
   });
 const first = await call();
-const answers = { first };
-if (era === "modern") answers.again = await call();
-answers.asked = asked;
+const answers = { first, again: await call(), asked };
 await client.close();
 console.log(JSON.stringify(answers));

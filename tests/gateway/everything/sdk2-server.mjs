@@ -18,6 +18,10 @@
 //   MCP 2026-07-28 input request (an elicitation), and refunds only in the
 //   round that carries the confirmation; each question is a line of
 //   EFFECTS.asked.
+// - `refund_sealed` (destructive) asks the same, keeps the refund it will
+//   make in its `requestState`, and makes the one the state says.
+// - `refund_header` (destructive) takes its order id in an `Mcp-Param-Order-Id`
+//   header too (`x-mcp-header`), as 2026-07-28 lets a tool ask.
 // - one prompt (`refund-note`) and one resource (`refunds://policy`).
 //
 // Faults, once per order, chosen by the order id: the first refund of an
@@ -136,6 +140,50 @@ function build(context) {
           requestState: `asked:${order_id}`,
         });
       }
+      const refund = { refund_id: `re_${refunds().length + 1}`, order_id, amount, idempotency_key, era: context?.era ?? "unknown" };
+      record(refund);
+      return json(refund);
+    },
+  );
+  // A refund that keeps what it will do in its requestState (as the SDK's RequestStateCodec suggests: mint
+  // the pending payload, read it back next round) and, once confirmed, refunds what the state says.
+  server.registerTool(
+    "refund_sealed",
+    {
+      description: "Refunds an order once the client confirms it.",
+      inputSchema: z.object({ order_id: z.string(), amount: z.number(), idempotency_key: z.string() }),
+      annotations: { destructiveHint: true, idempotentHint: false },
+    },
+    async ({ order_id, amount, idempotency_key }, ctx) => {
+      const confirmation = z.object({ confirm: z.boolean() });
+      const confirmed = acceptedContent(ctx.mcpReq.inputResponses, "confirm", confirmation);
+      const raw = typeof ctx.mcpReq.requestState === "function" ? await ctx.mcpReq.requestState() : ctx.mcpReq.requestState;
+      const state = typeof raw === "string" ? raw : undefined;
+      if (confirmed?.confirm !== true || !state) {
+        return inputRequired({
+          inputRequests: { confirm: inputRequired.elicit({ message: `Refund ${amount} on ${order_id}?`, requestedSchema: confirmation }) },
+          requestState: `pending:${JSON.stringify({ order_id, amount, idempotency_key })}`,
+        });
+      }
+      const pending = JSON.parse(state.slice("pending:".length));
+      const refund = { refund_id: `re_${refunds().length + 1}`, ...pending, era: context?.era ?? "unknown" };
+      record(refund);
+      return json(refund);
+    },
+  );
+  // A refund whose order id the client must mirror into an HTTP header (MCP 2026-07-28 `x-mcp-header`).
+  server.registerTool(
+    "refund_header",
+    {
+      description: "Refunds an order. Every call refunds again.",
+      inputSchema: z.object({
+        order_id: z.string().meta({ "x-mcp-header": "Order-Id" }),
+        amount: z.number(),
+        idempotency_key: z.string(),
+      }),
+      annotations: { destructiveHint: true, idempotentHint: false },
+    },
+    async ({ order_id, amount, idempotency_key }) => {
       const refund = { refund_id: `re_${refunds().length + 1}`, order_id, amount, idempotency_key, era: context?.era ?? "unknown" };
       record(refund);
       return json(refund);
