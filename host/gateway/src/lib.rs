@@ -8,7 +8,9 @@
 //! request switched: a child's in the revision its `initialize` settled; at
 //! a URL that answers `server/discover` with MCP 2026-07-28, the gateway's own
 //! requests (protected dispatches, lookups) in 2026-07-28 with the gateway's
-//! envelope, a client's in the revision its own `_meta` envelope names
+//! envelope (or, for the attempt a 2026-07-28 client waits on, its own, so
+//! the upstream may ask it for input: `rounds`), a client's in the revision
+//! its own `_meta` envelope names
 //! (`upstream` says how, and why on two connections).
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,

@@ -23,7 +23,10 @@
 //!   revision. The gateway's own requests (a protected call's dispatch, an
 //!   owed dispatch the worker sends, a lookup) go on the 2026-07-28
 //!   connection with the gateway's envelope (what it declares upstream:
-//!   [`Upstream::declare`]), the same whoever's call it is; a client's
+//!   [`Upstream::declare`]), never a client's `_meta`, but for the attempt a
+//!   2026-07-28 client waits on, which carries that client's envelope (less
+//!   the tasks extension: [`envelope_of`]) so that the upstream may ask it
+//!   for input ([`crate::rounds`]); a client's
 //!   pass-through or DIRECT request goes there with the client's own
 //!   envelope when it came with one naming 2026-07-28, and on the older
 //!   connection, without envelope keys, when it did not. A URL upstream that
@@ -172,7 +175,8 @@ pub struct Link {
     /// The client connection the request came on: its progress goes there, and to no other client.
     pub client: Option<Peer<RoleServer>>,
     /// The gateway's own request (a protected dispatch, a lookup), not a client's: it is sent in the newest
-    /// revision the upstream speaks, with the gateway's envelope, never with a client's `_meta`.
+    /// revision the upstream speaks, never with a client's `_meta`; its envelope is the gateway's, or, for
+    /// the attempt a 2026-07-28 client waits on, that client's ([`envelope_of`], all `meta` then holds).
     pub own: bool,
 }
 
