@@ -872,8 +872,17 @@ impl Gateway {
                     "call"
                 );
                 // The upstream asked the client something before it would run the call: the question is the
-                // answer, as the upstream wrote it; the client calls again with its answers (`crate::rounds`).
-                if let Some(Reply::InputRequired(asked)) = &cx.capture.last {
+                // answer, as the upstream wrote it, once the ledger says so too (a direct call's, or an attempt
+                // recorded rejected: never past a record that says otherwise); the client calls again with its
+                // answers (`crate::rounds`).
+                let recorded = match &called {
+                    Called::Direct(_) => true,
+                    Called::Done(account) => matches!(account.ending, Ending::Rejected(_)),
+                    Called::Unreported { .. } => false,
+                };
+                if let Some(Reply::InputRequired(asked)) = &cx.capture.last
+                    && recorded
+                {
                     return Ok(CallToolResponse::InputRequired(asked.clone()));
                 }
                 let rendered = reply::render(called, &cx);
