@@ -673,7 +673,7 @@ impl Gateway {
                 .shared
                 .seal(&self.once)
                 .map_err(|e| ErrorData::internal_error(e, None))?;
-            match seal.open(&call, given.state()) {
+            match seal.open(&call, given.request_state()) {
                 Ok(state) => answers = Some(given.with_state(state)),
                 Err(why) => {
                     return Err(ErrorData::invalid_params(

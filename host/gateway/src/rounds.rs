@@ -156,7 +156,7 @@ impl Answers {
     }
 
     /// Whether these answers came with a `requestState`.
-    pub fn state(&self) -> Option<&str> {
+    pub fn request_state(&self) -> Option<&str> {
         self.state.as_deref()
     }
 
