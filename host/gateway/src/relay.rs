@@ -18,22 +18,111 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContex
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceError};
 use tokio_util::sync::CancellationToken;
 
-/// Where one call's progress goes: the client's token, and the connection (none: the connected client).
-type Follower = (ProgressToken, Option<Peer<RoleServer>>);
+/// The calls in flight on one upstream connection whose progress the client asked for, by the upstream's
+/// progress token: where each call's progress is queued. One per connection: each connection numbers its
+/// tokens from the same start.
+pub struct Followers {
+    relay: Arc<Relay>,
+    calls: Mutex<HashMap<ProgressToken, tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>>>,
+}
 
-/// One progress notification on its way to the client: counted so `settle_progress` waits for it.
-struct Relaying<'a>(&'a Relay);
+impl Followers {
+    /// The calls of a new connection, whose progress goes to `relay`'s client (or each call's own connection).
+    pub fn new(relay: Arc<Relay>) -> Followers {
+        Followers {
+            relay,
+            calls: Mutex::default(),
+        }
+    }
 
-impl<'a> Relaying<'a> {
-    fn start(relay: &'a Relay) -> Relaying<'a> {
-        relay.relaying.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Relaying(relay)
+    fn calls(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>>>
+    {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Relay progress the upstream reports under `upstream` as the client's `client` token, to the connection
+    /// `to` (the connected client when `None`), in the order the upstream sent it, until the guard settles or
+    /// drops.
+    pub fn follow(
+        self: &Arc<Followers>,
+        upstream: ProgressToken,
+        client: ProgressToken,
+        to: Option<Peer<RoleServer>>,
+    ) -> ProgressGuard {
+        let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+        self.calls().insert(upstream.clone(), queue);
+        let relay = self.relay.clone();
+        // One sender per call, so its notifications reach the client one after the other, as they came.
+        let relaying = tokio::spawn(async move {
+            while let Some(mut params) = queued.recv().await {
+                params.progress_token = client.clone();
+                let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
+                match &to {
+                    Some(peer) => {
+                        if let Err(e) = peer.send_notification(notification).await {
+                            tracing::debug!(target: "once::gateway", "a progress notification did not reach its client: {e}");
+                        }
+                    }
+                    None => relay.tell(notification).await,
+                }
+            }
+        });
+        ProgressGuard {
+            followers: self.clone(),
+            token: upstream,
+            relaying: Some(relaying),
+        }
     }
 }
 
-impl Drop for Relaying<'_> {
-    fn drop(&mut self) {
-        self.0.relaying.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+/// An upstream connection's transport that takes each progress notification of a followed call off the
+/// connection as it is read, in the order the upstream wrote, and queues it for the call's client. The SDK
+/// would hand each notification to a task of its own, which may run after the call's answer (read later)
+/// was handed over, and in any order; what is queued here before the answer is read is relayed before the
+/// answer is ([`ProgressGuard::settle`]).
+pub struct Following<T> {
+    inner: T,
+    followers: Arc<Followers>,
+}
+
+impl<T> Following<T> {
+    /// `inner`, whose followed calls' progress goes to `followers`.
+    pub fn new(inner: T, followers: Arc<Followers>) -> Following<T> {
+        Following { inner, followers }
+    }
+}
+
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient> for Following<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.inner.receive().await?;
+            let rmcp::model::JsonRpcMessage::Notification(rmcp::model::JsonRpcNotification {
+                notification: ServerNotification::ProgressNotification(progress),
+                ..
+            }) = message
+            else {
+                return Some(message);
+            };
+            // Progress of no followed call (its client asked none, or the call is over) goes nowhere.
+            if let Some(queue) = self.followers.calls().get(&progress.params.progress_token) {
+                let _ = queue.send(progress.params);
+            }
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -43,11 +132,6 @@ pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
     /// The client's stdio below rmcp (`crate::wire`), for what goes to it as the upstream wrote it.
     raw: RwLock<Option<tokio::sync::mpsc::Sender<Option<crate::wire::Line>>>>,
-    /// The upstream's progress token of a call in flight -> the client's token for it, and the
-    /// connection that call came on (over HTTP, each request's own; else the one client).
-    progress: Mutex<HashMap<ProgressToken, Follower>>,
-    /// Progress notifications being relayed right now.
-    relaying: std::sync::atomic::AtomicUsize,
     /// The upstream's tools as last listed.
     tools: RwLock<Vec<Tool>>,
 }
@@ -90,34 +174,6 @@ impl Relay {
         *self.tools.write().unwrap_or_else(|p| p.into_inner()) = tools;
     }
 
-    /// Relay progress the upstream reports under `upstream` as the client's `client` token, to the connection
-    /// `to` (the connected client when `None`), until the guard drops.
-    pub fn follow_progress(
-        self: &Arc<Relay>,
-        upstream: ProgressToken,
-        client: ProgressToken,
-        to: Option<Peer<RoleServer>>,
-    ) -> ProgressGuard {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(upstream.clone(), (client, to));
-        ProgressGuard {
-            relay: self.clone(),
-            token: upstream,
-        }
-    }
-
-    /// Let progress the upstream sent before a call's answer reach the client before the answer does:
-    /// the SDK hands each notification to a task of its own, which may not have run yet.
-    pub async fn settle_progress(&self) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        let give_up = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
-        while self.relaying.load(std::sync::atomic::Ordering::SeqCst) > 0 && tokio::time::Instant::now() < give_up {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    }
-
     /// Send a notification to the client, if one is connected (nobody else could use it).
     pub async fn tell(&self, notification: ServerNotification) {
         if let Some(client) = self.client()
@@ -136,31 +192,30 @@ impl Relay {
     }
 }
 
-/// Ends the relay of one call's progress.
+/// Ends the relay of one call's progress: when dropped (the call was given up), nothing more is queued; by
+/// [`ProgressGuard::settle`] once all that was queued has been relayed.
 pub struct ProgressGuard {
-    relay: Arc<Relay>,
+    followers: Arc<Followers>,
     token: ProgressToken,
+    relaying: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// How long a call's progress is still relayed after its answer came: the SDK handles each
-/// notification in a task of its own, so the last one can be handled just after the answer.
-const PROGRESS_STRAGGLERS: std::time::Duration = std::time::Duration::from_secs(1);
+impl ProgressGuard {
+    /// Stop following, then wait until each progress notification of the call that the upstream's connection
+    /// read before the call's answer has reached the client, so that none comes after the answer: a client
+    /// drops progress of a call it has the answer of, and over HTTP the answer ends the stream.
+    pub async fn settle(mut self) {
+        // The queue's only sender goes: its relay ends once what is queued is sent.
+        self.followers.calls().remove(&self.token);
+        if let Some(relaying) = self.relaying.take() {
+            let _ = relaying.await;
+        }
+    }
+}
 
 impl Drop for ProgressGuard {
     fn drop(&mut self) {
-        let (relay, token) = (self.relay.clone(), self.token.clone());
-        let forget = move || {
-            relay.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    tokio::time::sleep(PROGRESS_STRAGGLERS).await;
-                    forget();
-                });
-            }
-            Err(_) => forget(),
-        }
+        self.followers.calls().remove(&self.token);
     }
 }
 
@@ -259,28 +314,9 @@ impl ClientHandler for RelayHandler {
         }
     }
 
-    async fn on_progress(&self, mut params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
-        // Only progress of a call the client asked progress for, under the token it chose.
-        let client_token = self
-            .relay
-            .progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&params.progress_token)
-            .cloned();
-        if let Some((token, to)) = client_token {
-            let _relaying = Relaying::start(&self.relay);
-            params.progress_token = token;
-            let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
-            match to {
-                Some(peer) => {
-                    if let Err(e) = peer.send_notification(notification).await {
-                        tracing::debug!(target: "once::gateway", "a progress notification did not reach its client: {e}");
-                    }
-                }
-                None => self.relay.tell(notification).await,
-            }
-        }
+    async fn on_progress(&self, _params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        // Only progress of a call the client asked progress for reaches it, and that never comes here: the
+        // connection relays it in order ([`Following`]).
     }
 
     async fn on_logging_message(
