@@ -18,12 +18,28 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContex
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceError};
 use tokio_util::sync::CancellationToken;
 
-/// The calls in flight on one upstream connection whose progress the client asked for, by the upstream's
-/// progress token: where each call's progress is queued. One per connection: each connection numbers its
-/// tokens from the same start.
+/// The `_meta` key a followed call's request carries from [`Followers::follow`] to [`Following`], which takes it
+/// off before the request leaves: the mark of its follower, bound there to the progress token the SDK gave it.
+pub const FOLLOW_META: &str = "once/follow";
+
+/// Where one followed call's progress is queued for its client.
+type Queue = tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>;
+
+/// The calls in flight on one upstream connection whose progress the client asked for: where each call's
+/// progress is queued. One per connection: each connection numbers its tokens from the same start.
 pub struct Followers {
     relay: Arc<Relay>,
-    calls: Mutex<HashMap<ProgressToken, tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>>>,
+    /// Marks handed out so far.
+    marks: std::sync::atomic::AtomicU64,
+    calls: Mutex<Calls>,
+}
+
+#[derive(Default)]
+struct Calls {
+    /// Calls whose request has not been handed to the connection yet, by mark.
+    unsent: HashMap<u64, Queue>,
+    /// Calls whose request was, by the upstream's progress token (and their mark).
+    sent: HashMap<ProgressToken, (u64, Queue)>,
 }
 
 impl Followers {
@@ -31,28 +47,23 @@ impl Followers {
     pub fn new(relay: Arc<Relay>) -> Followers {
         Followers {
             relay,
+            marks: std::sync::atomic::AtomicU64::new(0),
             calls: Mutex::default(),
         }
     }
 
-    fn calls(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>>>
-    {
+    fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
         self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Relay progress the upstream reports under `upstream` as the client's `client` token, to the connection
-    /// `to` (the connected client when `None`), in the order the upstream sent it, until the guard settles or
-    /// drops.
-    pub fn follow(
-        self: &Arc<Followers>,
-        upstream: ProgressToken,
-        client: ProgressToken,
-        to: Option<Peer<RoleServer>>,
-    ) -> ProgressGuard {
+    /// Relay the progress of the call whose request is sent next with the returned guard's
+    /// [`ProgressGuard::mark`] in its `_meta` as the client's `client` token, to the connection `to` (the
+    /// connected client when `None`), in the order the upstream sent it, until the guard settles or drops.
+    /// Followed before the request is sent, its progress is relayed however soon the upstream reports it.
+    pub fn follow(self: &Arc<Followers>, client: ProgressToken, to: Option<Peer<RoleServer>>) -> ProgressGuard {
         let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
-        self.calls().insert(upstream.clone(), queue);
+        let mark = self.marks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls().unsent.insert(mark, queue);
         let relay = self.relay.clone();
         // One sender per call, so its notifications reach the client one after the other, as they came.
         let relaying = tokio::spawn(async move {
@@ -71,9 +82,33 @@ impl Followers {
         });
         ProgressGuard {
             followers: self.clone(),
-            token: upstream,
+            mark,
             relaying: Some(relaying),
         }
+    }
+
+    /// A call's request on its way to the upstream: its follower (if its mark is one of this connection's)
+    /// now follows the progress token the request carries. The mark goes either way: it is nobody else's.
+    fn sending(&self, request: &mut rmcp::model::ClientRequest) {
+        use rmcp::model::GetMeta;
+        let meta = request.get_meta_mut();
+        let Some(mark) = meta.remove(FOLLOW_META) else {
+            return;
+        };
+        let token = meta.get_progress_token();
+        let mut calls = self.calls();
+        if let (Some(mark), Some(token)) = (mark.as_u64(), token)
+            && let Some(queue) = calls.unsent.remove(&mark)
+        {
+            calls.sent.insert(token, (mark, queue));
+        }
+    }
+
+    /// Follow the call marked `mark` no more.
+    fn forget(&self, mark: u64) {
+        let mut calls = self.calls();
+        calls.unsent.remove(&mark);
+        calls.sent.retain(|_, (m, _)| *m != mark);
     }
 }
 
@@ -99,8 +134,12 @@ impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleC
 
     fn send(
         &mut self,
-        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+        mut item: rmcp::service::TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        // Bound before the request can leave, so no progress of the call can come before its follower is there.
+        if let rmcp::model::JsonRpcMessage::Request(request) = &mut item {
+            self.followers.sending(&mut request.request);
+        }
         self.inner.send(item)
     }
 
@@ -115,7 +154,7 @@ impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleC
                 return Some(message);
             };
             // Progress of no followed call (its client asked none, or the call is over) goes nowhere.
-            if let Some(queue) = self.followers.calls().get(&progress.params.progress_token) {
+            if let Some((_, queue)) = self.followers.calls().sent.get(&progress.params.progress_token) {
                 let _ = queue.send(progress.params);
             }
         }
@@ -196,17 +235,22 @@ impl Relay {
 /// [`ProgressGuard::settle`] once all that was queued has been relayed.
 pub struct ProgressGuard {
     followers: Arc<Followers>,
-    token: ProgressToken,
+    mark: u64,
     relaying: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ProgressGuard {
+    /// What the call's request carries in its `_meta` under [`FOLLOW_META`].
+    pub fn mark(&self) -> u64 {
+        self.mark
+    }
+
     /// Stop following, then wait until each progress notification of the call that the upstream's connection
     /// read before the call's answer has reached the client, so that none comes after the answer: a client
     /// drops progress of a call it has the answer of, and over HTTP the answer ends the stream.
     pub async fn settle(mut self) {
         // The queue's only sender goes: its relay ends once what is queued is sent.
-        self.followers.calls().remove(&self.token);
+        self.followers.forget(self.mark);
         if let Some(relaying) = self.relaying.take() {
             let _ = relaying.await;
         }
@@ -215,7 +259,7 @@ impl ProgressGuard {
 
 impl Drop for ProgressGuard {
     fn drop(&mut self) {
-        self.followers.calls().remove(&self.token);
+        self.followers.forget(self.mark);
     }
 }
 

@@ -611,17 +611,27 @@ impl Upstream {
         timeout: Option<Duration>,
     ) -> Result<Exchanged, ServiceError> {
         let (connected, meta) = peers.route(link);
+        // The SDK gives the request a progress token of its own; the relay maps it back to the client's. The
+        // call is followed before it is sent, and its request marked so that the connection binds the two.
+        let mut progress = link
+            .progress
+            .clone()
+            .map(|token| connected.followers.follow(token, link.client.clone()));
+        let mut meta = meta;
+        // Only the gateway marks a call: a client's mark could take another call's progress.
+        if let Some(meta) = meta.as_mut() {
+            meta.remove(relay::FOLLOW_META);
+        }
+        if let Some(followed) = &progress {
+            meta.get_or_insert_default()
+                .insert(relay::FOLLOW_META.to_string(), followed.mark().into());
+        }
+        let meta = meta.filter(|m| !m.is_empty());
         let options = match meta {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
         };
         let mut handle = connected.peer.send_request_with_option(request, options).await?;
-        // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
-        let mut progress = link.progress.clone().map(|token| {
-            connected
-                .followers
-                .follow(handle.progress_token.clone(), token, link.client.clone())
-        });
         let wait = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
