@@ -426,3 +426,130 @@ impl ClientHandler for RelayHandler {
         self.config.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+    use rmcp::transport::Transport;
+    use rmcp::{RoleServer, ServerHandler};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A connection's far end: what was sent on it, and what it is to read next.
+    struct Wire {
+        sent: Arc<Mutex<Vec<Value>>>,
+        incoming: tokio::sync::mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
+    }
+
+    impl Transport<RoleClient> for Wire {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: ClientJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            self.sent.lock().unwrap().push(serde_json::to_value(&item).unwrap());
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+            self.incoming.recv().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    /// The gateway's client: the progress it was told, as (token, progress).
+    #[derive(Clone, Default)]
+    struct Client(Arc<Mutex<Vec<(Value, f64)>>>);
+
+    impl Transport<RoleServer> for Client {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: ServerJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            if let rmcp::model::JsonRpcMessage::Notification(n) = &item
+                && let ServerNotification::ProgressNotification(p) = &n.notification
+            {
+                let token = serde_json::to_value(&p.params.progress_token).unwrap();
+                self.0.lock().unwrap().push((token, p.params.progress));
+            }
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<rmcp::model::ClientJsonRpcMessage> {
+            std::future::pending().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    #[derive(Clone)]
+    struct Nothing;
+    impl ServerHandler for Nothing {}
+
+    fn call(id: u64, meta: Value) -> ClientJsonRpcMessage {
+        serde_json::from_value(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "steps", "_meta": meta}}))
+        .unwrap()
+    }
+
+    fn progress(token: u64, progress: u64) -> ServerJsonRpcMessage {
+        serde_json::from_value(json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": token, "progress": progress}}))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_calls_progress_is_bound_as_its_request_leaves_and_relayed_in_order_before_its_answer() {
+        let relay = Arc::new(Relay::default());
+        let client = Client::default();
+        let serving = rmcp::service::serve_directly(Nothing, client.clone(), None);
+        relay.connect(serving.peer().clone());
+        let followers = Arc::new(Followers::new(relay));
+        let (upstream, incoming) = tokio::sync::mpsc::unbounded_channel();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let mut wire = Following::new(
+            Wire {
+                sent: sent.clone(),
+                incoming,
+            },
+            followers.clone(),
+        );
+
+        let followed = followers.follow(ProgressToken(rmcp::model::NumberOrString::String("mine".into())), None);
+        wire.send(call(1, json!({"progressToken": 7, FOLLOW_META: followed.mark()})))
+            .await
+            .unwrap();
+        // A mark that is no call's of this connection (a client's own) binds nothing, and neither travels.
+        wire.send(call(2, json!({"progressToken": 8, FOLLOW_META: followed.mark() + 1})))
+            .await
+            .unwrap();
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[0]["params"]["_meta"], json!({"progressToken": 7}));
+        assert_eq!(sent[1]["params"]["_meta"], json!({"progressToken": 8}));
+
+        // The upstream reports at once, then answers: the progress is taken off the connection as it is read.
+        for step in 1..=3 {
+            upstream.send(progress(7, step)).unwrap();
+        }
+        upstream.send(progress(8, 1)).unwrap();
+        upstream
+            .send(serde_json::from_value(json!({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})).unwrap())
+            .unwrap();
+        let answer = serde_json::to_value(wire.receive().await.unwrap()).unwrap();
+        assert_eq!(answer["id"], 1, "{answer}");
+        followed.settle().await;
+        assert_eq!(
+            client.0.lock().unwrap().clone(),
+            vec![(json!("mine"), 1.0), (json!("mine"), 2.0), (json!("mine"), 3.0)]
+        );
+    }
+}
