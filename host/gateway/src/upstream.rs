@@ -632,17 +632,25 @@ impl Upstream {
             None => PeerRequestOptions::no_options(),
         };
         let mut handle = connected.peer.send_request_with_option(request, options).await?;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let wait = async {
-            match timeout {
-                Some(t) => tokio::time::sleep(t).await,
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
         let (exchanged, stop) = tokio::select! {
             answer = &mut handle.rx => {
-                // Progress the upstream sent before its answer reaches the client before the answer does.
+                // Progress the upstream sent before its answer reaches the client before the answer does. A client
+                // that takes none (a wedged connection) holds the answer no longer than the call may take: the
+                // answer is the call's outcome, which the engine records, whoever hears of it.
                 if let Some(progress) = progress.take() {
-                    progress.settle().await;
+                    match deadline {
+                        Some(d) => {
+                            let _ = tokio::time::timeout_at(d, progress.settle()).await;
+                        }
+                        None => progress.settle().await,
+                    }
                 }
                 (answer.map_or(Exchanged::Closed, Exchanged::Answered), None)
             }
