@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 /// off before the request leaves: the mark of its follower, bound there to the progress token the SDK gave it.
 pub const FOLLOW_META: &str = "once/follow";
 
-/// Where one followed call's progress is queued for its client.
+/// Where one followed call's progress is queued for its client. Unbounded: the connection that fills it
+/// carries every call's answers, and must never wait on one client taking its progress.
 type Queue = tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>;
 
 /// The calls in flight on one upstream connection whose progress the client asked for: where each call's
@@ -56,8 +57,8 @@ impl Followers {
         self.calls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Relay the progress of the call whose request is sent next with the returned guard's
-    /// [`ProgressGuard::mark`] in its `_meta` as the client's `client` token, to the connection `to` (the
+    /// Relay the progress of the call whose request carries the returned guard's [`ProgressGuard::mark`] in
+    /// its `_meta` under [`FOLLOW_META`] as the client's `client` token, to the connection `to` (the
     /// connected client when `None`), in the order the upstream sent it, until the guard settles or drops.
     /// Followed before the request is sent, its progress is relayed however soon the upstream reports it.
     pub fn follow(self: &Arc<Followers>, client: ProgressToken, to: Option<Peer<RoleServer>>) -> ProgressGuard {
