@@ -18,22 +18,151 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContex
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceError};
 use tokio_util::sync::CancellationToken;
 
-/// Where one call's progress goes: the client's token, and the connection (none: the connected client).
-type Follower = (ProgressToken, Option<Peer<RoleServer>>);
+/// The `_meta` key a followed call's request carries from [`Followers::follow`] to [`Following`], which takes it
+/// off before the request leaves: the mark of its follower, bound there to the progress token the SDK gave it.
+pub const FOLLOW_META: &str = "once/follow";
 
-/// One progress notification on its way to the client: counted so `settle_progress` waits for it.
-struct Relaying<'a>(&'a Relay);
+/// Where one followed call's progress is queued for its client. Unbounded: the connection that fills it
+/// carries every call's answers, and must never wait on one client taking its progress.
+type Queue = tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>;
 
-impl<'a> Relaying<'a> {
-    fn start(relay: &'a Relay) -> Relaying<'a> {
-        relay.relaying.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Relaying(relay)
+/// The calls in flight on one upstream connection whose progress the client asked for: where each call's
+/// progress is queued. One per connection: each connection numbers its tokens from the same start.
+pub struct Followers {
+    relay: Arc<Relay>,
+    /// Marks handed out so far.
+    marks: std::sync::atomic::AtomicU64,
+    calls: Mutex<Calls>,
+}
+
+#[derive(Default)]
+struct Calls {
+    /// Calls whose request has not been handed to the connection yet, by mark.
+    unsent: HashMap<u64, Queue>,
+    /// Calls whose request was, by the upstream's progress token (and their mark).
+    sent: HashMap<ProgressToken, (u64, Queue)>,
+}
+
+impl Followers {
+    /// The calls of a new connection, whose progress goes to `relay`'s client (or each call's own connection).
+    pub fn new(relay: Arc<Relay>) -> Followers {
+        Followers {
+            relay,
+            marks: std::sync::atomic::AtomicU64::new(0),
+            calls: Mutex::default(),
+        }
+    }
+
+    fn calls(&self) -> std::sync::MutexGuard<'_, Calls> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Relay the progress of the call whose request carries the returned guard's [`ProgressGuard::mark`] in
+    /// its `_meta` under [`FOLLOW_META`] as the client's `client` token, to the connection `to` (the
+    /// connected client when `None`), in the order the upstream sent it, until the guard settles or drops.
+    /// Followed before the request is sent, its progress is relayed however soon the upstream reports it.
+    pub fn follow(self: &Arc<Followers>, client: ProgressToken, to: Option<Peer<RoleServer>>) -> ProgressGuard {
+        let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<ProgressNotificationParam>();
+        let mark = self.marks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls().unsent.insert(mark, queue);
+        let relay = self.relay.clone();
+        // One sender per call, so its notifications reach the client one after the other, as they came.
+        let relaying = tokio::spawn(async move {
+            while let Some(mut params) = queued.recv().await {
+                params.progress_token = client.clone();
+                let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
+                match &to {
+                    Some(peer) => {
+                        if let Err(e) = peer.send_notification(notification).await {
+                            tracing::debug!(target: "once::gateway", "a progress notification did not reach its client: {e}");
+                        }
+                    }
+                    None => relay.tell(notification).await,
+                }
+            }
+        });
+        ProgressGuard {
+            followers: self.clone(),
+            mark,
+            relaying: Some(relaying),
+        }
+    }
+
+    /// A call's request on its way to the upstream: its follower (if its mark is one of this connection's)
+    /// now follows the progress token the request carries. The mark goes either way: it is nobody else's.
+    fn sending(&self, request: &mut rmcp::model::ClientRequest) {
+        use rmcp::model::GetMeta;
+        let meta = request.get_meta_mut();
+        let Some(mark) = meta.remove(FOLLOW_META) else {
+            return;
+        };
+        let token = meta.get_progress_token();
+        let mut calls = self.calls();
+        if let (Some(mark), Some(token)) = (mark.as_u64(), token)
+            && let Some(queue) = calls.unsent.remove(&mark)
+        {
+            calls.sent.insert(token, (mark, queue));
+        }
+    }
+
+    /// Follow the call marked `mark` no more.
+    fn forget(&self, mark: u64) {
+        let mut calls = self.calls();
+        calls.unsent.remove(&mark);
+        calls.sent.retain(|_, (m, _)| *m != mark);
     }
 }
 
-impl Drop for Relaying<'_> {
-    fn drop(&mut self) {
-        self.0.relaying.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+/// An upstream connection's transport that takes each progress notification of a followed call off the
+/// connection as it is read, in the order the upstream wrote, and queues it for the call's client. The SDK
+/// would hand each notification to a task of its own, which may run after the call's answer (read later)
+/// was handed over, and in any order; what is queued here before the answer is read is relayed before the
+/// answer is ([`ProgressGuard::settle`]).
+pub struct Following<T> {
+    inner: T,
+    followers: Arc<Followers>,
+}
+
+impl<T> Following<T> {
+    /// `inner`, whose followed calls' progress goes to `followers`.
+    pub fn new(inner: T, followers: Arc<Followers>) -> Following<T> {
+        Following { inner, followers }
+    }
+}
+
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient> for Following<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        mut item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        // Bound before the request can leave, so no progress of the call can come before its follower is there.
+        if let rmcp::model::JsonRpcMessage::Request(request) = &mut item {
+            self.followers.sending(&mut request.request);
+        }
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<rmcp::service::RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.inner.receive().await?;
+            let rmcp::model::JsonRpcMessage::Notification(rmcp::model::JsonRpcNotification {
+                notification: ServerNotification::ProgressNotification(progress),
+                ..
+            }) = message
+            else {
+                return Some(message);
+            };
+            // Progress of no followed call (its client asked none, or the call is over) goes nowhere.
+            if let Some((_, queue)) = self.followers.calls().sent.get(&progress.params.progress_token) {
+                let _ = queue.send(progress.params);
+            }
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -43,11 +172,6 @@ pub struct Relay {
     client: RwLock<Option<Peer<RoleServer>>>,
     /// The client's stdio below rmcp (`crate::wire`), for what goes to it as the upstream wrote it.
     raw: RwLock<Option<tokio::sync::mpsc::Sender<Option<crate::wire::Line>>>>,
-    /// The upstream's progress token of a call in flight -> the client's token for it, and the
-    /// connection that call came on (over HTTP, each request's own; else the one client).
-    progress: Mutex<HashMap<ProgressToken, Follower>>,
-    /// Progress notifications being relayed right now.
-    relaying: std::sync::atomic::AtomicUsize,
     /// The upstream's tools as last listed.
     tools: RwLock<Vec<Tool>>,
 }
@@ -90,34 +214,6 @@ impl Relay {
         *self.tools.write().unwrap_or_else(|p| p.into_inner()) = tools;
     }
 
-    /// Relay progress the upstream reports under `upstream` as the client's `client` token, to the connection
-    /// `to` (the connected client when `None`), until the guard drops.
-    pub fn follow_progress(
-        self: &Arc<Relay>,
-        upstream: ProgressToken,
-        client: ProgressToken,
-        to: Option<Peer<RoleServer>>,
-    ) -> ProgressGuard {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(upstream.clone(), (client, to));
-        ProgressGuard {
-            relay: self.clone(),
-            token: upstream,
-        }
-    }
-
-    /// Let progress the upstream sent before a call's answer reach the client before the answer does:
-    /// the SDK hands each notification to a task of its own, which may not have run yet.
-    pub async fn settle_progress(&self) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        let give_up = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
-        while self.relaying.load(std::sync::atomic::Ordering::SeqCst) > 0 && tokio::time::Instant::now() < give_up {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    }
-
     /// Send a notification to the client, if one is connected (nobody else could use it).
     pub async fn tell(&self, notification: ServerNotification) {
         if let Some(client) = self.client()
@@ -136,31 +232,35 @@ impl Relay {
     }
 }
 
-/// Ends the relay of one call's progress.
+/// Ends the relay of one call's progress: when dropped (the call was given up), nothing more is queued; by
+/// [`ProgressGuard::settle`] once all that was queued has been relayed.
 pub struct ProgressGuard {
-    relay: Arc<Relay>,
-    token: ProgressToken,
+    followers: Arc<Followers>,
+    mark: u64,
+    relaying: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// How long a call's progress is still relayed after its answer came: the SDK handles each
-/// notification in a task of its own, so the last one can be handled just after the answer.
-const PROGRESS_STRAGGLERS: std::time::Duration = std::time::Duration::from_secs(1);
+impl ProgressGuard {
+    /// What the call's request carries in its `_meta` under [`FOLLOW_META`].
+    pub fn mark(&self) -> u64 {
+        self.mark
+    }
+
+    /// Stop following, then wait until each progress notification of the call that the upstream's connection
+    /// read before the call's answer has reached the client, so that none comes after the answer: a client
+    /// drops progress of a call it has the answer of, and over HTTP the answer ends the stream.
+    pub async fn settle(mut self) {
+        // The queue's only sender goes: its relay ends once what is queued is sent.
+        self.followers.forget(self.mark);
+        if let Some(relaying) = self.relaying.take() {
+            let _ = relaying.await;
+        }
+    }
+}
 
 impl Drop for ProgressGuard {
     fn drop(&mut self) {
-        let (relay, token) = (self.relay.clone(), self.token.clone());
-        let forget = move || {
-            relay.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&token);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    tokio::time::sleep(PROGRESS_STRAGGLERS).await;
-                    forget();
-                });
-            }
-            Err(_) => forget(),
-        }
+        self.followers.forget(self.mark);
     }
 }
 
@@ -259,28 +359,9 @@ impl ClientHandler for RelayHandler {
         }
     }
 
-    async fn on_progress(&self, mut params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
-        // Only progress of a call the client asked progress for, under the token it chose.
-        let client_token = self
-            .relay
-            .progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&params.progress_token)
-            .cloned();
-        if let Some((token, to)) = client_token {
-            let _relaying = Relaying::start(&self.relay);
-            params.progress_token = token;
-            let notification = ServerNotification::ProgressNotification(rmcp::model::Notification::new(params));
-            match to {
-                Some(peer) => {
-                    if let Err(e) = peer.send_notification(notification).await {
-                        tracing::debug!(target: "once::gateway", "a progress notification did not reach its client: {e}");
-                    }
-                }
-                None => self.relay.tell(notification).await,
-            }
-        }
+    async fn on_progress(&self, _params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        // Only progress of a call the client asked progress for reaches it, and that never comes here: the
+        // connection relays it in order ([`Following`]).
     }
 
     async fn on_logging_message(
@@ -344,5 +425,132 @@ impl ClientHandler for RelayHandler {
 
     fn get_info(&self) -> ClientConfig {
         self.config.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+    use rmcp::transport::Transport;
+    use rmcp::{RoleServer, ServerHandler};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A connection's far end: what was sent on it, and what it is to read next.
+    struct Wire {
+        sent: Arc<Mutex<Vec<Value>>>,
+        incoming: tokio::sync::mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
+    }
+
+    impl Transport<RoleClient> for Wire {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: ClientJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            self.sent.lock().unwrap().push(serde_json::to_value(&item).unwrap());
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+            self.incoming.recv().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    /// The gateway's client: the progress it was told, as (token, progress).
+    #[derive(Clone, Default)]
+    struct Client(Arc<Mutex<Vec<(Value, f64)>>>);
+
+    impl Transport<RoleServer> for Client {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: ServerJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            if let rmcp::model::JsonRpcMessage::Notification(n) = &item
+                && let ServerNotification::ProgressNotification(p) = &n.notification
+            {
+                let token = serde_json::to_value(&p.params.progress_token).unwrap();
+                self.0.lock().unwrap().push((token, p.params.progress));
+            }
+            std::future::ready(Ok(()))
+        }
+
+        async fn receive(&mut self) -> Option<rmcp::model::ClientJsonRpcMessage> {
+            std::future::pending().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    #[derive(Clone)]
+    struct Nothing;
+    impl ServerHandler for Nothing {}
+
+    fn call(id: u64, meta: Value) -> ClientJsonRpcMessage {
+        serde_json::from_value(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "steps", "_meta": meta}}))
+        .unwrap()
+    }
+
+    fn progress(token: u64, progress: u64) -> ServerJsonRpcMessage {
+        serde_json::from_value(json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": token, "progress": progress}}))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_calls_progress_is_bound_as_its_request_leaves_and_relayed_in_order_before_its_answer() {
+        let relay = Arc::new(Relay::default());
+        let client = Client::default();
+        let serving = rmcp::service::serve_directly(Nothing, client.clone(), None);
+        relay.connect(serving.peer().clone());
+        let followers = Arc::new(Followers::new(relay));
+        let (upstream, incoming) = tokio::sync::mpsc::unbounded_channel();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let mut wire = Following::new(
+            Wire {
+                sent: sent.clone(),
+                incoming,
+            },
+            followers.clone(),
+        );
+
+        let followed = followers.follow(ProgressToken(rmcp::model::NumberOrString::String("mine".into())), None);
+        wire.send(call(1, json!({"progressToken": 7, FOLLOW_META: followed.mark()})))
+            .await
+            .unwrap();
+        // A mark that is no call's of this connection (a client's own) binds nothing, and neither travels.
+        wire.send(call(2, json!({"progressToken": 8, FOLLOW_META: followed.mark() + 1})))
+            .await
+            .unwrap();
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent[0]["params"]["_meta"], json!({"progressToken": 7}));
+        assert_eq!(sent[1]["params"]["_meta"], json!({"progressToken": 8}));
+
+        // The upstream reports at once, then answers: the progress is taken off the connection as it is read.
+        for step in 1..=3 {
+            upstream.send(progress(7, step)).unwrap();
+        }
+        upstream.send(progress(8, 1)).unwrap();
+        upstream
+            .send(serde_json::from_value(json!({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})).unwrap())
+            .unwrap();
+        let answer = serde_json::to_value(wire.receive().await.unwrap()).unwrap();
+        assert_eq!(answer["id"], 1, "{answer}");
+        followed.settle().await;
+        assert_eq!(
+            client.0.lock().unwrap().clone(),
+            vec![(json!("mine"), 1.0), (json!("mine"), 2.0), (json!("mine"), 3.0)]
+        );
     }
 }

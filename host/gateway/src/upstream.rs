@@ -58,7 +58,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::relay::{self, Relay, RelayHandler};
+use crate::relay::{self, Followers, Following, Relay, RelayHandler};
 use crate::remote::{self, UpstreamUrl};
 use crate::wire::upstream::{Answer, UpstreamWire};
 
@@ -120,11 +120,33 @@ impl Reply {
     }
 }
 
+/// One connection to the upstream, and the calls on it whose progress is relayed ([`Following`]).
+struct Served {
+    service: RunningService<RoleClient, RelayHandler>,
+    followers: Arc<Followers>,
+}
+
+impl Served {
+    fn peer(&self) -> Connected {
+        Connected {
+            peer: self.service.peer().clone(),
+            followers: self.followers.clone(),
+        }
+    }
+}
+
+/// A connection's peer, and the calls on it whose progress is relayed.
+#[derive(Clone)]
+struct Connected {
+    peer: Peer<RoleClient>,
+    followers: Arc<Followers>,
+}
+
 struct Conn {
     /// The connection opened with `initialize`: a 2025 revision (or older), and every command upstream's.
-    service: RunningService<RoleClient, RelayHandler>,
+    service: Served,
     /// A URL upstream's 2026-07-28 connection, when it answered `server/discover` with that revision.
-    modern: Option<RunningService<RoleClient, RelayHandler>>,
+    modern: Option<Served>,
     generation: u64,
     /// The capabilities this connection declared to the upstream.
     capabilities: ClientCapabilities,
@@ -137,8 +159,8 @@ struct Conn {
 impl Conn {
     fn peers(&self) -> Peers {
         Peers {
-            legacy: self.service.peer().clone(),
-            modern: self.modern.as_ref().map(|m| m.peer().clone()),
+            legacy: self.service.peer(),
+            modern: self.modern.as_ref().map(Served::peer),
             generation: self.generation,
         }
     }
@@ -146,9 +168,9 @@ impl Conn {
     /// Close the connection; a process that has not exited `grace` after its stdin closed is killed.
     async fn close(mut self, grace: Duration) {
         if let Some(mut modern) = self.modern.take() {
-            let _ = modern.close_with_timeout(grace).await;
+            let _ = modern.service.close_with_timeout(grace).await;
         }
-        let _ = self.service.close_with_timeout(grace).await;
+        let _ = self.service.service.close_with_timeout(grace).await;
         if let Some(mut child) = self.child.take()
             && tokio::time::timeout(grace, child.wait()).await.is_err()
         {
@@ -211,14 +233,14 @@ impl Link {
 /// The live connections of one generation.
 #[derive(Clone)]
 struct Peers {
-    legacy: Peer<RoleClient>,
-    modern: Option<Peer<RoleClient>>,
+    legacy: Connected,
+    modern: Option<Connected>,
     generation: u64,
 }
 
 impl Peers {
     /// The connection `link`'s request goes on, and the `_meta` it carries there (see the module doc).
-    fn route(&self, link: &Link) -> (&Peer<RoleClient>, Option<RequestMetaObject>) {
+    fn route(&self, link: &Link) -> (&Connected, Option<RequestMetaObject>) {
         match self.modern.as_ref().filter(|_| goes_modern(link)) {
             Some(peer) => (peer, meta_on(link, true)),
             None => (&self.legacy, meta_on(link, false)),
@@ -403,8 +425,8 @@ impl Upstream {
         let mut conn = self.conn.lock().await;
         let wanted = self.wanted();
         if let Some(c) = conn.as_ref()
-            && !c.service.is_transport_closed()
-            && c.modern.as_ref().is_none_or(|m| !m.is_transport_closed())
+            && !c.service.service.is_transport_closed()
+            && c.modern.as_ref().is_none_or(|m| !m.service.is_transport_closed())
             && c.capabilities == wanted.capabilities
         {
             return Ok(c.peers());
@@ -454,6 +476,7 @@ impl Upstream {
             config,
         };
         let (mut child, mut wire) = (None, None);
+        let followers = Arc::new(Followers::new(self.relay.clone()));
         let served = match &self.target {
             Target::Command(command) => {
                 let (program, args) = command
@@ -474,23 +497,28 @@ impl Upstream {
                 };
                 let (io, layer) = UpstreamWire::splice(stdout, stdin, self.relay.clone());
                 (child, wire) = (Some(process), Some(layer));
-                handler.serve(io).await
+                let (read, write) = io;
+                let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(read, write);
+                handler.serve(Following::new(transport, followers.clone())).await
             }
-            Target::Url(url) => handler.serve(url.transport()?).await,
+            Target::Url(url) => handler.serve(Following::new(url.transport()?, followers.clone())).await,
         };
         let service =
             served.map_err(|e| self.redact(format!("the upstream ({}) did not initialize: {e}", self.shown())))?;
+        let service = Served { service, followers };
         let modern = match &self.target {
             Target::Url(url) => self.discover(url, handler_config).await,
             Target::Command(_) => None,
         };
         let tools = service
+            .service
             .peer()
             .list_all_tools()
             .await
             .map_err(|e| self.redact(format!("the upstream ({}) did not list its tools: {e}", self.shown())))?;
         self.relay.set_tools(tools);
-        *self.info.write().unwrap_or_else(|p| p.into_inner()) = service.peer().peer_info().map(|i| (*i).clone());
+        *self.info.write().unwrap_or_else(|p| p.into_inner()) =
+            service.service.peer().peer_info().map(|i| (*i).clone());
         *self.tasks.write().unwrap_or_else(|p| p.into_inner()) = wire.as_ref().and_then(|w| w.tasks());
         let was = self.modern.swap(modern.is_some(), std::sync::atomic::Ordering::SeqCst);
         if was != modern.is_some() || self.generations.load(std::sync::atomic::Ordering::SeqCst) == 0 {
@@ -519,11 +547,7 @@ impl Upstream {
     /// A second connection to the URL upstream in MCP 2026-07-28, opened with `server/discover` and the
     /// gateway's envelope (`config`: what it declares upstream); `None` when the upstream does not offer
     /// that revision (a 2025-era server answers the probe with an error, or not in time).
-    async fn discover(
-        &self,
-        url: &UpstreamUrl,
-        config: ClientConfig,
-    ) -> Option<RunningService<RoleClient, RelayHandler>> {
+    async fn discover(&self, url: &UpstreamUrl, config: ClientConfig) -> Option<Served> {
         let handler = RelayHandler {
             relay: self.relay.clone(),
             config,
@@ -531,7 +555,8 @@ impl Upstream {
         let lifecycle = ClientLifecycleMode::Discover {
             preferred_versions: vec![MODERN],
         };
-        let transport = url.transport().ok()?;
+        let followers = Arc::new(Followers::new(self.relay.clone()));
+        let transport = Following::new(url.transport().ok()?, followers.clone());
         match tokio::time::timeout(DISCOVER_TIMEOUT, handler.serve_with_lifecycle(transport, lifecycle)).await {
             Ok(Ok(service)) => {
                 // rmcp puts a tool's `x-mcp-header` arguments in `Mcp-Param-*` headers from the tool lists seen
@@ -546,7 +571,7 @@ impl Upstream {
                         tracing::warn!(target: "once::gateway", "tools/list on the 2026-07-28 connection: no answer within {DISCOVER_TIMEOUT:?}")
                     }
                 }
-                Some(service)
+                Some(Served { service, followers })
             }
             Ok(Err(e)) => {
                 let why = self.redact(e.to_string());
@@ -609,27 +634,47 @@ impl Upstream {
         link: &Link,
         timeout: Option<Duration>,
     ) -> Result<Exchanged, ServiceError> {
-        let (peer, meta) = peers.route(link);
+        let (connected, meta) = peers.route(link);
+        // The SDK gives the request a progress token of its own; the relay maps it back to the client's. The
+        // call is followed before it is sent, and its request marked so that the connection binds the two.
+        let mut progress = link
+            .progress
+            .clone()
+            .map(|token| connected.followers.follow(token, link.client.clone()));
+        let mut meta = meta;
+        // Only the gateway marks a call: a client's mark could take another call's progress.
+        if let Some(meta) = meta.as_mut() {
+            meta.remove(relay::FOLLOW_META);
+        }
+        if let Some(followed) = &progress {
+            meta.get_or_insert_default()
+                .insert(relay::FOLLOW_META.to_string(), followed.mark().into());
+        }
+        let meta = meta.filter(|m| !m.is_empty());
         let options = match meta {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
         };
-        let mut handle = peer.send_request_with_option(request, options).await?;
-        // The SDK gives the request a progress token of its own; the relay maps it back to the client's.
-        let _progress = link.progress.clone().map(|token| {
-            self.relay
-                .follow_progress(handle.progress_token.clone(), token, link.client.clone())
-        });
+        let mut handle = connected.peer.send_request_with_option(request, options).await?;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let wait = async {
-            match timeout {
-                Some(t) => tokio::time::sleep(t).await,
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };
         let (exchanged, stop) = tokio::select! {
             answer = &mut handle.rx => {
-                if link.progress.is_some() {
-                    self.relay.settle_progress().await;
+                // Progress the upstream sent before its answer reaches the client before the answer does. A client
+                // that takes none (a wedged connection) holds the answer no longer than the call may take: the
+                // answer is the call's outcome, which the engine records, whoever hears of it.
+                if let Some(progress) = progress.take() {
+                    match deadline {
+                        Some(d) => {
+                            let _ = tokio::time::timeout_at(d, progress.settle()).await;
+                        }
+                        None => progress.settle().await,
+                    }
                 }
                 (answer.map_or(Exchanged::Closed, Exchanged::Answered), None)
             }
@@ -646,7 +691,7 @@ impl Upstream {
     pub async fn notify(&self, notification: ClientNotification) {
         match self.peer().await {
             Ok(peers) => {
-                if let Err(e) = peers.legacy.send_notification(notification).await {
+                if let Err(e) = peers.legacy.peer.send_notification(notification).await {
                     tracing::debug!(target: "once::gateway", "a notification did not reach the upstream: {e}");
                 }
             }
@@ -913,5 +958,162 @@ mod tests {
         let older = client_meta(json!({"io.modelcontextprotocol/protocolVersion": "2025-11-25"}));
         assert!(!goes_modern(&older));
         assert_eq!(meta_on(&older, false), None);
+    }
+}
+
+/// Progress through the relay against a real connection: an rmcp server at a URL, and a client that is slow
+/// to take progress (a loaded machine, a slow link), as seen by the gateway's side of the relay.
+#[cfg(test)]
+mod progress_tests {
+    use std::sync::Mutex as StdMutex;
+
+    use rmcp::model::{
+        CallToolResponse, ContentBlock, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+        ServerCapabilities, ServerConfig, ServerJsonRpcMessage,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::transport::Transport;
+    use rmcp::{RoleServer, ServerHandler};
+    use serde_json::json;
+
+    use super::*;
+
+    /// How many progress notifications the upstream sends before its answer.
+    const STEPS: u32 = 3;
+    /// How long the slow client takes to take each progress notification: longer than any fixed wait for it.
+    const SLOW: Duration = Duration::from_millis(400);
+
+    /// An upstream whose one tool reports each step and answers at once after the last.
+    #[derive(Clone)]
+    struct Stepper;
+
+    impl ServerHandler for Stepper {
+        fn get_info(&self) -> ServerConfig {
+            ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        }
+
+        async fn list_tools(
+            &self,
+            _request: Option<PaginatedRequestParams>,
+            _context: RequestContext<RoleServer>,
+        ) -> Result<ListToolsResult, ErrorData> {
+            let schema = serde_json::from_value(json!({"type": "object"})).unwrap();
+            Ok(ListToolsResult::with_all_items(vec![Tool::new(
+                "steps",
+                "Reports its steps.",
+                Arc::new(schema),
+            )]))
+        }
+
+        async fn call_tool(
+            &self,
+            _request: CallToolRequestParams,
+            context: RequestContext<RoleServer>,
+        ) -> Result<CallToolResponse, ErrorData> {
+            let token = context
+                .meta
+                .get_progress_token()
+                .expect("the gateway asks for progress");
+            for step in 1..=STEPS {
+                let mut progress = ProgressNotificationParam::new(token.clone(), f64::from(step));
+                progress.total = Some(f64::from(STEPS));
+                context.peer.notify_progress(progress).await.unwrap();
+            }
+            Ok(CallToolResult::success(vec![ContentBlock::text("done")]).into())
+        }
+    }
+
+    /// Serve `Stepper` at a local URL for as long as the test runs.
+    async fn upstream_url() -> String {
+        use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+        use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+        let service = StreamableHttpService::new(
+            || Ok(Stepper),
+            Arc::new(LocalSessionManager::default()),
+            StreamableHttpServerConfig::default(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let router = axum::Router::new().nest_service("/mcp", service);
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        url
+    }
+
+    /// The gateway's client: what reached it, in order ("progress N", or "answer" as the test writes it
+    /// when the gateway's exchange returns). It takes `SLOW` to take each progress notification.
+    #[derive(Clone, Default)]
+    struct SlowClient {
+        heard: Arc<StdMutex<Vec<String>>>,
+        progressed: Arc<tokio::sync::Notify>,
+    }
+
+    impl Transport<RoleServer> for SlowClient {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            item: ServerJsonRpcMessage,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            let client = self.clone();
+            async move {
+                if let rmcp::model::JsonRpcMessage::Notification(n) = &item
+                    && let rmcp::model::ServerNotification::ProgressNotification(p) = &n.notification
+                {
+                    tokio::time::sleep(SLOW).await;
+                    let said = format!("progress {}", p.params.progress);
+                    client.heard.lock().unwrap().push(said);
+                    client.progressed.notify_one();
+                }
+                Ok(())
+            }
+        }
+
+        async fn receive(&mut self) -> Option<rmcp::model::ClientJsonRpcMessage> {
+            std::future::pending().await
+        }
+
+        async fn close(&mut self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+    }
+
+    #[derive(Clone)]
+    struct Nothing;
+    impl ServerHandler for Nothing {}
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn progress_the_upstream_sent_before_its_answer_reaches_a_slow_client_before_the_answer() {
+        let relay = Arc::new(Relay::default());
+        let client = SlowClient::default();
+        let serving = rmcp::service::serve_directly(Nothing, client.clone(), None);
+        relay.connect(serving.peer().clone());
+        let url = UpstreamUrl::parse(&upstream_url().await).unwrap();
+        let upstream = Upstream::start(Target::Url(url), relay).await.unwrap();
+
+        let link = Link {
+            progress: Some(ProgressToken(rmcp::model::NumberOrString::String("client's".into()))),
+            ..Link::default()
+        };
+        let call = CallToolRequestParams::new("steps");
+        let answer = upstream
+            .request(ClientRequest::CallToolRequest(Request::new(call)), &link)
+            .await
+            .unwrap();
+        assert!(matches!(answer, ServerResult::CallToolResult(_)), "{answer:?}");
+        client.heard.lock().unwrap().push("answer".to_string());
+
+        // Whatever came late would still come: wait for all of it before reading the order.
+        let all = (STEPS + 1) as usize;
+        while client.heard.lock().unwrap().len() < all {
+            let progressed = client.progressed.notified();
+            if tokio::time::timeout(SLOW * 10, progressed).await.is_err() {
+                break;
+            }
+        }
+        let heard = client.heard.lock().unwrap().clone();
+        let mut expected: Vec<String> = (1..=STEPS).map(|s| format!("progress {s}")).collect();
+        expected.push("answer".to_string());
+        assert_eq!(heard, expected);
+        upstream.shutdown().await;
     }
 }
