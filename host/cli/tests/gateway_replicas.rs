@@ -63,15 +63,8 @@ async fn a_replica_killed_mid_call_is_settled_by_the_other_replicas_worker() {
     let logs = || all_logs(&[&a, &b], &upstream);
     let url = upstream.url();
     let (left, right) = tokio::join!(a.connect_url(&url, 0), b.connect_url(&url, 0));
-    {
-        let call = left.refund(200.0, Some("refund-1234-replica"));
-        tokio::pin!(call);
-        tokio::select! {
-            result = &mut call => panic!("the upstream holds its reply, yet the call ended: {}", text(&result)),
-            () = wait_for("the refund to commit", Duration::from_secs(20), || a.effects().0 == 1) => {}
-        }
-    }
-    left.kill().await;
+    left.kill_with_the_refund_open(200.0, Some("refund-1234-replica"), || a.effects().0 == 1)
+        .await;
 
     let view = wait_for_state(
         &a.db,
@@ -98,7 +91,7 @@ async fn a_replica_killed_mid_call_is_settled_by_the_other_replicas_worker() {
     assert_eq!(outcome(&again)["decision"], "replayed", "{}\n{}", text(&again), logs());
     assert!(right.close().await.success(), "{}", logs());
     assert_exactly_one_refund(&a);
-    tokio::task::spawn_blocking(move || drop(schema)).await.unwrap();
+    drop(schema);
 }
 
 /// Replica A's refund never reached the service (the upstream dropped the connection before
@@ -152,5 +145,5 @@ async fn an_owed_dispatch_is_sent_by_exactly_one_of_the_live_replicas() {
         })
         .sum::<usize>();
     assert_eq!(owed_sent, 1, "{}", logs());
-    tokio::task::spawn_blocking(move || drop(schema)).await.unwrap();
+    drop(schema);
 }

@@ -225,6 +225,21 @@ impl Session {
         drop(client);
     }
 
+    /// Send a refund of `amount` and SIGKILL the gateway once `committed` holds, with the call
+    /// still open: a client that hung up first would make the gateway record the call as ambiguous
+    /// itself, and whoever comes next would find it settled already, nothing left in flight.
+    pub async fn kill_with_the_refund_open(self, amount: f64, key: Option<&str>, committed: impl Fn() -> bool) {
+        let mut params = CallToolRequestParams::new("refund_order")
+            .with_arguments(object(json!({"order_id": ORDER_ID, "amount": amount})));
+        if let Some(key) = key {
+            params.meta = Some(meta(&[("once/key", key)]));
+        }
+        let open = send_call(self.client.peer(), params).await;
+        wait_for("the refund to commit", Duration::from_secs(20), committed).await;
+        self.kill().await;
+        drop(open);
+    }
+
     /// The client hangs up, as an agent that is done does; the gateway settles what it owes, then exits.
     pub async fn close(self) -> std::process::ExitStatus {
         let Session { client, mut child } = self;

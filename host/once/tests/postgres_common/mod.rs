@@ -99,10 +99,16 @@ impl TestSchema {
 }
 
 impl Drop for TestSchema {
+    /// Drops the schema from a thread of its own: the blocking client cannot run on an async
+    /// runtime's thread, and a test that panics drops its schema wherever it stands.
     fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.url, postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
-        }
+        let (url, name) = (self.url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            if let Ok(mut c) = postgres::Client::connect(&url, postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
+            }
+        })
+        .join();
     }
 }
 
