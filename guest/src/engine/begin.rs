@@ -3,7 +3,7 @@
 use alloc::format;
 use alloc::string::{String, ToString};
 
-use super::{MAX_RACES, now_for};
+use super::{Races, now_for};
 use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::check_name;
@@ -134,7 +134,8 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
             effect: claim.effect.get(),
         })
     };
-    for _ in 0..MAX_RACES {
+    let mut races = Races::new();
+    while races.again(h) {
         match claim.decide(h) {
             Ok(decision) => return keyed(decision),
             Err(LedgerError::Conflict) => continue,

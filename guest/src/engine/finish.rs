@@ -3,7 +3,7 @@
 use alloc::string::String;
 
 use super::escalation;
-use super::{MAX_RACES, now_for};
+use super::{Races, now_for};
 use crate::host::Host;
 use crate::input::provider_receipt;
 use crate::mutant::{self, Mutant};
@@ -33,7 +33,8 @@ pub fn finish_with_record(
         Outcome::Ambiguous(reason) => Reported::Ambiguous(reason),
         Outcome::NotSent => Reported::NotSent,
     };
-    for _ in 0..MAX_RACES {
+    let mut races = Races::new();
+    while races.again(h) {
         let loaded = match load(h, scope, key) {
             Ok(Some(loaded)) => loaded,
             Ok(None) => return Err(Error::NotFound),

@@ -26,9 +26,51 @@ use crate::input::limits;
 use crate::record::OpRecord;
 use crate::types::{Error, JsonError};
 
-/// How many times an export re-reads and re-decides after losing a
-/// compare-and-swap before it reports contention.
+/// How many times background work (a sweep, an adoption) re-reads and
+/// re-decides a row after losing a compare-and-swap before it leaves the row
+/// to the next pass; the first [`Races`] of a call, too.
 const MAX_RACES: u32 = 16;
+
+/// How long, on the ledger clock, a call keeps re-deciding after its first
+/// [`MAX_RACES`] lost compare-and-swaps before it reports contention as a
+/// storage failure. The default ledger's own lock wait (SQLite's
+/// `busy_timeout`) is as long.
+const CONTENTION_MS: u64 = 30_000;
+
+/// At most this many races in all, so a clock that stands still cannot make a
+/// call's loop endless.
+const RACES_CAP: u32 = 100_000;
+
+/// The races of one call's transition: `while races.again(h) { … }`.
+///
+/// A lost compare-and-swap means another writer committed: the ledger is
+/// busy, not broken. A hot quota bucket or key under many concurrent calls
+/// loses dozens of races in a row, and a caller within its budget must not be
+/// refused for that, so a call races on for [`CONTENTION_MS`] after its first
+/// [`MAX_RACES`]. It does not spin: each retry waits for its own commit, which
+/// waits for the winner's. The clock is read only once the first races are
+/// lost, so an uncontended call makes no extra host call.
+struct Races {
+    run: u32,
+    until: Option<u64>,
+}
+
+impl Races {
+    fn new() -> Races {
+        Races { run: 0, until: None }
+    }
+
+    /// Whether to decide (once more).
+    fn again(&mut self, h: &impl Host) -> bool {
+        self.run += 1;
+        if self.run <= MAX_RACES {
+            return true;
+        }
+        let now = h.now();
+        let until = *self.until.get_or_insert(now.saturating_add(CONTENTION_MS));
+        self.run <= RACES_CAP && now < until
+    }
+}
 
 /// Now, never earlier than the record's last write: time does not run
 /// backwards in a comparison even if the host's clock does.

@@ -4,7 +4,7 @@ use alloc::format;
 use alloc::string::ToString;
 
 use super::begin::state_name;
-use super::{MAX_RACES, now_for, storage_error};
+use super::{MAX_RACES, Races, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
 use crate::mutant::{self, Mutant};
@@ -70,7 +70,8 @@ pub fn resolve(
         Resolution::Confirmed(receipt) => Resolution::Confirmed(checked_receipt(receipt, &settings)?),
         Resolution::Absent => Resolution::Absent,
     };
-    for _ in 0..MAX_RACES {
+    let mut races = Races::new();
+    while races.again(h) {
         let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
         match apply(h, loaded, resolution.clone(), note, force) {
             Ok(result) => return result,

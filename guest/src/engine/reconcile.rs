@@ -4,7 +4,7 @@ use alloc::format;
 
 use super::begin::{blocked, grant, other_owner, replay_of, superseded, unknown};
 use super::escalation;
-use super::{MAX_RACES, now_for, storage_error};
+use super::{Races, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, provider_receipt};
 use crate::mutant::{self, Mutant};
@@ -37,7 +37,8 @@ pub fn reconcile_when(h: &impl Host, scope: &str, key: &str, when: ReadWhen) -> 
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
-    for _ in 0..MAX_RACES {
+    let mut races = Races::new();
+    while races.again(h) {
         let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
         match step(h, loaded, when) {
             Ok(decision) => return Ok(decision),

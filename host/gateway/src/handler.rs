@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use once::types::{Account, Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
@@ -482,7 +482,13 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
-    let may_send = || once.now() < send_by;
+    // The ledger's clock is read here, not inside the send: it may be a database query (PostgreSQL's
+    // clock), and a blocking client cannot run inside the future `block_on` polls below. What is left
+    // until `send_by` becomes a deadline on this host's monotonic clock, which cannot drift
+    // measurably within one dispatch's wait.
+    let left = Duration::from_millis(send_by.saturating_sub(once.now()));
+    let send_before = Instant::now() + left;
+    let may_send = || Instant::now() < send_before;
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if d.attempt > 0 || capture.runs_tasks {

@@ -175,7 +175,8 @@ fn intent_only_commits_begin_full_and_finish_normal() {
         CommitCounts {
             full: begin_commits,
             normal: 1,
-            batches: begin_commits + 1
+            batches: begin_commits + 1,
+            backed_off: 0
         }
     );
     assert_eq!(row.unwrap().state, Some(State::Confirmed));
@@ -197,7 +198,8 @@ fn intent_only_commits_a_rejection_full() {
         CommitCounts {
             full: n,
             normal: 0,
-            batches: n
+            batches: n,
+            backed_off: 0
         }
     );
     assert_eq!(row.unwrap().state, Some(State::Failed));
@@ -258,7 +260,8 @@ fn full_mode_commits_everything_full() {
         CommitCounts {
             full: n,
             normal: 0,
-            batches: n
+            batches: n,
+            backed_off: 0
         }
     );
     assert_eq!(row.unwrap().state, Some(State::Confirmed));
@@ -289,7 +292,8 @@ fn a_deferred_commit_alone_is_normal_and_a_later_one_full() {
         CommitCounts {
             full: 2,
             normal: 1,
-            batches: 3
+            batches: 3,
+            backed_off: 0
         }
     );
     // A conflict commits nothing at either level.
@@ -357,7 +361,27 @@ fn concurrent_compare_and_swap_has_one_winner_per_version() {
     );
     let counts = s.commit_counts();
     assert_eq!(counts.batches, total + 1);
+    assert!(
+        counts.backed_off > 0,
+        "losers to their own group wait before they answer: {counts:?}"
+    );
     eprintln!("{THREADS} threads: {counts:?}");
+}
+
+/// A batch that loses to an earlier commit (a replay's blind insert of a key that exists) answers
+/// `Conflict` at once: only a loser to its own group, on a hot row, backs off.
+#[test]
+fn a_conflict_with_an_earlier_commit_does_not_back_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir.path().join("once.db"), Synchronous::Full);
+    let insert = Batch {
+        puts: vec![put(None, counter(1, "first".into()))],
+        events: vec![],
+        deferrable: false,
+    };
+    s.commit(&insert).unwrap();
+    assert!(matches!(s.commit(&insert), Err(CommitError::Conflict)));
+    assert_eq!(s.commit_counts().backed_off, 0);
 }
 
 /// Racing inserts of one key from many threads: exactly one succeeds per round.

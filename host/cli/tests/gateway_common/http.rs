@@ -249,3 +249,19 @@ pub fn sha256_hex(token: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// The README's tenant config as a user makes it: `examples/refund/once.toml` plus the lines the README
+/// appends (`cat >> once-http.toml <<'TOML'`), read from the README itself, so the test runs what it prints.
+pub fn readme_tenant_config() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let (_, rest) = readme
+        .split_once("cat >> once-http.toml <<'TOML'\n")
+        .expect("the README appends the tenant lines to once-http.toml");
+    let appended: Vec<&str> = rest
+        .lines()
+        .take_while(|l| l.trim() != "TOML")
+        .map(str::trim_start)
+        .collect();
+    let example = std::fs::read_to_string(super::EXAMPLE_CONFIG).unwrap();
+    format!("{example}\n{}\n", appended.join("\n"))
+}

@@ -151,6 +151,7 @@ pub fn bench(c: &mut Criterion) {
                     full: after.full - before.full,
                     normal: after.normal - before.normal,
                     batches: after.batches - before.batches,
+                    backed_off: after.backed_off - before.backed_off,
                 };
                 note(format!(
                     "{id}: {n} calls, {:.2} FULL + {:.2} NORMAL transactions and {:.2} batches per call ({:.2} batches per transaction)",

@@ -13,7 +13,7 @@
 //! caller never waits. The delay is before `BEGIN`; `Ok` still comes only
 //! after `COMMIT` returned.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -22,7 +22,8 @@ use rusqlite::Connection;
 
 use super::batch::{Abort, apply_event, apply_put};
 use super::{Level, MAX_GROUP, SqliteStorage, err};
-use crate::bindings::types::Batch;
+use crate::bindings::types::{Batch, Put};
+use crate::storage::codec::table_name;
 use crate::storage::{CommitError, Flush, StorageError};
 
 /// The commit queue: callers append, one leader at a time drains.
@@ -33,7 +34,7 @@ pub(super) struct Queue {
     /// Batches waiting, oldest first.
     pending: VecDeque<Pending>,
     /// Results of applied batches, until their callers take them.
-    done: HashMap<u64, Result<(), CommitError>>,
+    done: HashMap<u64, Applied>,
     /// The next ticket.
     next: u64,
     /// How many batches the next group should gather: the size of the last
@@ -44,10 +45,28 @@ pub(super) struct Queue {
     /// Recent duration of one group transaction (a moving average): how long a
     /// leader may wait for company.
     commit_time: Duration,
+    /// How many batches of the last group lost their version check to another batch of it.
+    contended: usize,
 }
+
+/// A batch's result, and whether it lost its version check to a batch of its
+/// own group (a hot row: a quota bucket, a key many callers share), not to an
+/// earlier commit (a blind insert of an existing key, the usual replay).
+type Applied = (Result<(), CommitError>, bool);
 
 /// The longest a leader waits for other batches before it begins.
 pub const MAX_COMMIT_DELAY: Duration = Duration::from_millis(2);
+
+/// The longest a batch that lost its version check waits before its caller
+/// tries again (see [`SqliteStorage::group_commit`]).
+pub const MAX_BACK_OFF: Duration = Duration::from_millis(500);
+
+/// A random number, different on every call (std's hasher keys are random per
+/// instance): enough to spread contenders, no generator to keep.
+fn jitter() -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(Instant::now())
+}
 
 /// A queued batch: a caller is waiting for its result under `id`.
 struct Pending {
@@ -68,9 +87,11 @@ fn take_group(queue: &mut Queue, max: usize) -> Vec<Pending> {
 struct Handoff<'a> {
     store: &'a SqliteStorage,
     ids: Vec<u64>,
-    results: Vec<Result<(), CommitError>>,
+    results: Vec<Applied>,
     /// Batches in the group, the leader's own included.
     size: usize,
+    /// Batches in the group that lost their version check to another of it, the leader's own included.
+    contended: usize,
 }
 
 impl Drop for Handoff<'_> {
@@ -79,13 +100,13 @@ impl Drop for Handoff<'_> {
         let mut queue = self.store.lock_queue();
         for id in self.ids.drain(..) {
             let result = results.next().unwrap_or_else(|| {
-                Err(CommitError::Storage(StorageError(
-                    "sqlite: the group commit failed before this batch's outcome was known".to_string(),
-                )))
+                let lost = "sqlite: the group commit failed before this batch's outcome was known";
+                (Err(CommitError::Storage(StorageError(lost.to_string()))), false)
             });
             queue.done.insert(id, result);
         }
         queue.expect = (self.size + queue.pending.len()).min(MAX_GROUP);
+        queue.contended = self.contended;
         queue.leading = false;
         drop(queue);
         self.store.group_done.notify_all();
@@ -96,6 +117,38 @@ impl SqliteStorage {
     /// Commit `batch` through the queue: lead a group when no commit is
     /// running, else wait for a leader to apply it (or lead the next group).
     pub(super) fn group_commit(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
+        let (result, contended) = self.queue_commit(batch, flush);
+        if contended {
+            self.back_off();
+        }
+        result
+    }
+
+    /// A batch that lost its version check to another batch of its group lost
+    /// on a hot row (a quota bucket, a key many callers share): its caller will
+    /// re-read and commit again, and so will every other loser. Were they all
+    /// to come back at once, each group would again hold every contender and
+    /// let one win, the others' work wasted: a bucket with a hundred callers
+    /// would serve one per commit at the cost of a hundred. So a loser waits a
+    /// random time up to what serving the group's losers one by one takes
+    /// (their number times a commit's duration, at most [`MAX_BACK_OFF`]) and
+    /// the contenders come back spread out. A batch that lost to an earlier
+    /// commit (a replay's blind insert of an existing key) does not wait.
+    fn back_off(&self) {
+        self.backed_off.fetch_add(1, Ordering::Relaxed);
+        let (losers, commit_time) = {
+            let queue = self.lock_queue();
+            (queue.contended.max(1), queue.commit_time)
+        };
+        let window = commit_time.saturating_mul(losers as u32).min(MAX_BACK_OFF);
+        let nanos = window.as_nanos() as u64;
+        if nanos > 0 {
+            std::thread::sleep(Duration::from_nanos(jitter() % nanos));
+        }
+    }
+
+    /// [`SqliteStorage::group_commit`] before any back-off.
+    fn queue_commit(&self, batch: &Batch, flush: Flush) -> Applied {
         let mut queue = self.lock_queue();
         if !queue.leading {
             // No commit running: lead a group of this batch and whatever is queued.
@@ -103,9 +156,8 @@ impl SqliteStorage {
             let (queue, others) = self.gather(queue, Vec::new(), 1);
             drop(queue);
             return self.lead(Some((batch, flush)), others).unwrap_or_else(|| {
-                Err(CommitError::Storage(StorageError(
-                    "sqlite: the group commit lost this batch's result".to_string(),
-                )))
+                let lost = "sqlite: the group commit lost this batch's result";
+                (Err(CommitError::Storage(StorageError(lost.to_string()))), false)
             });
         }
         let id = queue.next;
@@ -187,18 +239,20 @@ impl SqliteStorage {
 
     /// Apply `own` (the leader's batch, if it has one) and `group` as one
     /// transaction; hand out the group's results, return `own`'s.
-    fn lead(&self, own: Option<(&Batch, Flush)>, group: Vec<Pending>) -> Option<Result<(), CommitError>> {
+    fn lead(&self, own: Option<(&Batch, Flush)>, group: Vec<Pending>) -> Option<Applied> {
         let mut handoff = Handoff {
             store: self,
             ids: group.iter().map(|p| p.id).collect(),
             results: Vec::new(),
             size: group.len() + usize::from(own.is_some()),
+            contended: 0,
         };
         let batches: Vec<(&Batch, Flush)> = own
             .into_iter()
             .chain(group.iter().map(|p| (&p.batch, p.flush)))
             .collect();
         let mut results = self.apply_group(&batches);
+        handoff.contended = results.iter().filter(|(_, contended)| *contended).count();
         let own_result = own.map(|_| results.remove(0));
         handoff.results = results;
         drop(handoff);
@@ -206,8 +260,13 @@ impl SqliteStorage {
     }
 
     /// One transaction for every batch, in order; one result per batch.
-    fn apply_group(&self, batches: &[(&Batch, Flush)]) -> Vec<Result<(), CommitError>> {
-        let all = |e: StorageError| batches.iter().map(|_| Err(CommitError::Storage(e.clone()))).collect();
+    fn apply_group(&self, batches: &[(&Batch, Flush)]) -> Vec<Applied> {
+        let all = |e: StorageError| {
+            batches
+                .iter()
+                .map(|_| (Err(CommitError::Storage(e.clone())), false))
+                .collect()
+        };
         // The group is as durable as its most demanding batch.
         let flush = if batches.iter().any(|(_, f)| *f == Flush::Now) {
             Flush::Now
@@ -237,14 +296,14 @@ impl SqliteStorage {
         // Under the write lock: no other once writer is mid-batch while we look.
         let outcome = self.check_file().and_then(|()| apply_each(conn, batches));
         let results = match outcome {
-            Ok(results) if results.iter().any(Result::is_ok) => match conn.execute_batch("COMMIT") {
+            Ok(results) if results.iter().any(|(r, _)| r.is_ok()) => match conn.execute_batch("COMMIT") {
                 Ok(()) => {
                     let counter = match level {
                         Level::Full => &self.commits_full,
                         Level::Normal => &self.commits_normal,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    let applied = results.iter().filter(|r| r.is_ok()).count() as u64;
+                    let applied = results.iter().filter(|(r, _)| r.is_ok()).count() as u64;
                     self.commits_batches.fetch_add(applied, Ordering::Relaxed);
                     drop(guard);
                     self.record_commit_time(began.elapsed());
@@ -272,28 +331,38 @@ impl SqliteStorage {
 /// savepoint (a failure rolls the transaction back); in a group each batch
 /// gets one, so a failed batch is undone alone. `Err` means the transaction
 /// itself is lost and no batch may be reported applied.
-fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Result<(), CommitError>>, StorageError> {
-    let apply = |batch: &Batch| {
-        batch
-            .puts
-            .iter()
-            .try_for_each(|put| apply_put(conn, put))
-            .and_then(|()| batch.events.iter().try_for_each(|ev| apply_event(conn, ev)))
-            .map_err(|abort| match abort {
-                Abort::Conflict => CommitError::Conflict,
-                Abort::Storage(e) => CommitError::Storage(e),
-            })
+fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Applied>, StorageError> {
+    // The rows the group's applied batches wrote: a batch that conflicts on one lost to its own group.
+    let mut written: HashSet<(&str, &str, &str)> = HashSet::new();
+    fn row(put: &Put) -> (&'static str, &str, &str) {
+        (table_name(put.table), &put.scope, &put.key)
+    }
+    let apply = |batch: &Batch, written: &HashSet<(&str, &str, &str)>| -> Applied {
+        for put in &batch.puts {
+            match apply_put(conn, put) {
+                Ok(()) => {}
+                Err(Abort::Conflict) => return (Err(CommitError::Conflict), written.contains(&row(put))),
+                Err(Abort::Storage(e)) => return (Err(CommitError::Storage(e)), false),
+            }
+        }
+        match batch.events.iter().try_for_each(|ev| apply_event(conn, ev)) {
+            Ok(()) => (Ok(()), false),
+            Err(Abort::Conflict) => (Err(CommitError::Conflict), false),
+            Err(Abort::Storage(e)) => (Err(CommitError::Storage(e)), false),
+        }
     };
     if let [(batch, _)] = batches {
-        return Ok(vec![apply(batch)]);
+        return Ok(vec![apply(batch, &written)]);
     }
     let mut results = Vec::with_capacity(batches.len());
     for (batch, _) in batches {
         conn.execute_batch("SAVEPOINT batch").map_err(|e| err("savepoint", e))?;
-        let result = apply(batch);
-        if result.is_err() {
+        let result = apply(batch, &written);
+        if result.0.is_err() {
             conn.execute_batch("ROLLBACK TO batch")
                 .map_err(|e| err("roll back a failed batch of the group", e))?;
+        } else {
+            written.extend(batch.puts.iter().map(row));
         }
         conn.execute_batch("RELEASE batch")
             .map_err(|e| err("release savepoint", e))?;

@@ -25,7 +25,10 @@
 //! write lock one by one. A leader that expects company (the last group
 //! was larger than one batch) waits for it before it begins, at most about
 //! one commit's duration and never more than [`MAX_COMMIT_DELAY`]; a lone
-//! caller never waits, and `Ok` still comes only after `COMMIT`. A small pool of reader connections lets reads see
+//! caller never waits, and `Ok` still comes only after `COMMIT`. A batch
+//! that lost its version check returns [`CommitError::Conflict`] after a
+//! random back-off (see `group.rs`), so the losers of one hot row do not
+//! all come back into the next group at once. A small pool of reader connections lets reads see
 //! the last commit without waiting for a writer's fsync. Several
 //! `SqliteStorage`s, in one or many processes, may open the same file;
 //! SQLite's file locks arbitrate between them.
@@ -160,6 +163,9 @@ pub struct CommitCounts {
     pub normal: u64,
     /// Batches applied by those transactions (more than transactions when groups formed).
     pub batches: u64,
+    /// Batches that lost their version check to another batch of their group and
+    /// waited before answering (the back-off in `group.rs`).
+    pub backed_off: u64,
 }
 
 /// How [`SqliteStorage::open`] configures its connections.
@@ -203,6 +209,7 @@ pub struct SqliteStorage {
     commits_normal: AtomicU64,
     /// Batches committed.
     commits_batches: AtomicU64,
+    backed_off: AtomicU64,
 }
 
 /// The writer connection and the `synchronous` level it is set to.
@@ -277,6 +284,7 @@ impl SqliteStorage {
             commits_full: AtomicU64::new(0),
             commits_normal: AtomicU64::new(0),
             commits_batches: AtomicU64::new(0),
+            backed_off: AtomicU64::new(0),
         })
     }
 
@@ -287,6 +295,7 @@ impl SqliteStorage {
             full: self.commits_full.load(Ordering::Relaxed),
             normal: self.commits_normal.load(Ordering::Relaxed),
             batches: self.commits_batches.load(Ordering::Relaxed),
+            backed_off: self.backed_off.load(Ordering::Relaxed),
         }
     }
 
