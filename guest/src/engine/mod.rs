@@ -33,13 +33,13 @@ const MAX_RACES: u32 = 16;
 
 /// How long, on the ledger clock, a call keeps re-deciding after its first
 /// [`MAX_RACES`] lost compare-and-swaps before it reports contention as a
-/// storage failure. The default ledger's own lock wait (SQLite's
-/// `busy_timeout`) is as long.
+/// storage failure (`blocked(storage)`, or `unrecorded` for a report).
 const CONTENTION_MS: u64 = 30_000;
 
-/// At most this many races in all, so a clock that stands still cannot make a
-/// call's loop endless.
-const RACES_CAP: u32 = 100_000;
+/// At most this many races in all: a clock that stands still cannot make a
+/// call's loop endless, and the races of one export stay well inside its fuel
+/// (a race costs well under 10^6 instructions of the 2^33 a call may burn).
+const RACES_CAP: u32 = 2_000;
 
 /// The races of one call's transition: `while races.again(h) { … }`.
 ///
@@ -47,9 +47,10 @@ const RACES_CAP: u32 = 100_000;
 /// busy, not broken. A hot quota bucket or key under many concurrent calls
 /// loses dozens of races in a row, and a caller within its budget must not be
 /// refused for that, so a call races on for [`CONTENTION_MS`] after its first
-/// [`MAX_RACES`]. It does not spin: each retry waits for its own commit, which
-/// waits for the winner's. The clock is read only once the first races are
-/// lost, so an uncontended call makes no extra host call.
+/// [`MAX_RACES`] (at most [`RACES_CAP`] in all). Each race is a read and a
+/// commit; the SQLite store paces them (a loser to its own group backs off
+/// before it answers). The clock is read only once the first races are lost,
+/// so an uncontended call makes no extra host call.
 struct Races {
     run: u32,
     until: Option<u64>,

@@ -120,10 +120,11 @@ fn report(what: &str, clients: usize, (elapsed, mut latencies): (Duration, Vec<D
     let rate = CALLS as f64 / elapsed.as_secs_f64();
     println!(
         "gateway --listen load, {what}: {CALLS} calls from {clients} clients in {:.2} s: {rate:.0} calls/s, \
-         p50 {:.1} ms, p99 {:.1} ms",
+         p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         elapsed.as_secs_f64(),
         at(0.50).as_secs_f64() * 1000.0,
         at(0.99).as_secs_f64() * 1000.0,
+        at(1.0).as_secs_f64() * 1000.0,
     );
     rate
 }

@@ -485,10 +485,10 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     // The ledger's clock is read here, not inside the send: it may be a database query (PostgreSQL's
     // clock), and a blocking client cannot run inside the future `block_on` polls below. What is left
     // until `send_by` becomes a deadline on this host's monotonic clock, which cannot drift
-    // measurably within one dispatch's wait.
+    // measurably within one dispatch's wait (none past the clock's range: a DIRECT call's `u64::MAX`).
     let left = Duration::from_millis(send_by.saturating_sub(once.now()));
-    let send_before = Instant::now() + left;
-    let may_send = || Instant::now() < send_before;
+    let send_before = Instant::now().checked_add(left);
+    let may_send = || send_before.is_none_or(|end| Instant::now() < end);
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if d.attempt > 0 || capture.runs_tasks {

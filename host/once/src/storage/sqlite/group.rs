@@ -45,14 +45,13 @@ pub(super) struct Queue {
     /// Recent duration of one group transaction (a moving average): how long a
     /// leader may wait for company.
     commit_time: Duration,
-    /// How many batches of the last group lost their version check to another batch of it.
-    contended: usize,
 }
 
-/// A batch's result, and whether it lost its version check to a batch of its
-/// own group (a hot row: a quota bucket, a key many callers share), not to an
-/// earlier commit (a blind insert of an existing key, the usual replay).
-type Applied = (Result<(), CommitError>, bool);
+/// A batch's result, and, when it lost its version check to a batch of its
+/// own group (a hot row: a quota bucket, a key many callers share), how many
+/// of that group lost so; 0 when it did not (it applied, failed otherwise, or
+/// lost to an earlier commit, as a blind insert of an existing key does).
+type Applied = (Result<(), CommitError>, usize);
 
 /// The longest a leader waits for other batches before it begins.
 pub const MAX_COMMIT_DELAY: Duration = Duration::from_millis(2);
@@ -73,6 +72,17 @@ struct Pending {
     id: u64,
     batch: Batch,
     flush: Flush,
+    /// Its caller's losses to its own group in a row (see [`LOST_IN_A_ROW`]).
+    lost: u32,
+}
+
+std::thread_local! {
+    /// How many commits in a row this thread lost to its own group and backed
+    /// off after. A caller's races (an engine export) run on its thread, so
+    /// this is that caller's count until it wins: its next batch goes before
+    /// those of callers that lost less (the first batch on a hot row wins),
+    /// and it waits less, so no caller loses for ever to newcomers.
+    static LOST_IN_A_ROW: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Up to `max` of the oldest queued batches.
@@ -90,8 +100,6 @@ struct Handoff<'a> {
     results: Vec<Applied>,
     /// Batches in the group, the leader's own included.
     size: usize,
-    /// Batches in the group that lost their version check to another of it, the leader's own included.
-    contended: usize,
 }
 
 impl Drop for Handoff<'_> {
@@ -101,12 +109,11 @@ impl Drop for Handoff<'_> {
         for id in self.ids.drain(..) {
             let result = results.next().unwrap_or_else(|| {
                 let lost = "sqlite: the group commit failed before this batch's outcome was known";
-                (Err(CommitError::Storage(StorageError(lost.to_string()))), false)
+                (Err(CommitError::Storage(StorageError(lost.to_string()))), 0)
             });
             queue.done.insert(id, result);
         }
         queue.expect = (self.size + queue.pending.len()).min(MAX_GROUP);
-        queue.contended = self.contended;
         queue.leading = false;
         drop(queue);
         self.store.group_done.notify_all();
@@ -117,9 +124,15 @@ impl SqliteStorage {
     /// Commit `batch` through the queue: lead a group when no commit is
     /// running, else wait for a leader to apply it (or lead the next group).
     pub(super) fn group_commit(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
-        let (result, contended) = self.queue_commit(batch, flush);
-        if contended {
-            self.back_off();
+        let lost = LOST_IN_A_ROW.get();
+        let (result, losers) = self.queue_commit(batch, flush, lost);
+        // A deferrable batch's conflict is not retried (a replay's count) or is a report that must
+        // not wait behind claims (an attempt's success): only the others back off.
+        if losers > 0 && !batch.deferrable {
+            LOST_IN_A_ROW.set(lost.saturating_add(1));
+            self.back_off(losers, lost);
+        } else {
+            LOST_IN_A_ROW.set(0);
         }
         result
     }
@@ -132,15 +145,15 @@ impl SqliteStorage {
     /// would serve one per commit at the cost of a hundred. So a loser waits a
     /// random time up to what serving the group's losers one by one takes
     /// (their number times a commit's duration, at most [`MAX_BACK_OFF`]) and
-    /// the contenders come back spread out. A batch that lost to an earlier
-    /// commit (a replay's blind insert of an existing key) does not wait.
-    fn back_off(&self) {
+    /// the contenders come back spread out; a caller that lost `lost` times in
+    /// a row before waits `lost + 1` times less. A batch that lost to an earlier
+    /// commit does not wait: a replay's blind insert of an existing key does
+    /// so, and so does a lone batch behind a hot row's last winner (it comes
+    /// back alone).
+    fn back_off(&self, losers: usize, lost: u32) {
         self.backed_off.fetch_add(1, Ordering::Relaxed);
-        let (losers, commit_time) = {
-            let queue = self.lock_queue();
-            (queue.contended.max(1), queue.commit_time)
-        };
-        let window = commit_time.saturating_mul(losers as u32).min(MAX_BACK_OFF);
+        let commit_time = self.lock_queue().commit_time;
+        let window = (commit_time.saturating_mul(losers as u32) / lost.saturating_add(1)).min(MAX_BACK_OFF);
         let nanos = window.as_nanos() as u64;
         if nanos > 0 {
             std::thread::sleep(Duration::from_nanos(jitter() % nanos));
@@ -148,16 +161,16 @@ impl SqliteStorage {
     }
 
     /// [`SqliteStorage::group_commit`] before any back-off.
-    fn queue_commit(&self, batch: &Batch, flush: Flush) -> Applied {
+    fn queue_commit(&self, batch: &Batch, flush: Flush, lost: u32) -> Applied {
         let mut queue = self.lock_queue();
         if !queue.leading {
             // No commit running: lead a group of this batch and whatever is queued.
             queue.leading = true;
             let (queue, others) = self.gather(queue, Vec::new(), 1);
             drop(queue);
-            return self.lead(Some((batch, flush)), others).unwrap_or_else(|| {
+            return self.lead(Some((batch, flush, lost)), others).unwrap_or_else(|| {
                 let lost = "sqlite: the group commit lost this batch's result";
-                (Err(CommitError::Storage(StorageError(lost.to_string()))), false)
+                (Err(CommitError::Storage(StorageError(lost.to_string()))), 0)
             });
         }
         let id = queue.next;
@@ -166,6 +179,7 @@ impl SqliteStorage {
             id,
             batch: batch.clone(),
             flush,
+            lost,
         });
         if queue.gathering {
             self.arrived.notify_one();
@@ -239,20 +253,32 @@ impl SqliteStorage {
 
     /// Apply `own` (the leader's batch, if it has one) and `group` as one
     /// transaction; hand out the group's results, return `own`'s.
-    fn lead(&self, own: Option<(&Batch, Flush)>, group: Vec<Pending>) -> Option<Applied> {
+    fn lead(&self, own: Option<(&Batch, Flush, u32)>, group: Vec<Pending>) -> Option<Applied> {
         let mut handoff = Handoff {
             store: self,
             ids: group.iter().map(|p| p.id).collect(),
             results: Vec::new(),
             size: group.len() + usize::from(own.is_some()),
-            contended: 0,
         };
-        let batches: Vec<(&Batch, Flush)> = own
+        let all: Vec<(&Batch, Flush, u32)> = own
             .into_iter()
-            .chain(group.iter().map(|p| (&p.batch, p.flush)))
+            .chain(group.iter().map(|p| (&p.batch, p.flush, p.lost)))
             .collect();
-        let mut results = self.apply_group(&batches);
-        handoff.contended = results.iter().filter(|(_, contended)| *contended).count();
+        // Callers that lost most in a row go first (a stable sort: otherwise in arrival order).
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(all[i].2));
+        let batches: Vec<(&Batch, Flush)> = order.iter().map(|&i| (all[i].0, all[i].1)).collect();
+        let mut applied = self.apply_group(&batches);
+        let mut results: Vec<Applied> = vec![(Ok(()), 0); all.len()];
+        for (result, &i) in applied.drain(..).zip(&order) {
+            results[i] = result;
+        }
+        let losers = results.iter().filter(|(_, lost)| *lost > 0).count();
+        for (_, lost) in &mut results {
+            if *lost > 0 {
+                *lost = losers;
+            }
+        }
         let own_result = own.map(|_| results.remove(0));
         handoff.results = results;
         drop(handoff);
@@ -264,7 +290,7 @@ impl SqliteStorage {
         let all = |e: StorageError| {
             batches
                 .iter()
-                .map(|_| (Err(CommitError::Storage(e.clone())), false))
+                .map(|_| (Err(CommitError::Storage(e.clone())), 0))
                 .collect()
         };
         // The group is as durable as its most demanding batch.
@@ -337,18 +363,19 @@ fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Appl
     fn row(put: &Put) -> (&'static str, &str, &str) {
         (table_name(put.table), &put.scope, &put.key)
     }
+    // `lost` is 1 for a loser to its own group; `lead` makes it the group's count of such losers.
     let apply = |batch: &Batch, written: &HashSet<(&str, &str, &str)>| -> Applied {
         for put in &batch.puts {
             match apply_put(conn, put) {
                 Ok(()) => {}
-                Err(Abort::Conflict) => return (Err(CommitError::Conflict), written.contains(&row(put))),
-                Err(Abort::Storage(e)) => return (Err(CommitError::Storage(e)), false),
+                Err(Abort::Conflict) => return (Err(CommitError::Conflict), usize::from(written.contains(&row(put)))),
+                Err(Abort::Storage(e)) => return (Err(CommitError::Storage(e)), 0),
             }
         }
         match batch.events.iter().try_for_each(|ev| apply_event(conn, ev)) {
-            Ok(()) => (Ok(()), false),
-            Err(Abort::Conflict) => (Err(CommitError::Conflict), false),
-            Err(Abort::Storage(e)) => (Err(CommitError::Storage(e)), false),
+            Ok(()) => (Ok(()), 0),
+            Err(Abort::Conflict) => (Err(CommitError::Conflict), 0),
+            Err(Abort::Storage(e)) => (Err(CommitError::Storage(e)), 0),
         }
     };
     if let [(batch, _)] = batches {
