@@ -7,6 +7,11 @@ Where the component comes from, in order:
    host/once/build.rs, so the Rust host and this package ship the same bytes;
 3. an sdist made by this hook: the `src/once/once_guest.wasm` it carries.
 The wheel holds no compiled code of its own: `py3-none-any`.
+
+The repository's LICENSE (one level up, where hatchling's license globs cannot
+reach) goes into the sdist as `LICENSE`, where hatchling itself ships it in a
+wheel built from that sdist (`.dist-info/licenses/LICENSE`, named in
+METADATA); a wheel built from the checkout gets it at that path from here.
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ class GuestBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         if self.target_name == "wheel":
             build_data["pure_python"] = True
             build_data["tag"] = "py3-none-any"
+        license_file = Path(self.root).parent / "LICENSE"
+        if (Path(self.root) / "LICENSE").is_file():
+            return  # an sdist: hatchling ships it
+        if not license_file.is_file():
+            raise RuntimeError(f"once-exactly: no license to package: {license_file} is missing")
+        shipped = "LICENSE" if self.target_name != "wheel" else \
+            f"{self.build_config.builder.artifact_project_id}.dist-info/licenses/LICENSE"
+        build_data["force_include"][str(license_file)] = shipped
 
     def _component(self) -> Path:
         root = Path(self.root)

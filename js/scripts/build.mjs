@@ -1,11 +1,12 @@
-// `npm run build`: the guest component transpiled by the pinned jco into gen/, then the TypeScript into dist/.
+// `npm run build`: the guest component transpiled by the pinned jco into gen/, then the TypeScript into dist/
+// (and the repository LICENSE copied in, for npm pack).
 //
 // The component is $ONCE_COMPONENT when set; else the one cargo builds for the
 // host library (target/once-guest/wasm32-wasip2/release/once_guest.wasm under
 // $CARGO_TARGET_DIR or the repository's target/), built first with
 // `cargo build -p once-host` when missing or older than the guest's sources.
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -67,6 +68,8 @@ rmSync(join(HERE, "dist"), { recursive: true, force: true });
 const tsc = join(HERE, "node_modules", "typescript", "bin", "tsc");
 execFileSync(process.execPath, [tsc, "-p", join(HERE, "tsconfig.json")], { stdio: "inherit" });
 console.log("build: dist/ compiled");
+// npm packs only what is under js/: the repository's LICENSE is copied in, a build product like dist/.
+copyFileSync(join(REPO, "LICENSE"), join(HERE, "LICENSE"));
 // The study (not part of the package) imports the package by its name.
 rmSync(join(HERE, "dist-study"), { recursive: true, force: true });
 execFileSync(process.execPath, [tsc, "-p", join(HERE, "study", "tsconfig.json")], { stdio: "inherit" });

@@ -6,7 +6,7 @@
 import type { StoreSpec } from "./channel.js";
 import { Engine } from "./engine.js";
 import { ComponentError, InvalidArgumentsError, StorageError, outcomeError } from "./errors.js";
-import { type Json, toJson } from "./json.js";
+import { type Json, receiptText, toJson } from "./json.js";
 import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
 import { type Synchronous, synchronousMode } from "./stores/store.js";
 import { PostgresStore } from "./stores/postgres.js";
@@ -49,8 +49,8 @@ export type Escalate = (escalation: Escalation) => boolean | Promise<boolean>;
 
 /** Evidence a lookup returns. */
 export const evidence = {
-  /** The effect exists: its receipt. */
-  confirmed: (receipt: unknown): Evidence => ({ tag: "confirmed", val: toJson(receipt, "receipt") }),
+  /** The effect exists: its receipt (any value; its JSON projection, `receiptText`, is stored). */
+  confirmed: (receipt: unknown): Evidence => ({ tag: "confirmed", val: receiptText(receipt) }),
   /** No effect, as of `readPosition` (ledger clock, ms): every commit at or before it is visible. */
   absent: (readPosition: number | bigint): Evidence => ({ tag: "absent", val: BigInt(readPosition) }),
   /** The read could not tell. */
@@ -66,8 +66,8 @@ export type Sent =
 
 /** Constructors of Sent. */
 export const sent = {
-  /** The effect happened; `response` (any JSON value) is stored as the receipt. */
-  success: (response: unknown): Sent => ({ outcome: "success", response: toJson(response ?? null, "response") }),
+  /** The effect happened; `response` (any value; its JSON projection, `receiptText`, is stored) is the receipt. */
+  success: (response: unknown): Sent => ({ outcome: "success", response: receiptText(response) }),
   /** The effect happened; the provider's response as the JSON text it sent. */
   successJson: (response: string): Sent => ({ outcome: "success", response }),
   /** The provider answered and did nothing (a definite rejection). */

@@ -6,14 +6,58 @@ meanings are the WIT's and DESIGN.md's, stated by the guest, never decided here.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
 import enum
 import json
+import uuid
 from dataclasses import dataclass, field, fields
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 
-# One encoder for every compact JSON text made here (json.dumps with options builds a new encoder per call).
-_compact = json.JSONEncoder(separators=(",", ":")).encode
+def _stand_in(value: object) -> dict[str, Any]:
+    """What stands for a value with no JSON projection: its type's name and its repr."""
+    try:
+        shown = repr(value)
+    except Exception:  # a broken __repr__ must not turn a done effect into an ambiguous one
+        shown = object.__repr__(value)
+    return {"once_unserializable": {"type": type(value).__qualname__, "repr": shown}}
+
+
+def _projection(value: object) -> object:
+    """The JSON form of one value `json` cannot write (called by the encoder, which walks the result)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)  # a Decimal as its exact digits: never through a float
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    return _stand_in(value)
+
+
+# One encoder for every receipt made here (json.dumps with options builds a new encoder per call).
+_compact = json.JSONEncoder(separators=(",", ":"), default=_projection).encode
+
+
+def receipt_text(value: object) -> str:
+    """A success's response (a function's return value) as the JSON text stored, returned and replayed.
+
+    The effect happened, so no value is refused: what `json` cannot write is projected (a dataclass as a
+    dict of its fields, a date, time or datetime as its ISO 8601 text, a Decimal or UUID as its string,
+    an Enum as its value, a set as a list), anything else is `{"once_unserializable": {"type", "repr"}}`,
+    in place, and a value `json` cannot walk at all (a key that is not a string, a cycle) is that
+    stand-in whole. A NaN or infinity is written as `json` writes it; the engine keeps such text inside
+    its `once_unparsed_receipt` stand-in and flags the receipt (README: a provider's receipt).
+    """
+    try:
+        return _compact(value)
+    except (TypeError, ValueError, RecursionError):
+        return _compact(_stand_in(value))
 
 
 class State(str, enum.Enum):
@@ -177,13 +221,13 @@ class Sent:
 
     @staticmethod
     def success(response: Union[str, object]) -> Sent:
-        """The effect happened; `response` is JSON text, or a value that is JSON-encoded."""
-        return Sent("success", response if isinstance(response, str) else _compact(response))
+        """The effect happened; `response` is JSON text, or a value that is JSON-encoded (`receipt_text`)."""
+        return Sent("success", response if isinstance(response, str) else receipt_text(response))
 
     @staticmethod
     def returned(value: object) -> Sent:
-        """The effect happened; a function's return value (a string too) is JSON-encoded as the response."""
-        return Sent("success", _compact(value))
+        """The effect happened; a function's return value (a string too) is JSON-encoded (`receipt_text`)."""
+        return Sent("success", receipt_text(value))
 
     @staticmethod
     def rejected(error: str) -> Sent:
@@ -212,8 +256,8 @@ class Evidence:
 
     @staticmethod
     def confirmed(receipt: Union[str, object]) -> Evidence:
-        """The effect exists; its receipt (JSON text, or a value that is JSON-encoded)."""
-        return Evidence("confirmed", receipt=receipt if isinstance(receipt, str) else _compact(receipt))
+        """The effect exists; its receipt (JSON text, or a value that is JSON-encoded by `receipt_text`)."""
+        return Evidence("confirmed", receipt=receipt if isinstance(receipt, str) else receipt_text(receipt))
 
     @staticmethod
     def absent(read_position: int) -> Evidence:
