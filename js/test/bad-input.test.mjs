@@ -22,6 +22,8 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
     [{ ...base, argsJson: '{"amount":9007199254740993}' }, InvalidJsonError, /inexact-number/],
     [{ ...base, argsJson: '{"a":' }, InvalidJsonError, /syntax/],
     [{ ...base, key: "" }, InvalidRequestError, /empty/],
+    [{ ...base, key: " \u00a0" }, InvalidRequestError, /operation key from application is only whitespace/],
+    [{ ...base, scope: "\u3000" }, InvalidRequestError, /scope is only whitespace/],
     [{ ...base, key: "k".repeat(100_000) }, InvalidRequestError, /key/],
     [{ ...base, scope: "" }, InvalidRequestError, /scope/],
     [{ ...base, send: "not a function" }, InvalidArgumentsError, /send/],

@@ -97,6 +97,16 @@ def test_a_lone_surrogate_reaches_no_export_raw() -> None:
     nothing_written(o)
 
 
+@pytest.mark.parametrize("scope, key, tool, what", [
+    ("s", " ", "t", "operation key from application"), ("\u3000", "k", "t", "scope"), ("s", "k", "\u2003", "tool"),
+])
+def test_a_blank_name_is_an_invalid_request_naming_the_field(scope: str, key: str, tool: str, what: str) -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidRequest, match=f"{what} is only whitespace"):
+        o.call(scope, key, tool, {}, never)
+    nothing_written(o)
+
+
 def test_args_python_cannot_serialize_are_an_invalid_request() -> None:
     o = Once.memory()
     with pytest.raises(once.InvalidRequest, match="not JSON-serializable"):
