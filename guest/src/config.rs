@@ -8,7 +8,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 use crate::engine::BeginRequest;
-use crate::input::check_name;
+use crate::input::check_new_name;
 use crate::policy::{Policy, Routing, resolve, route, unset};
 use crate::types::{Call, Configuration, Configured, Error, PolicyInput, Settings, ToolDescriptor, ToolPlan};
 
@@ -48,7 +48,7 @@ impl Config {
         let mut plans = Vec::with_capacity(tools.len());
         let mut registry = BTreeMap::new();
         for tool in tools {
-            check_name("tool", &tool.tool, &settings)?;
+            check_new_name("tool", &tool.tool, &settings)?;
             if registry.contains_key(&tool.tool) {
                 return Err(Error::InvalidPolicy(format!("tool {} is configured twice", tool.tool)));
             }

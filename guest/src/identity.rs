@@ -4,7 +4,7 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::digest::{Part, sha256_jcs_array};
-use crate::input::check_name;
+use crate::input::check_new_name;
 use crate::types::{BlockReason, Error, Settings};
 
 /// The application's key, if its carriers supplied one, or why they cannot be trusted.
@@ -14,7 +14,7 @@ pub fn resolve_carriers(
 ) -> Result<Result<Option<String>, (BlockReason, String)>, Error> {
     let mut chosen: Option<&(String, String)> = None;
     for carrier in carriers {
-        check_name(&format!("operation key from {}", carrier.0), &carrier.1, settings)?;
+        check_new_name(&format!("operation key from {}", carrier.0), &carrier.1, settings)?;
         match chosen {
             None => chosen = Some(carrier),
             Some(first) if first.1 != carrier.1 => {

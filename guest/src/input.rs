@@ -62,6 +62,21 @@ pub fn check_name(what: &str, value: &str, settings: &Settings) -> Result<(), Er
     Ok(())
 }
 
+/// A scope, operation key or tool name an operation is begun (or a tool
+/// configured) under: [`check_name`], and not blank. A name of only
+/// whitespace (`" "`, `"\u{3000}"`) shows as nothing in a log or the operator
+/// queue, and a trimmed copy would name another operation, so it is refused,
+/// never trimmed. The operator and read exports keep [`check_name`]: a record
+/// begun under such a name before this rule stays reachable.
+pub fn check_new_name(what: &str, value: &str, settings: &Settings) -> Result<(), Error> {
+    check_name(what, value, settings)?;
+    // `trim` strips Unicode White_Space, ASCII spaces and tabs included.
+    if value.trim().is_empty() {
+        return Err(Error::InvalidRequest(format!("{what} is only whitespace")));
+    }
+    Ok(())
+}
+
 /// A receipt an operator asserts, checked to be strict I-JSON within the
 /// limits and kept exactly as written: the provider's words are never
 /// re-serialized through doubles. An operator can correct a bad one; a

@@ -9,7 +9,7 @@ import { ComponentError, InvalidArgumentsError, StorageError, outcomeError } fro
 import { type Json, receiptText, toJson } from "./json.js";
 import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
 import { type Synchronous, synchronousMode } from "./stores/store.js";
-import { PostgresStore } from "./stores/postgres.js";
+import type { PostgresStore } from "./stores/postgres.js";
 import { callText, outcomeText, stepOf } from "./wire.js";
 import type {
   Account,
@@ -117,7 +117,7 @@ export interface CallRequest {
   /** The operation key the application minted before the first attempt (omit for a derived key). */
   key?: string;
   tool: string;
-  /** The tool's args (JSON); or `argsJson`. */
+  /** The tool's args, a JSON value (`{}` for none: `undefined` and `null` are refused); or `argsJson`. */
   args?: unknown;
   /** The args as JSON text, passed to the engine as written. */
   argsJson?: string;
@@ -235,6 +235,16 @@ const logEscalation: Escalate = (e) => {
   return true;
 };
 
+/**
+ * Refuse absent args: `undefined` or `null` where a tool's arguments belong is a caller's slip (a missing
+ * argument, an unset variable), not an operation with no arguments; read as `{}` it would run the tool.
+ */
+function requireArgs(tool: string, args: unknown): void {
+  if (args === undefined || args === null) {
+    throw new InvalidArgumentsError(`${tool}: args at /: ${args} is not a tool's arguments (pass an object; {} for none)`, "");
+  }
+}
+
 /** A handle on the once engine over one ledger. */
 export class Once {
   private configuration!: Configuration;
@@ -271,6 +281,8 @@ export class Once {
   static async postgres(url: string, options: OnceOptions = {}): Promise<Once> {
     let store: PostgresStore;
     try {
+      // Imported here: the module's own imports stay out of a process that never opens PostgreSQL.
+      const { PostgresStore } = await import("./stores/postgres.js");
       store = await PostgresStore.open(url);
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);
@@ -401,7 +413,8 @@ export class Once {
   /** Protect one tool call: start it, send each grant with `send`, report, wait, until the engine's account. */
   async call(c: CallRequest): Promise<Called> {
     if (typeof c.send !== "function") throw new InvalidArgumentsError("call: `send` must be a function", "/send");
-    const args = c.argsJson ?? toJson(c.args ?? {}, "args");
+    if (c.argsJson === undefined) requireArgs(c.tool, c.args);
+    const args = c.argsJson ?? toJson(c.args, "args");
     const call = callText(c.scope, c.key, c.tool, args, c.supersedes, c.acknowledgeConfirmed ?? false);
     const step = await this.step("start", call);
     return this.drive(step, { scope: c.scope, tool: c.tool, args }, c.waitMs ?? this.options.waitMs ?? 10_000, c.send);
@@ -489,6 +502,8 @@ export class Once {
     );
     ready.catch(() => {});
     const protectedFn = (async (args: A, c: ProtectCall = {}) => {
+      // Before the key function sees them (it would read a field of undefined) and before anything is recorded.
+      requireArgs(tool, args);
       await ready;
       // A DIRECT call's own result (it is not recorded), kept per call.
       let direct: { value?: R; error?: unknown } = {};

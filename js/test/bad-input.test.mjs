@@ -12,7 +12,7 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
   const o = await Once.sqlite(ledger);
   let sends = 0;
   const send = async () => (sends++, sent.success({}));
-  const base = { scope: "s", key: "k", tool: "refund_order", send };
+  const base = { scope: "s", key: "k", tool: "refund_order", args: {}, send };
   const cases = [
     [{ ...base, args: { amount: NaN } }, InvalidArgumentsError, /args at \/amount: NaN is not a JSON number/],
     [{ ...base, args: { a: { b: undefined } } }, InvalidArgumentsError, /args at \/a\/b: a undefined is not JSON/],
@@ -22,6 +22,8 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
     [{ ...base, argsJson: '{"amount":9007199254740993}' }, InvalidJsonError, /inexact-number/],
     [{ ...base, argsJson: '{"a":' }, InvalidJsonError, /syntax/],
     [{ ...base, key: "" }, InvalidRequestError, /empty/],
+    [{ ...base, key: " \u00a0" }, InvalidRequestError, /operation key from application is only whitespace/],
+    [{ ...base, scope: "\u3000" }, InvalidRequestError, /scope is only whitespace/],
     [{ ...base, key: "k".repeat(100_000) }, InvalidRequestError, /key/],
     [{ ...base, scope: "" }, InvalidRequestError, /scope/],
     [{ ...base, send: "not a function" }, InvalidArgumentsError, /send/],
@@ -40,6 +42,33 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
   await o.close();
   assert.equal(sends, 0);
   assert.doesNotMatch(cli("ledger", "list", "--db", ledger), /refund_order|\bs\s+k\b/);
+});
+
+test("absent args (undefined, null) are an InvalidArgumentsError, not {}: nothing recorded, the tool never runs", async (t) => {
+  const o = await Once.memory();
+  t.after(() => o.close());
+  let runs = 0;
+  const refund = o.protect("refund_order", async () => (runs++, { ok: true }), { key: (a) => a?.order_id ?? "k" });
+  const send = async () => (runs++, sent.success({}));
+  for (const [attempt, where] of [
+    [() => refund(undefined), "protect"],
+    [() => refund(null), "protect"],
+    [() => refund(), "protect"],
+    [() => o.call({ scope: "s", key: "k", tool: "refund_order", send }), "call"],
+    [() => o.call({ scope: "s", key: "k", tool: "refund_order", args: null, send }), "call"],
+  ]) {
+    await assert.rejects(attempt(), (e) => {
+      assert.ok(e instanceof InvalidArgumentsError, `${where}: ${e.name}: ${e.message}`);
+      assert.match(e.message, /^refund_order: args at \/: (undefined|null) is not a tool's arguments/);
+      assert.equal(e.pointer, "");
+      return true;
+    });
+  }
+  assert.equal(runs, 0);
+  assert.equal(await o.inspect("s", "k"), undefined);
+  assert.equal(await o.inspect("default", "k"), undefined);
+  // `{}` is how a tool with no arguments is called.
+  assert.deepEqual(await refund({}), { ok: true });
 });
 
 test("bad policies are refused by the engine, with the field named", async (t) => {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import pytest
@@ -51,6 +52,58 @@ def test_a_python_nan_reaches_the_guest_and_is_refused() -> None:
     with pytest.raises(once.InvalidJson) as info:
         o.call("s", "k", "t", {"a": float("nan")}, never)
     assert info.value.pointer == "/a"
+    nothing_written(o)
+
+
+@pytest.mark.parametrize(
+    "field, call, where",
+    [
+        ("scope", ("s\ud800", "k", "t", {}), "scope: a lone surrogate U+D800 at character 1"),
+        ("key", ("s", "\udfff", "t", {}), "key: a lone surrogate U+DFFF at character 0"),
+        ("tool", ("s", "k", "t\ud800", {}), "tool: a lone surrogate U+D800 at character 1"),
+        ("args text", ("s", "k", "t", '{"a": "\ud800"}'), "args: a lone surrogate U+D800 at character 7"),
+    ],
+)
+def test_a_lone_surrogate_in_a_str_is_an_invalid_request_naming_the_field(
+        field: str, call: tuple[str, str, str, object], where: str) -> None:
+    # A Python str can hold a surrogate no UTF-8 text can carry: a once error, not wasmtime's UnicodeEncodeError.
+    o = Once.memory()
+    with pytest.raises(once.InvalidRequest, match=re.escape(where)):
+        o.call(*call, never)  # type: ignore[arg-type]
+    nothing_written(o)
+
+
+def test_a_lone_surrogate_in_an_args_value_is_the_guests_lone_surrogate_with_its_pointer() -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidJson) as info:
+        o.call("s", "k", "t", {"a": ["x", "\ud800"]}, never)
+    assert info.value.kind == "lone-surrogate" and info.value.pointer == "/a/1"
+    nothing_written(o)
+
+
+def test_a_lone_surrogate_reaches_no_export_raw() -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidRequest, match="inspect: key: a lone surrogate"):
+        o.inspect("s", "\ud800")
+    with pytest.raises(once.InvalidRequest, match="fingerprint: tool: a lone surrogate"):
+        o.fingerprint("\ud800", {})
+
+    @o.protect("refund", key=lambda order: order)
+    def refund(order: str) -> str:
+        raise AssertionError("ran")
+
+    with pytest.raises(once.InvalidRequest, match="key: a lone surrogate"):
+        refund("o-\ud800")
+    nothing_written(o)
+
+
+@pytest.mark.parametrize("scope, key, tool, what", [
+    ("s", " ", "t", "operation key from application"), ("\u3000", "k", "t", "scope"), ("s", "k", "\u2003", "tool"),
+])
+def test_a_blank_name_is_an_invalid_request_naming_the_field(scope: str, key: str, tool: str, what: str) -> None:
+    o = Once.memory()
+    with pytest.raises(once.InvalidRequest, match=f"{what} is only whitespace"):
+        o.call(scope, key, tool, {}, never)
     nothing_written(o)
 
 

@@ -6,7 +6,7 @@ use alloc::string::{String, ToString};
 use super::{Races, now_for};
 use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
-use crate::input::check_name;
+use crate::input::{check_name, check_new_name};
 use crate::payload::Payload;
 use crate::policy::{Policy, Quota, Routing, check_policy, route};
 use crate::record::{NewRecord, OpRecord, Origin, string};
@@ -65,8 +65,8 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
         })
     };
     let settings = h.settings();
-    check_name("scope", &req.scope, &settings)?;
-    check_name("tool", &req.tool, &settings)?;
+    check_new_name("scope", &req.scope, &settings)?;
+    check_new_name("tool", &req.tool, &settings)?;
     check_policy(&req.policy, &settings)?;
     let app_key = match resolve_carriers(&req.keys, &settings)? {
         Ok(key) => key,

@@ -3,8 +3,9 @@
 // statements, one READ COMMITTED transaction per batch with its puts in row
 // order, and the database's clock as the ledger clock. It runs on the main
 // thread (the `pg` client is asynchronous); the engine's worker asks it.
-import pg from "pg";
+import type pg from "pg";
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
+import { loadOptional } from "./optional.js";
 import { BODY_FORMAT_KEY, type CommitVerdict, I64_MAX, int, nextBodyFormat, utf8cmp } from "./store.js";
 
 /** The schema version this code writes and understands (the Rust host's). */
@@ -180,7 +181,9 @@ export class PostgresStore {
   static async open(url: string): Promise<PostgresStore> {
     const [client, schema] = splitSchema(url);
     checkSchemaName(schema);
-    const pool = new pg.Pool({ connectionString: client, max: 4 });
+    // `pg` is an optional peer dependency: loaded on the first PostgreSQL ledger, never at import.
+    const { Pool } = loadOptional<typeof pg>("pg", "postgres: a PostgreSQL ledger");
+    const pool = new Pool({ connectionString: client, max: 4 });
     pool.on("error", () => {}); // an idle client's failure surfaces on its next use
     const store = new PostgresStore(pool, schema);
     try {

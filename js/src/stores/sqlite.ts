@@ -12,8 +12,9 @@
 // power loss may lose the deferred commits after the last FULL one, which a
 // later read restores (a lost success: the lease ends, the record goes unknown
 // and reconciliation finds the effect).
-import Database from "better-sqlite3";
+import type Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
+import { loadOptional } from "./optional.js";
 import {
   BODY_FORMAT_KEY,
   type CommitVerdict,
@@ -115,8 +116,10 @@ export class SqliteStore implements SyncStore {
     this.at = options.path;
     this.levels = SYNCHRONOUS_LEVELS[synchronousMode(options.synchronous ?? "full")];
     this.level = this.levels[0];
+    // Loaded here, not at import: the worker of a memory ledger never needs the native module.
+    const Sqlite = loadOptional<typeof Database>("better-sqlite3", `sqlite: the SQLite ledger ${this.at}`);
     try {
-      this.db = new Database(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
+      this.db = new Sqlite(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
       this.db.pragma(`synchronous = ${this.level}`);
     } catch (e) {
       throw new Error(`sqlite: open ${this.at}: ${(e as Error).message}`);

@@ -153,6 +153,15 @@ class Instance:
         self.store.set_fuel(self.fuel)
         try:
             return f(self.store, *args)
+        except UnicodeEncodeError as e:
+            # The lowering refused a string with no UTF-8 form (a lone surrogate) before the guest ran, so nothing
+            # was recorded. The callers check the fields they build first; this names a typed export's parameter.
+            export = self.exports.get(name)
+            for param, arg in zip(export.params if export else (), args):
+                if isinstance(arg, str):
+                    _wit.utf8_text(f"{name}: {param}", arg)
+            raise errors.InvalidRequest(f"{name}: an argument holds a lone surrogate U+{ord(e.object[e.start]):04X} "
+                                        "(it has no UTF-8 form)") from None
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
             if "all fuel consumed" in str(e):
                 raise errors.GuestLimit(

@@ -34,6 +34,8 @@ from .model import (
 E = TypeVar("E", bound=enum.Enum)
 # JSON text as the guest reads it (UTF-8 as is); one encoder, not one per call as json.dumps with options makes.
 to_json = json.JSONEncoder(ensure_ascii=False).encode
+# Every non-ASCII character as a JSON escape: the form of a value whose str holds a lone surrogate.
+to_ascii_json = json.JSONEncoder().encode
 
 
 def record(**fields: Any) -> Record:
@@ -76,9 +78,32 @@ JSON_ERROR_KIND = {camel(k): k for k in (
 # ---------------------------------------------------------------- the JSON form: what the host sends
 
 
+def utf8_text(field: str, text: str) -> str:
+    """`text` as given when it has a UTF-8 form; else `InvalidRequest` naming `field` and where.
+
+    A Python `str` may hold a lone surrogate ("\\ud800"), which no UTF-8 text can carry: the guest never
+    sees it, and wasmtime's lowering would raise a bare UnicodeEncodeError. Checked before any export is
+    entered, so nothing is recorded or sent. `isascii` is O(1) in CPython: ASCII text costs nothing more.
+    """
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise errors.InvalidRequest(
+                f"{field}: a lone surrogate U+{ord(text[e.start]):04X} at character {e.start} is not Unicode text "
+                "(it has no UTF-8 form)") from None
+    return text
+
+
 def call_text(scope: str, key: Optional[str], tool: str, args: str, supersedes: Optional[str],
               acknowledge_confirmed: bool) -> str:
-    """The JSON form of a `call`."""
+    """The JSON form of a `call`; `args` is checked by the caller, the other strings here (`utf8_text`)."""
+    utf8_text("scope", scope)
+    if key is not None:
+        utf8_text("key", key)
+    utf8_text("tool", tool)
+    if supersedes is not None:
+        utf8_text("supersedes", supersedes)
     return to_json({
         "scope": scope, "keys": [] if key is None else [["application", key]], "tool": tool, "args": args,
         "supersedes": supersedes, "acknowledge_confirmed": acknowledge_confirmed,

@@ -45,13 +45,22 @@ def _log_escalation(e: Escalation) -> bool:
     return True
 
 
-def _args_text(args: Args) -> str:
+def _args_text(args: Args, field: str = "args") -> str:
+    """`args` (JSON text, or a value JSON-encoded) as the JSON text the guest reads; `InvalidRequest` naming `field`."""
     if isinstance(args, str):
-        return args
+        return _wit.utf8_text(field, args)
     try:
-        return _wit.to_json(args)
+        text = _wit.to_json(args)
     except (TypeError, ValueError) as e:
-        raise errors.InvalidRequest(f"args: not JSON-serializable: {e}") from e
+        raise errors.InvalidRequest(f"{field}: not JSON-serializable: {e}") from e
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate in a str value (the encoder keeps non-ASCII as is): written as a JSON escape
+            # instead, which the guest's I-JSON check refuses as `lone-surrogate` with its JSON pointer.
+            return _wit.to_ascii_json(args)
+    return text
 
 
 def _sent(value: Any) -> Sent:
@@ -507,7 +516,7 @@ class Once:
         if (confirmed is None) == (not absent):
             raise errors.InvalidRequest("resolve: give exactly one of confirmed=RECEIPT or absent=True")
         if confirmed is not None:
-            resolution = self._case("resolve", "resolution", "confirmed", _args_text(confirmed))
+            resolution = self._case("resolve", "resolution", "confirmed", _args_text(confirmed, "confirmed"))
         else:
             resolution = self._case("resolve", "resolution", "absent", None)
         return State(self._guest("resolve", scope, key, resolution, note, force))
