@@ -80,8 +80,8 @@ std::thread_local! {
     /// How many commits in a row this thread lost to its own group and backed
     /// off after. A caller's races (an engine export) run on its thread, so
     /// this is that caller's count until it wins: its next batch goes before
-    /// those of callers that lost less (the first batch on a hot row wins),
-    /// and it waits less, so no caller loses for ever to newcomers.
+    /// those of callers that lost less (the first batch on a hot row wins), so
+    /// no caller loses for ever to newcomers that share its group.
     static LOST_IN_A_ROW: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
@@ -130,7 +130,7 @@ impl SqliteStorage {
         // not wait behind claims (an attempt's success): only the others back off.
         if losers > 0 && !batch.deferrable {
             LOST_IN_A_ROW.set(lost.saturating_add(1));
-            self.back_off(losers, lost);
+            self.back_off(losers);
         } else {
             LOST_IN_A_ROW.set(0);
         }
@@ -145,15 +145,15 @@ impl SqliteStorage {
     /// would serve one per commit at the cost of a hundred. So a loser waits a
     /// random time up to what serving the group's losers one by one takes
     /// (their number times a commit's duration, at most [`MAX_BACK_OFF`]) and
-    /// the contenders come back spread out; a caller that lost `lost` times in
-    /// a row before waits `lost + 1` times less. A batch that lost to an earlier
+    /// the contenders come back spread out. Who won is then decided by the
+    /// order of the next group, where the callers that lost most go first. A batch that lost to an earlier
     /// commit does not wait: a replay's blind insert of an existing key does
     /// so, and so does a lone batch behind a hot row's last winner (it comes
     /// back alone).
-    fn back_off(&self, losers: usize, lost: u32) {
+    fn back_off(&self, losers: usize) {
         self.backed_off.fetch_add(1, Ordering::Relaxed);
         let commit_time = self.lock_queue().commit_time;
-        let window = (commit_time.saturating_mul(losers as u32) / lost.saturating_add(1)).min(MAX_BACK_OFF);
+        let window = commit_time.saturating_mul(losers as u32).min(MAX_BACK_OFF);
         let nanos = window.as_nanos() as u64;
         if nanos > 0 {
             std::thread::sleep(Duration::from_nanos(jitter() % nanos));
