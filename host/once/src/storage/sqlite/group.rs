@@ -13,7 +13,7 @@
 //! caller never waits. The delay is before `BEGIN`; `Ok` still comes only
 //! after `COMMIT` returned.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,7 +23,6 @@ use rusqlite::Connection;
 use super::batch::{Abort, apply_event, apply_put};
 use super::{Level, MAX_GROUP, SqliteStorage, err};
 use crate::bindings::types::{Batch, Put};
-use crate::storage::codec::table_name;
 use crate::storage::{CommitError, Flush, StorageError};
 
 /// The commit queue: callers append, one leader at a time drains.
@@ -358,38 +357,24 @@ impl SqliteStorage {
 /// gets one, so a failed batch is undone alone. `Err` means the transaction
 /// itself is lost and no batch may be reported applied.
 fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Applied>, StorageError> {
-    // The rows the group's applied batches wrote: a batch that conflicts on one lost to its own group.
-    let mut written: HashSet<(&str, &str, &str)> = HashSet::new();
-    fn row(put: &Put) -> (&'static str, &str, &str) {
-        (table_name(put.table), &put.scope, &put.key)
-    }
     // `lost` is 1 for a loser to its own group; `lead` makes it the group's count of such losers.
-    let apply = |batch: &Batch, written: &HashSet<(&str, &str, &str)>| -> Applied {
-        for put in &batch.puts {
-            match apply_put(conn, put) {
-                Ok(()) => {}
-                Err(Abort::Conflict) => return (Err(CommitError::Conflict), usize::from(written.contains(&row(put)))),
-                Err(Abort::Storage(e)) => return (Err(CommitError::Storage(e)), 0),
-            }
-        }
-        match batch.events.iter().try_for_each(|ev| apply_event(conn, ev)) {
-            Ok(()) => (Ok(()), 0),
-            Err(Abort::Conflict) => (Err(CommitError::Conflict), 0),
-            Err(Abort::Storage(e)) => (Err(CommitError::Storage(e)), 0),
-        }
+    let applied = |i: usize, results: &[Applied]| match apply_batch(conn, batches[i].0) {
+        Ok(()) => (Ok(()), 0),
+        Err((e, put)) => (
+            Err(e),
+            usize::from(put.is_some_and(|p| lost_to_group(p, &batches[..i], results))),
+        ),
     };
-    if let [(batch, _)] = batches {
-        return Ok(vec![apply(batch, &written)]);
+    if batches.len() == 1 {
+        return Ok(vec![applied(0, &[])]);
     }
     let mut results = Vec::with_capacity(batches.len());
-    for (batch, _) in batches {
+    for i in 0..batches.len() {
         conn.execute_batch("SAVEPOINT batch").map_err(|e| err("savepoint", e))?;
-        let result = apply(batch, &written);
+        let result = applied(i, &results);
         if result.0.is_err() {
             conn.execute_batch("ROLLBACK TO batch")
                 .map_err(|e| err("roll back a failed batch of the group", e))?;
-        } else {
-            written.extend(batch.puts.iter().map(row));
         }
         conn.execute_batch("RELEASE batch")
             .map_err(|e| err("release savepoint", e))?;
@@ -402,4 +387,39 @@ fn apply_each(conn: &Connection, batches: &[(&Batch, Flush)]) -> Result<Vec<Appl
         results.push(result);
     }
     Ok(results)
+}
+
+/// Apply one batch inside the open transaction; on failure, the put that lost its version check
+/// (none when an audit event or the storage failed).
+fn apply_batch<'b>(conn: &Connection, batch: &'b Batch) -> Result<(), (CommitError, Option<&'b Put>)> {
+    for put in &batch.puts {
+        match apply_put(conn, put) {
+            Ok(()) => {}
+            Err(Abort::Conflict) => return Err((CommitError::Conflict, Some(put))),
+            Err(Abort::Storage(e)) => return Err((CommitError::Storage(e), None)),
+        }
+    }
+    batch
+        .events
+        .iter()
+        .try_for_each(|ev| apply_event(conn, ev))
+        .map_err(|abort| match abort {
+            Abort::Conflict => (CommitError::Conflict, None),
+            Abort::Storage(e) => (CommitError::Storage(e), None),
+        })
+}
+
+/// Whether an earlier batch of the group that applied wrote `put`'s row: `put` lost to its own
+/// group, not to an earlier commit. Looked up only on a conflict, so a group pays nothing for it.
+fn lost_to_group(put: &Put, earlier: &[(&Batch, Flush)], results: &[Applied]) -> bool {
+    earlier
+        .iter()
+        .zip(results)
+        .filter(|(_, (result, _))| result.is_ok())
+        .any(|((batch, _), _)| {
+            batch
+                .puts
+                .iter()
+                .any(|p| p.table == put.table && p.scope == put.scope && p.key == put.key)
+        })
 }
