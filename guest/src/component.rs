@@ -118,6 +118,9 @@ impl Host for Imports {
     fn escalate(&self, escalation: &Escalation) -> bool {
         operator::escalate(escalation)
     }
+    fn lookup_configured(&self, tool: &str) -> bool {
+        CONFIG.0.borrow().as_ref().is_some_and(|c| c.policy(tool).lookup)
+    }
     fn record_cache(&self) -> Option<&crate::store::RecordCache> {
         Some(&RECORDS.0)
     }

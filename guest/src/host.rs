@@ -42,6 +42,13 @@ pub trait Host {
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
     /// Deliver an escalation; true when acknowledged.
     fn escalate(&self, escalation: &Escalation) -> bool;
+    /// Whether this host, as configured now, can read the provider for
+    /// `tool`. A record keeps the policy it was begun under; one begun while
+    /// no lookup was configured becomes readable once a host has one (the
+    /// default, false: only the record's own policy says so).
+    fn lookup_configured(&self, _tool: &str) -> bool {
+        false
+    }
     /// Where the engine keeps the record it last committed, so reading it
     /// back skips parsing it; none (the default): every read is parsed.
     fn record_cache(&self) -> Option<&RecordCache> {

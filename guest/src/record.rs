@@ -483,10 +483,14 @@ impl OpRecord {
         let pending_deadline = if self.escalated { None } else { self.deadline };
         match self.state {
             State::InFlight => self.current().map(|a| a.lease_until),
+            // One never read (begun while no lookup was configured) with nothing
+            // else pending is listed by `OWED`-bounded scans, so the sweep of a
+            // host that has a lookup now finds it.
             State::Unknown => [self.next_check, pending_deadline, escalation_redelivery]
                 .into_iter()
                 .flatten()
-                .min(),
+                .min()
+                .or(Some(OWED)),
             // Always listed: an owed dispatch is due now, whatever else is pending.
             State::Absent => [pending_deadline, escalation_redelivery]
                 .into_iter()

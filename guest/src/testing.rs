@@ -25,6 +25,7 @@ pub struct MemoryHost {
     ack_escalations: Cell<bool>,
     fail_commits: Cell<u32>,
     fail_reads: Cell<bool>,
+    lookup_configured: Cell<bool>,
     records: crate::store::RecordCache,
 }
 
@@ -59,6 +60,7 @@ impl MemoryHost {
             fail_commits: Cell::new(0),
             records: crate::store::RecordCache::new(),
             fail_reads: Cell::new(false),
+            lookup_configured: Cell::new(false),
         }
     }
     /// Move the clock forward.
@@ -68,6 +70,11 @@ impl MemoryHost {
     /// The next provider lookup answers this (then `unknown` once the script runs out).
     pub fn script_lookup(&self, evidence: Evidence) {
         self.evidence.borrow_mut().push_back(evidence);
+    }
+    /// Whether the host says it can read the provider for every tool now
+    /// (whatever the records' own policies say).
+    pub fn configure_lookup(&self, on: bool) {
+        self.lookup_configured.set(on);
     }
     /// Lookups made so far: (tool, provider key, args).
     pub fn lookups(&self) -> Vec<(String, String, String)> {
@@ -255,6 +262,9 @@ impl Host for MemoryHost {
     fn escalate(&self, escalation: &Escalation) -> bool {
         self.escalations.borrow_mut().push(escalation.clone());
         self.ack_escalations.get()
+    }
+    fn lookup_configured(&self, _tool: &str) -> bool {
+        self.lookup_configured.get()
     }
     fn record_cache(&self) -> Option<&crate::store::RecordCache> {
         Some(&self.records)

@@ -476,7 +476,14 @@ impl Claim<'_> {
             State::InFlight => Ok(Decision::InFlight(InFlightInfo {
                 lease_until: rec.current().map_or(now, |a| a.lease_until),
             })),
-            State::Unknown => Ok(unknown(&rec)),
+            State::Unknown => {
+                let mut info = unknown_info(&rec);
+                // Begun while no lookup was configured and never read: this host has one now.
+                if rec.next_check.is_none() && super::reconcile::provider_readable(h, &rec) {
+                    info.next_read = Some(now);
+                }
+                Ok(Decision::Unknown(info))
+            }
             State::Superseded => Ok(superseded(&rec)),
             State::Failed | State::Absent if !ours => Ok(other_owner(&rec, &h.settings().owner)),
             State::Failed | State::Absent => grant(h, rec, version, now),

@@ -3,7 +3,7 @@
 use alloc::vec::Vec;
 
 use super::escalation;
-use super::reconcile::{Read, expire, read_provider};
+use super::reconcile::{Read, expire, provider_readable, read_provider};
 use super::{MAX_RACES, now_for};
 use crate::host::Host;
 use crate::identity::escalation_id;
@@ -48,19 +48,30 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         .map_err(Error::Storage)?;
     let mut report = SweepReport::default();
     for row in rows {
-        let Some(mut loaded) = readable(h, &row, &mut report) else {
-            continue;
-        };
-        for _ in 0..MAX_RACES {
-            match sweep_one(h, loaded.clone(), &mut report) {
-                Ok(()) => break,
-                Err(LedgerError::Conflict) => match load(h, &row.scope, &row.key) {
-                    Ok(Some(fresh)) => loaded = fresh,
-                    Ok(None) => break,
-                    Err(e) => return Err(Error::Storage(e.message())),
-                },
-                Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
-            }
+        if let Some(loaded) = readable(h, &row, &mut report) {
+            sweep_row(h, &row, loaded, &mut report)?;
+        }
+    }
+    // An unknown record begun while no lookup was configured has no next read:
+    // the scan above lists it only at its deadline (or never, once escalated:
+    // it is due at `OWED`). Read each one whose tool has a lookup now; the read
+    // schedules the next, so a record is found here once.
+    let not_due = h
+        .scan(
+            Table::Operation,
+            &[State::Unknown],
+            crate::record::OWED,
+            owner.clone(),
+            limit,
+        )
+        .map_err(Error::Storage)?;
+    for row in not_due.into_iter().filter(|r| r.due_at.is_some_and(|d| d > now)) {
+        // A row this build cannot read is reported by the scan above, when it is due.
+        if let Ok(loaded) = decode(&row)
+            && loaded.rec.next_check.is_none()
+            && provider_readable(h, &loaded.rec)
+        {
+            sweep_row(h, &row, loaded, &mut report)?;
         }
     }
     // Deadlines escalate whoever owns the record: an owner that was renamed or
@@ -143,6 +154,22 @@ fn readable(h: &impl Host, row: &Row, report: &mut SweepReport) -> Option<Loaded
     }
 }
 
+/// Sweep one listed row, loading it again after each race it lost.
+fn sweep_row(h: &impl Host, row: &Row, mut loaded: Loaded, report: &mut SweepReport) -> Result<(), Error> {
+    for _ in 0..MAX_RACES {
+        match sweep_one(h, loaded.clone(), report) {
+            Ok(()) => break,
+            Err(LedgerError::Conflict) => match load(h, &row.scope, &row.key) {
+                Ok(Some(fresh)) => loaded = fresh,
+                Ok(None) => break,
+                Err(e) => return Err(Error::Storage(e.message())),
+            },
+            Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
+        }
+    }
+    Ok(())
+}
+
 fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Result<(), LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
     if loaded.rec.state == State::InFlight {
@@ -152,7 +179,10 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
         loaded = expire(h, loaded, now)?;
         report.expired += 1;
     }
-    if loaded.rec.state == State::Unknown && loaded.rec.policy.lookup && loaded.rec.next_check.is_some_and(|t| t <= now)
+    // A record begun without a lookup has no next read: it is read as soon as a lookup is configured.
+    if loaded.rec.state == State::Unknown
+        && provider_readable(h, &loaded.rec)
+        && loaded.rec.next_check.is_none_or(|t| t <= now)
     {
         let (after, read) = read_provider(h, loaded)?;
         loaded = after;

@@ -134,7 +134,7 @@ fn settle(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, Led
         return grant(h, loaded.rec, loaded.version, now);
     }
     let not_due = when == ReadWhen::Due && loaded.rec.next_check.is_some_and(|t| t > now);
-    if !loaded.rec.policy.lookup || not_due {
+    if !provider_readable(h, &loaded.rec) || not_due {
         let (loaded, _) = escalation::escalate_if_due(h, loaded, now)?;
         return Ok(unknown(&loaded.rec));
     }
@@ -176,9 +176,18 @@ pub(super) enum Read {
     Unknown,
 }
 
+/// Whether the provider can be read for `rec`: its policy says so, or it was
+/// begun while no lookup was configured and this host has one now.
+pub(super) fn provider_readable(h: &impl Host, rec: &OpRecord) -> bool {
+    rec.policy.lookup || h.lookup_configured(&rec.tool)
+}
+
 /// Ask the provider about an unknown record and record what it proved.
 pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Read), LedgerError> {
     let Loaded { mut rec, version } = loaded;
+    // Read once, a record stays readable: its next reads are scheduled and its
+    // answers name them, whichever host (with or without a lookup) loads it next.
+    rec.policy.lookup = true;
     let evidence = h.lookup(&rec.tool, &rec.provider_key, &rec.args);
     let now = now_for(h, Some(&rec));
     let backoff = now.saturating_add(backoff(&rec));

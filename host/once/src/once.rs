@@ -220,8 +220,9 @@ impl Builder {
     }
     /// The provider's authoritative read, used by reconciliation and verify-first.
     /// Without one, tools default to no lookup: an unknown outcome waits for an
-    /// operator. The choice is kept with every record a handle creates, so
-    /// hosts sharing a ledger should share their provider (or set `lookup`
+    /// operator, or for a handle with a provider, whose sweep or next call on
+    /// the key reads it. The choice is kept with every record a handle creates,
+    /// so hosts sharing a ledger should share their provider (or set `lookup`
     /// explicitly in the policy, for a host that leaves reading to another).
     pub fn provider(mut self, provider: impl Provider + 'static) -> Self {
         self.provider = Some(Arc::new(provider));
