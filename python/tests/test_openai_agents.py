@@ -219,3 +219,19 @@ def test_a_tool_that_raises_is_unknown_and_the_model_is_told_onces_account() -> 
     assert "not done" not in result.final_output
     assert "refund_order default/k-1234: unknown (" in result.final_output
     assert "effect unknown; the same call again" in result.final_output
+
+
+def test_a_blocked_call_is_reported_as_once_says_and_the_run_goes_on(tmp_path: Path) -> None:
+    provider = RefundTable(tmp_path / "provider.db")
+    o = Once.sqlite(str(tmp_path / "once.db"))
+
+    def refund_order(order_id: int, amount: int) -> dict[str, Any]:
+        """Refund an order."""
+        return provider.refund(order_id, amount)
+
+    # The application has no key for this order: the tool's identity is required, so the engine refuses.
+    tool = protected_function_tool(o, refund_order, key=lambda ctx, args: None)
+    result = asyncio.run(Runner.run(Agent(name="refunds", tools=[tool], model=ScriptedModel(twice)), "go"))
+    assert provider.count() == 0
+    assert result.final_output.count("refund_order default/-: blocked (identity-required: ") == 2
+    assert "effect none" in result.final_output
