@@ -256,3 +256,13 @@ def test_prebuilt_agent_a_fresh_request_id_after_unknown_sends_nothing_and_the_r
     else:
         assert ": unknown (" in second  # same derived key: still unknown, nothing sent
     assert out["messages"][-1].content == f"outputs: {first} | {second}"
+
+
+def test_wrapping_keeps_the_tools_descriptor() -> None:
+    o = Once.memory()
+    descriptor = once.ToolDescriptor("refund_order", '{"type":"object"}')
+    o.policy("refund_order", once.Policy(attempt_budget=2), descriptor=descriptor)
+    pinned = o.plan("refund_order")
+    protect_tool(o, refund_tool([]), key=lambda args, config: "k")
+    assert o._descriptor("refund_order") == descriptor
+    assert o.plan("refund_order").policy["attempt-budget"] == 2 and pinned.blocked == o.plan("refund_order").blocked

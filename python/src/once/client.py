@@ -205,6 +205,12 @@ class Once:
             entry = self._tools.get(tool)
         return entry[0] if entry is not None else None
 
+    def _descriptor(self, tool: str) -> Optional[ToolDescriptor]:
+        """The descriptor set for `tool`, if any (kept when an adapter adds to the tool's policy)."""
+        with self._config_lock:
+            entry = self._tools.get(tool)
+        return entry[1] if entry is not None else None
+
     def plan(self, tool: str) -> ToolPlan:
         """How the guest handles `tool` (a tool never configured gets the defaults)."""
         for t in self._configured.tools:

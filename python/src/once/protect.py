@@ -94,7 +94,7 @@ def adapter_identity(once: Once, tool: str, *, key: Any, derive_key_from: Option
     if derive_key_from is None:
         if base.identity is None:
             base = replace(base, identity=IdentityMode.REQUIRED)
-        once.policy(tool, base)
+        once.policy(tool, base, descriptor=once._descriptor(tool))
         return
     if isinstance(derive_key_from, (str, bytes)) or not all(isinstance(p, str) for p in derive_key_from):
         raise errors.InvalidRequest(
@@ -112,7 +112,8 @@ def adapter_identity(once: Once, tool: str, *, key: Any, derive_key_from: Option
             f"effect_fields={list(base.effect_fields)!r}; the derived key covers exactly the effect fields"
         )
     # The guest checks the pointers (syntax, not empty, not the key argument) and names the bad one.
-    once.policy(tool, replace(base, identity=IdentityMode.DERIVED, effect_fields=pointers))
+    once.policy(tool, replace(base, identity=IdentityMode.DERIVED, effect_fields=pointers),
+                descriptor=once._descriptor(tool))
 
 
 _PLAIN = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
