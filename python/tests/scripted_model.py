@@ -12,8 +12,9 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 # No network: the SDK's trace export would try to reach OpenAI.
 set_tracing_disabled(True)
 _ids = itertools.count(1)
-# One turn: the tool calls to make (name, args), or the final text.
-Turn = Union[list[tuple[str, dict[str, Any]]], str]
+# One turn: the tool calls to make (name, args: a dict, or the raw arguments text as a model may send it), or the
+# final text.
+Turn = Union[list[tuple[str, Union[dict[str, Any], str]]], str]
 
 
 def tool_outputs(input: Any) -> list[str]:
@@ -41,7 +42,7 @@ class ScriptedModel(Model):
         else:
             # A fresh call id per call, as a model mints them: never an operation key.
             output = [ResponseFunctionToolCall(type="function_call", call_id=f"call-{next(_ids)}", name=name,
-                                               arguments=json.dumps(args), id=f"fc-{next(_ids)}")
+                                               arguments=args if isinstance(args, str) else json.dumps(args), id=f"fc-{next(_ids)}")
                       for name, args in turn]
         return ModelResponse(output=output, usage=Usage(), response_id=None)
 

@@ -198,6 +198,19 @@ class Once:
                 raise
         return self.plan(tool)
 
+    def configured(self, tool: str) -> Optional[Policy]:
+        """The policy set for `tool` (by `policies=` or `policy(...)`) as given, before the guest fills it; None if
+        none was. An adapter that adds fields to a tool's policy starts from this, so it never drops the rest."""
+        with self._config_lock:
+            entry = self._tools.get(tool)
+        return entry[0] if entry is not None else None
+
+    def _descriptor(self, tool: str) -> Optional[ToolDescriptor]:
+        """The descriptor set for `tool`, if any (kept when an adapter adds to the tool's policy)."""
+        with self._config_lock:
+            entry = self._tools.get(tool)
+        return entry[1] if entry is not None else None
+
     def plan(self, tool: str) -> ToolPlan:
         """How the guest handles `tool` (a tool never configured gets the defaults)."""
         for t in self._configured.tools:

@@ -14,10 +14,11 @@ import contextvars
 import functools
 import inspect
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from . import errors
-from .model import Called, Dispatch, Policy, Sent
+from .model import Called, Dispatch, Effect, IdentityMode, Policy, Sent
 
 if TYPE_CHECKING:
     from .client import Once
@@ -50,6 +51,69 @@ def result_of(called: Called) -> Any:
     if receipt is None:
         raise errors.Unconfirmed(called) from called.raised
     return json.loads(receipt)
+
+
+def receipt_or_text(called: Called) -> Any:
+    """What an agent framework's model is shown: the receipt's value when the effect happened, else once's own
+    account of the call (`called.describe()`: the ending, the effect, what the same call again would do).
+
+    Never a claim beyond the ledger's: an unknown outcome is reported unknown, not "not done", because the effect
+    may well exist.
+    """
+    receipt = called.receipt if called.effect is Effect.HAPPENED or called.direct is not None else None
+    if receipt is None:
+        return called.describe()
+    return json.loads(receipt)
+
+
+def adapter_identity(once: Once, tool: str, *, key: Any, derive_key_from: Optional[Sequence[str]],
+                     policy: Optional[Policy], fields: dict[str, Any], key_hint: str) -> None:
+    """Check a framework adapter's choice of operation identity when a tool is wrapped, and set the tool's policy.
+
+    An adapter needs `key` (the application's key for the operation) or `derive_key_from` (the effect fields the
+    key is derived from); never neither, because a key derived from every argument makes a model's retry that
+    varies a non-effect field (a fresh `request_id`, a reworded `reason`) a second operation and a second effect.
+    With `key`, the tool's identity is `required` unless the policy says otherwise, so a key function that returns
+    None is refused by the engine (`blocked(identity-required)`), not silently derived. With `derive_key_from`, the
+    tool's identity is `derived` and its `effect_fields` are exactly those pointers: the fingerprint, and so the
+    derived key, cover nothing else. The policy set so far for the tool (`Once(policies=...)`, `once.policy`) is
+    the base, then `policy`, then the keyword `fields`.
+    """
+    if key is None and derive_key_from is None:
+        raise errors.InvalidRequest(
+            f"tool {tool!r}: no operation key. Pass key={key_hint} returning the application's key for this "
+            f"operation (the same on every retry; never the model's call id), or opt in to a key derived from the "
+            f"effect-bearing arguments with derive_key_from=['/order_id', '/amount'] (JSON pointers)"
+        )
+    if key is not None and derive_key_from is not None:
+        raise errors.InvalidRequest(
+            f"tool {tool!r}: both key= and derive_key_from= given; the operation key comes from one of them"
+        )
+    base = policy if policy is not None else (once.configured(tool) or Policy())
+    base = replace(base, **fields)
+    if derive_key_from is None:
+        if base.identity is None:
+            base = replace(base, identity=IdentityMode.REQUIRED)
+        once.policy(tool, base, descriptor=once._descriptor(tool))
+        return
+    if isinstance(derive_key_from, (str, bytes)) or not all(isinstance(p, str) for p in derive_key_from):
+        raise errors.InvalidRequest(
+            f"tool {tool!r}: derive_key_from must be a list of JSON pointers such as ['/order_id'], "
+            f"not {derive_key_from!r}"
+        )
+    pointers = list(derive_key_from)
+    if base.identity is IdentityMode.REQUIRED:
+        raise errors.InvalidRequest(
+            f"tool {tool!r}: derive_key_from= asks for a derived key, but the tool's policy has identity=required"
+        )
+    if base.effect_fields is not None and list(base.effect_fields) != pointers:
+        raise errors.InvalidRequest(
+            f"tool {tool!r}: derive_key_from={pointers!r} differs from the policy's "
+            f"effect_fields={list(base.effect_fields)!r}; the derived key covers exactly the effect fields"
+        )
+    # The guest checks the pointers (syntax, not empty, not the key argument) and names the bad one.
+    once.policy(tool, replace(base, identity=IdentityMode.DERIVED, effect_fields=pointers),
+                descriptor=once._descriptor(tool))
 
 
 _PLAIN = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

@@ -1,29 +1,39 @@
-"""LangChain tools (and so LangGraph nodes): a `BaseTool` / `@tool` whose every call is a protected call.
+"""LangChain tools (and so LangGraph nodes and the prebuilt agent): a `BaseTool` / `@tool` whose every call is a
+protected call.
 
     from once.adapters.langchain import protect_tool
 
-    safe_refund = protect_tool(once, refund_order)  # refund_order: a @tool or any BaseTool
+    safe_refund = protect_tool(once, refund_order,  # refund_order: a @tool or any BaseTool
+                               key=lambda args, config: f"refund-{args['order_id']}")
 
-The scope defaults to the run's `thread_id` (`config["configurable"]`), and
-the key to `key(args, config)`, else one derived from the arguments: never a
-tool-call id. A LangGraph node re-run by its `RetryPolicy` or replayed from
-a checkpoint calls the tool again with the same thread and arguments, so it
-replays the stored receipt instead of sending twice. When the effect did not
-(yet) happen the tool raises `once.Unconfirmed` with the guest's account.
-The tool's outputs must be JSON-serializable (they are the stored receipt).
+The operation key is the application's: `key(args, config)`, the same on every retry and never a tool-call id.
+Wrapping a tool without one raises `once.InvalidRequest`; a key derived from the arguments is an explicit opt-in
+that names the effect-bearing fields, `derive_key_from=["/order_id", "/amount"]` (JSON pointers: the tool's
+policy gets `identity=derived` and those `effect_fields`, so an argument outside them, such as a fresh
+`request_id` the model mints per call, can never make a second operation). With `key`, the tool's identity is
+`required`: a `key` that returns None is `blocked(identity-required)`.
+
+The scope defaults to the run's `thread_id` (`config["configurable"]`). A LangGraph node re-run by its
+`RetryPolicy` or replayed from a checkpoint calls the tool again with the same thread and arguments, so it
+replays the stored receipt instead of sending twice. The tool's output is the stored receipt (projected to JSON
+as for `@once.protect`). When the effect did not (yet) happen (unknown, in flight, conflict, blocked, rejected,
+not sent) the tool raises a `ToolException` whose text is once's account of the call (`called.describe()`), and
+the tool handles it (`handle_tool_error=True`): the output is that text, in a `ToolMessage` with
+`status="error"` under `ToolNode` / `create_react_agent`, so the model reads it and the run goes on.
+`raise_unconfirmed=True` raises `once.Unconfirmed` instead (a graph node that wants to stop or branch).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 
 from ..client import Once
-from ..errors import Refused
-from ..model import Dispatch, Policy, Sent
-from ..protect import DEFAULT_SCOPE, result_of
+from ..errors import Refused, Unconfirmed
+from ..model import Called, Dispatch, Effect, Policy, Sent
+from ..protect import DEFAULT_SCOPE, adapter_identity, receipt_or_text, result_of
 
 KeyOf = Callable[[dict[str, Any], RunnableConfig], Optional[str]]
 ScopeOf = Union[str, Callable[[RunnableConfig], str], None]
@@ -35,13 +45,21 @@ def thread_scope(config: RunnableConfig) -> str:
     return str(configurable.get("thread_id") or DEFAULT_SCOPE)
 
 
-def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None, scope: ScopeOf = None,
-                 policy: Optional[Policy] = None, **fields: Any) -> StructuredTool:
-    """A tool with `tool`'s name, description and schema whose calls are protected by `once`."""
-    if policy is not None or fields:
-        once.policy(tool.name, policy, **fields)
+def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None,
+                 derive_key_from: Optional[Sequence[str]] = None, scope: ScopeOf = None,
+                 raise_unconfirmed: bool = False, policy: Optional[Policy] = None, **fields: Any) -> StructuredTool:
+    """A tool with `tool`'s name, description and schema whose calls are protected by `once`.
 
-    def arguments_and_identity(kwargs: dict[str, Any], config: RunnableConfig) -> tuple[str, Optional[str]]:
+    `key(args, config)` returns the application's operation key; or `derive_key_from` names the effect fields a
+    derived key covers (one of the two is required: `once.InvalidRequest` otherwise). `scope`: a string or a
+    callable of the config (default: the run's `thread_id`). `raise_unconfirmed`: raise `once.Unconfirmed` when
+    the effect did not (yet) happen, instead of handing once's text to the model. `policy` / keyword fields: the
+    tool's policy, checked by the guest now.
+    """
+    adapter_identity(once, tool.name, key=key, derive_key_from=derive_key_from, policy=policy, fields=fields,
+                     key_hint="lambda args, config: ...")
+
+    def identity(kwargs: dict[str, Any], config: RunnableConfig) -> tuple[str, Optional[str]]:
         k = key(kwargs, config) if key is not None else None
         sc = scope(config) if callable(scope) else (scope or thread_scope(config))
         return sc, k
@@ -49,8 +67,19 @@ def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None, sco
     def refused(e: Refused) -> Sent:
         return Sent.rejected(str(e) or type(e).__name__)
 
+    def output(called: Called) -> Any:
+        if raise_unconfirmed:
+            return result_of(called)
+        if called.effect is Effect.HAPPENED or called.direct is not None:
+            return receipt_or_text(called)
+        # Handled by the tool itself (handle_tool_error below): the model reads once's account, the run goes on,
+        # and ToolNode marks the message an error, so no framework takes it for the tool's result.
+        error = ToolException(called.describe())
+        error.__cause__ = Unconfirmed(called)
+        raise error
+
     def run(config: RunnableConfig, **kwargs: Any) -> Any:
-        sc, k = arguments_and_identity(kwargs, config)
+        sc, k = identity(kwargs, config)
 
         def send(d: Dispatch) -> Sent:
             try:
@@ -58,10 +87,10 @@ def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None, sco
             except Refused as e:
                 return refused(e)
 
-        return result_of(once.call(sc, k, tool.name, kwargs, send))
+        return output(once.call(sc, k, tool.name, kwargs, send))
 
     async def arun(config: RunnableConfig, **kwargs: Any) -> Any:
-        sc, k = arguments_and_identity(kwargs, config)
+        sc, k = identity(kwargs, config)
 
         async def send(d: Dispatch) -> Sent:
             try:
@@ -69,9 +98,9 @@ def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None, sco
             except Refused as e:
                 return refused(e)
 
-        return result_of(await once.acall(sc, k, tool.name, kwargs, send))
+        return output(await once.acall(sc, k, tool.name, kwargs, send))
 
     return StructuredTool.from_function(
         func=run, coroutine=arun, name=tool.name, description=tool.description, args_schema=tool.args_schema,
-        infer_schema=False,
+        infer_schema=False, handle_tool_error=True,
     )
