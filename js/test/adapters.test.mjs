@@ -156,6 +156,10 @@ for (const v of AI) {
       const { model, prompts } = scriptedAiModel(v, [[{ ...ARGS, request_id: "req-1" }], [{ ...ARGS, request_id: "req-2" }]]);
       const r = await generateText({ model, tools: { refund_order: refund }, prompt: "refund", stopWhen: stepCountIs(5) });
       assert.equal(provider.count(), 1, "one refund at the provider");
+      // The identity the option chose is the tool's policy, as the engine applies it.
+      const { policy } = once.plan("refund_order");
+      assert.equal(policy.identity, keying.name === "key" ? "required" : "derived");
+      assert.deepEqual(policy.effectFields, keying.name === "key" ? undefined : ["/order_id", "/amount"]);
       assert.equal(r.text, "done", "the run went on to the model's final answer");
       assert.equal(prompts.length, 3);
       const errors = r.steps.flatMap((s) => s.content.filter((p) => p.type === "tool-error"));

@@ -6,6 +6,9 @@ import { InvalidArgumentsError } from "../errors.js";
 import type { Once } from "../once.js";
 import { type Keying, checkKeying } from "./keying.js";
 
+// The keying options' types, so an application can name them (`ApplicationKey<I>`, `DerivedKey`).
+export type { ApplicationKey, DerivedKey, Keying } from "./keying.js";
+
 /** An AI SDK tool as far as protecting it needs: its (optional) execute. */
 export interface AiTool {
   execute?: (input: never, options: never) => unknown;

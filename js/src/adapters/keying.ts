@@ -46,9 +46,11 @@ export type Keying<I> = (ApplicationKey<I> | DerivedKey) & {
 
 /** A keying checked at wrap time: the policy to configure and each call's key and scope. */
 export interface CheckedKeying<I> {
+  /** The tool's policy with the identity the options chose (`required`, or `derived` over the effect fields). */
   policy: Policy;
   /** The call's operation key (undefined: derived by the engine), or an InvalidArgumentsError thrown. */
   keyOf: (input: I) => string | undefined;
+  /** The call's scope (undefined: the handle's). */
   scopeOf: (input: I) => string | undefined;
 }
 

@@ -4,6 +4,9 @@ import { OnceError } from "../errors.js";
 import type { Once } from "../once.js";
 import { type Keying, checkKeying, textForModel } from "./keying.js";
 
+// The keying options' types, so an application can name them (`ApplicationKey<I>`, `DerivedKey`).
+export type { ApplicationKey, DerivedKey, Keying } from "./keying.js";
+
 /**
  * `tool()`'s options (the input type of `key`, `scope` and `execute` is inferred from `parameters`), plus
  * how once keys each call: `key` (the application's operation key) or `deriveKeyFrom` (the JSON pointers of
