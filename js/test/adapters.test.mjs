@@ -1,13 +1,22 @@
 // The adapters against the real framework packages, with scripted models (no network):
-// the Vercel AI SDK's generateText tool execution with its MockLanguageModelV2 (ai/test),
-// and an OpenAI Agents JS Runner with a scripted Model.
+// the Vercel AI SDK's generateText tool loop on ai 5, 6 and 7 (devDependencies `ai`, `ai6`, `ai7`:
+// npm aliases of each major), each with its own mock model from `<ai>/test`, and an OpenAI Agents JS
+// Runner with a scripted Model. Effects are counted in a real SQLite table.
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { test } from "node:test";
-import { generateText, tool as aiTool } from "ai";
-import { MockLanguageModelV2 } from "ai/test";
+import Database from "better-sqlite3";
+import * as ai5 from "ai";
+import * as ai5test from "ai/test";
+import * as ai6 from "ai6";
+import * as ai6test from "ai6/test";
+import * as ai7 from "ai7";
+import * as ai7test from "ai7/test";
 import { Agent, Runner, Usage, setTracingDisabled } from "@openai/agents";
 import { z } from "zod";
-import { Once, Rejected } from "../dist/index.js";
+import { InvalidArgumentsError, Once, Rejected } from "../dist/index.js";
 import { protectTool } from "../dist/adapters/ai.js";
 import { protectedTool } from "../dist/adapters/openai-agents.js";
 
@@ -15,75 +24,211 @@ setTracingDisabled(true);
 
 const ARGS = { order_id: 1234, amount: 200 };
 
-/** A model that asks for one refund_order call, with a tool-call id of its own minting. */
-const toolCallingModel = (toolCallId) =>
-  new MockLanguageModelV2({
-    doGenerate: async () => ({
-      content: [{ type: "tool-call", toolCallId, toolName: "refund_order", input: JSON.stringify(ARGS) }],
-      finishReason: "tool-calls",
-      usage: { inputTokens: 10, outputTokens: 5, totalTokens: 15 },
-      warnings: [],
-    }),
+/** A table of effects in a real SQLite file: what the "payment provider" did, counted after the run. */
+function effectsTable(t) {
+  const dir = mkdtempSync(join(tmpdir(), "once-adapters-"));
+  const db = new Database(join(dir, "provider.db"));
+  db.exec("CREATE TABLE refunds (id INTEGER PRIMARY KEY, order_id INTEGER, amount INTEGER, request_id TEXT)");
+  t.after(() => {
+    db.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return {
+    /** Commit one refund: the effect. */
+    refund: ({ order_id, amount, request_id }) =>
+      db.prepare("INSERT INTO refunds (order_id, amount, request_id) VALUES (?, ?, ?)").run(order_id, amount, request_id ?? null)
+        .lastInsertRowid,
+    count: () => db.prepare("SELECT count(*) AS n FROM refunds").get().n,
+  };
+}
+
+// Each AI SDK major with the mock model and result shapes of its provider specification.
+const AI = [
+  {
+    major: 5,
+    ai: ai5,
+    Mock: ai5test.MockLanguageModelV2,
+    finish: (reason) => reason,
+    usage: { inputTokens: 10, outputTokens: 5, totalTokens: 15 },
+  },
+  {
+    major: 6,
+    ai: ai6,
+    Mock: ai6test.MockLanguageModelV3,
+    finish: (reason) => ({ unified: reason, raw: undefined }),
+    usage: {
+      inputTokens: { total: 10, noCache: 10, cacheRead: 0, cacheWrite: 0 },
+      outputTokens: { total: 5, text: 5, reasoning: 0 },
+    },
+  },
+  {
+    major: 7,
+    ai: ai7,
+    Mock: ai7test.MockLanguageModelV4,
+    finish: (reason) => ({ unified: reason, raw: undefined }),
+    usage: {
+      inputTokens: { total: 10, noCache: 10, cacheRead: 0, cacheWrite: 0 },
+      outputTokens: { total: 5, text: 5, reasoning: 0 },
+    },
+  },
+];
+
+/**
+ * A scripted AI SDK model: each turn is the tool-call inputs it asks for (or none: a final text), and
+ * `prompts` keeps every prompt it was given, so a test can read what the model was shown.
+ */
+function scriptedAiModel(v, turns, idPrefix = "call") {
+  const prompts = [];
+  let n = 0;
+  const model = new v.Mock({
+    doGenerate: async ({ prompt }) => {
+      prompts.push(prompt);
+      const calls = turns.shift();
+      const content = calls
+        ? calls.map((input) => ({ type: "tool-call", toolCallId: `${idPrefix}_${++n}`, toolName: "refund_order", input: JSON.stringify(input) }))
+        : [{ type: "text", text: "done" }];
+      return { content, finishReason: v.finish(calls ? "tool-calls" : "stop"), usage: v.usage, warnings: [] };
+    },
+  });
+  return { model, prompts };
+}
+
+/** Every tool result the model was shown, across its prompts, as text. */
+const shownToModel = (prompts) => JSON.stringify(prompts.flat().filter((m) => m.role === "tool"));
+
+for (const v of AI) {
+  const { generateText, stepCountIs, tool } = v.ai;
+
+  test(`AI SDK ${v.major}: a protected tool's execute runs once per application key, whatever the model's tool-call ids`, async (t) => {
+    const once = await Once.memory();
+    t.after(() => once.close());
+    const refunds = [];
+    let operation = "conversation-42/refund-1";
+    const refund = protectTool(
+      once,
+      "refund_order",
+      tool({
+        description: "Refund part of an order",
+        inputSchema: z.object({ order_id: z.number(), amount: z.number() }),
+        execute: async (input, { toolCallId }) => (refunds.push(toolCallId), { refund_id: `r-${refunds.length}`, ...input }),
+      }),
+      { key: () => operation, scope: "tenant-7" },
+    );
+    const results = [];
+    for (const id of ["a", "b"]) {
+      const { model } = scriptedAiModel(v, [[ARGS]], id);
+      const r = await generateText({ model, tools: { refund_order: refund }, prompt: "refund $200 of order 1234" });
+      results.push(r.toolResults[0]);
+    }
+    assert.deepEqual(refunds, ["a_1"], "the model's second tool-call id did not make a second refund");
+    assert.deepEqual(results.map((r) => r.output), [{ refund_id: "r-1", ...ARGS }, { refund_id: "r-1", ...ARGS }]);
+    assert.deepEqual(results.map((r) => r.toolCallId), ["a_1", "b_1"]);
+    operation = "conversation-42/refund-2"; // a new operation of the application: a new refund
+    const { model } = scriptedAiModel(v, [[ARGS]], "c");
+    await generateText({ model, tools: { refund_order: refund }, prompt: "refund again" });
+    assert.equal(refunds.length, 2);
   });
 
-test("AI SDK: a protected tool's execute runs once per application key, whatever the model's tool-call ids", async (t) => {
-  const once = await Once.memory();
-  t.after(() => once.close());
-  const refunds = [];
-  let operation = "conversation-42/refund-1";
-  const refund = protectTool(
-    once,
-    "refund_order",
-    aiTool({
-      description: "Refund part of an order",
-      inputSchema: z.object({ order_id: z.number(), amount: z.number() }),
-      execute: async (input, { toolCallId }) => (refunds.push(toolCallId), { refund_id: `r-${refunds.length}`, ...input }),
-    }),
-    { key: () => operation, scope: "tenant-7" },
-  );
-  const results = [];
-  for (const id of ["call_a", "call_b"]) {
-    const r = await generateText({ model: toolCallingModel(id), tools: { refund_order: refund }, prompt: "refund $200 of order 1234" });
-    results.push(r.toolResults[0]);
+  // The peer vector model_generated_fresh_id_after_unknown: the provider commits, the reply is lost
+  // (unknown), and the model retries with a request id of its own minting. Through once, under the
+  // application's key and under a key derived from the named effect fields alike, nothing is sent again,
+  // the model is shown once's account (not "try again"), and the run goes on to its final answer.
+  for (const keying of [
+    { name: "key", options: { key: (input) => `refund-order-${input.order_id}` }, again: /ConflictError/ },
+    { name: "deriveKeyFrom", options: { deriveKeyFrom: ["/order_id", "/amount"] }, again: /UnknownOutcomeError/ },
+  ]) {
+    test(`AI SDK ${v.major}: after an unknown outcome, the model's retry with a fresh request_id is not sent again (${keying.name})`, async (t) => {
+      const once = await Once.memory();
+      t.after(() => once.close());
+      const provider = effectsTable(t);
+      const refund = protectTool(
+        once,
+        "refund_order",
+        tool({
+          inputSchema: z.object({ order_id: z.number(), amount: z.number(), request_id: z.string() }),
+          execute: async (input) => {
+            provider.refund(input); // committed at the provider ...
+            throw new Error("socket hang up"); // ... and the reply is lost
+          },
+        }),
+        keying.options,
+      );
+      const { model, prompts } = scriptedAiModel(v, [[{ ...ARGS, request_id: "req-1" }], [{ ...ARGS, request_id: "req-2" }]]);
+      const r = await generateText({ model, tools: { refund_order: refund }, prompt: "refund", stopWhen: stepCountIs(5) });
+      assert.equal(provider.count(), 1, "one refund at the provider");
+      // The identity the option chose is the tool's policy, as the engine applies it.
+      const { policy } = once.plan("refund_order");
+      assert.equal(policy.identity, keying.name === "key" ? "required" : "derived");
+      assert.deepEqual(policy.effectFields, keying.name === "key" ? undefined : ["/order_id", "/amount"]);
+      assert.equal(r.text, "done", "the run went on to the model's final answer");
+      assert.equal(prompts.length, 3);
+      const errors = r.steps.flatMap((s) => s.content.filter((p) => p.type === "tool-error"));
+      assert.equal(errors.length, 2);
+      assert.equal(errors[0].error.name, "UnknownOutcomeError");
+      assert.match(errors[1].error.name, keying.again, errors[1].error.message);
+      // What the model was shown after each call: once's own text, in the prompt of its next turn.
+      for (const [i, error] of errors.entries()) {
+        assert.ok(shownToModel(prompts.slice(i + 1, i + 2)).includes(JSON.stringify(error.error.message).slice(1, -1)), `turn ${i + 2}`);
+      }
+      assert.match(shownToModel(prompts), /the effect may or may not have happened/);
+      assert.doesNotMatch(shownToModel(prompts), /try again/i);
+    });
   }
-  assert.deepEqual(refunds, ["call_a"], "the model's second tool-call id did not make a second refund");
-  assert.deepEqual(results.map((r) => r.output), [{ refund_id: "r-1", ...ARGS }, { refund_id: "r-1", ...ARGS }]);
-  assert.deepEqual(results.map((r) => r.toolCallId), ["call_a", "call_b"]);
-  operation = "conversation-42/refund-2"; // a new operation of the application: a new refund
-  await generateText({ model: toolCallingModel("call_c"), tools: { refund_order: refund }, prompt: "refund again" });
-  assert.equal(refunds.length, 2);
-});
 
-test("AI SDK: an outcome that is not a confirmed effect reaches the model as the tool's error", async (t) => {
-  const once = await Once.memory();
-  t.after(() => once.close());
-  const refund = protectTool(
-    once,
-    "refund_order",
-    aiTool({
-      inputSchema: z.object({ order_id: z.number(), amount: z.number() }),
-      execute: async () => {
-        throw new Error("socket hang up");
-      },
-    }),
-    { key: () => "op-1" },
-  );
-  const r = await generateText({ model: toolCallingModel("call_x"), tools: { refund_order: refund }, prompt: "refund" });
-  const error = r.content.find((p) => p.type === "tool-error");
-  assert.ok(error, JSON.stringify(r.content));
-  assert.equal(error.error.name, "UnknownOutcomeError");
-  assert.match(String(error.error.message), /may or may not have happened/);
-});
+  test(`AI SDK ${v.major}: an application key is required: no key at wrap time, no key from the key function at call time`, async (t) => {
+    const once = await Once.memory();
+    t.after(() => once.close());
+    const provider = effectsTable(t);
+    const make = () =>
+      tool({
+        inputSchema: z.object({ order_id: z.number(), amount: z.number() }),
+        execute: async (input) => provider.refund(input),
+      });
+    assert.throws(() => protectTool(once, "refund_order", make(), {}), (e) => {
+      assert.ok(e instanceof InvalidArgumentsError);
+      assert.equal(e.pointer, "/key");
+      assert.match(e.message, /protectTool\(refund_order\): an application key is required: give options\.key.*options\.deriveKeyFrom/);
+      return true;
+    });
+    assert.throws(() => protectTool(once, "refund_order", make()), InvalidArgumentsError);
+    assert.throws(
+      () => protectTool(once, "refund_order", make(), { key: () => "k", deriveKeyFrom: ["/order_id"] }),
+      /both given/,
+    );
+    assert.throws(() => protectTool(once, "refund_order", make(), { deriveKeyFrom: ["order_id"] }), /not a JSON pointer/);
+    assert.throws(() => protectTool(once, "refund_order", make(), { deriveKeyFrom: [] }), /non-empty array/);
+    assert.throws(
+      () => protectTool(once, "refund_order", make(), { key: () => "k", policy: { identity: "derived" } }),
+      /contradicts options\.key/,
+    );
+    for (const bad of [undefined, ""]) {
+      const refund = protectTool(once, "refund_order", make(), { key: () => bad });
+      const { model, prompts } = scriptedAiModel(v, [[ARGS]]);
+      const r = await generateText({ model, tools: { refund_order: refund }, prompt: "refund", stopWhen: stepCountIs(3) });
+      const error = r.steps.flatMap((s) => s.content).find((p) => p.type === "tool-error");
+      assert.ok(error.error instanceof InvalidArgumentsError, String(error.error));
+      assert.match(error.error.message, /options\.key returned .* it must return the application's operation key/);
+      assert.match(shownToModel(prompts), /options\.key returned/);
+    }
+    assert.equal(provider.count(), 0, "nothing was sent without a key");
+    // No call reached the engine, so the tools' configuration may still be under way: wait for it
+    // (setTool calls run in order) before close, which would leave it pending forever.
+    await once.setTool("refund_order", {});
+  });
+}
 
-/** A Model (the @openai/agents interface) answering from a script: a function call, then a final message. */
+/** A Model (the @openai/agents interface) answering from a script: function calls, then a final message. */
 class ScriptedModel {
-  constructor(callId, args = ARGS) {
-    this.turns = [
-      [{ type: "function_call", callId, name: "refund_order", arguments: JSON.stringify(args), status: "completed" }],
-      [{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text: "refunded" }] }],
-    ];
+  /** `calls`: one argument object per turn (each a refund_order call); `inputs` keeps what each turn was shown. */
+  constructor(callId, calls = [ARGS]) {
+    this.inputs = [];
+    this.turns = calls.map((args, i) => [
+      { type: "function_call", callId: `${callId}${i ? `_${i}` : ""}`, name: "refund_order", arguments: JSON.stringify(args), status: "completed" },
+    ]);
+    this.turns.push([{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text: "refunded" }] }]);
   }
-  async getResponse() {
+  async getResponse(request) {
+    this.inputs.push(request.input);
     return { usage: new Usage(), output: this.turns.shift() ?? [], responseId: "scripted" };
   }
   // eslint-disable-next-line require-yield
@@ -91,6 +236,9 @@ class ScriptedModel {
     throw new Error("the scripted model does not stream");
   }
 }
+
+/** The function-call outputs a turn's input shows the model, as text. */
+const outputsShown = (input) => JSON.stringify((Array.isArray(input) ? input : []).filter((i) => i.type === "function_call_result"));
 
 test("OpenAI Agents JS: a protected tool() runs once per application key across runs", async (t) => {
   const once = await Once.memory();
@@ -118,16 +266,79 @@ test("OpenAI Agents JS: a protected tool() runs once per application key across 
     assert.deepEqual(output.output, { refund_id: "r-1", ...ARGS });
   }
   assert.equal(refunds.length, 1);
-  // Another order, refused by the provider: the model is told the tool failed, and nothing was refunded.
+  // Another order, refused by the provider: the model is told so in once's words, and nothing was refunded.
   rejectNext = true;
-  const model = new ScriptedModel("fc_3", { order_id: 99, amount: 5 });
+  const model = new ScriptedModel("fc_3", [{ order_id: 99, amount: 5 }]);
   const agent = new Agent({ name: "refunds", instructions: "x", model, tools: [refund] });
   const result = await runner.run(agent, "refund order 99");
   const output = result.newItems.find((i) => i.type === "tool_call_output_item");
   assert.equal(typeof output.output, "string");
-  assert.match(output.output, /error/i);
+  assert.match(output.output, /^RejectedError: .*the provider refused and did nothing.*the order is closed/);
   assert.equal(refunds.length, 1);
   const view = await once.inspect("tenant-7", "refund-order-99");
   assert.equal(view.state, "failed");
   assert.match(view.error, /the order is closed/);
+});
+
+// The same peer vector through @openai/agents: before, the model was shown the SDK's "An error
+// occurred while running the tool. Please try again." for an effect that may well exist.
+for (const keying of [
+  { name: "key", options: { key: (input) => `refund-order-${input.order_id}` }, again: /^ConflictError: .*nothing was sent/ },
+  { name: "deriveKeyFrom", options: { deriveKeyFrom: ["/order_id", "/amount"] }, again: /^UnknownOutcomeError: / },
+]) {
+  test(`OpenAI Agents JS: after an unknown outcome, the model's retry with a fresh request_id is not sent again (${keying.name})`, async (t) => {
+    const once = await Once.memory();
+    t.after(() => once.close());
+    const provider = effectsTable(t);
+    const refund = protectedTool(once, {
+      name: "refund_order",
+      description: "Refund part of an order",
+      parameters: z.object({ order_id: z.number(), amount: z.number(), request_id: z.string() }),
+      execute: async (input) => {
+        provider.refund(input); // committed at the provider ...
+        throw new Error("socket hang up"); // ... and the reply is lost
+      },
+      ...keying.options,
+    });
+    const model = new ScriptedModel("fc", [{ ...ARGS, request_id: "req-1" }, { ...ARGS, request_id: "req-2" }]);
+    const agent = new Agent({ name: "refunds", instructions: "Refund orders.", model, tools: [refund] });
+    const result = await new Runner({ tracingDisabled: true }).run(agent, "refund $200 of order 1234");
+    assert.equal(provider.count(), 1, "one refund at the provider");
+    assert.equal(result.finalOutput, "refunded", "the run went on to the model's final answer");
+    const outputs = result.newItems.filter((i) => i.type === "tool_call_output_item").map((i) => i.output);
+    assert.equal(outputs.length, 2);
+    assert.match(outputs[0], /^UnknownOutcomeError: .*the effect may or may not have happened.*nothing is sent until it is known/);
+    assert.match(outputs[1], keying.again);
+    // The model's next turns were shown exactly these texts.
+    assert.ok(outputsShown(model.inputs[1]).includes(JSON.stringify(outputs[0]).slice(1, -1)));
+    assert.ok(outputsShown(model.inputs[2]).includes(JSON.stringify(outputs[1]).slice(1, -1)));
+    assert.doesNotMatch(JSON.stringify(model.inputs), /Please try again/);
+  });
+}
+
+test("OpenAI Agents JS: an application key is required, at wrap time and from the key function at call time", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  const provider = effectsTable(t);
+  const base = {
+    name: "refund_order",
+    description: "Refund part of an order",
+    parameters: z.object({ order_id: z.number(), amount: z.number() }),
+    execute: async (input) => provider.refund(input),
+  };
+  assert.throws(() => protectedTool(once, base), (e) => {
+    assert.ok(e instanceof InvalidArgumentsError);
+    assert.equal(e.pointer, "/key");
+    assert.match(e.message, /protectedTool\(refund_order\): an application key is required: give options\.key/);
+    return true;
+  });
+  assert.throws(() => protectedTool(once, { ...base, deriveKeyFrom: ["/order_id"], policy: { effectFields: ["/amount"] } }), /differ from/);
+  const refund = protectedTool(once, { ...base, key: () => undefined });
+  const model = new ScriptedModel("fc");
+  const agent = new Agent({ name: "refunds", instructions: "x", model, tools: [refund] });
+  const result = await new Runner({ tracingDisabled: true }).run(agent, "refund");
+  const output = result.newItems.find((i) => i.type === "tool_call_output_item");
+  assert.match(output.output, /^InvalidArgumentsError: protectedTool\(refund_order\): options\.key returned undefined/);
+  assert.equal(provider.count(), 0);
+  await once.setTool("refund_order", {}); // as above: the configuration settles before close
 });

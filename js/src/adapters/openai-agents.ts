@@ -1,41 +1,69 @@
 // OpenAI Agents JS (`@openai/agents`): a tool() whose execute runs through once.
-import { tool } from "@openai/agents";
-import type { Lookup, Once } from "../once.js";
-import type { Policy } from "../policy.js";
+import { type FunctionTool, type ToolExecuteArgument, type ToolInputParameters, type ToolOptions, tool } from "@openai/agents";
+import { OnceError } from "../errors.js";
+import type { Once } from "../once.js";
+import { type Keying, checkKeying, textForModel } from "./keying.js";
 
-type ToolOptions = Parameters<typeof tool>[0];
-
-/** `tool()`'s options, plus how once keys each call. */
-export type ProtectedToolOptions<I> = ToolOptions & {
-  /** The tool's name: also the tool once's policy and records are under. */
-  name: string;
-  /** The operation key of a call, from the application; given the input only, never the model's call id. */
-  key: (input: I) => string | undefined;
-  /** The scope (tenant / conversation); default the handle's. */
-  scope?: string | ((input: I) => string);
-  lookup?: Lookup;
-  policy?: Policy;
-};
+// The keying options' types, so an application can name them (`ApplicationKey<I>`, `DerivedKey`).
+export type { ApplicationKey, DerivedKey, Keying } from "./keying.js";
 
 /**
- * `tool({...})` with its `execute` protected under the tool's `name`: sent once per
- * operation key, the stored result replayed after; how a call ended without an
- * effect is thrown as an OutcomeError (the agent's `errorFunction` shows it to the model).
+ * `tool()`'s options (the input type of `key`, `scope` and `execute` is inferred from `parameters`), plus
+ * how once keys each call: `key` (the application's operation key) or `deriveKeyFrom` (the JSON pointers of
+ * the effect fields), one of the two required; and `scope`, `lookup`, `policy`.
  */
-export function protectedTool<I = unknown>(once: Once, options: ProtectedToolOptions<I>): ReturnType<typeof tool> {
-  const { key, scope, lookup, policy, execute, ...rest } = options;
+export type ProtectedToolOptions<TParameters extends ToolInputParameters = undefined, Context = unknown> = ToolOptions<
+  TParameters,
+  Context
+> &
+  Keying<ToolExecuteArgument<TParameters>> & {
+    /** The tool's name: also the tool once's policy and records are under. */
+    name: string;
+  };
+
+/**
+ * `tool({...})` with its `execute` protected under the tool's `name`: sent once per operation key, the
+ * stored result replayed after. A call that ends without a confirmed effect (rejected, not sent, unknown,
+ * in flight, conflict, blocked) — or a once error such as a key function returning no key — is shown to
+ * the model as once's own text (the error's name and message, e.g. that the effect may exist and nothing
+ * is sent until it is known), returned as the tool's output, and the run goes on; the SDK's default error
+ * text ("An error occurred while running the tool. Please try again.") would tell the model the opposite.
+ * With an `errorFunction` or an `outputSchema` of your own, once's errors are thrown to it instead.
+ * Throws InvalidArgumentsError when `options` gives neither `key` nor `deriveKeyFrom`.
+ */
+export function protectedTool<TParameters extends ToolInputParameters = undefined, Context = unknown>(
+  once: Once,
+  options: ProtectedToolOptions<TParameters, Context>,
+): FunctionTool<Context, TParameters> {
+  type I = ToolExecuteArgument<TParameters>;
+  const keying = checkKeying<I>(`protectedTool(${options?.name})`, options);
+  const { key: _key, deriveKeyFrom: _derive, scope: _scope, lookup, policy: _policy, execute, ...rest } = options;
+  const userExecute = execute as (input: I, runContext: unknown, details: unknown) => unknown;
   const run = once.protect<I, unknown>(
     options.name,
     (input, _dispatch, context) => {
       const [runContext, details] = context as [unknown, unknown];
-      return (execute as (i: I, c: unknown, d: unknown) => unknown)(input, runContext, details);
+      return userExecute(input, runContext, details);
     },
-    { lookup, policy },
+    { lookup, policy: keying.policy },
   );
-  const scopeOf = (input: I) => (typeof scope === "function" ? scope(input) : scope);
-  return tool({
-    ...rest,
-    execute: (input: unknown, runContext?: unknown, details?: unknown) =>
-      run(input as I, { key: key(input as I), scope: scopeOf(input as I), context: [runContext, details] }),
-  } as ToolOptions);
+  // Whoever configured error handling themselves gets once's errors as errors.
+  const ownErrorHandling = options.errorFunction !== undefined || options.outputSchema !== undefined;
+  const protectedExecute = async (input: I, runContext?: unknown, details?: unknown) => {
+    try {
+      return await run(input, {
+        // Absent input is left to `run`, which refuses it before the key function reads a field of it.
+        key: input == null ? undefined : keying.keyOf(input),
+        scope: input == null ? undefined : keying.scopeOf(input),
+        context: [runContext, details],
+      });
+    } catch (e) {
+      if (e instanceof OnceError && !ownErrorHandling) return textForModel(e);
+      throw e;
+    }
+  };
+  return tool({ ...rest, execute: protectedExecute } as unknown as ToolOptions<TParameters, Context>) as FunctionTool<
+    Context,
+    TParameters
+  >;
 }
