@@ -39,9 +39,14 @@ norust() {
   clean "$1" bash -c 'for t in cargo rustc rustup; do if command -v "$t"; then echo "packages: $t is on PATH ($(command -v "$t")): the install must not need Rust" >&2; exit 1; fi; done'
 }
 
-# $1: the quick start's output, $2: how many sent. The receipt printed twice, then the count.
+# Runs a quick start (in $1, with $2 on PATH: the rest is the command) and checks its output: the
+# receipt printed twice, then `sent $sent time(s) by this run`. A failing run fails here.
 expect() {
-  local out="$1" sent="$2" what="$3"
+  local dir="$1" bin="$2" sent="$3" what="$4" out; shift 4
+  if ! out="$(cd "$dir" && clean "$bin" "$@")"; then
+    printf 'packages: %s failed; its output:\n%s\n' "$what" "$out" >&2
+    exit 1
+  fi
   local lines; mapfile -t lines <<<"$out"
   if [[ ${#lines[@]} -lt 3 || "${lines[0]}" != "${lines[1]}" || "${lines[-1]}" != "sent $sent time(s) by this run" ]]; then
     printf 'packages: %s: expected the receipt twice, then "sent %s time(s) by this run"; got:\n%s\n' "$what" "$sent" "$out" >&2
@@ -63,16 +68,16 @@ for artifact in "$wheel" "$sdist"; do
   clean "$venv/bin" python -m pip install --quiet --disable-pip-version-check "$artifact"
   clean "$venv/bin" python -c 'import importlib.resources as r, once; assert r.files("once").joinpath("once_guest.wasm").is_file(), "no once_guest.wasm in the installed package"'
   run="$work/run-$name"; mkdir -p "$run"; cp "$work/quickstart.py" "$run/"
-  expect "$(cd "$run" && clean "$venv/bin" python quickstart.py)" 1 "python/README.md quick start from $name"
-  expect "$(cd "$run" && clean "$venv/bin" python quickstart.py)" 0 "python/README.md quick start from $name, run again"
+  expect "$run" "$venv/bin" 1 "python/README.md quick start from $name" python quickstart.py
+  expect "$run" "$venv/bin" 0 "python/README.md quick start from $name, run again" python quickstart.py
 done
 
 name="$(basename "$tarball")"
 echo "== packages: npm install $name in an empty npm project, no Rust on PATH"
 project="$work/npm-project"; mkdir -p "$project"
 norust /usr/bin
-(cd "$project" && clean /usr/bin npm init -y >/dev/null && clean /usr/bin npm install --no-audit --no-fund --loglevel=error "$tarball")
+(cd "$project" && clean /usr/bin npm init -y >/dev/null && clean /usr/bin npm install --no-audit --no-fund --loglevel=error "$tarball" >/dev/null)
 cp "$work/quickstart.mjs" "$project/"
-expect "$(cd "$project" && clean /usr/bin node quickstart.mjs)" 1 "js/README.md quick start from $name"
-expect "$(cd "$project" && clean /usr/bin node quickstart.mjs)" 0 "js/README.md quick start from $name, run again"
+expect "$project" /usr/bin 1 "js/README.md quick start from $name" node quickstart.mjs
+expect "$project" /usr/bin 0 "js/README.md quick start from $name, run again" node quickstart.mjs
 echo "packages: the wheel, the sdist and the npm tarball install and run their README's quick start without Rust"
