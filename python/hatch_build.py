@@ -1,11 +1,13 @@
 """Build hook: build the once guest component with cargo and ship the .wasm as package data.
 
-Where the component comes from, in order:
+Where the component comes from, in order (the build log says which):
 1. `ONCE_COMPONENT`: a built once_guest.wasm (nothing is compiled);
-2. inside the once repository (`../Cargo.toml`): `cargo build -p once-guest` for
+2. an sdist made by this hook (it has `PKG-INFO`): the `src/once/once_guest.wasm`
+   it carries; cargo is never called, so `pip install once_exactly-*.tar.gz`
+   needs no Rust (an sdist without the file is an error, not a cargo build);
+3. inside the once repository (`../Cargo.toml`): `cargo build -p once-guest` for
    wasm32-wasip2, with the same flags and target directory as
-   host/once/build.rs, so the Rust host and this package ship the same bytes;
-3. an sdist made by this hook: the `src/once/once_guest.wasm` it carries.
+   host/once/build.rs, so the Rust host and this package ship the same bytes.
 The wheel holds no compiled code of its own: `py3-none-any`.
 
 The repository's LICENSE (one level up, where hatchling's license globs cannot
@@ -65,13 +67,18 @@ class GuestBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             path = Path(prebuilt)
             if not path.is_file():
                 raise RuntimeError(f"ONCE_COMPONENT={prebuilt}: no such file")
+            self.app.display_info(f"once-exactly: the component is ONCE_COMPONENT={path}, used as given")
             return path
+        carried = root / PACKAGED
+        if (root / "PKG-INFO").is_file():
+            if not carried.is_file():
+                raise RuntimeError(f"once-exactly: this sdist carries no component ({PACKAGED} is missing); "
+                                   "set ONCE_COMPONENT to a built once_guest.wasm")
+            self.app.display_info(f"once-exactly: the component is the sdist's {PACKAGED} (no cargo)")
+            return carried
         repo = root.parent
         if (repo / "Cargo.toml").is_file() and (repo / "guest" / "Cargo.toml").is_file():
             return self._cargo_build(repo)
-        carried = root / PACKAGED
-        if carried.is_file():
-            return carried
         raise RuntimeError(
             "once-exactly: no component to package: build inside the once repository (needs cargo and the "
             f"{TARGET} target: rustup target add {TARGET}), or set ONCE_COMPONENT to a built once_guest.wasm"

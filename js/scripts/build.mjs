@@ -1,38 +1,69 @@
 // `npm run build`: the guest component transpiled by the pinned jco into gen/, then the TypeScript into dist/
 // (and the repository LICENSE copied in, for npm pack).
 //
-// The component is $ONCE_COMPONENT when set; else the one cargo builds for the
-// host library (target/once-guest/wasm32-wasip2/release/once_guest.wasm under
-// $CARGO_TARGET_DIR or the repository's target/), built first with
-// `cargo build -p once-host` when missing or older than the guest's sources.
-import { execFileSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+// The component is, and the build says which:
+// - $ONCE_COMPONENT when set: a built once_guest.wasm, used as given (nothing is compiled, no
+//   freshness check: the file named is the file shipped);
+// - else the guest alone, built by cargo for wasm32-wasip2 with the flags and target directory of
+//   host/once/build.rs and python/hatch_build.py (so every host ships the same bytes):
+//   `cargo build --locked --release -p once-guest --lib --target wasm32-wasip2 --target-dir <target>/once-guest`.
+//   Cargo decides freshness (a no-op when the guest is up to date); no wasmtime, no host crate.
+//   It needs cargo and the target (`rustup target add wasm32-wasip2`); without them the build stops
+//   and says so, never falling back to a .wasm that happens to lie in target/.
+import { execFileSync, spawnSync } from "node:child_process";
+import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const HERE = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const REPO = resolve(HERE, "..");
+const TARGET = "wasm32-wasip2";
+// The release profile host/once/build.rs builds the guest with.
+const PROFILE = {
+  CARGO_PROFILE_RELEASE_DEBUG: "false",
+  CARGO_PROFILE_RELEASE_STRIP: "true",
+  CARGO_PROFILE_RELEASE_LTO: "true",
+  CARGO_PROFILE_RELEASE_CODEGEN_UNITS: "1",
+  CARGO_PROFILE_RELEASE_OPT_LEVEL: "3",
+  CARGO_PROFILE_RELEASE_PANIC: "abort",
+};
+// Flags meant for a host build must not leak into the wasm build (as in host/once/build.rs).
+const HOST_ONLY = ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_RUSTFLAGS"];
 
-function newest(path) {
-  const s = statSync(path);
-  if (!s.isDirectory()) return s.mtimeMs;
-  return Math.max(s.mtimeMs, ...readdirSync(path).map((name) => newest(join(path, name))));
+function fail(message) {
+  console.error(`build: ${message}`);
+  process.exit(1);
 }
 
 function component() {
   if (process.env.ONCE_COMPONENT) {
     const given = resolve(process.env.ONCE_COMPONENT);
-    if (!existsSync(given)) throw new Error(`ONCE_COMPONENT=${given}: no such file`);
+    if (!existsSync(given) || !statSync(given).isFile()) fail(`ONCE_COMPONENT=${given}: no such file`);
+    console.log(`build: the component is ONCE_COMPONENT=${given}, used as given (not rebuilt)`);
     return given;
   }
-  const target = resolve(process.env.CARGO_TARGET_DIR ?? join(REPO, "target"));
-  const wasm = join(target, "once-guest", "wasm32-wasip2", "release", "once_guest.wasm");
-  const sources = Math.max(newest(join(REPO, "guest")), newest(join(REPO, "wit")));
-  if (!existsSync(wasm) || statSync(wasm).mtimeMs < sources) {
-    console.log(`build: ${wasm} is missing or stale; cargo build -p once-host`);
-    execFileSync("cargo", ["build", "-p", "once-host", "--locked"], { cwd: REPO, stdio: "inherit" });
+  if (!existsSync(join(REPO, "Cargo.toml")) || !existsSync(join(REPO, "guest", "Cargo.toml"))) {
+    fail(`no once repository at ${REPO} to build the guest from: set ONCE_COMPONENT to a built once_guest.wasm`);
   }
-  if (!existsSync(wasm)) throw new Error(`cargo built no component at ${wasm}`);
+  const cargo = process.env.CARGO ?? "cargo";
+  const found = spawnSync(cargo, ["--version"], { stdio: "ignore" });
+  if (found.error || found.status !== 0) {
+    fail(`${cargo} is not on PATH: building the guest component needs Rust (https://rustup.rs) and its ${TARGET} ` +
+      `target (rustup target add ${TARGET}); or set ONCE_COMPONENT to a built once_guest.wasm`);
+  }
+  const sysroot = spawnSync(process.env.RUSTC ?? "rustc", ["--print", "sysroot"], { cwd: REPO, encoding: "utf8" });
+  if (sysroot.status === 0 && !existsSync(join(sysroot.stdout.trim(), "lib", "rustlib", TARGET, "lib"))) {
+    fail(`the ${TARGET} target is missing: rustup target add ${TARGET}`);
+  }
+  const targetDir = join(resolve(process.env.CARGO_TARGET_DIR ?? join(REPO, "target")), "once-guest");
+  const args = ["build", "--locked", "--release", "-p", "once-guest", "--lib", "--target", TARGET, "--target-dir", targetDir];
+  const env = { ...process.env, ...PROFILE };
+  for (const name of HOST_ONLY) delete env[name];
+  console.log(`build: the guest component: ${cargo} ${args.join(" ")}`);
+  const built = spawnSync(cargo, args, { cwd: REPO, env, stdio: "inherit" });
+  if (built.error || built.status !== 0) fail(`building the guest component failed (${built.error ?? `exit ${built.status}`})`);
+  const wasm = join(targetDir, TARGET, "release", "once_guest.wasm");
+  if (!existsSync(wasm)) fail(`cargo succeeded but ${wasm} is missing`);
   return wasm;
 }
 
