@@ -33,11 +33,14 @@ pub enum Mutant {
     ReadAcrossScopes,
     /// `adopt` takes an unknown record as absent: its new owner sends it again without a read.
     AdoptStartsOver,
+    /// The attempt after a not-sent one is granted at once: a down upstream or
+    /// a hung-up client spends the attempt budget in milliseconds.
+    NotSentRetriesAtOnce,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -49,6 +52,7 @@ impl Mutant {
         Mutant::SkipFenceCheck,
         Mutant::DropEscalationOnTransition,
         Mutant::AdoptStartsOver,
+        Mutant::NotSentRetriesAtOnce,
     ];
 }
 

@@ -14,6 +14,7 @@ use crate::engine::{
     rejected_info,
 };
 use crate::host::Host;
+use crate::mutant::{self, Mutant};
 use crate::record::OpRecord;
 use crate::types::{
     Account, Awaited, BlockReason, Blocked, Call, Confirmation, Decision, Effect, Ending, Error, FinishAck,
@@ -75,6 +76,8 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
                 .map_or_else(|| h.now(), |a| a.lease_until);
             Ok(call.wait_for_holder(h.now(), InFlightInfo { lease_until }, rec.as_ref()))
         }
+        // Nothing sent: the next attempt backs off.
+        (Outcome::NotSent, _) if let Some(wait) = rec.as_ref().and_then(|r| call.back_off(h, r)) => Ok(wait),
         // A lost reply, nothing sent, or a rejection after the record moved on: the record says what is next.
         _ => resume(h, scope, key),
     }
@@ -85,6 +88,12 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
 /// starts an attempt while a holder's lease is live; an unknown record's
 /// provider is read only when its next read is due.
 pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
+    // The attempt after one that was not sent is granted when its back-off is over, not earlier.
+    if let Some(loaded) = crate::store::load(h, scope, key).map_err(|e| Error::Storage(e.message()))?
+        && let Some(wait) = CallRef::of(h, scope, key, Some(&loaded.rec)).back_off(h, &loaded.rec)
+    {
+        return Ok(wait);
+    }
     // A read happens when one is due: a caller asking early (or often) gets the same wait.
     let (awaited, rec) = await_with_record(h, scope, key, ReadWhen::Due)?;
     let call = CallRef::of(h, scope, key, Some(&rec));
@@ -205,6 +214,29 @@ impl<'a> CallRef<'a> {
 
     fn key_str(&self) -> &str {
         self.key.as_ref().map_or("", |(k, _)| k.as_str())
+    }
+
+    /// The wait before the attempt after one that was not sent, while its
+    /// back-off lasts; none when the next attempt may be granted now (or
+    /// there is none to grant: the budget is spent, or the record moved on).
+    fn back_off(&self, h: &impl Host, rec: &OpRecord) -> Option<Step> {
+        let grantable = matches!(rec.state, State::Failed | State::Absent);
+        if mutant::on(Mutant::NotSentRetriesAtOnce) || !grantable || !rec.budget_left() {
+            return None;
+        }
+        let at = rec.retry_at().filter(|&at| at > h.now())?;
+        let attempts = rec.attempts.len() as u32;
+        let mut meanwhile = self.account(Ending::NotSent(NotSentInfo { attempts }), Some(rec));
+        // Nothing was sent and the same call goes on after the back-off.
+        meanwhile.repeat = Repeat::Retries;
+        Some(Step::Wait(Waiting {
+            scope: self.scope.into(),
+            key: self.key_str().into(),
+            next: at,
+            until: at,
+            reason: WaitReason::Retry,
+            meanwhile,
+        }))
     }
 
     /// Wait for a holder: its outcome may come any time before its lease ends, so ask often.

@@ -19,6 +19,9 @@ pub const OWED: u64 = i64::MAX as u64;
 /// Longest wait between two deliveries of an escalation the sink refused.
 pub const MAX_REDELIVERY_BACKOFF_MS: u64 = 5 * 60 * 1_000;
 
+/// Longest back-off before the attempt after one that was not sent.
+pub const MAX_NOT_SENT_BACKOFF_MS: u64 = 30 * 1_000;
+
 /// One granted execute.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attempt {
@@ -438,6 +441,25 @@ impl OpRecord {
     /// Whether the last attempt ended without being sent.
     pub fn last_not_sent(&self) -> bool {
         self.current().is_some_and(|a| a.outcome.as_deref() == Some("not-sent"))
+    }
+
+    /// When the attempt after one that was not sent may be granted: the
+    /// reconcile interval after it ended, doubled for each not-sent attempt
+    /// in a row (at most [`MAX_NOT_SENT_BACKOFF_MS`]). None when the last
+    /// attempt was sent (or there is none).
+    pub fn retry_at(&self) -> Option<u64> {
+        let last = self.current().filter(|_| self.last_not_sent())?;
+        let in_a_row = self
+            .attempts
+            .iter()
+            .rev()
+            .take_while(|a| a.outcome.as_deref() == Some("not-sent"))
+            .count() as u32;
+        let interval = self.policy.reconcile_interval_ms;
+        let backoff = interval
+            .saturating_mul(1u64 << (in_a_row - 1).min(16))
+            .min(MAX_NOT_SENT_BACKOFF_MS.max(interval));
+        Some(last.ended_at.unwrap_or(self.updated_at).saturating_add(backoff))
     }
 
     /// For a derived key, until when identical arguments are this operation.

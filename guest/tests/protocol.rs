@@ -79,11 +79,34 @@ fn a_grant_reported_success_is_done_confirmed_and_a_repeat_replays() {
     assert_eq!(view(&h, "k").attempts, 1);
 }
 
+/// Nothing sent: the next attempt of the same call comes after a back-off
+/// (the reconcile interval, doubled for each not-sent attempt in a row), not
+/// at once: b58a043's hung-up client and down upstream spent all three
+/// attempts within ~200 ms. Each grant still counts against the budget.
 #[test]
-fn not_sent_is_followed_by_the_next_grant_and_a_spent_budget_by_not_sent() {
+fn not_sent_backs_off_before_the_next_grant_and_a_spent_budget_is_not_sent() {
     let h = MemoryHost::new();
+    let interval = once_guest::policy::default_policy().reconcile_interval_ms;
     let g1 = dispatch(start_request(&h, call("k")).unwrap());
-    let g2 = dispatch(sent(&h, &g1, Outcome::NotSent));
+    let w = wait(sent(&h, &g1, Outcome::NotSent));
+    assert_eq!(
+        (w.reason, w.next, w.until),
+        (WaitReason::Retry, h.now() + interval, h.now() + interval)
+    );
+    let Ending::NotSent(ref n) = w.meanwhile.ending else {
+        panic!("{w:?}")
+    };
+    assert_eq!(n.attempts, 1);
+    assert_eq!(
+        (w.meanwhile.effect, w.meanwhile.repeat),
+        (Effect::None, Repeat::Retries)
+    );
+    // Asking early gets the same wait, and no attempt is spent.
+    h.advance(interval - 1);
+    assert_eq!(wait(resume(&h, "s", "k").unwrap()).next, w.next);
+    assert_eq!(view(&h, "k").attempts, 1);
+    h.advance(1);
+    let g2 = dispatch(resume(&h, "s", "k").unwrap());
     assert_eq!((g2.attempt, g2.provider_key.as_str()), (2, g1.provider_key.as_str()));
     let a = done(sent(&h, &g2, success(RECEIPT)));
     let Ending::Confirmed(c) = a.ending else {
@@ -91,13 +114,30 @@ fn not_sent_is_followed_by_the_next_grant_and_a_spent_budget_by_not_sent() {
     };
     assert_eq!((c.attempt, c.earlier_attempts), (Some(2), Effect::None));
 
+    // The back-off doubles; the third not-sent attempt spends the budget: done, not sent.
     let mut step = start_request(&h, call("n")).unwrap();
-    for _ in 0..3 {
-        step = sent(&h, &dispatch(step), Outcome::NotSent);
+    let mut waits = Vec::new();
+    for _ in 0..2 {
+        let w = wait(sent(&h, &dispatch(step), Outcome::NotSent));
+        waits.push(w.next - h.now());
+        h.advance(w.next - h.now());
+        step = resume(&h, "s", "n").unwrap();
     }
-    let a = done(step);
+    assert_eq!(waits, [interval, 2 * interval]);
+    let a = done(sent(&h, &dispatch(step), Outcome::NotSent));
     assert!(matches!(a.ending, Ending::NotSent(ref n) if n.attempts == 3), "{a:?}");
     assert_eq!((a.effect, a.repeat), (Effect::None, Repeat::Refused));
+}
+
+/// A new call on a key whose last attempt was not sent is its caller's own
+/// decision to try: it is granted at once (a hung-up client's retry).
+#[test]
+fn a_new_call_after_a_not_sent_attempt_is_granted_at_once() {
+    let h = MemoryHost::new();
+    let g1 = dispatch(start_request(&h, call("k")).unwrap());
+    wait(sent(&h, &g1, Outcome::NotSent));
+    let g2 = dispatch(start_request(&h, call("k")).unwrap());
+    assert_eq!(g2.attempt, 2);
 }
 
 /// A function that returned has happened (DESIGN.md "Every answer is true"):

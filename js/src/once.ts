@@ -431,12 +431,20 @@ export class Once {
     return this.drive(step, undefined, waitMs ?? this.options.waitMs ?? 10_000, send);
   }
 
-  /** One round of background work: the sweep, then every owed dispatch it granted, sent and reported. */
+  /**
+   * One round of background work: the sweep, then every owed dispatch it found (`sweep.owed`), each granted
+   * just before it is sent and reported. Granting a round's dispatches together let the later ones' send-by
+   * pass while earlier ones were sent ("not sent", an attempt spent).
+   */
   async settle(limit: number, send: Send): Promise<{ sweep: SweepResult; sent: Called[] }> {
-    const sweep = await this.engine.call<SweepResult>("sweep", limit, true);
+    const sweep = await this.engine.call<SweepResult>("sweep", limit, false);
     const out: Called[] = [];
-    for (const grant of sweep.dispatches) out.push(await this.drive({ tag: "dispatch", val: grant }, undefined, 0, send));
-    return { sweep: { ...sweep, dispatches: [] }, sent: out };
+    for (const [scope, key] of sweep.owed) {
+      // Another host may have taken it since: then there is nothing to send.
+      const step = await this.step("resume", scope, key);
+      if (step.tag === "dispatch") out.push(await this.drive(step, undefined, 0, send));
+    }
+    return { sweep, sent: out };
   }
 
   /** The sweep without sending: expire leases, reconcile due unknowns, escalate; owed dispatches are listed. */

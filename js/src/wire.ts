@@ -335,7 +335,7 @@ const EFFECT = new Cases<Effect>("effect", ["happened", "none", "unknown"]);
 const REPEAT = new Cases<Repeat>("repeat", ["replays", "waits", "retries", "refused"]);
 const REPLAY_VIA = new Cases<ReplayVia>("replay-via", ["key", "derived-args", "provider"]);
 const CONFIRMATION = new Cases<Confirmation>("confirmation", ["answer", "provider", "operator"]);
-const WAIT_REASON = new Cases<WaitReason>("wait-reason", ["holder", "reconciliation"]);
+const WAIT_REASON = new Cases<WaitReason>("wait-reason", ["holder", "reconciliation", "retry"]);
 const BLOCK_REASON = new Cases<BlockReason>("block-reason", [
   "route-blocked", "descriptor-changed", "quota", "attempt-budget", "identity-required", "identity-conflict",
   "payload-required", "superseded", "superseded-unresolved", "superseded-confirmed", "supersedes-missing", "expired",

@@ -20,7 +20,7 @@ import type {
 export type * from "../gen/interfaces/once-core-types.js";
 
 /** What a call waits for: another attempt holding the operation, or a read of the provider due later. */
-export type WaitReason = "holder" | "reconciliation";
+export type WaitReason = "holder" | "reconciliation" | "retry";
 
 /** What the same call again (the same key, or identical args for a derived key) would do. */
 export type Repeat = "replays" | "waits" | "retries" | "refused";

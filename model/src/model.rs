@@ -265,6 +265,30 @@ impl OnceModel {
         }
     }
 
+    /// A call's own next attempt after one that was not sent is granted only
+    /// once that attempt's back-off is over (a new call may try at once).
+    fn check_back_off(&self, world: &mut World, host: usize, step: &Result<Step, Error>) {
+        let Ok(Step::Dispatch(grant)) = step else { return };
+        let Some(mut rec) = world
+            .ledger
+            .row(Table::Operation, &grant.scope, &grant.key)
+            .and_then(|row| decode(row).ok())
+            .map(|l| l.rec)
+        else {
+            return;
+        };
+        // The record as it was before this grant: its retry time.
+        rec.attempts.pop();
+        let now = self.clock(world, host);
+        if let Some(at) = rec.retry_at().filter(|&at| at > now) {
+            let why = format!(
+                "{}/{} attempt {} granted at {now}, within the back-off of a not-sent attempt (until {at})",
+                grant.scope, grant.key, grant.attempt
+            );
+            world.violate(why);
+        }
+    }
+
     /// What a holder may truthfully report.
     fn sayable(&self, world: &World, held: &Held) -> Vec<Said> {
         let lose = self.config.lose_replies;
@@ -440,6 +464,7 @@ impl OnceModel {
                 let step = self.with_host(&mut w, host, Read::Now, Some(&held.scope), |h| {
                     protocol::report(h, &held.scope, &held.key, &held.fence, outcome)
                 });
+                self.check_back_off(&mut w, host, &step);
                 self.take_step(&mut w, i, step);
             }
             Action::Resume(i, read) => {
@@ -448,6 +473,7 @@ impl OnceModel {
                 };
                 let host = w.agents[i].host;
                 let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::resume(h, &scope, &key));
+                self.check_back_off(&mut w, host, &step);
                 self.take_step(&mut w, i, step);
             }
             Action::GiveUp(i) => w.agents[i].pos = Pos::Idle,

@@ -86,6 +86,11 @@ fn an_adopted_unknown_taken_as_absent() {
 }
 
 #[test]
+fn a_not_sent_attempt_retried_at_once() {
+    caught(Mutant::NotSentRetriesAtOnce, "one key, two callers", PROPERTIES[0]);
+}
+
+#[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 11, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 12, "a new mutant needs a test above");
 }

@@ -858,7 +858,14 @@ impl Gateway {
             answers,
             ..Capture::default()
         };
-        let called = once.call_with(&call, |d| dispatch(shared, once, d, &mut capture));
+        // A client that hung up stops its call at the next wait (after a not-sent attempt, the back-off):
+        // the key keeps its other attempts for the client's retry.
+        let cancelled = capture.link.ct.clone();
+        let called = once.call_while(
+            &call,
+            || !cancelled.is_cancelled(),
+            |d| dispatch(shared, once, d, &mut capture),
+        );
         cx.capture = capture;
         match called {
             Ok(called) => {

@@ -185,7 +185,9 @@ impl Called {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "how each owed dispatch ended: an unknown one is not a failure"]
 pub struct Settled {
-    /// The sweep's counts (its `dispatches` were sent; `owed` is empty).
+    /// The sweep's counts; `owed` lists the owed dispatches it found, each granted
+    /// just before it was sent (unless another host took it first).
+    /// `dispatches` is empty.
     pub sweep: SweepResult,
     /// Each owed dispatch sent, and how it ended.
     pub sent: Vec<Called>,
@@ -533,10 +535,24 @@ impl Once {
     }
 
     /// [`Once::call`] with a whole call (several key carriers, supersedes).
-    pub fn call_with(&self, call: &Call, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Called, OnceError> {
+    pub fn call_with(&self, call: &Call, send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Called, OnceError> {
+        self.call_while(call, || true, send)
+    }
+
+    /// [`Once::call_with`] for a caller that can go away (a client that hangs
+    /// up, a process shutting down): at each wait the call goes on only while
+    /// `keep_going` says so, else it answers the wait's account at once. After
+    /// an attempt that was not sent the engine waits before the next, so a
+    /// caller that is gone spends one attempt, never the key's whole budget.
+    pub fn call_while(
+        &self,
+        call: &Call,
+        keep_going: impl Fn() -> bool,
+        mut send: impl FnMut(&Dispatch<'_>) -> Sent,
+    ) -> Result<Called, OnceError> {
         let step = self.with_instance(|i| i.start(call))??;
         trace_step("start", &call.scope, &call.tool, &step);
-        self.drive(step, Some(call), self.wait, &mut send)
+        self.drive(step, Some(call), self.wait, &keep_going, &mut send)
     }
 
     /// Go on with an operation from the ledger (after a crash, or to settle it
@@ -555,17 +571,22 @@ impl Once {
         mut send: impl FnMut(&Dispatch<'_>) -> Sent,
     ) -> Result<Called, OnceError> {
         let step = self.resume_step(scope, key)?;
-        self.drive(step, None, patience, &mut send)
+        self.drive(step, None, patience, &|| true, &mut send)
     }
 
     /// One round of background work for a host that sends: the sweep, then
-    /// every owed dispatch it granted, sent with `send` and reported.
+    /// each owed dispatch granted just before it is sent with `send`, and
+    /// reported. (Granting a round's dispatches together let the later ones'
+    /// send-by pass while earlier ones were sent: "not sent", an attempt spent.)
     pub fn settle(&self, limit: u32, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Settled, OnceError> {
-        let mut sweep = self.with_instance(|i| i.sweep(limit, true))??;
-        let grants = std::mem::take(&mut sweep.dispatches);
-        let mut sent = Vec::with_capacity(grants.len());
-        for grant in grants {
-            sent.push(self.drive(Step::Dispatch(grant), None, Duration::ZERO, &mut send)?);
+        let sweep = self.with_instance(|i| i.sweep(limit, false))??;
+        let mut sent = Vec::with_capacity(sweep.owed.len());
+        for (scope, key) in &sweep.owed {
+            // Someone else may have taken it since: then the step says so and nothing is sent.
+            let step = self.resume_step(scope, key)?;
+            if matches!(step, Step::Dispatch(_)) {
+                sent.push(self.drive(step, None, Duration::ZERO, &|| true, &mut send)?);
+            }
         }
         Ok(Settled { sweep, sent })
     }
@@ -577,6 +598,7 @@ impl Once {
         mut step: Step,
         call: Option<&Call>,
         patience: Duration,
+        keep_going: &dyn Fn() -> bool,
         send: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
     ) -> Result<Called, OnceError> {
         let give_up_at = self.now().saturating_add(patience.as_millis() as u64);
@@ -606,7 +628,7 @@ impl Once {
                     }
                 }
                 Step::Wait(wait) => {
-                    if wait.next > give_up_at || Instant::now() >= patience {
+                    if wait.next > give_up_at || Instant::now() >= patience || !keep_going() {
                         return Ok(Called::Done(wait.meanwhile));
                     }
                     let pause = Duration::from_millis(wait.next.saturating_sub(self.now()))

@@ -488,6 +488,7 @@ fn wait_reason_name(r: WaitReason) -> &'static str {
     match r {
         WaitReason::Holder => "holder",
         WaitReason::Reconciliation => "reconciliation",
+        WaitReason::Retry => "retry",
     }
 }
 

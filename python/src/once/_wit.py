@@ -190,13 +190,6 @@ def dispatch(g: Mapping[str, Any]) -> Dispatch:
                     g["timeout_ms"])
 
 
-def grant_record(g: Any) -> Dispatch:
-    """A typed `grant` record (a sweep's owed dispatch) as a `Dispatch`."""
-    d = g.__dict__
-    return Dispatch(d["scope"], d["key"], d["tool"], d["attempt"], d["provider-key"], d["args"], d["send-by"],
-                    d["timeout-ms"])
-
-
 class Step(NamedTuple):
     """A protocol step, decoded: `dispatch` (the grant and its fence), `wait` (resume `scope`/`key` at `next`, or
     stop with the `account` meanwhile), `done` (the `account`) or `direct`."""

@@ -502,13 +502,16 @@ class Once:
         return self._run(loop, send)
 
     def settle(self, send: Send, limit: int = 100) -> SweepResult:
-        """Expire leases, reconcile due unknowns, escalate past deadlines, and send every owed dispatch."""
-        r = self._guest("sweep", limit, True)
+        """Expire leases, reconcile due unknowns, escalate past deadlines, and send every owed dispatch (each granted
+        just before it is sent; `owed` lists those found)."""
+        r = self._guest("sweep", limit, False)
         sent = []
-        for grant in r.dispatches:
-            owed = _wit.Step("dispatch", _wit.grant_record(grant), grant.fence)
-            loop = self._loop(_constant(owed), None, None, 0.0)
-            sent.append(self._run(loop, send))
+        for scope, key in r.owed:
+            # Each granted just before it is sent: granting a round's dispatches together let the later ones' send-by
+            # pass while the earlier ones were sent ("not sent", an attempt spent). Another host may have taken it since.
+            step = self._step("resume", scope, key)
+            if step.kind == "dispatch":
+                sent.append(self._run(self._loop(_constant(step), None, None, 0.0), send))
         return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed], sent)
 
     def sweep(self, limit: int = 100) -> SweepResult:
