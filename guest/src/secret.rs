@@ -203,7 +203,7 @@ pub fn creation(secret: &KeySecret) -> Batch {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |b: u8| match b {
