@@ -1,5 +1,6 @@
 // A refund sent once, over a durable SQLite ledger (better-sqlite3 12). Transpile the component first:
 //   npx jco transpile once_guest.wasm -o gen --instantiation sync --name once && node protect.mjs gen [ledger.db]
+import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -47,7 +48,8 @@ const ledger = Object.fromEntries(Object.entries({ // the engine's I/O, and noth
 const { engine, protocol } = instantiate((path) => new WebAssembly.Module(readFileSync(join(dir, path))), {
   "once:core/ledger": ledger, "once:core/clock": { now }, // your provider's authoritative read goes in lookup:
   "once:core/provider": { lookup: (tool, providerKey, args) => ({ tag: "unknown", val: "no lookup in this example" }) },
-  "once:core/operator": { escalate: (e) => (console.log("operator, look at:", e.scope, e.key, e.reason), true) } });
+  "once:core/operator": { escalate: (e) => (console.log("operator, look at:", e.scope, e.key, e.reason), true) },
+  "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) } }); // the ledger's provider-key secret is made of these
 const policy = { keyArgument: "idempotency_key", dispatchTimeoutMs: 10000n }; // as the user wrote it; the rest unset
 engine.configure({ settings: engine.defaultSettings(), defaults: {}, tools: [{ tool: "refund_order", policy }] }); // or throws
 const ok = (text) => ((r) => ("Ok" in r ? r.Ok : process.exit(console.log("refused:", r.Err) ?? 1)))(exact(text)); // result<step, error>

@@ -1,5 +1,5 @@
 """A refund sent once, over a durable SQLite ledger: python protect.py once_guest.wasm [ledger.db]"""
-import json, re, sqlite3, sys, time, wasmtime, wasmtime.component as wc
+import json, os, re, sqlite3, sys, time, wasmtime, wasmtime.component as wc
 from wasmtime.component import Record, Variant
 class Rec(Record): __init__, __getattr__ = lambda r, fields: r.__dict__.update(fields), lambda r, _: None  # unset: None
 db = sqlite3.connect(sys.argv[2] if len(sys.argv) > 2 else "once-example.db", isolation_level=None)
@@ -41,7 +41,8 @@ imports = {"ledger": {"commit": commit,  # the engine's I/O, and nothing else
     "audit": lambda _, s, k: Variant("found", Rec({"events": q('SELECT scope, key, version, at, kind, from_state AS "from-state",'
         ' to_state AS "to-state", attempt, detail FROM audit WHERE scope=? AND key=? ORDER BY version', s, k).fetchall()}))},
     "clock": {"now": now}, "provider": {"lookup": lambda _, tool, key, args: Variant("unknown", "read your provider here")},
-    "operator": {"escalate": lambda _, e: print("operator, look at:", e.scope, e.key, e.reason) or True}}
+    "operator": {"escalate": lambda _, e: print("operator, look at:", e.scope, e.key, e.reason) or True},
+    "entropy": {"fill": lambda _, n: os.urandom(n)}}  # the ledger's provider-key secret is made of these
 with (linker := wc.Linker(engine := wasmtime.Engine())).root() as root:
     for iface, funcs in imports.items():
         with root.add_instance(f"once:core/{iface}@0.3.0") as i: [i.add_func(n, answers(f, n in ("get", "commit"))) for n, f in funcs.items()]

@@ -27,7 +27,11 @@ use crate::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
 /// to what older bodies meant), which is what lets a host raise a ledger's
 /// recorded format to this one; a change that cannot keep that promise needs
 /// a migration, not only a bump.
-pub const BODY_FORMAT: u32 = 1;
+///
+/// Format 2: provider keys are derived with the ledger's secret, and
+/// records name it (`key_secret`). A build of format 1 would go on deriving
+/// guessable keys on a ledger whose others are not, so it must refuse one.
+pub const BODY_FORMAT: u32 = 2;
 
 /// The JSON text of `rec`, as serde_json writes it.
 pub fn record_json(rec: &OpRecord) -> String {
@@ -40,6 +44,7 @@ pub fn record_json(rec: &OpRecord) -> String {
     w.str("fingerprint", &rec.fingerprint);
     w.str("args", &rec.args);
     w.str("provider_key", &rec.provider_key);
+    some_str(&mut w, "key_secret", rec.key_secret.as_deref());
     flag(&mut w, "key_in_args", rec.key_in_args);
     w.str("owner", &rec.owner);
     w.raw("state", state(rec.state));

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use core::cell::RefCell;
 
 use crate::bindings::exports::once::core::{engine as engine_export, protocol as protocol_export, transitions};
-use crate::bindings::once::core::{clock, ledger, operator, provider};
+use crate::bindings::once::core::{clock, entropy, ledger, operator, provider};
 use crate::config::Config;
 use crate::host::{CommitError, Host};
 use crate::types::*;
@@ -62,6 +62,14 @@ struct Records(crate::store::RecordCache);
 unsafe impl Sync for Records {}
 
 static RECORDS: Records = Records(crate::store::RecordCache::new());
+
+/// The ledger's provider-key secret, once read (see [`crate::secret`]).
+struct Secret(crate::secret::SecretCache);
+
+// SAFETY: as for `Slot`: the component has no threads.
+unsafe impl Sync for Secret {}
+
+static SECRET: Secret = Secret(crate::secret::SecretCache::new());
 
 /// The configuration, or the error every export gives before `configure`.
 fn with_config<R>(f: impl FnOnce(&Config) -> Result<R, Error>) -> Result<R, Error> {
@@ -121,8 +129,14 @@ impl Host for Imports {
     fn lookup_configured(&self, tool: &str) -> bool {
         CONFIG.0.borrow().as_ref().is_some_and(|c| c.policy(tool).lookup)
     }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        entropy::fill(len)
+    }
     fn record_cache(&self) -> Option<&crate::store::RecordCache> {
         Some(&RECORDS.0)
+    }
+    fn secret_cache(&self) -> Option<&crate::secret::SecretCache> {
+        Some(&SECRET.0)
     }
 }
 

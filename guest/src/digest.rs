@@ -7,9 +7,13 @@ use crate::canon::{Value, format_number, write_canonical};
 
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for byte in digest {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
         out.push(char::from(HEX[usize::from(byte >> 4)]));
         out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
@@ -36,6 +40,23 @@ pub enum Part<'a> {
 /// into the hashed text: the same bytes as the tree, without building one
 /// (a call hashes three such arrays; BENCHMARKS.md row 2).
 pub fn sha256_jcs_array(parts: &[Part<'_>]) -> String {
+    sha256_hex(jcs_array(parts).as_bytes())
+}
+
+/// Lower-case hex HMAC-SHA-256 (RFC 2104), keyed by `key`, of the same
+/// array text [`sha256_jcs_array`] hashes: what provider keys are now, so
+/// nobody without the ledger's secret can compute one (DESIGN.md "Provider
+/// keys are not guessable").
+pub fn hmac_sha256_jcs_array(key: &[u8], parts: &[Part<'_>]) -> String {
+    use hmac::{Hmac, Mac};
+    // HMAC takes a key of any length (a long one is hashed first): nothing fails here.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC accepts every key length");
+    mac.update(jcs_array(parts).as_bytes());
+    hex(&mac.finalize().into_bytes())
+}
+
+/// The RFC 8785 text of a JSON array of strings and integers.
+fn jcs_array(parts: &[Part<'_>]) -> String {
     let mut text = String::with_capacity(
         parts
             .iter()
@@ -62,7 +83,7 @@ pub fn sha256_jcs_array(parts: &[Part<'_>]) -> String {
         }
     }
     text.push(']');
-    sha256_hex(text.as_bytes())
+    text
 }
 
 /// Whether `s` looks like a lower-case hex SHA-256.

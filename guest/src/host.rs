@@ -3,6 +3,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use crate::secret::SecretCache;
 use crate::store::RecordCache;
 use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
 
@@ -49,9 +50,18 @@ pub trait Host {
     fn lookup_configured(&self, _tool: &str) -> bool {
         false
     }
+    /// `len` cryptographically secure random bytes (fewer, or none, when the
+    /// host has none to give: the engine then refuses to derive a key).
+    /// Asked only to create the ledger's provider-key secret ([`crate::secret`]).
+    fn entropy(&self, len: u32) -> Vec<u8>;
     /// Where the engine keeps the record it last committed, so reading it
     /// back skips parsing it; none (the default): every read is parsed.
     fn record_cache(&self) -> Option<&RecordCache> {
+        None
+    }
+    /// Where the engine keeps the ledger's provider-key secret once read;
+    /// none (the default): it is read from the ledger whenever a key is derived.
+    fn secret_cache(&self) -> Option<&SecretCache> {
         None
     }
 }

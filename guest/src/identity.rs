@@ -3,8 +3,9 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::digest::{Part, sha256_jcs_array};
+use crate::digest::{Part, hmac_sha256_jcs_array, sha256_jcs_array};
 use crate::input::check_new_name;
+use crate::secret::KeySecret;
 use crate::types::{BlockReason, Error, Settings};
 
 /// The application's key, if its carriers supplied one, or why they cannot be trusted.
@@ -37,20 +38,42 @@ pub fn derived_key(fingerprint: &str) -> String {
     format!("derived:{fingerprint}")
 }
 
-/// What travels to the provider: derived from (scope, key), so two scopes that
-/// use the same key never share a provider-side dedupe slot.
+/// What travels to the provider: an HMAC-SHA-256 of (scope, key), keyed by
+/// the ledger's secret ([`crate::secret`]), so two scopes that use the same
+/// key never share a provider-side dedupe slot, and nobody who cannot read
+/// the ledger — another tenant of the same gateway above all — can compute
+/// a scope's key and read its effect through a lookup tool.
 ///
 /// `first_version` is the record version the operation started at: 1 for
 /// the first operation a key names. A key that names a new operation later
 /// (a derived key past its window, a key whose tombstone expired) starts
 /// after its earlier audit trail, and gets a provider key of its own, so the
 /// provider's dedupe never answers the new operation with the old effect.
-pub fn provider_key(scope: &str, key: &str, first_version: u64) -> String {
+///
+/// Derived once, when the record is created, and stored in it: every later
+/// dispatch and read uses the stored key, so a rotated secret never changes
+/// the key of an operation already begun.
+pub fn provider_key(secret: &KeySecret, scope: &str, key: &str, first_version: u64) -> String {
     let scope = if crate::mutant::on(crate::mutant::Mutant::ReadAcrossScopes) {
         ""
     } else {
         scope
     };
+    let parts = [
+        Part::Str("once-provider-key"),
+        Part::Str(scope),
+        Part::Str(key),
+        Part::Int(first_version),
+    ];
+    let parts = if first_version > 1 { &parts[..] } else { &parts[..3] };
+    format!("once-{}", hmac_sha256_jcs_array(&secret.key, parts))
+}
+
+/// How provider keys were derived before the ledger kept a secret: an
+/// unsalted SHA-256 of the same array, which anyone knowing (scope, key) can
+/// compute. Never used for a new record; records made with it (no
+/// `key_secret`) keep their stored key, and this says what that key is.
+pub fn legacy_provider_key(scope: &str, key: &str, first_version: u64) -> String {
     let parts = [
         Part::Str("once-provider-key"),
         Part::Str(scope),

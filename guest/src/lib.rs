@@ -30,6 +30,7 @@ pub mod payload;
 pub mod policy;
 pub mod protocol;
 pub mod record;
+pub mod secret;
 pub mod store;
 pub mod wire;
 

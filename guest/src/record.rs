@@ -142,8 +142,15 @@ pub struct OpRecord {
     pub fingerprint: String,
     /// Canonical args to dispatch (key argument set to the provider key).
     pub args: String,
-    /// What travels to the provider.
+    /// What travels to the provider. Derived once, when the record was
+    /// created, and never again: every dispatch and read uses this one.
     pub provider_key: String,
+    /// The id of the ledger secret [`Self::provider_key`] was derived with
+    /// ([`crate::secret::KeySecret::id`]); none: the record was made before
+    /// provider keys had a secret, with the unsalted derivation
+    /// ([`crate::identity::legacy_provider_key`]), and keeps that key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
     /// Whether the dispatched args carry the provider key (a key argument).
     /// Records written before this was kept read as false: a provider cannot
     /// be trusted to claim a key nobody can show it saw.
@@ -292,6 +299,8 @@ pub struct NewRecord {
     pub args: String,
     /// Provider key.
     pub provider_key: String,
+    /// The id of the secret it was derived with.
+    pub key_secret: Option<String>,
     /// Whether the args carry the provider key.
     pub key_in_args: bool,
     /// Owner (the creating host's).
@@ -317,6 +326,7 @@ impl OpRecord {
             fingerprint: new.fingerprint,
             args: new.args,
             provider_key: new.provider_key,
+            key_secret: new.key_secret,
             key_in_args: new.key_in_args,
             owner: new.owner,
             state: State::InFlight,

@@ -27,7 +27,13 @@ pub struct MemoryHost {
     fail_reads: Cell<bool>,
     lookup_configured: Cell<bool>,
     records: crate::store::RecordCache,
+    entropy: RefCell<Vec<u8>>,
+    secret: crate::secret::SecretCache,
 }
+
+/// The bytes a [`MemoryHost`]'s `entropy` gives unless told otherwise: fixed,
+/// so the provider keys of a test are the same on every run.
+pub const TEST_ENTROPY: [u8; 32] = *b"once test entropy, never secret!";
 
 impl Default for MemoryHost {
     fn default() -> Self {
@@ -47,8 +53,21 @@ fn table_id(t: Table) -> u8 {
 }
 
 impl MemoryHost {
-    /// An empty ledger at time 1,000,000.
+    /// A ledger at time 1,000,000 that holds only its provider-key secret
+    /// (made from [`TEST_ENTROPY`]), as a ledger has after its first
+    /// operation: so injected faults and counted writes land on transitions.
     pub fn new() -> Self {
+        let host = Self::without_secret();
+        let secret = crate::secret::KeySecret::from_bytes(TEST_ENTROPY.to_vec());
+        host.ledger
+            .borrow_mut()
+            .commit(&crate::secret::creation(&secret))
+            .expect("an empty ledger takes its secret");
+        host
+    }
+
+    /// An empty ledger at time 1,000,000: the first key derived creates its secret.
+    pub fn without_secret() -> Self {
         MemoryHost {
             ledger: RefCell::new(Ledger::default()),
             now: Cell::new(1_000_000),
@@ -59,6 +78,8 @@ impl MemoryHost {
             ack_escalations: Cell::new(true),
             fail_commits: Cell::new(0),
             records: crate::store::RecordCache::new(),
+            entropy: RefCell::new(TEST_ENTROPY.to_vec()),
+            secret: crate::secret::SecretCache::new(),
             fail_reads: Cell::new(false),
             lookup_configured: Cell::new(false),
         }
@@ -87,6 +108,10 @@ impl MemoryHost {
     /// Whether the sink acknowledges escalations.
     pub fn set_ack_escalations(&self, ack: bool) {
         self.ack_escalations.set(ack);
+    }
+    /// What `entropy` answers from now on (fewer bytes than asked: a host without entropy).
+    pub fn set_entropy(&self, bytes: Vec<u8>) {
+        *self.entropy.borrow_mut() = bytes;
     }
     /// The next `n` commits fail with a storage error.
     pub fn fail_next_commits(&self, n: u32) {
@@ -266,7 +291,14 @@ impl Host for MemoryHost {
     fn lookup_configured(&self, _tool: &str) -> bool {
         self.lookup_configured.get()
     }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        let bytes = self.entropy.borrow();
+        bytes[..bytes.len().min(len as usize)].to_vec()
+    }
     fn record_cache(&self) -> Option<&crate::store::RecordCache> {
         Some(&self.records)
+    }
+    fn secret_cache(&self) -> Option<&crate::secret::SecretCache> {
+        Some(&self.secret)
     }
 }

@@ -25,8 +25,9 @@ struct Busy {
 
 impl Busy {
     fn new(lose: u32, tick: u64) -> Self {
+        let mem = MemoryHost::new();
         Busy {
-            mem: MemoryHost::new(),
+            mem,
             lose: Cell::new(lose),
             tick,
             reads: Cell::new(0),
@@ -66,6 +67,12 @@ impl Host for Busy {
     }
     fn escalate(&self, escalation: &Escalation) -> bool {
         self.mem.escalate(escalation)
+    }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        self.mem.entropy(len)
+    }
+    fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
+        self.mem.secret_cache()
     }
 }
 

@@ -332,6 +332,80 @@ fn provider_keys_differ_across_scopes() {
     assert_ne!(a.fence, b.fence);
 }
 
+/// A provider key cannot be computed from (scope, key) alone: it is an HMAC
+/// under the ledger's secret, so another tenant who knows both (the old
+/// unsalted derivation, or the new one under any other secret) gets another
+/// key; the record names the secret by id and never holds it.
+#[test]
+fn provider_keys_need_the_ledgers_secret() {
+    use once_guest::identity::{legacy_provider_key, provider_key};
+    use once_guest::secret::{KeySecret, key_secret};
+    let h = MemoryHost::new();
+    let e = execute_of(go(&h, refund("k", ARGS)));
+    let secret = key_secret(&h).unwrap();
+    assert_eq!(e.provider_key, provider_key(&secret, "s", "k", 1));
+    assert_ne!(
+        e.provider_key,
+        legacy_provider_key("s", "k", 1),
+        "not the unsalted derivation"
+    );
+    let guessed = KeySecret::from_bytes(vec![0; 32]);
+    assert_ne!(
+        e.provider_key,
+        provider_key(&guessed, "s", "k", 1),
+        "not under another secret"
+    );
+    let v = view(&h, "k");
+    let body: serde_json::Value = serde_json::from_str(&v.body).unwrap();
+    assert_eq!(body["key_secret"], secret.id.as_str());
+    let secret_hex: String = secret.key.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(!v.body.contains(&secret_hex), "a record never holds the secret");
+    // Two ledgers (two secrets): the same scope and key get different provider keys.
+    let other = MemoryHost::without_secret();
+    other.set_entropy(vec![7; 32]);
+    let e2 = execute_of(go(&other, refund("k", ARGS)));
+    assert_ne!(e2.provider_key, e.provider_key);
+}
+
+/// The first call on a ledger without a secret creates it once; the key it
+/// derives is the one a second host (instance) of the same ledger derives.
+#[test]
+fn the_first_call_creates_the_secret_every_host_then_shares() {
+    let h = MemoryHost::without_secret();
+    let a = execute_of(go(&h, refund("a", ARGS)));
+    let stored = h
+        .row(Table::Quota, "", once_guest::secret::SECRET_KEY)
+        .expect("created");
+    // A second instance over the same rows: empty cache, other entropy; it reads the ledger's.
+    let second = MemoryHost::without_secret();
+    second.set_entropy(vec![9; 32]);
+    second.set_ledger(h.ledger());
+    let b = execute_of(go(&second, refund("b", ARGS)));
+    assert_eq!(
+        second.row(Table::Quota, "", once_guest::secret::SECRET_KEY),
+        Some(stored)
+    );
+    let secret = once_guest::secret::key_secret(&h).unwrap();
+    assert_eq!(a.provider_key, once_guest::identity::provider_key(&secret, "s", "a", 1));
+    assert_eq!(b.provider_key, once_guest::identity::provider_key(&secret, "s", "b", 1));
+}
+
+/// A fresh instance that cannot read the ledger's secret, or whose host has
+/// no entropy to make one, refuses the claim: never a weaker key.
+#[test]
+fn a_secret_that_cannot_be_read_refuses_the_claim() {
+    let h = MemoryHost::new();
+    h.set_fail_reads(true);
+    blocked_of(go(&h, refund("k", ARGS)), BlockReason::Storage);
+    h.set_fail_reads(false);
+    assert!(h.row(Table::Operation, "s", "k").is_none());
+    let bare = MemoryHost::without_secret();
+    bare.set_entropy(Vec::new());
+    let b = blocked_of(go(&bare, refund("k", ARGS)), BlockReason::Storage);
+    assert!(b.detail.contains("random bytes"), "{b:?}");
+    assert_eq!(operation_rows(&bare), 0);
+}
+
 /// Nothing crosses scopes: not a replay, a conflict, an inspect, a
 /// reconcile, a resolve, a finish or a supersedes link.
 #[test]
@@ -1456,6 +1530,9 @@ fn commit_failure_during_begin_is_blocked_storage() {
 #[test]
 fn read_failure_is_blocked_storage() {
     let h = MemoryHost::new();
+    // An instance past its first call holds the ledger's provider-key secret (a fresh
+    // instance whose read of it fails is refused: `a_secret_that_cannot_be_read_refuses_the_claim`).
+    once_guest::secret::key_secret(&h).unwrap();
     h.set_fail_reads(true);
     let e = execute_of(go(&h, refund("k", ARGS)));
     // The key is taken now: deciding again needs the record, which cannot be read.
@@ -1913,6 +1990,12 @@ impl Host for RacyHost {
     }
     fn escalate(&self, escalation: &once_guest::types::Escalation) -> bool {
         self.inner.escalate(escalation)
+    }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        self.inner.entropy(len)
+    }
+    fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
+        self.inner.secret_cache()
     }
 }
 

@@ -291,7 +291,15 @@ struct Observed {
 }
 
 impl Observed {
+    /// An instance past its first call: it holds the ledger's provider-key secret.
     fn new() -> Observed {
+        let observed = Observed::fresh();
+        once_guest::secret::key_secret(&observed.host).expect("the ledger has its secret");
+        observed
+    }
+
+    /// An instance that has not read the ledger's provider-key secret yet.
+    fn fresh() -> Observed {
         Observed {
             host: MemoryHost::new(),
             ..Observed::default()
@@ -351,6 +359,12 @@ impl Host for Observed {
     fn escalate(&self, e: &once_guest::types::Escalation) -> bool {
         self.log("escalate");
         self.host.escalate(e)
+    }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        self.host.entropy(len)
+    }
+    fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
+        self.host.secret_cache()
     }
 }
 
@@ -573,6 +587,17 @@ fn a_protected_call_crosses_few_times() {
         ["now", "commit", "get", "now", "commit"],
         "a replay: the blind claim conflicts, then the record is read (its count is audited)"
     );
+}
+
+/// The first call of an instance reads the ledger's provider-key secret once
+/// (one `get`); later calls take it from the instance's memory.
+#[test]
+fn the_secret_costs_one_read_per_instance() {
+    let h = Observed::fresh();
+    dispatch(start_request(&h, call("k")).unwrap());
+    assert_eq!(h.take(), ["get", "now", "commit"], "the first call");
+    dispatch(start_request(&h, call("k2")).unwrap());
+    assert_eq!(h.take(), ["now", "commit"], "the next");
 }
 
 /// Which batches may wait for the disk (DESIGN.md "Durability budget"): an

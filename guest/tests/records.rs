@@ -46,3 +46,62 @@ fn a_record_written_by_the_first_release_is_read_and_finished() {
             .contains("\"confirmed_via\"")
     );
 }
+
+/// A record made before provider keys had a secret keeps the unsalted key it
+/// was dispatched with through every later transition and dispatch: the
+/// provider holds its effect (or its dedupe slot) under that key, and a
+/// re-derived one would be a second effect.
+#[test]
+fn a_record_from_before_the_secret_keeps_its_unsalted_provider_key() {
+    let legacy = once_guest::identity::legacy_provider_key("s", "k", 1);
+    assert!(
+        V01_BODY.contains(&format!("\"provider_key\":\"{legacy}\"")),
+        "the fixture is keyed the old way"
+    );
+    let h = MemoryHost::new();
+    h.put_row(Row {
+        table: Table::Operation,
+        scope: "s".into(),
+        key: "k".into(),
+        version: 1,
+        state: Some(State::InFlight),
+        due_at: Some(1_035_000),
+        owner: Some("default".into()),
+        body: V01_BODY.into(),
+    });
+    let ack = finish(
+        &h,
+        "s",
+        "k",
+        "1-3176a415ccde69ddd683b4a12b07f440",
+        Outcome::Rejected("card declined".into()),
+    );
+    assert_eq!(ack, Ok(FinishAck::Recorded(State::Failed)));
+    // The retry dispatches attempt 2 under the stored, old key, not the ledger secret's.
+    let retry = once_guest::engine::begin(
+        &h,
+        once_guest::engine::BeginRequest {
+            scope: "s".into(),
+            keys: vec![("api".into(), "k".into())],
+            tool: "refund".into(),
+            args: r#"{"order":1,"amount":200}"#.into(),
+            supersedes: None,
+            acknowledge_confirmed: false,
+            policy: once_guest::policy::default_policy(),
+            descriptor: None,
+        },
+    )
+    .unwrap();
+    let once_guest::types::Decision::Execute(grant) = retry else {
+        panic!("expected a second attempt, got {retry:?}");
+    };
+    assert_eq!((grant.attempt, grant.provider_key.as_str()), (2, legacy.as_str()));
+    let view = inspect(&h, "s", "k").unwrap().unwrap();
+    assert_eq!(view.provider_key, legacy);
+    let body: serde_json::Value = serde_json::from_str(&view.body).unwrap();
+    assert_eq!(
+        body.get("key_secret"),
+        None,
+        "it names no secret: it was made without one"
+    );
+}

@@ -65,6 +65,12 @@ impl Host for Faulty {
         self.delivered.borrow_mut().push(escalation.key.clone());
         escalation.key != self.refused && self.mem.escalate(escalation)
     }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        self.mem.entropy(len)
+    }
+    fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
+        self.mem.secret_cache()
+    }
 }
 
 /// b58a043 answered `blocked(storage)` "nothing was sent" to a repeat of a

@@ -3,6 +3,7 @@
 // Once handle; a trap discards the instance (the next call gets a fresh one,
 // configured as the last accepted configuration), so no half-finished guest
 // state is reused.
+import { randomBytes } from "node:crypto";
 import { parentPort, receiveMessageOnPort, workerData } from "node:worker_threads";
 import type { ImportAnswer, ImportRequest, Request, Response, WorkerInit } from "./channel.js";
 import { type Exports, loadComponent } from "./component.js";
@@ -98,6 +99,9 @@ const ifaces = {
   "once:core/types": {},
   "once:core/ledger": ledgerImports(store),
   "once:core/clock": { now },
+  // Asked once per ledger, for the secret provider keys are derived with (the guest keeps it in
+  // the ledger; this host never sees it). The OS's source, nothing weaker.
+  "once:core/entropy": { fill: (len: number): Uint8Array => new Uint8Array(randomBytes(len)) },
   "once:core/provider": {
     lookup(tool: string, providerKey: string, args: string): Evidence {
       const answer = ask({ kind: "lookup", tool, providerKey, args, now: now() });

@@ -9,6 +9,7 @@
 //
 // The levels are read back from SQLite itself after each commit, on the package's store driven by the
 // component through the package's ledger import (the engine's worker hosts the same two).
+import { randomBytes } from "node:crypto";
 import assert from "node:assert/strict";
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
@@ -47,6 +48,7 @@ async function engine(store) {
     "once:core/clock": { now: () => BigInt(Date.now()) },
     "once:core/provider": { lookup: () => ({ tag: "unknown", val: "no lookup in this test" }) },
     "once:core/operator": { escalate: () => true },
+    "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) },
   });
   x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [] });
   return x;
@@ -81,8 +83,9 @@ for (const mode of ["intent-only", "INTENT_ONLY"]) {
     const store = new Observed({ path: join(tempDir(t), "ledger.db"), synchronous: mode });
     t.after(() => store.close());
     await everyKindOfCommit(store);
-    // The first call: its intent at FULL before the dispatch, its own success at NORMAL.
-    assert.deepEqual(store.commits.slice(0, 2), [[false, "FULL", ["begin"]], [true, "NORMAL", ["finish-success"]]]);
+    // The first call: the ledger's provider-key secret (no audit event: no operation's transition) and
+    // its intent at FULL before the dispatch, its own success at NORMAL.
+    assert.deepEqual(store.commits.slice(0, 3), [[false, "FULL", []], [false, "FULL", ["begin"]], [true, "NORMAL", ["finish-success"]]]);
     for (const [deferrable, level, what] of store.commits) assert.equal(level, deferrable ? "NORMAL" : "FULL", String(what));
     const kinds = new Set(store.commits.flatMap(([, , ks]) => ks));
     const deferred = new Set(store.commits.filter(([d]) => d).flatMap(([, , ks]) => ks));

@@ -651,7 +651,7 @@ impl OnceModel {
     fn empty(&self) -> World {
         World {
             now: START,
-            ledger: Default::default(),
+            ledger: ledger_with_secret(),
             agents: self
                 .config
                 .callers
@@ -894,4 +894,19 @@ pub fn broken(model: &OnceModel, world: &World) -> Option<(&'static str, String)
         return Some((PROPERTIES[5], why));
     }
     None
+}
+
+/// An empty ledger that already holds its provider-key secret: creating it
+/// is one insert-if-absent before any operation (guest/src/secret.rs), not a
+/// transition of the engine's, so the explored actions begin after it and
+/// every injected fault lands on a transition.
+fn ledger_with_secret() -> once_guest::testing::Ledger {
+    use once_guest::secret::{KeySecret, creation};
+    let mut ledger = once_guest::testing::Ledger::default();
+    ledger
+        .commit(&creation(&KeySecret::from_bytes(
+            once_guest::testing::TEST_ENTROPY.to_vec(),
+        )))
+        .expect("an empty ledger takes its secret");
+    ledger
 }

@@ -74,8 +74,9 @@ def test_intent_only_defers_exactly_the_batches_the_engine_marks(tmp_path: Path,
     ledger = Observed(tmp_path / "ledger.db", mode)
     every_kind_of_commit(ledger)
     assert ledger.synchronous == "INTENT_ONLY"
-    # The first call: its intent at FULL before the dispatch, its own success at NORMAL.
-    assert ledger.commits[:2] == [(False, "FULL", ["begin"]), (True, "NORMAL", ["finish-success"])]
+    # The first call: the ledger's provider-key secret (no audit event: no operation's transition) and
+    # its intent at FULL before the dispatch, its own success at NORMAL.
+    assert ledger.commits[:3] == [(False, "FULL", []), (False, "FULL", ["begin"]), (True, "NORMAL", ["finish-success"])]
     for deferrable, level, what in ledger.commits:
         assert level == ("NORMAL" if deferrable else "FULL"), (deferrable, level, what)
     kinds = {k for _, _, ks in ledger.commits for k in ks}

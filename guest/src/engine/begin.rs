@@ -10,6 +10,7 @@ use crate::input::{check_name, check_new_name};
 use crate::payload::Payload;
 use crate::policy::{Policy, Quota, Routing, check_policy, route};
 use crate::record::{NewRecord, OpRecord, Origin, string};
+use crate::secret::key_secret;
 use crate::store::{LedgerError, Loaded, Reserved, Tx, load, load_tombstone};
 use crate::types::{
     BlockReason, Blocked, Confirmation, ConfirmedInfo, Decision, Effect, Error, Evidence, Grant, IdentityMode,
@@ -182,7 +183,8 @@ impl Claim<'_> {
     fn fresh(&self, h: &impl Host, previous: Option<&Loaded>, blind: bool) -> Result<Decision, LedgerError> {
         let req = self.req;
         let first_version = previous.map_or(self.audit_base.get(), |p| p.version) + 1;
-        let provider_key = provider_key(&req.scope, &self.key, first_version);
+        let secret = key_secret(h)?;
+        let provider_key = provider_key(&secret, &req.scope, &self.key, first_version);
         let args = self.payload.dispatch_args(&provider_key);
         let tombstone = match previous {
             Some(_) => None,
@@ -260,8 +262,11 @@ impl Claim<'_> {
                         _ => None,
                     };
                     let origin = Origin::Verified { receipt };
-                    let (mut rec, event) =
-                        OpRecord::create(self.new_record(h, provider_key, args, reservation), origin, now);
+                    let (mut rec, event) = OpRecord::create(
+                        self.new_record(h, (provider_key, secret.id.clone()), args, reservation),
+                        origin,
+                        now,
+                    );
                     self.write(&mut tx, &mut rec, previous, event, now);
                     // The receipt is the answer even if recording it fails; a conflict means
                     // someone else recorded this key meanwhile, so decide again.
@@ -310,7 +315,11 @@ impl Claim<'_> {
         let fence = fence(&req.scope, &self.key, 1, now, now);
         let lease_until = now.saturating_add(req.policy.lease_ms);
         let origin = Origin::Claimed { fence, lease_until };
-        let (mut rec, mut event) = OpRecord::create(self.new_record(h, provider_key, args, reservation), origin, now);
+        let (mut rec, mut event) = OpRecord::create(
+            self.new_record(h, (provider_key, secret.id.clone()), args, reservation),
+            origin,
+            now,
+        );
         if let Some(previous) = previous {
             event.detail = crate::record::detail(&[
                 ("lease_until", crate::record::num(lease_until)),
@@ -367,7 +376,7 @@ impl Claim<'_> {
     fn new_record(
         &self,
         h: &impl Host,
-        provider_key: String,
+        (provider_key, key_secret): (String, String),
         args: String,
         reservation: Option<crate::record::Reservation>,
     ) -> NewRecord {
@@ -379,6 +388,7 @@ impl Claim<'_> {
             fingerprint: self.payload.fingerprint.clone(),
             args,
             provider_key,
+            key_secret: Some(key_secret),
             key_in_args: self.payload.carries_key(),
             owner: h.settings().owner,
             spend: self.payload.spend,

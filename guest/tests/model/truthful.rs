@@ -115,6 +115,12 @@ impl Host for World {
     fn escalate(&self, escalation: &Escalation) -> bool {
         self.mem.escalate(escalation)
     }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        self.mem.entropy(len)
+    }
+    fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
+        self.mem.secret_cache()
+    }
 }
 
 /// The current holder of key i sends its request: never after its lease,
@@ -174,6 +180,8 @@ pub fn truthful_run(verify_first: bool, budget: u32, ops: Vec<TOp>) -> Result<()
     let mut p = default_policy();
     p.verify_first = verify_first;
     p.attempt_budget = budget;
+    // The MemoryHost's fixed entropy makes the ledger's secret, so these are the keys it derives.
+    let test_secret = once_guest::secret::KeySecret::from_bytes(once_guest::testing::TEST_ENTROPY.to_vec());
     let w = World {
         mem: MemoryHost::new(),
         read: Cell::new(Read {
@@ -183,7 +191,7 @@ pub fn truthful_run(verify_first: bool, budget: u32, ops: Vec<TOp>) -> Result<()
         fail: Cell::new(None),
         provider_keys: KEYS
             .iter()
-            .map(|(s, k, _)| once_guest::identity::provider_key(s, k, 1))
+            .map(|(s, k, _)| once_guest::identity::provider_key(&test_secret, s, k, 1))
             .collect(),
         holders: RefCell::new(vec![Vec::new(); KEYS.len()]),
     };

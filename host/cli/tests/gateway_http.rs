@@ -315,6 +315,38 @@ fn two_replicas_on_postgres_dispatch_a_key_once() {
     drop((ga, gb));
 }
 
+/// Another tenant cannot compute a tenant's provider key (issue 30 item 5). It
+/// used to be an unsalted SHA-256 of `["once-provider-key", scope, key]`, so
+/// globex, knowing acme's scope and key, computed it and read acme's refund
+/// through the DIRECT `find_refund_by_key`. Now it is an HMAC under the
+/// ledger's secret: the computed key finds nothing, and only acme's own
+/// record knows the real one.
+#[test]
+fn another_tenant_cannot_compute_a_provider_key_and_read_the_refund() {
+    let rig = Rig::new(&tenants_config());
+    let gw = rig.listen("none", 0);
+    let a = gw.call(Some(ACME), Some("k-1"), refund(100.0));
+    assert_eq!(a.outcome()["decision"], "executed", "{a:?}\n{}", rig.logs());
+    let real = ledger(&rig).inspect("acme", "k-1").unwrap().unwrap().provider_key;
+
+    // What anyone could compute before: the JCS text of the array, hashed.
+    let computed = format!("once-{}", sha256_hex(r#"["once-provider-key","acme","k-1"]"#));
+    assert_ne!(real, computed, "the provider key is not the unsalted hash");
+    let lookup = |key: &str| {
+        let args = json!({"idempotency_key": key});
+        gw.post(Some(GLOBEX), &[], &call_body("find_refund_by_key", args, None))
+    };
+    let stolen = lookup(&computed);
+    assert_eq!(stolen.status, 200, "{stolen:?}");
+    let found: Value =
+        serde_json::from_str(&stolen.text()).unwrap_or_else(|_| stolen.result()["structuredContent"].clone());
+    assert_eq!(found["found"], false, "globex read acme's refund: {stolen:?}");
+    assert!(!stolen.text().contains("refund_id"), "{stolen:?}");
+    // The lookup tool itself works: under the real key (which only the ledger knows) it finds the refund.
+    let own = lookup(&real);
+    assert!(own.text().contains("refund_id"), "{own:?}");
+}
+
 /// A trusted proxy's header names the tenant, only when the file names the header; without it, 401.
 #[test]
 fn a_proxy_header_names_the_tenant_when_configured() {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::bindings::once::core::{clock, ledger, operator, provider, types};
+use crate::bindings::once::core::{clock, entropy, ledger, operator, provider, types};
 use crate::bindings::types::{
     Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, Put, Row, Rows, Scanned, State, Stored,
     Table, Timestamp, Trail,
@@ -114,6 +114,45 @@ impl Operator for LogOperator {
     }
 }
 
+/// Random bytes for the component's `entropy` import: it asks once per
+/// ledger, to create the secret provider keys are derived with
+/// (guest/src/secret.rs). The secret itself stays in the ledger and the
+/// guest; a host never sees it.
+pub trait Entropy: Send + Sync {
+    /// `len` cryptographically secure random bytes, or fewer (none) when
+    /// there are none to give: the guest then refuses the call.
+    fn fill(&self, len: u32) -> Vec<u8>;
+}
+
+/// The operating system's random source (`getrandom`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemEntropy;
+
+impl Entropy for SystemEntropy {
+    fn fill(&self, len: u32) -> Vec<u8> {
+        let mut bytes = vec![0; len as usize];
+        match getrandom::fill(&mut bytes) {
+            Ok(()) => bytes,
+            Err(e) => {
+                // No weaker fallback: the guest refuses a call it cannot key, and says so.
+                tracing::error!(error = %e, "once: the operating system gave no random bytes");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// The same bytes every time (conformance runs, tests): the ledger's secret,
+/// and so every provider key, is then the same in every run.
+#[derive(Debug, Clone)]
+pub struct FixedEntropy(pub Vec<u8>);
+
+impl Entropy for FixedEntropy {
+    fn fill(&self, len: u32) -> Vec<u8> {
+        self.0.iter().copied().cycle().take(len as usize).collect()
+    }
+}
+
 /// Everything a component instance's imports reach.
 #[derive(Clone)]
 pub struct HostState {
@@ -125,6 +164,8 @@ pub struct HostState {
     pub provider: Arc<dyn Provider>,
     /// The escalation sink.
     pub operator: Arc<dyn Operator>,
+    /// Random bytes (the ledger's provider-key secret is made of them).
+    pub entropy: Arc<dyn Entropy>,
 }
 
 impl types::Host for HostState {}
@@ -242,6 +283,12 @@ impl clock::Host for HostState {
 impl provider::Host for HostState {
     fn lookup(&mut self, tool: String, provider_key: String, args: String) -> Evidence {
         self.provider.lookup(&tool, &provider_key, &args)
+    }
+}
+
+impl entropy::Host for HostState {
+    fn fill(&mut self, len: u32) -> Vec<u8> {
+        self.entropy.fill(len)
     }
 }
 

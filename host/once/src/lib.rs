@@ -28,7 +28,9 @@ pub mod storage;
 
 pub use crate::bindings::types;
 pub use crate::display::UtcTime;
-pub use crate::io::{Clock, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock};
+pub use crate::io::{
+    Clock, Entropy, FixedEntropy, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock, SystemEntropy,
+};
 pub use crate::once::{Builder, Called, DEFAULT_OWNER, Dispatch, Once, OnceError, Sent, Settled, default_settings};
 pub use crate::operators::{ListedRecord, Transitions};
 pub use crate::runtime::{GuestLimit, GuestLimits};

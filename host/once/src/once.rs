@@ -17,7 +17,7 @@ use crate::bindings::types::{
     Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError, Outcome,
     PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan, ToolPolicy,
 };
-use crate::io::{Clock, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock};
+use crate::io::{Clock, Entropy, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock, SystemEntropy};
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
 use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
 use crate::storage::{Storage, StorageError};
@@ -199,6 +199,7 @@ pub struct Builder {
     clock: Arc<dyn Clock>,
     provider: Option<Arc<dyn Provider>>,
     operator: Arc<dyn Operator>,
+    entropy: Arc<dyn Entropy>,
     settings: Option<Settings>,
     owner: Option<String>,
     clock_skew: Option<Duration>,
@@ -233,6 +234,18 @@ impl Builder {
     /// The escalation sink (default: the log).
     pub fn operator(mut self, operator: impl Operator + 'static) -> Self {
         self.operator = Arc::new(operator);
+        self
+    }
+    /// Where the bytes of the ledger's provider-key secret come from when a
+    /// ledger has none yet (default: the operating system, [`SystemEntropy`]).
+    /// A deployment that must derive the same provider keys after losing its
+    /// ledger file (so `verify_first` still finds effects dispatched before
+    /// the loss) keeps 32 secret bytes outside the ledger and passes them as
+    /// a [`crate::FixedEntropy`]: the recreated secret is then the old one.
+    /// A ledger that already holds a secret keeps its own (docs/design.md
+    /// "Provider keys and the ledger's secret").
+    pub fn entropy(mut self, entropy: impl Entropy + 'static) -> Self {
+        self.entropy = Arc::new(entropy);
         self
     }
     /// Engine settings, whole (start from [`default_settings`]).
@@ -325,6 +338,7 @@ impl Builder {
             clock: self.clock,
             provider: self.provider.unwrap_or_else(|| Arc::new(NoProvider)),
             operator: self.operator,
+            entropy: self.entropy,
         };
         let configuration = Configuration {
             settings,
@@ -392,6 +406,7 @@ impl Once {
             clock,
             provider: None,
             operator: Arc::new(LogOperator),
+            entropy: Arc::new(SystemEntropy),
             settings: None,
             owner: None,
             clock_skew: None,

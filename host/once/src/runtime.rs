@@ -240,6 +240,7 @@ impl Runtime {
             clock: std::sync::Arc::new(crate::io::SystemClock::default()),
             provider: std::sync::Arc::new(crate::io::NoProvider),
             operator: std::sync::Arc::new(crate::io::LogOperator),
+            entropy: std::sync::Arc::new(crate::io::SystemEntropy),
         };
         self.instantiate(state)?.default_settings()
     }

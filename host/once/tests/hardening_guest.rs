@@ -339,6 +339,7 @@ fn probe(fuel: u64) -> Probe {
         clock: Arc::new(clock),
         provider: Arc::new(once::NoProvider),
         operator: Arc::new(once::LogOperator),
+        entropy: Arc::new(once::SystemEntropy),
     };
     let mut limited = Runtime::shared().unwrap().instantiate(state).unwrap();
     limited.configure(&configuration, 1).unwrap().unwrap();

@@ -185,9 +185,13 @@ fn verify_first_survives_a_lost_ledger_file() {
     let db = dir.path().join("once.db");
     // The provider's own record of effects, keyed by the provider key.
     let provider: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    // The secret's bytes kept outside the ledger file (a secret manager): a recreated
+    // ledger derives the same provider keys, so the provider's record is found.
+    let kept_secret = once::FixedEntropy(b"kept outside the ledger, 32 byte".to_vec());
     let build = |provider: Arc<Mutex<Vec<(String, String)>>>| {
         let lookup = provider.clone();
         Once::builder(sqlite(&db))
+            .entropy(kept_secret.clone())
             .provider(
                 move |_: &str, key: &str, _: &str| match lookup.lock().unwrap().iter().find(|(k, _)| k == key) {
                     Some((_, receipt)) => Evidence::Confirmed(receipt.clone()),
@@ -229,6 +233,73 @@ fn verify_first_survives_a_lost_ledger_file() {
         .unwrap();
     assert_confirmed(&again, r#"{"refund_id":"r_1"}"#, true, Some(ReplayVia::Provider));
     assert_eq!(provider.lock().unwrap().len(), 1, "no second dispatch");
+}
+
+/// The Rust host derives the provider key with the secret its SQLite ledger
+/// keeps (the same derivation the Node and Python hosts use on a shared file:
+/// js/test/hosts.test.mjs), not the unsalted hash anyone could compute.
+#[test]
+fn the_provider_key_is_an_hmac_under_the_ledgers_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let once = Once::builder(sqlite(&db)).build().unwrap();
+    let mut key = String::new();
+    let _ = once
+        .call("t1", Some("k"), TOOL, ARGS, |d| {
+            key = d.provider_key.to_string();
+            Sent::Success("{}".into())
+        })
+        .unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let body: String = conn
+        .query_row(
+            "SELECT body FROM rows WHERE tbl = 'quota' AND scope = '' AND key = 'once:provider-key-secret'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let hex = serde_json::from_str::<serde_json::Value>(&body).unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let secret = once_guest::secret::KeySecret::from_bytes(bytes);
+    assert_eq!(key, once_guest::identity::provider_key(&secret, "t1", "k", 1));
+    assert_ne!(key, once_guest::identity::legacy_provider_key("t1", "k", 1));
+    // The record names the secret by id, and nothing the host shows carries the secret.
+    let view = once.inspect("t1", "k").unwrap().unwrap();
+    assert!(view.body.contains(&secret.id));
+    assert!(!view.body.contains(&hex) && !format!("{view:?}").contains(&hex));
+}
+
+/// What losing the ledger's secret costs (docs/design.md "Provider keys and
+/// the ledger's secret"): a ledger recreated without it makes a new secret,
+/// so the same (scope, key) gets another provider key, which a provider's
+/// record under the old key does not answer. That is why the secret is
+/// backed up with the ledger, or its bytes kept outside it (above).
+#[test]
+fn a_lost_secret_gives_new_provider_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let key_of = || {
+        let once = Once::builder(sqlite(&db)).build().unwrap();
+        let mut key = String::new();
+        let _ = once
+            .call("t1", Some("k"), TOOL, ARGS, |d| {
+                key = d.provider_key.to_string();
+                Sent::Success("{}".into())
+            })
+            .unwrap();
+        key
+    };
+    let first = key_of();
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    assert_ne!(key_of(), first, "a new ledger, a new secret, another key");
 }
 
 #[test]

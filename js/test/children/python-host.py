@@ -4,7 +4,8 @@
 
 ACTION `confirm` sends and answers RECEIPT_JSON; `lose` sends and raises (the reply is lost);
 `replay` must not send (its send answers a receipt that would show if it did). Prints one JSON
-line: how the call ended, its receipt, whether it replayed, and how many sends it made.
+line: how the call ended, its receipt, whether it replayed, how many sends it made, and the
+provider key its first send carried.
 """
 
 import json
@@ -31,6 +32,9 @@ def main() -> None:
         "receipt": called.receipt,
         "replayed": getattr(ending, "replayed", None),
         "sends": len(sends),
+        # The provider key the first send carried (none without a send): js/test/hosts.test.mjs
+        # checks it was derived with the ledger's secret, as Node's are.
+        "provider_key": getattr(sends[0], "provider_key", None) if sends else None,
     }))
     once.close()
 

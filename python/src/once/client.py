@@ -377,6 +377,10 @@ class Once:
                 i.add_func("lookup", lookup)
             with root.add_instance(f"once:core/operator@{VERSION}") as i:
                 i.add_func("escalate", escalate)
+            with root.add_instance(f"once:core/entropy@{VERSION}") as i:
+                # Asked once per ledger, for the secret provider keys are derived with (the guest
+                # keeps it in the ledger; this host never sees it). The OS's source, nothing weaker.
+                i.add_func("fill", lambda _, n: os.urandom(n))
         return linker
 
     # -- the call protocol

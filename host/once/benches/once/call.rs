@@ -122,6 +122,10 @@ impl Host for NativeHost {
     fn escalate(&self, _: &Escalation) -> bool {
         true
     }
+    fn entropy(&self, len: u32) -> Vec<u8> {
+        // Fixed bytes: the same secret, so the same provider keys, in every run.
+        once_guest::testing::TEST_ENTROPY[..(len as usize).min(32)].to_vec()
+    }
     fn record_cache(&self) -> Option<&RecordCache> {
         Some(&self.records)
     }

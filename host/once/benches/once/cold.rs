@@ -52,6 +52,7 @@ pub fn bench(c: &mut Criterion) {
         clock: Arc::new(SystemClock::default()),
         provider: Arc::new(NoProvider),
         operator: Arc::new(LogOperator),
+        entropy: Arc::new(once::SystemEntropy),
     };
     let samples = 30;
     let mut g = c.benchmark_group("cold");
