@@ -125,6 +125,17 @@ pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, E
             result.owed.push((scope, key));
             continue;
         }
+        // One whose last attempt was not sent waits out its back-off: listed, not granted.
+        if let Ok(Some(loaded)) = crate::store::load(h, &scope, &key)
+            && loaded
+                .rec
+                .retry_at()
+                .is_some_and(|at| at > h.now().max(loaded.rec.updated_at))
+            && !mutant::on(Mutant::NotSentRetriesAtOnce)
+        {
+            result.owed.push((scope, key));
+            continue;
+        }
         // Someone else may take it first; then it is theirs to send.
         match reconcile(h, &scope, &key) {
             Ok(Decision::Execute(grant)) => result.dispatches.push(grant),
@@ -220,11 +231,13 @@ impl<'a> CallRef<'a> {
     /// back-off lasts; none when the next attempt may be granted now (or
     /// there is none to grant: the budget is spent, or the record moved on).
     fn back_off(&self, h: &impl Host, rec: &OpRecord) -> Option<Step> {
-        let grantable = matches!(rec.state, State::Failed | State::Absent);
+        // Another owner's record is refused by the engine, not waited for.
+        let grantable = matches!(rec.state, State::Failed | State::Absent) && rec.owner == h.settings().owner;
         if mutant::on(Mutant::NotSentRetriesAtOnce) || !grantable || !rec.budget_left() {
             return None;
         }
-        let at = rec.retry_at().filter(|&at| at > h.now())?;
+        let now = h.now().max(rec.updated_at);
+        let at = rec.retry_at().filter(|&at| at > now)?;
         let attempts = rec.attempts.len() as u32;
         let mut meanwhile = self.account(Ending::NotSent(NotSentInfo { attempts }), Some(rec));
         // Nothing was sent and the same call goes on after the back-off.

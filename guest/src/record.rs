@@ -468,7 +468,7 @@ impl OpRecord {
         let interval = self.policy.reconcile_interval_ms;
         let backoff = interval
             .saturating_mul(1u64 << (in_a_row - 1).min(16))
-            .min(MAX_NOT_SENT_BACKOFF_MS.max(interval));
+            .min(MAX_NOT_SENT_BACKOFF_MS);
         Some(last.ended_at.unwrap_or(self.updated_at).saturating_add(backoff))
     }
 

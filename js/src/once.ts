@@ -356,11 +356,17 @@ export class Once {
     this.configuration = configuration;
   }
 
-  /** Configure (or reconfigure) one tool; what `options` leaves out stays as configured. The engine fills and checks its policy. */
+  /**
+   * Configure (or reconfigure) one tool; what `options` leaves out stays as configured, field by field of its
+   * policy too (an adapter that sets the tool's identity keeps the quota, budget or verify-first the handle
+   * configured). The engine fills and checks its policy.
+   */
   setTool(tool: string, options: ToolOptions): Promise<ToolPlan> {
     const next = this.settingLock.then(async () => {
-      const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined));
-      const merged: ToolOptions = { ...this.tools.get(tool), ...given };
+      const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as ToolOptions;
+      const before = this.tools.get(tool);
+      const merged: ToolOptions = { ...before, ...given };
+      if (before?.policy && given.policy) merged.policy = { ...before.policy, ...given.policy };
       const config = this.toolConfig(tool, merged);
       await this.configure({
         ...this.configuration,

@@ -8,7 +8,9 @@ use once_guest::mutant;
 use once_guest::protocol;
 use once_guest::store::decode;
 use once_guest::testing::default_settings;
-use once_guest::types::{Account, BlockReason, Ending, Error, Outcome, Resolution, Settings, State, Step, Table};
+use once_guest::types::{
+    Account, BlockReason, Ending, Error, Grant, Outcome, Resolution, Settings, State, Step, Table,
+};
 use stateright::{Model, Property};
 
 use crate::configs::{Config, SKEW_MS};
@@ -265,10 +267,10 @@ impl OnceModel {
         }
     }
 
-    /// A call's own next attempt after one that was not sent is granted only
-    /// once that attempt's back-off is over (a new call may try at once).
-    fn check_back_off(&self, world: &mut World, host: usize, step: &Result<Step, Error>) {
-        let Ok(Step::Dispatch(grant)) = step else { return };
+    /// A call's own next attempt after one that was not sent (or a sweep's
+    /// owed dispatch) is granted only once that attempt's back-off is over (a
+    /// new call may try at once).
+    fn check_back_off(&self, world: &mut World, host: usize, grant: &Grant) {
         let Some(mut rec) = world
             .ledger
             .row(Table::Operation, &grant.scope, &grant.key)
@@ -464,7 +466,9 @@ impl OnceModel {
                 let step = self.with_host(&mut w, host, Read::Now, Some(&held.scope), |h| {
                     protocol::report(h, &held.scope, &held.key, &held.fence, outcome)
                 });
-                self.check_back_off(&mut w, host, &step);
+                if let Ok(Step::Dispatch(grant)) = &step {
+                    self.check_back_off(&mut w, host, grant);
+                }
                 self.take_step(&mut w, i, step);
             }
             Action::Resume(i, read) => {
@@ -473,7 +477,9 @@ impl OnceModel {
                 };
                 let host = w.agents[i].host;
                 let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::resume(h, &scope, &key));
-                self.check_back_off(&mut w, host, &step);
+                if let Ok(Step::Dispatch(grant)) = &step {
+                    self.check_back_off(&mut w, host, grant);
+                }
                 self.take_step(&mut w, i, step);
             }
             Action::GiveUp(i) => w.agents[i].pos = Pos::Idle,
@@ -494,6 +500,7 @@ impl OnceModel {
                 let result = self.with_host(&mut w, host, read, None, |h| protocol::sweep(h, SCAN_LIMIT, true));
                 if let Ok(result) = result {
                     for grant in result.dispatches {
+                        self.check_back_off(&mut w, host, &grant);
                         w.agents.push(Agent {
                             host,
                             op: None,

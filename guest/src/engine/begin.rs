@@ -489,7 +489,8 @@ impl Claim<'_> {
             State::Unknown => {
                 let mut info = unknown_info(&rec);
                 // Begun while no lookup was configured and never read: this host has one now.
-                if rec.next_check.is_none() && super::reconcile::provider_readable(h, &rec) {
+                // (Only its owner reads it: another host's caller is told no read is coming.)
+                if ours && rec.next_check.is_none() && super::reconcile::provider_readable(h, &rec) {
                     info.next_read = Some(now);
                 }
                 Ok(Decision::Unknown(info))

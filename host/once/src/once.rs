@@ -606,6 +606,9 @@ impl Once {
         Ok(Settled { sweep, sent })
     }
 
+    /// How often a wait asks whether its caller is still there.
+    const KEEP_GOING_POLL: Duration = Duration::from_millis(50);
+
     /// The loop every host runs: send, report, sleep, resume, until the
     /// engine says done (or the wait would outlast `patience`).
     fn drive(
@@ -648,7 +651,18 @@ impl Once {
                     }
                     let pause = Duration::from_millis(wait.next.saturating_sub(self.now()))
                         .min(patience.saturating_duration_since(Instant::now()));
-                    std::thread::sleep(pause);
+                    // In slices, so a caller that goes away during a long wait (a back-off of up to
+                    // 30 s) is let go soon, and nothing more is granted for it.
+                    let wake = Instant::now() + pause;
+                    while Instant::now() < wake && keep_going() {
+                        std::thread::sleep(
+                            wake.saturating_duration_since(Instant::now())
+                                .min(Self::KEEP_GOING_POLL),
+                        );
+                    }
+                    if !keep_going() {
+                        return Ok(Called::Done(wait.meanwhile));
+                    }
                     self.resume_step(&wait.scope, &wait.key)?
                 }
                 Step::Done(account) => return Ok(Called::Done(account)),
