@@ -142,14 +142,24 @@ impl Entropy for SystemEntropy {
     }
 }
 
-/// The same bytes every time (conformance runs, tests): the ledger's secret,
-/// and so every provider key, is then the same in every run.
-#[derive(Debug, Clone)]
+/// The same bytes every time (conformance runs, tests, or a secret kept
+/// outside the ledger): the ledger's secret, and so every provider key, is
+/// then the same in every run. Give at least as many bytes as asked (32):
+/// fewer are handed over as they are, and the engine refuses to make a
+/// secret of them rather than stretch them.
+#[derive(Clone)]
 pub struct FixedEntropy(pub Vec<u8>);
+
+impl std::fmt::Debug for FixedEntropy {
+    // They may be a deployment's provider-key secret: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FixedEntropy({} bytes, redacted)", self.0.len())
+    }
+}
 
 impl Entropy for FixedEntropy {
     fn fill(&self, len: u32) -> Vec<u8> {
-        self.0.iter().copied().cycle().take(len as usize).collect()
+        self.0.iter().copied().take(len as usize).collect()
     }
 }
 
