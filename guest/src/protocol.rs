@@ -127,11 +127,7 @@ pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, E
         }
         // One whose last attempt was not sent waits out its back-off: listed, not granted.
         if let Ok(Some(loaded)) = crate::store::load(h, &scope, &key)
-            && loaded
-                .rec
-                .retry_at()
-                .is_some_and(|at| at > h.now().max(loaded.rec.updated_at))
-            && !mutant::on(Mutant::NotSentRetriesAtOnce)
+            && backing_off_until(h, &loaded.rec).is_some()
         {
             result.owed.push((scope, key));
             continue;
@@ -233,11 +229,10 @@ impl<'a> CallRef<'a> {
     fn back_off(&self, h: &impl Host, rec: &OpRecord) -> Option<Step> {
         // Another owner's record is refused by the engine, not waited for.
         let grantable = matches!(rec.state, State::Failed | State::Absent) && rec.owner == h.settings().owner;
-        if mutant::on(Mutant::NotSentRetriesAtOnce) || !grantable || !rec.budget_left() {
+        if !grantable || !rec.budget_left() {
             return None;
         }
-        let now = h.now().max(rec.updated_at);
-        let at = rec.retry_at().filter(|&at| at > now)?;
+        let at = backing_off_until(h, rec)?;
         let attempts = rec.attempts.len() as u32;
         let mut meanwhile = self.account(Ending::NotSent(NotSentInfo { attempts }), Some(rec));
         // Nothing was sent and the same call goes on after the back-off.
@@ -316,6 +311,17 @@ impl<'a> CallRef<'a> {
             repeat,
         }
     }
+}
+
+/// Until when `rec`'s next attempt waits out the back-off of a not-sent one,
+/// by the ledger's clock (never earlier than the record's own last write);
+/// none once it may be granted.
+fn backing_off_until(h: &impl Host, rec: &OpRecord) -> Option<u64> {
+    if mutant::on(Mutant::NotSentRetriesAtOnce) {
+        return None;
+    }
+    let now = h.now().max(rec.updated_at);
+    rec.retry_at().filter(|&at| at > now)
 }
 
 /// A success this call's own attempt reported: its answer is the receipt it is
