@@ -10,8 +10,8 @@
 
 use crate::config::Config;
 use crate::engine::{
-    self, BeginRequest, ReadWhen, await_with_record, begin_keyed, confirmed_info, finish_with_record, reconcile,
-    rejected_info,
+    self, BeginRequest, ReadWhen, await_loaded, begin_keyed, confirmed_info, finish_with_record, load_awaited,
+    reconcile, rejected_info,
 };
 use crate::host::Host;
 use crate::mutant::{self, Mutant};
@@ -88,14 +88,13 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
 /// starts an attempt while a holder's lease is live; an unknown record's
 /// provider is read only when its next read is due.
 pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
+    let loaded = load_awaited(h, scope, key)?;
     // The attempt after one that was not sent is granted when its back-off is over, not earlier.
-    if let Some(loaded) = crate::store::load(h, scope, key).map_err(|e| Error::Storage(e.message()))?
-        && let Some(wait) = CallRef::of(h, scope, key, Some(&loaded.rec)).back_off(h, &loaded.rec)
-    {
+    if let Some(wait) = CallRef::of(h, scope, key, Some(&loaded.rec)).back_off(h, &loaded.rec) {
         return Ok(wait);
     }
     // A read happens when one is due: a caller asking early (or often) gets the same wait.
-    let (awaited, rec) = await_with_record(h, scope, key, ReadWhen::Due)?;
+    let (awaited, rec) = await_loaded(h, scope, key, loaded, ReadWhen::Due)?;
     let call = CallRef::of(h, scope, key, Some(&rec));
     match awaited {
         Awaited::Pending(holder) => Ok(call.wait_for_holder(h.now(), holder, Some(&rec))),

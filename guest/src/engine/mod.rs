@@ -16,7 +16,9 @@ pub use finish::{finish, finish_with_record};
 pub use maintenance::{SweepReport, prune, sweep};
 pub use operator::{adopt, inspect, resolve};
 pub use queue::queue;
-pub use reconcile::{ReadWhen, await_holder, await_with_record, reconcile, reconcile_when, rejected_info};
+pub use reconcile::{
+    ReadWhen, await_holder, await_loaded, await_with_record, load_awaited, reconcile, reconcile_when, rejected_info,
+};
 
 use alloc::string::String;
 

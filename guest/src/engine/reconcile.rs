@@ -59,10 +59,26 @@ pub fn await_holder(h: &impl Host, scope: &str, key: &str) -> Result<Awaited, Er
 /// [`await_holder`], also returning the record as it was read first (its key
 /// source and budget do not change in the step).
 pub fn await_with_record(h: &impl Host, scope: &str, key: &str, when: ReadWhen) -> Result<(Awaited, OpRecord), Error> {
+    let loaded = load_awaited(h, scope, key)?;
+    await_loaded(h, scope, key, loaded, when)
+}
+
+/// The record a waiter asks about, its names checked first: not found is an error.
+pub fn load_awaited(h: &impl Host, scope: &str, key: &str) -> Result<Loaded, Error> {
     let settings = h.settings();
     check_name("scope", scope, &settings)?;
     check_name("key", key, &settings)?;
-    let loaded = load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)?;
+    load(h, scope, key).map_err(storage_error)?.ok_or(Error::NotFound)
+}
+
+/// [`await_with_record`] on the record the caller has just loaded (no second read of it).
+pub fn await_loaded(
+    h: &impl Host,
+    scope: &str,
+    key: &str,
+    loaded: Loaded,
+    when: ReadWhen,
+) -> Result<(Awaited, OpRecord), Error> {
     let rec = &loaded.rec;
     let awaited = match rec.state {
         // "Not sent" is not a rejection: what happens next is reconcile's to say.
