@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -124,8 +125,6 @@ class LostReplyProvider(RefundTable):
             self.reads_unavailable -= 1
             return once.Evidence.unknown("the provider's read API timed out")
         read_at = self.handle[0].now()
-        import sqlite3
-
         with sqlite3.connect(self.path) as db:
             row = db.execute("SELECT id FROM refunds WHERE request_id = ?", (provider_key,)).fetchone()
         if row is None:
@@ -256,3 +255,20 @@ def test_an_unconfirmed_step_is_onces_text_and_survives_dbos_pickling(
         text = texting(2, 20)
     assert text.startswith("refund_order dbos/wf-text/1/refund_order: unknown") and "effect unknown" in text
     assert provider.count() == 2
+
+
+# ------------------------------------------------------------------ the documentation's example, as printed
+
+
+def test_the_docs_example_runs_as_printed_with_one_refund(tmp_path: Path) -> None:
+    page = REPO / "docs" / "frameworks" / "dbos.md"
+    readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
+    (tmp_path / "example.py").write_text(readme_block.block(page.read_text(encoding="utf-8"), "## Example", "python"),
+                                         encoding="utf-8")
+    run = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "{'refund_id': 'r-1'}", run.stdout
+    rows = sqlite3.connect(tmp_path / "refunds.db").execute("SELECT order_id, amount FROM refunds").fetchall()
+    assert rows == [(1234, 200)]
+    view = once.Once.sqlite(tmp_path / "once.db").inspect("dbos", "refund-order-1234/1/refund_order")
+    assert view is not None and view.state is once.State.CONFIRMED
