@@ -4,6 +4,7 @@ the same scenarios without once, each counted in the provider's SQLite table."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -272,3 +273,34 @@ def test_the_docs_example_runs_as_printed_with_one_refund(tmp_path: Path) -> Non
     assert rows == [(1234, 200)]
     view = once.Once.sqlite(tmp_path / "once.db").inspect("dbos", "refund-order-1234/1/refund_order")
     assert view is not None and view.state is once.State.CONFIRMED
+
+
+def test_an_async_step_with_a_lost_reply_is_reconciled_with_one_refund(
+    tmp_path: Path, launch: Callable[[], None]
+) -> None:
+    provider = LostReplyProvider(tmp_path / "refunds.db")
+    provider.reads_unavailable = 0
+    o = once.Once.sqlite(tmp_path / "once.db", lookup=provider.lookup, settings={"clock_skew_ms": 0},
+                         policies={"refund_order": POLICY})
+    provider.handle.append(o)
+
+    @DBOS.step(name="refund_order")
+    @protected_step(o, "refund_order")
+    async def refund_order(order_id: int, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+        return provider.refund(order_id, amount, idempotency_key)
+
+    @DBOS.workflow()
+    async def refund_workflow(order_id: int, amount: int) -> dict[str, Any]:
+        receipt: dict[str, Any] = await refund_order(order_id, amount)
+        return receipt
+
+    launch()
+
+    async def main() -> dict[str, Any]:
+        with SetWorkflowID(WORKFLOW_ID):
+            return await refund_workflow(1234, 200)
+
+    assert asyncio.run(main()) == {"refund_id": "r-1"}
+    assert provider.count() == 1, "a second refund"
+    view = o.inspect("dbos", KEY)
+    assert view is not None and view.state is once.State.CONFIRMED and view.attempts == 1
