@@ -1,1 +1,2 @@
-"""Framework adapters, each an optional extra: `openai_agents` (openai-agents), `langchain` (langchain-core, langgraph)."""
+"""Framework adapters, each an optional extra: `openai_agents` (openai-agents), `langchain` (langchain-core,
+langgraph), `dbos` (dbos)."""
