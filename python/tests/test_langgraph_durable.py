@@ -129,8 +129,10 @@ def test_a_tool_node_killed_after_the_refund_and_resumed_refunds_once(tmp_path: 
     checkpoints, ledger, _ = setup
     view = open_ledger(ledger, checkpoints).inspect("conv-42", KEY)
     assert view is not None and view.state is once.State.CONFIRMED and view.attempts == 1
+    # The dead holder's lease ended, the outcome was unknown, and the provider's read confirmed it: nothing resent.
     kinds = [e.kind for e in view.audit]
-    assert "lease-expired" in kinds, kinds
+    assert kinds[0] == "begin" and "lease-expired" in kinds and kinds[-1] == "reconciled-confirmed", kinds
+    assert view.key_source is once.KeySource.APPLICATION
 
 
 def test_the_same_crash_without_once_refunds_twice(tmp_path: Path, setup: tuple[str, str, str]) -> None:
