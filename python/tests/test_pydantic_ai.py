@@ -375,6 +375,24 @@ def test_arguments_pydantic_ai_rejects_record_nothing_and_get_its_retry_prompt(t
     assert plain_script.read()[0].outcome == "retried"
 
 
+def test_a_model_retry_from_the_args_validator_records_nothing(tmp_path: Path) -> None:
+    provider = RefundTable(tmp_path / "provider.db")
+    o = Once.sqlite(str(tmp_path / "once.db"))
+
+    def at_most_1000(ctx: RunContext[Conversation], order_id: int, amount: int) -> None:
+        if amount > 1000:
+            raise ModelRetry("refunds above 1000 need a person; ask for at most 1000")
+
+    raw = Tool(refund_tool(provider), args_validator=at_most_1000)
+    script = Script({"order_id": 1234, "amount": 5000}, {"order_id": 1234, "amount": 1000})
+    run(protected_tool(o, raw, key=by_conversation), script)
+    rejected, done = script.read()
+    assert rejected.outcome == "retried" and "at most 1000" in str(rejected.content)
+    assert done.outcome == "success" and provider.amounts() == [1000]
+    view = o.inspect("default", "conv-1/refund-1234")
+    assert view is not None and view.attempts == 1 and json.loads(view.args)["amount"] == 1000
+
+
 # ---------------------------------------------------------------- once's text to the model
 
 

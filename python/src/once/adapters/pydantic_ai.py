@@ -27,7 +27,9 @@ once's own account of the call (`called.describe()`): a failed tool result that 
 try again" instruction and spends no retry budget, because what the model should do next is what once's text
 says (the same call again waits, or is reconciled), never a call with other arguments. Once dispatched, the
 function's exceptions (`ModelRetry` and `ToolFailed` included) are not taken as "nothing happened": a raise is an
-ambiguous outcome, `once.Refused` a definite rejection.
+ambiguous outcome, `once.Refused` a definite rejection; a check that should send the model back to correct its
+arguments belongs in the tool's `args_validator`, which runs before the call begins. Recorded arguments that the
+tool's schema rejects at dispatch (a key argument whose type the provider key does not fit) are not sent.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ import copy
 import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
+from pydantic import ValidationError
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.exceptions import ToolFailed
-from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
 from ..client import Once
