@@ -23,11 +23,11 @@ calls the function exactly as an in-process call would.
 
 When the effect happened the model gets the stored receipt (projected to JSON as for `@once.protect`). Otherwise
 (unknown, in flight, conflict, blocked, rejected, not sent) the tool raises Pydantic AI's `ToolFailed` with
-once's own account of the call (`called.describe()`): a failed tool result that carries no "fix the errors and
-try again" instruction and spends no retry budget, because what the model should do next is what once's text
-says (the same call again waits, or is reconciled), never a call with other arguments. Once dispatched, the
-function's exceptions (`ModelRetry` and `ToolFailed` included) are not taken as "nothing happened": a raise is an
-ambiguous outcome, `once.Refused` a definite rejection; a check that should send the model back to correct its
+once's own account of the call (`called.describe()`): a failed tool result, not a `ModelRetry` one (which asks
+for the call again with corrected arguments and spends the tool's retry budget), because what the model should do
+next is what once's text says (the same call again waits, or is reconciled), never a call with other arguments.
+Once dispatched, the function's exceptions (`ModelRetry` and `ToolFailed` included) are not taken as "nothing
+happened": a raise is an ambiguous outcome, `once.Refused` a definite rejection; a check that should send the model back to correct its
 arguments belongs in the tool's `args_validator`, which runs before the call begins. Recorded arguments that the
 tool's schema rejects at dispatch (a key argument whose type the provider key does not fit) are not sent.
 """
@@ -115,6 +115,6 @@ def output(called: Called) -> Any:
     """The tool's result for the model: the receipt when the effect happened, else `ToolFailed` with once's text."""
     if called.effect is Effect.HAPPENED or called.direct is not None:
         return receipt_or_text(called)
-    # A failed tool result rather than ModelRetry: ModelRetry tells the model to fix its arguments and try again,
+    # A failed tool result rather than ModelRetry: ModelRetry asks for the call again with corrected arguments,
     # which after an unknown outcome is the blind retry with other arguments that once exists to prevent.
     raise ToolFailed(called.describe())
