@@ -27,9 +27,10 @@ once's own account of the call (`called.describe()`): a failed tool result, not 
 for the call again with corrected arguments and spends the tool's retry budget), because what the model should do
 next is what once's text says (the same call again waits, or is reconciled), never a call with other arguments.
 Once dispatched, the function's exceptions (`ModelRetry` and `ToolFailed` included) are not taken as "nothing
-happened": a raise is an ambiguous outcome, `once.Refused` a definite rejection; a check that should send the model back to correct its
-arguments belongs in the tool's `args_validator`, which runs before the call begins. Recorded arguments that the
-tool's schema rejects at dispatch (a key argument whose type the provider key does not fit) are not sent.
+happened": a raise is an ambiguous outcome, `once.Refused` a definite rejection; a check that should send the model
+back to correct its arguments belongs in the tool's `args_validator`, which runs before the call begins. Recorded
+arguments that the tool's schema rejects at dispatch (a key argument whose type the provider key does not fit) are
+not sent.
 """
 
 from __future__ import annotations
