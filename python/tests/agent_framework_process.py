@@ -10,11 +10,11 @@ DIR/provider.db (the effect, counted there); WITH=once wraps it with `once.adapt
 over the ledger DIR/once.db, WITH=plain leaves it as the framework's plain `@tool`.
 
 PHASE `first`: starts the run (the application's case id travels in `function_invocation_kwargs`, which the
-workflow keeps in its checkpoints); the refund commits, then the tool writes DIR/committed (the scope its key was
-formed in) and hangs until the test SIGKILLs the process, after the provider's commit and before the superstep's
+workflow keeps in its checkpoints); the refund commits, then the tool writes DIR/committed (the agent sessions the
+key was formed in) and hangs until the test SIGKILLs the process: after the provider's commit, before the superstep's
 checkpoint. PHASE `resume`: a new process rebuilds the workflow, restores the latest checkpoint (the one after
 `intake`) and runs on: the agent's turn is run again, and the scripted model calls the tool again with a new call
-id. Prints the run's output text and the scope as JSON.
+id. Prints the run's output texts, the agent sessions and the restored checkpoint's iteration as JSON.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Provider(RefundTable):
         return None if row is None else {"refund_id": f"r-{row[0]}", "order_id": row[1], "amount": row[2]}
 
 
-def refund_tool(provider: Provider, scopes: list[str]) -> Any:
+def refund_tool(provider: Provider, sessions: list[str]) -> Any:
     """The agent's refund tool over `provider`: the framework's plain `@tool`."""
 
     @tool
@@ -103,7 +103,7 @@ def refund_tool(provider: Provider, scopes: list[str]) -> Any:
         # Under once, the dispatch's provider key is the provider's idempotency key; a plain call has none.
         receipt = provider.refund(order_id, amount, ctx.kwargs.get(PROVIDER_KEY))
         if provider.hang_after_commit is not None:
-            provider.hang_after_commit.write_text(json.dumps({"scopes": scopes}), encoding="utf-8")
+            provider.hang_after_commit.write_text(json.dumps({"sessions": sessions}), encoding="utf-8")
             time.sleep(3600)  # the test SIGKILLs the process here: committed, not yet checkpointed
         return receipt
 
@@ -117,10 +117,10 @@ async def intake(text: str, ctx: WorkflowContext[AgentExecutorRequest]) -> None:
 
 
 def workflow(directory: Path, with_once: bool, hang: bool) -> tuple[Workflow, FileCheckpointStorage, list[str]]:
-    """The checkpointed workflow of this test, its storage, and the scopes the protected tool's keys were formed in."""
+    """The checkpointed workflow, its storage, and the agent sessions the protected tool's keys were formed in."""
     provider = Provider(directory / "provider.db", directory / "committed" if hang else None)
-    scopes: list[str] = []
-    refund: Any = refund_tool(provider, scopes)
+    sessions: list[str] = []
+    refund: Any = refund_tool(provider, sessions)
     if with_once:
         import once
         from once.adapters.agent_framework import session_scope, protect_tool
@@ -134,7 +134,7 @@ def workflow(directory: Path, with_once: bool, hang: bool) -> tuple[Workflow, Fi
                                                                         reconcile_interval_ms=100, lookup=True)})
 
         def key(args: dict[str, Any], ctx: FunctionInvocationContext) -> str:
-            scopes.append(session_scope(ctx))
+            sessions.append(session_scope(ctx))
             return f"{ctx.kwargs['case_id']}/refund-{args['order_id']}"
 
         refund = protect_tool(ledger, refund, key=key)
@@ -142,12 +142,12 @@ def workflow(directory: Path, with_once: bool, hang: bool) -> tuple[Workflow, Fi
     storage = FileCheckpointStorage(str(directory / "checkpoints"))
     built = (WorkflowBuilder(name="refunds", start_executor=intake, checkpoint_storage=storage)
              .add_edge(intake, AgentExecutor(agent, id="refunder")).build())
-    return built, storage, scopes
+    return built, storage, sessions
 
 
 async def main() -> int:
     directory, with_once, phase = Path(sys.argv[1]), sys.argv[2] == "once", sys.argv[3]
-    built, storage, scopes = workflow(directory, with_once, hang=phase == "first")
+    built, storage, sessions = workflow(directory, with_once, hang=phase == "first")
     if phase == "first":
         await built.run("refund order 1234", function_invocation_kwargs={"case_id": "case-42"})
         return 1  # unreachable: the tool hangs until killed
@@ -155,7 +155,7 @@ async def main() -> int:
     assert latest is not None, "no checkpoint to resume from"
     result = await built.run(checkpoint_id=latest.checkpoint_id)
     texts = [o.text for o in result.get_outputs()]
-    print(json.dumps({"outputs": texts, "scopes": scopes, "restored_iteration": latest.iteration_count}))
+    print(json.dumps({"outputs": texts, "sessions": sessions, "restored_iteration": latest.iteration_count}))
     return 0
 
 

@@ -37,7 +37,7 @@ def phase(directory: Path, with_once: str, name: str) -> subprocess.Popen[str]:
 
 
 def kill_after_commit(directory: Path, with_once: str) -> list[str]:
-    """Run the first phase until the refund is committed, then SIGKILL it; the scopes its key was formed in."""
+    """Run the first phase until the refund is committed, then SIGKILL it; the agent sessions its key was formed in."""
     p = phase(directory, with_once, "first")
     marker = directory / "committed"
     deadline = time.monotonic() + 60
@@ -48,15 +48,15 @@ def kill_after_commit(directory: Path, with_once: str) -> list[str]:
     os.kill(p.pid, signal.SIGKILL)
     p.communicate()
     assert p.returncode == -signal.SIGKILL
-    scopes: list[str] = json.loads(marker.read_text(encoding="utf-8"))["scopes"]
-    return scopes
+    sessions: list[str] = json.loads(marker.read_text(encoding="utf-8"))["sessions"]
+    return sessions
 
 
 @pytest.mark.parametrize("with_once,refunds", [("once", 1), ("plain", 2)])
 def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_with_once_twice_without(
         tmp_path: Path, with_once: str, refunds: int) -> None:
     provider = RefundTable(tmp_path / "provider.db")
-    first_scopes = kill_after_commit(tmp_path, with_once)
+    first_sessions = kill_after_commit(tmp_path, with_once)
     assert provider.count() == 1, "the first process committed its refund before it was killed"
 
     p = phase(tmp_path, with_once, "resume")
@@ -71,9 +71,9 @@ def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_wi
         return
     # The run's output carries the receipt of the one refund, found by the provider's read (lookup).
     assert resumed["outputs"] == ['refunded: {"refund_id": "r-1", "order_id": 1234, "amount": 200}']
-    # The key's scope is the agent's session id, which the AgentExecutor checkpointed: the same in both processes.
-    assert resumed["scopes"] == first_scopes and len(first_scopes) == 1
-    view = Once.sqlite(str(tmp_path / "once.db")).inspect(first_scopes[0], "case-42/refund-1234")
+    # The agent's session id (session_scope), which the AgentExecutor checkpointed, is the same in both processes.
+    assert resumed["sessions"] == first_sessions and len(first_sessions) == 1
+    view = Once.sqlite(str(tmp_path / "once.db")).inspect("default", "case-42/refund-1234")
     assert view is not None and view.state is once.State.CONFIRMED
     kinds = [e.kind for e in view.audit]
     assert "lease-expired" in kinds, kinds
@@ -108,7 +108,7 @@ def test_the_protected_tool_keeps_the_tools_schema_and_a_new_call_id_replays(tmp
     assert provider.count() == 1
     receipt = '{"refund_id": "r-1", "order_id": 1234, "amount": 200}'
     assert first == second == f"refunded: {receipt}"
-    view = o.inspect(session.session_id, "case-7/refund-1234")
+    view = o.inspect("default", "case-7/refund-1234")
     assert view is not None and view.replays == 1
 
 
@@ -166,12 +166,21 @@ def test_arguments_the_framework_rejects_begin_nothing(tmp_path: Path) -> None:
     assert o.inspect("default", "refund-1234") is not None
 
 
-def test_the_docs_example_runs_as_printed(tmp_path: Path) -> None:
+def test_the_docs_example_runs_as_printed_and_refunds_twice_without_once(tmp_path: Path) -> None:
     readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
     page = (REPO / "docs" / "frameworks" / "agent-framework.md").read_text(encoding="utf-8")
     code = readme_block.block(page, "## Example", "python")
-    script = tmp_path / "example.py"
-    script.write_text(code, encoding="utf-8")
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[-1] == "refunds in the provider's table: 1", run.stdout
+    # The same script with the plain tool (which then gets no provider key): the restore refunds again.
+    plain = code.replace("tools=[safe_refund]", "tools=[refund_order]").replace(
+        "ctx.kwargs[PROVIDER_KEY]", "ctx.kwargs.get(PROVIDER_KEY)")
+    assert plain.count("refund_order]") == 1 and "kwargs.get(" in plain
+    for name, script, refunds in (("with-once", code, 1), ("without-once", plain, 2)):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "example.py").write_text(script, encoding="utf-8")
+        run = subprocess.run([sys.executable, "example.py"], cwd=directory, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        assert lines[0] == lines[1] == 'done: {"refunded": 1234, "amount": 200}', run.stdout
+        assert lines[-1] == f"refunds in the provider's table: {refunds}", (name, run.stdout)

@@ -15,10 +15,10 @@ never from the model's `call_id`:
   which the workflow keeps in its state and so in every checkpoint: a restored run sees the same values. Wrapping
   a tool without `key` raises `once.InvalidRequest`; `derive_key_from=["/order_id", "/amount"]` (JSON pointers)
   is the explicit opt-in to a key derived from the effect-bearing arguments only.
-- the scope: by default the agent's session id (`ctx.session.session_id`). An `AgentExecutor` saves its session
-  in each checkpoint and restores it, so the id is the same for the run's executor before and after a restore
-  (and differs between executors and between runs). `scope=` (a string or a function of `ctx`) overrides it; a
-  call with no session (a bare `tool.invoke`) uses "default".
+- the scope: `scope=`, a string or a function of `ctx`, else "default"; the key itself carries the run's identity.
+  `scope=session_scope` scopes keys by the agent's session id (`ctx.session.session_id`): an `AgentExecutor` saves
+  its session in each checkpoint and restores it, so the id survives a restore; but a new run of the workflow (not
+  a restore) has a new session, so only use it when each run is an operation of its own.
 
 The tool keeps the wrapped tool's name, description, input schema and approval mode. The arguments are validated
 by the framework with that schema before the protected call begins; what is recorded and dispatched is their JSON
@@ -52,7 +52,11 @@ ScopeOf = Union[str, Callable[[FunctionInvocationContext], str], None]
 
 
 def session_scope(ctx: FunctionInvocationContext) -> str:
-    """The invoking agent's session id (checkpointed by its `AgentExecutor`), else the default scope."""
+    """The invoking agent's session id (checkpointed and restored by its `AgentExecutor`), else the default scope.
+
+    For `protect_tool(..., scope=session_scope)`: the same before and after a checkpoint restore, a new one for a
+    new run of the workflow.
+    """
     session = ctx.session
     session_id = getattr(session, "session_id", None) if session is not None else None
     return str(session_id) if session_id else DEFAULT_SCOPE
@@ -67,8 +71,8 @@ def protect_tool(once: Once, tool: Union[FunctionTool, Callable[..., Any]], *, k
     returns the application's operation key from the validated arguments and the `FunctionInvocationContext`
     (`ctx.kwargs`: the run's checkpointed `function_invocation_kwargs`); or `derive_key_from` names the effect
     fields a derived key covers (one of the two is required: `once.InvalidRequest` otherwise). `scope`: a string
-    or a function of `ctx` (default: the agent session's id). `policy` / keyword fields: the tool's policy, checked
-    by the guest now.
+    or a function of `ctx` (default: "default"; `session_scope` for the agent's session). `policy` / keyword
+    fields: the tool's policy, checked by the guest now.
     """
     inner = tool if isinstance(tool, FunctionTool) else as_tool(tool)
     if inner.declaration_only:
@@ -87,7 +91,7 @@ def protect_tool(once: Once, tool: Union[FunctionTool, Callable[..., Any]], *, k
     async def protected(ctx: FunctionInvocationContext, **arguments: Any) -> Any:
         args = as_json(arguments)
         k = key(args, ctx) if key is not None else None
-        sc = scope(ctx) if callable(scope) else (scope or session_scope(ctx))
+        sc = scope(ctx) if callable(scope) else (scope or DEFAULT_SCOPE)
 
         async def send(d: Dispatch) -> Sent:
             try:
