@@ -31,14 +31,14 @@ from refund_table import RefundTable  # noqa: E402
 PROCESS = Path(__file__).with_name("agent_framework_process.py")
 
 
-def phase(directory: Path, with_once: str, name: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(PROCESS), str(directory), with_once, name],
+def phase(directory: Path, with_once: str, name: str, ledger: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(PROCESS), str(directory), with_once, name, ledger],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROCESS.parent)
 
 
-def kill_after_commit(directory: Path, with_once: str) -> list[str]:
+def kill_after_commit(directory: Path, with_once: str, ledger: str) -> list[str]:
     """Run the first phase until the refund is committed, then SIGKILL it; the agent sessions its key was formed in."""
-    p = phase(directory, with_once, "first")
+    p = phase(directory, with_once, "first", ledger)
     marker = directory / "committed"
     deadline = time.monotonic() + 60
     while not marker.exists() or not marker.read_text(encoding="utf-8"):
@@ -52,14 +52,18 @@ def kill_after_commit(directory: Path, with_once: str) -> list[str]:
     return sessions
 
 
-@pytest.mark.parametrize("with_once,refunds", [("once", 1), ("plain", 2)])
+@pytest.mark.parametrize("with_once,ledger,refunds", [("once", "sqlite", 1), ("once", "postgres", 1),
+                                                      ("plain", "none", 2)])
 def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_with_once_twice_without(
-        tmp_path: Path, with_once: str, refunds: int) -> None:
+        request: pytest.FixtureRequest, tmp_path: Path, with_once: str, ledger: str, refunds: int) -> None:
     provider = RefundTable(tmp_path / "provider.db")
-    first_sessions = kill_after_commit(tmp_path, with_once)
+    at = str(tmp_path / "once.db")
+    if ledger == "postgres":
+        at = f"{request.getfixturevalue('pg_url')}?schema={request.getfixturevalue('pg_schema')}"
+    first_sessions = kill_after_commit(tmp_path, with_once, at)
     assert provider.count() == 1, "the first process committed its refund before it was killed"
 
-    p = phase(tmp_path, with_once, "resume")
+    p = phase(tmp_path, with_once, "resume", at)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     resumed = json.loads(out)
@@ -73,7 +77,8 @@ def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_wi
     assert resumed["outputs"] == ['refunded: {"refund_id": "r-1", "order_id": 1234, "amount": 200}']
     # The agent's session id (session_scope), which the AgentExecutor checkpointed, is the same in both processes.
     assert resumed["sessions"] == first_sessions and len(first_sessions) == 1
-    view = Once.sqlite(str(tmp_path / "once.db")).inspect("default", "case-42/refund-1234")
+    # The resumed process's key came from the case id it never passed: the checkpoint carried the run's kwargs.
+    view = (Once.postgres if ledger == "postgres" else Once.sqlite)(at).inspect("default", "case-42/refund-1234")
     assert view is not None and view.state is once.State.CONFIRMED
     kinds = [e.kind for e in view.audit]
     assert "lease-expired" in kinds, kinds
