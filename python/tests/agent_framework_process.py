@@ -1,15 +1,17 @@
 """A Microsoft Agent Framework workflow with file checkpoints, for the crash tests (and the scripted chat client
 the in-process tests share).
 
-    python agent_framework_process.py DIR WITH PHASE [LEDGER]   (WITH: `once` or `plain`; PHASE: `first` or
-                                                                 `resume`; LEDGER: an SQLite file or a
-                                                                 postgres:// URL, default DIR/once.db)
+    python agent_framework_process.py DIR WITH PHASE [LEDGER]
+
+WITH: `once`, `once-without-lookup` or `plain`; PHASE: `first` or `resume`; LEDGER: an SQLite file or a
+postgres:// URL (default DIR/once.db).
 
 The workflow is `intake` (a function executor) -> `refunder` (an `AgentExecutor` around an `Agent` whose chat
 client is scripted: no network), checkpointed in DIR/checkpoints after each superstep, like the two-executor
 workflow of microsoft/agent-framework#3938. The agent's refund tool commits a row in the provider's SQLite table
 DIR/provider.db (the effect, counted there); WITH=once wraps it with `once.adapters.agent_framework.protect_tool`
-over the ledger LEDGER, WITH=plain leaves it as the framework's plain `@tool`.
+over the ledger LEDGER, with the provider's read as its lookup (`once-without-lookup`: none), WITH=plain leaves it
+as the framework's plain `@tool`.
 
 PHASE `first`: starts the run (the application's case id travels in `function_invocation_kwargs`, which the
 workflow keeps in its checkpoints); the refund commits, then the tool writes DIR/committed (the agent sessions the
@@ -118,8 +120,8 @@ async def intake(text: str, ctx: WorkflowContext[AgentExecutorRequest]) -> None:
     await ctx.send_message(AgentExecutorRequest(messages=[Message(role="user", contents=[text])]))
 
 
-def workflow(directory: Path, ledger_at: Optional[str], hang: bool) -> tuple[Workflow, FileCheckpointStorage,
-                                                                             list[str]]:
+def workflow(directory: Path, ledger_at: Optional[str], hang: bool,
+             with_lookup: bool = True) -> tuple[Workflow, FileCheckpointStorage, list[str]]:
     """The checkpointed workflow, its storage, and the agent sessions the protected tool's keys were formed in."""
     provider = Provider(directory / "provider.db", directory / "committed" if hang else None)
     sessions: list[str] = []
@@ -133,9 +135,11 @@ def workflow(directory: Path, ledger_at: Optional[str], hang: bool) -> tuple[Wor
             return once.Evidence.confirmed(found) if found else once.Evidence.absent(ledger.now())
 
         opened = once.Once.postgres if ledger_at.startswith("postgres") else once.Once.sqlite
-        ledger = opened(ledger_at, lookup=lookup, wait=20, settings={"clock_skew_ms": 0},
+        # Without a lookup the call waits its whole `wait` for a read that cannot come: kept short.
+        ledger = opened(ledger_at, lookup=lookup if with_lookup else None, wait=20 if with_lookup else 1,
+                        settings={"clock_skew_ms": 0},
                         policies={"refund_order": once.Policy(dispatch_timeout_ms=300, max_in_flight_ms=500,
-                                                              reconcile_interval_ms=100, lookup=True)})
+                                                              reconcile_interval_ms=100, lookup=with_lookup)})
 
         def key(args: dict[str, Any], ctx: FunctionInvocationContext) -> str:
             sessions.append(session_scope(ctx))
@@ -150,9 +154,10 @@ def workflow(directory: Path, ledger_at: Optional[str], hang: bool) -> tuple[Wor
 
 
 async def main() -> int:
-    directory, with_once, phase = Path(sys.argv[1]), sys.argv[2] == "once", sys.argv[3]
+    directory, with_once, phase = Path(sys.argv[1]), sys.argv[2].startswith("once"), sys.argv[3]
     ledger_at = (sys.argv[4] if len(sys.argv) > 4 else str(directory / "once.db")) if with_once else None
-    built, storage, sessions = workflow(directory, ledger_at, hang=phase == "first")
+    built, storage, sessions = workflow(directory, ledger_at, hang=phase == "first",
+                                        with_lookup=sys.argv[2] != "once-without-lookup")
     if phase == "first":
         await built.run("refund order 1234", function_invocation_kwargs={"case_id": "case-42"})
         return 1  # unreachable: the tool hangs until killed

@@ -53,7 +53,7 @@ def kill_after_commit(directory: Path, with_once: str, ledger: str) -> list[str]
 
 
 @pytest.mark.parametrize("with_once,ledger,refunds", [("once", "sqlite", 1), ("once", "postgres", 1),
-                                                      ("plain", "none", 2)])
+                                                      ("once-without-lookup", "sqlite", 1), ("plain", "none", 2)])
 def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_with_once_twice_without(
         request: pytest.FixtureRequest, tmp_path: Path, with_once: str, ledger: str, refunds: int) -> None:
     provider = RefundTable(tmp_path / "provider.db")
@@ -72,6 +72,12 @@ def test_a_workflow_restored_from_its_checkpoint_after_a_sigkill_refunds_once_wi
     assert provider.count() == refunds, f"{with_once}: {provider.count()} refund(s)"
     if with_once == "plain":
         assert resumed["outputs"] == ['refunded: {"refund_id": "r-2", "order_id": 1234, "amount": 200}']
+        return
+    if with_once == "once-without-lookup":
+        # Nothing can read the provider: the outcome stays unknown, the model reads once's text, nothing is resent.
+        [output] = resumed["outputs"]
+        assert output.startswith("refunded: refund_order default/case-42/refund-1234: unknown (")
+        assert "effect unknown" in output and "failed" not in output
         return
     # The run's output carries the receipt of the one refund, found by the provider's read (lookup).
     assert resumed["outputs"] == ['refunded: {"refund_id": "r-1", "order_id": 1234, "amount": 200}']
