@@ -215,6 +215,31 @@ def test_step_key_is_none_outside_a_graph_and_in_a_subgraph_so_nothing_is_sent()
     assert effects == []
 
 
+def test_step_key_is_none_in_a_graph_without_a_checkpointer_so_a_second_invocation_is_not_taken_for_the_first(
+) -> None:
+    # Without a checkpointer each invocation on the thread starts at step 1 again: "refund@1/refund" both times, so
+    # the second (a refund of its own) would replay the first's receipt. No key, nothing sent, both times.
+    o = Once.memory()
+    effects: list[int] = []
+
+    @tool
+    def refund_order(order_id: int) -> str:
+        """Refund an order."""
+        effects.append(order_id)
+        return "r"
+
+    safe = protect_tool(o, refund_order, key=lambda args, config: step_key(config, "refund"), raise_unconfirmed=True)
+    g = StateGraph(State)
+    g.add_node("refund", lambda state: {"keys": [safe.invoke({"order_id": 1})]})
+    g.add_edge(START, "refund")
+    graph = g.compile()
+    for _ in range(2):
+        with pytest.raises(once.Unconfirmed) as info:
+            graph.invoke({}, THREAD)
+        assert identity_required(info.value.called)
+    assert effects == []
+
+
 def test_the_docs_example_runs_as_printed(tmp_path: Path) -> None:
     readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
     page = (REPO / "docs" / "frameworks" / "langgraph.md").read_text(encoding="utf-8")

@@ -62,15 +62,20 @@ def step_key(config: RunnableConfig, *parts: object) -> Optional[str]:
     without a saved checkpoint (`durability="exit"`) the re-run gets a new one, and a model's tool-call id never is,
     because a re-run model mints another.
 
-    None (so the protected call is `blocked(identity-required)`, nothing sent) outside a LangGraph task, or inside
-    a subgraph: a subgraph's steps restart at each invocation and its namespace is told apart only by the parent's
-    task id, so no key of its own is stable across a crash and a second invocation at once; give such a call a key
-    from your own identities.
+    None (so the protected call is `blocked(identity-required)`, nothing sent) outside a LangGraph task, in a graph
+    compiled without a checkpointer, or inside a subgraph. Without a checkpointer every invocation starts again at
+    step 1, so a second invocation on the thread would get the first one's key and its receipt instead of its own
+    effect. A subgraph's steps restart at each invocation and its namespace is told apart only by the parent's task
+    id, so no key of its own is stable across a crash and a second invocation at once. Give such a call a key from
+    your own identities.
     """
     metadata = config.get("metadata") or {}
     node, step, path = metadata.get("langgraph_node"), metadata.get("langgraph_step"), metadata.get("langgraph_path")
     namespace = str(metadata.get("langgraph_checkpoint_ns") or "")
-    if node is None or not isinstance(step, int) or "|" in namespace:
+    # LangGraph's CONFIG_KEY_CHECKPOINTER (a private constant): the step numbers go on from the thread's last
+    # checkpoint only when there is one.
+    checkpointer = (config.get("configurable") or {}).get("__pregel_checkpointer")
+    if node is None or not isinstance(step, int) or "|" in namespace or checkpointer is None:
         return None
     key = f"{node}@{step}"
     if isinstance(path, (tuple, list)) and path and path[0] != "__pregel_pull":
