@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
 
-from conftest import REPO, load_module, require  # noqa: E402
+from conftest import docs_example, kill_when, require, run_script  # noqa: E402
 
 require("agent_framework", "agent-framework")
 
@@ -40,14 +37,7 @@ def kill_after_commit(directory: Path, with_once: str, ledger: str) -> list[str]
     """Run the first phase until the refund is committed, then SIGKILL it; the agent sessions its key was formed in."""
     p = phase(directory, with_once, "first", ledger)
     marker = directory / "committed"
-    deadline = time.monotonic() + 60
-    while not marker.exists() or not marker.read_text(encoding="utf-8"):
-        assert p.poll() is None, p.communicate()[1]
-        assert time.monotonic() < deadline, "the refund never committed"
-        time.sleep(0.01)
-    os.kill(p.pid, signal.SIGKILL)
-    p.communicate()
-    assert p.returncode == -signal.SIGKILL
+    kill_when(p, lambda: marker.exists() and bool(marker.read_text(encoding="utf-8")), "the refund never committed")
     sessions: list[str] = json.loads(marker.read_text(encoding="utf-8"))["sessions"]
     return sessions
 
@@ -178,19 +168,13 @@ def test_arguments_the_framework_rejects_begin_nothing(tmp_path: Path) -> None:
 
 
 def test_the_docs_example_runs_as_printed_and_refunds_twice_without_once(tmp_path: Path) -> None:
-    readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
-    page = (REPO / "docs" / "frameworks" / "agent-framework.md").read_text(encoding="utf-8")
-    code = readme_block.block(page, "## Example", "python")
+    code = docs_example("docs/frameworks/agent-framework.md")
     # The same script with the plain tool (which then gets no provider key): the restore refunds again.
     plain = code.replace("tools=[safe_refund]", "tools=[refund_order]").replace(
         "ctx.kwargs[PROVIDER_KEY]", "ctx.kwargs.get(PROVIDER_KEY)")
     assert plain.count("refund_order]") == 1 and "kwargs.get(" in plain
     for name, script, refunds in (("with-once", code, 1), ("without-once", plain, 2)):
-        directory = tmp_path / name
-        directory.mkdir()
-        (directory / "example.py").write_text(script, encoding="utf-8")
-        run = subprocess.run([sys.executable, "example.py"], cwd=directory, capture_output=True, text=True,
-                             timeout=60)
+        run = run_script(tmp_path / name, script, timeout=60)
         assert run.returncode == 0, run.stderr
         lines = run.stdout.splitlines()
         assert lines[0] == lines[1] == 'done: {"refunded": 1234, "amount": 200}', run.stdout

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conftest import REPO, load_module, require  # noqa: E402
+from conftest import docs_example, require, run_script  # noqa: E402
 
 require("dbos", "dbos")
 
@@ -262,11 +262,7 @@ def test_an_unconfirmed_step_is_onces_text_and_survives_dbos_pickling(
 
 
 def test_the_docs_example_runs_as_printed_with_one_refund(tmp_path: Path) -> None:
-    page = REPO / "docs" / "frameworks" / "dbos.md"
-    readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
-    (tmp_path / "example.py").write_text(readme_block.block(page.read_text(encoding="utf-8"), "## Example", "python"),
-                                         encoding="utf-8")
-    run = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = run_script(tmp_path, docs_example("docs/frameworks/dbos.md"))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "{'refund_id': 'r-1'}", run.stdout
     rows = sqlite3.connect(tmp_path / "refunds.db").execute("SELECT order_id, amount FROM refunds").fetchall()

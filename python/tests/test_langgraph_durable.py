@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, TypedDict
 
 import pytest
 
-from conftest import REPO, load_module, require
+from conftest import docs_example, kill_when, require, run_script
 
 require("langgraph.checkpoint.sqlite", "langgraph")
 require("langgraph.checkpoint.postgres", "langgraph")
@@ -81,19 +79,10 @@ def crash_then_resume(tmp_path: Path, setup: tuple[str, str, str], protect: str)
     provider = RefundTable(tmp_path / f"provider-{protect}.db")
     p = process(checkpoints, ledger, provider.path, durability, protect, "crash")
     committed = Path(str(provider.path) + ".committed")
-    deadline = time.monotonic() + 60
-    while not committed.exists():
-        assert p.poll() is None, p.communicate()[1]
-        assert time.monotonic() < deadline, "the tool never ran"
-        time.sleep(0.01)
-    if durability != "exit":
-        # Killed once the model's step is checkpointed (under "async" that write runs beside the tool node).
-        while saved_step(checkpoints) != 1:
-            assert time.monotonic() < deadline, f"the model's step was never checkpointed: {saved_step(checkpoints)}"
-            time.sleep(0.02)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL
+    # Killed once the tool committed and (but under "exit") the model's step is checkpointed: under "async" that
+    # write runs beside the tool node.
+    kill_when(p, lambda: committed.exists() and (durability == "exit" or saved_step(checkpoints) == 1),
+              "the tool never ran, or the model's step was never checkpointed")
     assert provider.count() == 1, "the refund committed before the kill"
     # What the dead run left: under "exit" nothing at all, otherwise the model's step and not the tool node's.
     assert saved_step(checkpoints) == (None if durability == "exit" else 1)
@@ -188,8 +177,8 @@ def identity_required(called: once.Called) -> bool:
     return isinstance(called.ending, once.Blocked) and called.ending.reason is once.BlockReason.IDENTITY_REQUIRED
 
 
-def test_step_key_is_none_outside_a_graph_and_in_a_subgraph_so_nothing_is_sent() -> None:
-    o = Once.memory()
+def step_keyed_tool() -> tuple[Any, list[int]]:
+    """A refund tool keyed by `step_key` (raising `Unconfirmed` when not confirmed) and the refunds it made."""
     effects: list[int] = []
 
     @tool
@@ -198,7 +187,12 @@ def test_step_key_is_none_outside_a_graph_and_in_a_subgraph_so_nothing_is_sent()
         effects.append(order_id)
         return "r"
 
-    safe = protect_tool(o, refund_order, key=lambda args, config: step_key(config, "refund"), raise_unconfirmed=True)
+    return protect_tool(Once.memory(), refund_order, key=lambda args, config: step_key(config, "refund"),
+                        raise_unconfirmed=True), effects
+
+
+def test_step_key_is_none_outside_a_graph_and_in_a_subgraph_so_nothing_is_sent() -> None:
+    safe, effects = step_keyed_tool()
     with pytest.raises(once.Unconfirmed) as info:
         safe.invoke({"order_id": 1})
     assert identity_required(info.value.called)
@@ -219,16 +213,7 @@ def test_step_key_is_none_in_a_graph_without_a_checkpointer_so_a_second_invocati
 ) -> None:
     # Without a checkpointer each invocation on the thread starts at step 1 again: "refund@1/refund" both times, so
     # the second (a refund of its own) would replay the first's receipt. No key, nothing sent, both times.
-    o = Once.memory()
-    effects: list[int] = []
-
-    @tool
-    def refund_order(order_id: int) -> str:
-        """Refund an order."""
-        effects.append(order_id)
-        return "r"
-
-    safe = protect_tool(o, refund_order, key=lambda args, config: step_key(config, "refund"), raise_unconfirmed=True)
+    safe, effects = step_keyed_tool()
     g = StateGraph(State)
     g.add_node("refund", lambda state: {"keys": [safe.invoke({"order_id": 1})]})
     g.add_edge(START, "refund")
@@ -241,10 +226,7 @@ def test_step_key_is_none_in_a_graph_without_a_checkpointer_so_a_second_invocati
 
 
 def test_the_docs_example_runs_as_printed(tmp_path: Path) -> None:
-    readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
-    page = (REPO / "docs" / "frameworks" / "langgraph.md").read_text(encoding="utf-8")
-    (tmp_path / "example.py").write_text(readme_block.block(page, "## Example", "python"), encoding="utf-8")
-    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = run_script(tmp_path, docs_example("docs/frameworks/langgraph.md"))
     assert done.returncode == 0, done.stderr
     assert done.stdout == "{'refund_id': 'r-1'}\n"
     # The example's provider table, in its working directory: one refund.

@@ -5,20 +5,23 @@ with the plain (unprotected) tool, which must make two refunds where the protect
 from __future__ import annotations
 
 import json
-import os
 import runpy
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, Union
 
 import pytest
 
-from conftest import REPO, load_module, require  # noqa: E402
+from conftest import docs_example, kill_when, require  # noqa: E402
+
+if sys.version_info < (3, 11):
+    # Pydantic AI 2 needs Python 3.11+, so the extra (and its test pins) are marked python_version >= "3.11" and are
+    # not installed here; on 3.11+ a missing extra is still a failure under CI (require, below).
+    pytest.skip("skipped: Pydantic AI 2 requires Python 3.11 or newer; this is Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}", allow_module_level=True)
 
 require("pydantic_ai", "pydantic-ai")
 
@@ -441,15 +444,8 @@ def crash_then_rerun(tmp_path: Path, mode: str) -> tuple[RefundTable, list[dict[
     """Run the agent until its refund committed, SIGKILL it, and run it again in a new process on the same files."""
     ledger, provider = tmp_path / f"{mode}-once.db", RefundTable(tmp_path / f"{mode}-provider.db")
     first = agent(ledger, provider.path, mode, "crash")
-    committed = Path(str(provider.path) + ".committed")
-    deadline = time.monotonic() + 60
-    while not committed.exists():
-        assert first.poll() is None, first.communicate()[1]
-        assert time.monotonic() < deadline, "the agent never refunded"
-        time.sleep(0.01)
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
-    assert first.returncode == -signal.SIGKILL and provider.count() == 1
+    kill_when(first, Path(str(provider.path) + ".committed").exists, "the agent never refunded")
+    assert provider.count() == 1
     second = agent(ledger, provider.path, mode, "rerun")
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
@@ -476,10 +472,8 @@ def test_a_process_killed_after_the_refund_committed_is_recovered_by_a_new_one_w
 
 def test_the_docs_example_runs_as_printed_and_refunds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    readme_block = load_module(REPO / "tests" / "packages" / "readme_block.py", "readme_block")
-    page = (REPO / "docs" / "frameworks" / "pydantic-ai.md").read_text(encoding="utf-8")
     example = tmp_path / "example.py"
-    example.write_text(readme_block.block(page, "## Example", "python"), encoding="utf-8")
+    example.write_text(docs_example("docs/frameworks/pydantic-ai.md"), encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     for run_number in (1, 2):  # the second run: new handles on the same files, as a restarted process has
         runpy.run_path(str(example), run_name="__main__")
