@@ -133,6 +133,20 @@ class LostReplyProvider(RefundTable):
         return once.Evidence.confirmed({"refund_id": f"r-{row[0]}"})
 
 
+def run_refund_workflow(refund_order: Callable[..., dict[str, Any]], launch: Callable[[], None]) -> dict[str, Any]:
+    """Run the step `refund_order` in a workflow of id WORKFLOW_ID, in this process (the same for the protected and
+    the plain step); the workflow's output."""
+
+    @DBOS.workflow()
+    def refund_workflow(order_id: int, amount: int) -> dict[str, Any]:
+        receipt: dict[str, Any] = refund_order(order_id, amount)
+        return receipt
+
+    launch()
+    with SetWorkflowID(WORKFLOW_ID):
+        return refund_workflow(1234, 200)
+
+
 def test_a_lost_reply_is_reconciled_on_the_steps_retry_with_one_refund(
     tmp_path: Path, launch: Callable[[], None]
 ) -> None:
@@ -160,14 +174,7 @@ def test_a_lost_reply_is_reconciled_on_the_steps_retry_with_one_refund(
     def refund_order(order_id: int, amount: int, idempotency_key: str = "") -> dict[str, Any]:
         return provider.refund(order_id, amount, idempotency_key)
 
-    @DBOS.workflow()
-    def refund_workflow(order_id: int, amount: int) -> dict[str, Any]:
-        receipt: dict[str, Any] = refund_order(order_id, amount)
-        return receipt
-
-    launch()
-    with SetWorkflowID(WORKFLOW_ID):
-        receipt = refund_workflow(1234, 200)
+    receipt = run_refund_workflow(refund_order, launch)
     assert receipt == {"refund_id": "r-1"}
     assert provider.count() == 1, "a second refund"
     # The first attempt ended unknown (the read was unavailable): DBOS retried, and the retry reconciled.
@@ -184,14 +191,7 @@ def test_the_same_lost_reply_without_once_refunds_twice(tmp_path: Path, launch: 
     def refund_order(order_id: int, amount: int) -> dict[str, Any]:
         return provider.refund(order_id, amount)
 
-    @DBOS.workflow()
-    def refund_workflow(order_id: int, amount: int) -> dict[str, Any]:
-        receipt: dict[str, Any] = refund_order(order_id, amount)
-        return receipt
-
-    launch()
-    with SetWorkflowID(WORKFLOW_ID):
-        receipt = refund_workflow(1234, 200)
+    receipt = run_refund_workflow(refund_order, launch)
     # DBOS retried a step whose refund had committed: the provider refunded again.
     assert provider.count() == 2, provider.count()
     assert receipt == {"refund_id": "r-2", "order_id": 1234, "amount": 200}
