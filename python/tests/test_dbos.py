@@ -21,6 +21,7 @@ from conftest import docs_example, require, run_script  # noqa: E402
 
 require("dbos", "dbos")
 
+import dbos  # noqa: E402
 from dbos import DBOS, SetWorkflowID  # noqa: E402
 
 import once  # noqa: E402
@@ -182,6 +183,32 @@ def test_a_lost_reply_is_reconciled_on_the_steps_retry_with_one_refund(
     view = o.inspect("dbos", KEY)
     assert view is not None and view.state is once.State.CONFIRMED and view.attempts == 1
     assert [e.kind for e in view.audit][-1] == "reconciled-confirmed"
+
+
+def test_without_a_lookup_a_lost_reply_fails_the_workflow_after_the_last_retry_and_no_retry_sends_again(
+    tmp_path: Path, launch: Callable[[], None]
+) -> None:
+    provider = RefundTable(tmp_path / "refunds.db", lose_replies=1)
+    o = once.Once.sqlite(tmp_path / "once.db", settings={"clock_skew_ms": 0}, policies={"refund_order": POLICY},
+                         wait=0)
+    attempts: list[int] = []
+
+    @DBOS.step(name="refund_order", retries_allowed=True, interval_seconds=0.1, max_attempts=3)
+    @protected_step(o, "refund_order")
+    def refund_order(order_id: int, amount: int, idempotency_key: str = "") -> dict[str, Any]:
+        attempts.append(len(attempts))
+        return provider.refund(order_id, amount, idempotency_key)
+
+    with pytest.raises(dbos.error.DBOSMaxStepRetriesExceeded) as info:
+        run_refund_workflow(refund_order, launch)
+    # DBOS ran the step three times; only the first reached the provider, the retries met once's unknown record.
+    assert attempts == [0] and provider.count() == 1, (attempts, provider.count())
+    # The workflow's error is DBOS's; each attempt's error in it is once's account, never "not done".
+    assert len(info.value.errors) == 3 and all(
+        isinstance(e, UnconfirmedStep) and str(e).startswith(f"refund_order dbos/{KEY}: unknown (")
+        and "effect unknown" in str(e) for e in info.value.errors), info.value.errors
+    view = o.inspect("dbos", KEY)
+    assert view is not None and view.state is once.State.UNKNOWN and view.attempts == 1
 
 
 def test_the_same_lost_reply_without_once_refunds_twice(tmp_path: Path, launch: Callable[[], None]) -> None:
