@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -73,6 +75,50 @@ def load_module(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def repo_file(relative: str) -> Path:
+    """A file of the repository outside python/ (a docs page, a shared test script): its path, or skip.
+
+    An unpacked sdist ships python/tests but not the rest of the repository, so there such a test skips with a
+    notice; under CI, where the whole repository is checked out, a missing file is a failure.
+    """
+    path = REPO / relative
+    if not path.is_file():
+        if CI:
+            pytest.fail(f"{path} is missing and CI is set: run the tests from a checkout of the repository",
+                        pytrace=False)
+        pytest.skip(f"skipped: {relative} is not here (not a checkout of the repository, e.g. an unpacked sdist)")
+    return path
+
+
+def docs_example(page: str, heading: str = "## Example") -> str:
+    """The first ```python block under `heading` of the docs page `page` (e.g. "docs/frameworks/dbos.md"), as
+    printed, by the same extractor as the packages' README test (tests/packages/readme_block.py)."""
+    extractor = load_module(repo_file("tests/packages/readme_block.py"), "readme_block")
+    code: str = extractor.block(repo_file(page).read_text(encoding="utf-8"), heading, "python")
+    return code
+
+
+def run_script(directory: Path, code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Write `code` to `directory`/example.py and run it there in this interpreter, as a user would run it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "example.py").write_text(code, encoding="utf-8")
+    return subprocess.run([sys.executable, "example.py"], cwd=directory, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def kill_when(p: subprocess.Popen[str], ready: Callable[[], bool], never: str, timeout: float = 60) -> None:
+    """SIGKILL `p` as soon as `ready()` (the crash point a test aims at); fail with `p`'s stderr if it exits first,
+    or with `never` if the point is not reached within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert p.poll() is None, p.communicate()[1]
+        assert time.monotonic() < deadline, never
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate()
+    assert p.returncode == -signal.SIGKILL
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:

@@ -4,14 +4,13 @@ between dispatch and report."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import kill_when
 
 import once
 from once import Dispatch, Evidence, Once, Sent
@@ -71,14 +70,7 @@ def kill_after_dispatch(tmp_path: Path, db: str, mode: str) -> Path:
     effects = tmp_path / "effects"
     p = agent(db, "refund-1234", effects, mode)
     marker = Path(str(effects) + ".dispatched")
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert p.poll() is None, p.communicate()[1]
-        assert time.monotonic() < deadline, "the agent never dispatched"
-        time.sleep(0.01)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    assert p.returncode == -signal.SIGKILL
+    kill_when(p, marker.exists, "the agent never dispatched")
     return effects
 
 

@@ -21,6 +21,12 @@ not sent) the tool raises a `ToolException` whose text is once's account of the 
 the tool handles it (`handle_tool_error=True`): the output is that text, in a `ToolMessage` with
 `status="error"` under `ToolNode` / `create_react_agent`, so the model reads it and the run goes on.
 `raise_unconfirmed=True` raises `once.Unconfirmed` instead (a graph node that wants to stop or branch).
+
+Durable execution (a graph compiled with a checkpointer, resumed after a crash): `step_key(config, "refund")` is
+a key from the engine's own identities, the node's name and its superstep number (and, for a `Send`, its index),
+within the thread (the scope). After a crash LangGraph re-runs the interrupted task with the same step and node,
+whether it resumes from the checkpoint (`durability="sync"` / `"async"`) or the request is run again because
+nothing was saved (`durability="exit"`); the task id is not used because it changes in the latter case.
 """
 
 from __future__ import annotations
@@ -43,6 +49,45 @@ def thread_scope(config: RunnableConfig) -> str:
     """The run's LangGraph thread id, else the default scope."""
     configurable = config.get("configurable") or {}
     return str(configurable.get("thread_id") or DEFAULT_SCOPE)
+
+
+def step_key(config: RunnableConfig, *parts: object) -> Optional[str]:
+    """The operation key of the LangGraph task running this call, for `protect_tool(key=lambda args, config: ...)`.
+
+    `"<node>@<step>"` (the task's node and superstep; a `Send`'s or a functional `@task`'s path is appended),
+    then `parts` joined with `/`: name the operation (`step_key(config, "refund")`) and add a part of yours when one
+    task makes more than one call of the tool. The thread is the scope (`protect_tool`'s default), so the key is
+    unique per thread, superstep and task. These values are what LangGraph recomputes for the same task after a
+    crash, from the last checkpoint or from the same input run again; the task id is not part of the key because
+    without a saved checkpoint (`durability="exit"`) the re-run gets a new one, and a model's tool-call id never is,
+    because a re-run model mints another.
+
+    None (so the protected call is `blocked(identity-required)`, nothing sent) outside a LangGraph task, in a graph
+    compiled without a checkpointer, or inside a subgraph. Without a checkpointer every invocation starts again at
+    step 1, so a second invocation on the thread would get the first one's key and its receipt instead of its own
+    effect. A subgraph's steps restart at each invocation and its namespace is told apart only by the parent's task
+    id, so no key of its own is stable across a crash and a second invocation at once. Give such a call a key from
+    your own identities.
+    """
+    metadata = config.get("metadata") or {}
+    node, step, path = metadata.get("langgraph_node"), metadata.get("langgraph_step"), metadata.get("langgraph_path")
+    namespace = str(metadata.get("langgraph_checkpoint_ns") or "")
+    # LangGraph's CONFIG_KEY_CHECKPOINTER (a private constant): the step numbers go on from the thread's last
+    # checkpoint only when there is one.
+    checkpointer = (config.get("configurable") or {}).get("__pregel_checkpointer")
+    if node is None or not isinstance(step, int) or "|" in namespace or checkpointer is None:
+        return None
+    key = f"{node}@{step}"
+    if isinstance(path, (tuple, list)) and path and path[0] != "__pregel_pull":
+        key += ":" + _path_text(path[1:])
+    return "/".join([key, *(str(p) for p in parts)])
+
+
+def _path_text(path: object) -> str:
+    # A push task's path: the Send's index, or for a functional @task the caller's path and the call's index.
+    if isinstance(path, (tuple, list)):
+        return "(" + ",".join(_path_text(p) for p in path) + ")"
+    return str(path)
 
 
 def protect_tool(once: Once, tool: BaseTool, *, key: Optional[KeyOf] = None,
