@@ -609,58 +609,6 @@ fn idle_unauthenticated_sockets_do_not_starve_a_tenant() {
     assert!(gw.terminate().success(), "{}", rig.logs());
 }
 
-/// Raw HTTP/1.1 over 127.0.0.1, for what a well-behaved client never sends.
-mod raw {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
-    use std::time::Duration;
-
-    /// `http://127.0.0.1:PORT` -> `127.0.0.1:PORT`.
-    pub fn addr(base: &str) -> String {
-        base.trim_start_matches("http://").to_string()
-    }
-
-    /// A POST to /mcp with `extra` header lines (each ending `\r\n`) and `body`, closing after the answer.
-    pub fn post_mcp(extra: &str, body: &str) -> String {
-        format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json, text/event-stream\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n{body}",
-            body.len()
-        )
-    }
-
-    /// Send `request` whole and read the answer to its end: (status, head, body).
-    pub fn exchange(base: &str, request: &str) -> (u16, String, String) {
-        exchange_within(base, request, Duration::from_secs(30))
-    }
-
-    /// As [`exchange`], failing when the connection or the answer takes longer than `limit`.
-    pub fn exchange_within(base: &str, request: &str, limit: Duration) -> (u16, String, String) {
-        let mut s = TcpStream::connect_timeout(&addr(base).parse().unwrap(), limit).unwrap();
-        s.set_read_timeout(Some(limit)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).unwrap_or_else(|e| {
-            panic!(
-                "no whole answer within {limit:?}: {e}; had {:?}",
-                String::from_utf8_lossy(&answer)
-            )
-        });
-        split(&String::from_utf8_lossy(&answer))
-    }
-
-    /// (status, head, body) of a whole HTTP/1.1 answer.
-    pub fn split(answer: &str) -> (u16, String, String) {
-        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-        (status, head.to_string(), body.to_string())
-    }
-}
-
 /// The README's tenant config (the example config plus acme and globex tokens) on two gateways in front of
 /// the same server for two accounts, on one ledger: the second stops at start, naming the tenant's scope and
 /// what to set (b58a043: it served, and account B's acme was answered with account A's acme receipts).

@@ -190,8 +190,18 @@ pub fn agent() -> Agent {
         .into()
 }
 
-/// POST `body` to `url` as a Streamable HTTP client does.
-pub fn post(url: &str, token: Option<&str>, headers: &[(&str, &str)], body: &str) -> Answer {
+/// POST `body` to `url` with a bearer `token` and read the answer whole; an error when the connection
+/// failed or broke off (a client cut off by a gateway's shutdown).
+pub fn try_post(url: &str, token: Option<&str>, body: &str) -> Result<String, ureq::Error> {
+    request(url, token, &[]).send(body)?.body_mut().read_to_string()
+}
+
+/// A POST to `url` with a Streamable HTTP client's headers, a bearer `token` and `headers`.
+fn request(
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
     let mut req = agent()
         .post(url)
         .header("Accept", "application/json, text/event-stream")
@@ -202,7 +212,12 @@ pub fn post(url: &str, token: Option<&str>, headers: &[(&str, &str)], body: &str
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let mut r = req.send(body).expect("POST");
+    req
+}
+
+/// POST `body` to `url` as a Streamable HTTP client does.
+pub fn post(url: &str, token: Option<&str>, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut r = request(url, token, headers).send(body).expect("POST");
     let status = r.status().as_u16();
     let www_authenticate = r
         .headers()
@@ -264,4 +279,56 @@ pub fn readme_tenant_config() -> String {
         .collect();
     let example = std::fs::read_to_string(super::EXAMPLE_CONFIG).unwrap();
     format!("{example}\n{}\n", appended.join("\n"))
+}
+
+/// Raw HTTP/1.1 over 127.0.0.1, for what a well-behaved client never sends.
+pub mod raw {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    /// `http://127.0.0.1:PORT` -> `127.0.0.1:PORT`.
+    pub fn addr(base: &str) -> String {
+        base.trim_start_matches("http://").to_string()
+    }
+
+    /// A POST to /mcp with `extra` header lines (each ending `\r\n`) and `body`, closing after the answer.
+    pub fn post_mcp(extra: &str, body: &str) -> String {
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// Send `request` whole and read the answer to its end: (status, head, body).
+    pub fn exchange(base: &str, request: &str) -> (u16, String, String) {
+        exchange_within(base, request, Duration::from_secs(30))
+    }
+
+    /// As [`exchange`], failing when the connection or the answer takes longer than `limit`.
+    pub fn exchange_within(base: &str, request: &str, limit: Duration) -> (u16, String, String) {
+        let mut s = TcpStream::connect_timeout(&addr(base).parse().unwrap(), limit).unwrap();
+        s.set_read_timeout(Some(limit)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap_or_else(|e| {
+            panic!(
+                "no whole answer within {limit:?}: {e}; had {:?}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+        split(&String::from_utf8_lossy(&answer))
+    }
+
+    /// (status, head, body) of a whole HTTP/1.1 answer.
+    pub fn split(answer: &str) -> (u16, String, String) {
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+        (status, head.to_string(), body.to_string())
+    }
 }
