@@ -36,11 +36,14 @@ pub enum Mutant {
     /// The attempt after a not-sent one is granted at once: a down upstream or
     /// a hung-up client spends the attempt budget in milliseconds.
     NotSentRetriesAtOnce,
+    /// A grant whose commit took its send window is handed out as committed:
+    /// its host finds `send-by` past and spends an attempt on "not sent".
+    NoLeaseRenewal,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -53,6 +56,7 @@ impl Mutant {
         Mutant::DropEscalationOnTransition,
         Mutant::AdoptStartsOver,
         Mutant::NotSentRetriesAtOnce,
+        Mutant::NoLeaseRenewal,
     ];
 }
 

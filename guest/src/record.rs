@@ -46,6 +46,14 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// The last moment its holder may start sending (ledger clock): a send
+    /// started by then ends, reply or timeout, inside the lease on any host's clock.
+    pub fn send_by(&self, policy: &Policy, skew_ms: u64) -> u64 {
+        self.lease_until
+            .saturating_sub(policy.dispatch_timeout_ms)
+            .saturating_sub(skew_ms)
+    }
+
     /// The latest moment this attempt could have been sent.
     pub fn last_dispatch(&self) -> u64 {
         match self.ended_at {
@@ -580,6 +588,25 @@ impl OpRecord {
             attempt: Some(n),
             detail: detail(&[("lease_until", num(lease_until))]),
         }
+    }
+
+    /// in_flight -> in_flight: the current attempt's lease starts again at
+    /// `now`. Only before its grant has left the engine, so nothing of it can
+    /// have been sent (see `engine::begin::granted`). None when there is no
+    /// attempt in flight.
+    pub fn renew_lease(&mut self, now: u64) -> Option<Event> {
+        if self.state != State::InFlight {
+            return None;
+        }
+        let lease_until = now.saturating_add(self.policy.lease_ms);
+        let attempt = self.attempts.last_mut().filter(|a| a.ended_at.is_none())?;
+        attempt.lease_until = lease_until;
+        Some(Event {
+            kind: "lease-renewed",
+            from: Some(State::InFlight),
+            attempt: Some(attempt.n),
+            detail: detail(&[("lease_until", num(lease_until))]),
+        })
     }
 
     /// -> confirmed with the receipt. `fence` names the attempt that reported it, if any.

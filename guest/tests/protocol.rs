@@ -41,7 +41,7 @@ fn wait(step: Step) -> Waiting {
     }
 }
 
-fn sent(h: &MemoryHost, g: &Grant, outcome: Outcome) -> Step {
+fn sent(h: &impl Host, g: &Grant, outcome: Outcome) -> Step {
     report(h, &g.scope, &g.key, &g.fence, outcome).expect("report answers a step")
 }
 
@@ -288,6 +288,8 @@ struct Observed {
     calls: std::cell::RefCell<Vec<&'static str>>,
     /// `deferrable` of every batch committed, in order.
     deferred: std::cell::RefCell<Vec<bool>>,
+    /// How long the next commit that applies takes, on the ledger's clock (a loaded ledger).
+    slow_commit: std::cell::Cell<Option<u64>>,
 }
 
 impl Observed {
@@ -335,7 +337,9 @@ impl Host for Observed {
         if self.failing.get() {
             return Err(CommitError::Storage("disk full".into()));
         }
-        self.host.commit(b)
+        self.host.commit(b)?;
+        self.host.advance(self.slow_commit.take().unwrap_or(0));
+        Ok(())
     }
     fn scan(
         &self,
@@ -366,6 +370,46 @@ impl Host for Observed {
     fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
         self.host.secret_cache()
     }
+}
+
+/// A grant whose commit took its send window (a ledger where the write queued behind others) has
+/// its lease renewed before it is handed out: the host gets the whole window to start sending. At
+/// 1197540 the grant came out with `send-by` already past; the host reported "not sent", and three
+/// such grants answered NOT SENT with the key's budget spent, though nothing was wrong.
+#[test]
+fn a_grant_whose_commit_took_its_send_window_is_renewed_before_it_is_handed_out() {
+    let h = Observed::new();
+    let g = dispatch(start_request(&h, call("quick")).unwrap());
+    let window = g.send_by - h.host.now();
+    // The first attempt: the claim's commit took the whole window.
+    h.slow_commit.set(Some(window));
+    let g = dispatch(start_request(&h, call("slow")).unwrap());
+    assert_eq!(g.send_by - h.host.now(), window, "the whole window from now: {g:?}");
+    assert_eq!(g.attempt, 1);
+    done(sent(&h, &g, Outcome::Rejected("declined".into())));
+    // A later attempt (the grant from failed): the same.
+    h.slow_commit.set(Some(window));
+    let g = dispatch(start_request(&h, call("slow")).unwrap());
+    assert_eq!((g.attempt, g.send_by - h.host.now()), (2, window), "{g:?}");
+    let a = done(sent(&h, &g, success(RECEIPT)));
+    assert!(matches!(a.ending, Ending::Confirmed(_)), "{a:?}");
+    let v = view(&h.host, "slow");
+    assert_eq!(
+        kinds(&v),
+        [
+            "begin",
+            "lease-renewed",
+            "finish-rejected",
+            "retry",
+            "lease-renewed",
+            "finish-success"
+        ]
+    );
+    // A commit that took a quarter of the window or less is handed out as committed.
+    h.slow_commit.set(Some(window / 4));
+    let g = dispatch(start_request(&h, call("brisk")).unwrap());
+    assert_eq!(g.send_by - h.host.now(), window - window / 4);
+    assert_eq!(kinds(&view(&h.host, "brisk")), ["begin"]);
 }
 
 #[test]
@@ -573,12 +617,13 @@ fn start_uses_the_configured_policy_of_the_call_s_tool() {
 }
 
 /// The crossings of one protected call that succeeds, as docs/design.md states them:
-/// two export calls and five import calls. A new key is claimed without a read.
+/// two export calls and six import calls. A new key is claimed without a read;
+/// the grant's `now` after its commit asks whether the commit took its send window.
 #[test]
 fn a_protected_call_crosses_few_times() {
     let h = Observed::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["now", "commit"], "start");
+    assert_eq!(h.take(), ["now", "commit", "now"], "start");
     done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
     assert_eq!(h.take(), ["get", "now", "commit"], "report");
     done(start_request(&h, call("k")).unwrap());
@@ -595,9 +640,9 @@ fn a_protected_call_crosses_few_times() {
 fn the_secret_costs_one_read_per_instance() {
     let h = Observed::fresh();
     dispatch(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["get", "now", "commit"], "the first call");
+    assert_eq!(h.take(), ["get", "now", "commit", "now"], "the first call");
     dispatch(start_request(&h, call("k2")).unwrap());
-    assert_eq!(h.take(), ["now", "commit"], "the next");
+    assert_eq!(h.take(), ["now", "commit", "now"], "the next");
 }
 
 /// Which batches may wait for the disk (DESIGN.md "Durability budget"): an

@@ -118,6 +118,7 @@ fn base(name: &'static str) -> Config {
             resolves: 0,
             prunes: 0,
             sweeps: 3,
+            slow_commits: 0,
         },
         lose_replies: true,
         liveness: true,
@@ -136,6 +137,14 @@ pub fn small() -> Vec<Config> {
     c.callers = vec![(0, 0, 1), (0, 0, 1)];
     c.budget.crashes = 1;
     c.budget.commit_faults = 1;
+    c.budget.ticks = 4;
+    all.push(c);
+
+    // A loaded ledger: a grant's commit takes its whole send window (renewed before it is handed out),
+    // beside a lost reply and a second caller.
+    let mut c = base("slow ledger");
+    c.callers = vec![(0, 0, 1), (0, 0, 1)];
+    c.budget.slow_commits = 2;
     c.budget.ticks = 4;
     all.push(c);
 

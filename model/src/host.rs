@@ -33,7 +33,9 @@ pub const LAG_MS: u64 = 2_000;
 pub struct ModelHost<'w> {
     world: &'w World,
     ledger: RefCell<Ledger>,
-    clock: Time,
+    clock: Cell<Time>,
+    /// How long the next commit that applies takes (the clock moves on by it).
+    slow_commit: Cell<Option<Time>>,
     settings: Settings,
     read: Read,
     fault: Cell<Option<bool>>,
@@ -49,7 +51,8 @@ impl<'w> ModelHost<'w> {
         ModelHost {
             world,
             ledger: RefCell::new(world.ledger.clone()),
-            clock,
+            clock: Cell::new(clock),
+            slow_commit: Cell::new(world.slow_commit),
             settings,
             read,
             fault: Cell::new(world.fault),
@@ -60,13 +63,15 @@ impl<'w> ModelHost<'w> {
         }
     }
 
-    /// What the action leaves: the ledger, the armed fault, the sink's acknowledgements.
-    pub fn finish(self) -> (Ledger, Option<bool>, BTreeSet<String>, BTreeSet<String>) {
+    /// What the action leaves: the ledger, the armed fault, the sink's acknowledgements, the scopes
+    /// touched, and the slow commit still armed.
+    pub fn finish(self) -> (Ledger, Option<bool>, BTreeSet<String>, BTreeSet<String>, Option<Time>) {
         (
             self.ledger.into_inner(),
             self.fault.get(),
             self.acked.into_inner(),
             self.touched.into_inner(),
+            self.slow_commit.get(),
         )
     }
 
@@ -77,7 +82,7 @@ impl<'w> ModelHost<'w> {
 
 impl Host for ModelHost<'_> {
     fn now(&self) -> u64 {
-        self.clock
+        self.clock.get()
     }
 
     fn settings(&self) -> Settings {
@@ -114,7 +119,14 @@ impl Host for ModelHost<'_> {
                 let _ = self.ledger.borrow_mut().commit(batch);
                 Err(CommitError::Storage("injected: applied, answer lost".into()))
             }
-            None => self.ledger.borrow_mut().commit(batch),
+            None => {
+                self.ledger.borrow_mut().commit(batch)?;
+                // Applied after a wait: the ledger's clock has moved on meanwhile.
+                if let Some(took) = self.slow_commit.take() {
+                    self.clock.set(self.clock.get().saturating_add(took));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -152,7 +164,7 @@ impl Host for ModelHost<'_> {
             .min_by_key(|(_, at)| *at);
         match seen {
             Some((receipt, _)) => Evidence::Confirmed(receipt),
-            None => Evidence::Absent(self.clock.saturating_sub(lag)),
+            None => Evidence::Absent(self.clock.get().saturating_sub(lag)),
         }
     }
 

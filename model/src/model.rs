@@ -74,6 +74,8 @@ pub enum Action {
     /// A host dies: its callers' memory is gone, the ledger and the network stay.
     Crash(usize),
     /// The next commit fails: not applied, or applied with its answer lost.
+    /// The next commit that applies takes a grant's whole send window (a loaded ledger).
+    SlowCommit,
     FailCommit {
         /// Whether the batch applies before the failure.
         applied: bool,
@@ -155,10 +157,15 @@ impl OnceModel {
         let snapshot = world.clone();
         let h = ModelHost::new(&snapshot, settings, clock, read);
         let out = mutant::with(self.config.mutant, || f(&h));
-        let (ledger, fault, acked, touched) = h.finish();
+        let (ledger, fault, acked, touched, slow_commit) = h.finish();
         world.ledger = ledger;
         world.fault = fault;
         world.acked = acked;
+        // A slow commit took its time on every clock.
+        if let (Some(took), None) = (world.slow_commit, slow_commit) {
+            world.now = world.now.saturating_add(took);
+        }
+        world.slow_commit = slow_commit;
         if let Some(scope) = scope {
             let foreign: BTreeSet<&String> = touched.iter().filter(|s| s.as_str() != scope).collect();
             if !foreign.is_empty() {
@@ -173,6 +180,13 @@ impl OnceModel {
         let pos = match step {
             Ok(Step::Dispatch(grant)) => {
                 self.check_grant(world, i, &grant.scope, &grant.key);
+                let now = self.clock(world, world.agents[i].host);
+                if grant.send_by <= now {
+                    world.violate(format!(
+                        "{}/{} attempt {} handed out at {now} with its send window closed (send-by {})",
+                        grant.scope, grant.key, grant.attempt, grant.send_by
+                    ));
+                }
                 Pos::Holding(Held {
                     scope: grant.scope,
                     key: grant.key,
@@ -529,6 +543,11 @@ impl OnceModel {
                 w.budget.commit_faults -= 1;
                 w.fault = Some(applied);
             }
+            Action::SlowCommit => {
+                w.budget.slow_commits -= 1;
+                let policy = &self.config.policy;
+                w.slow_commit = Some(policy.lease_ms.saturating_sub(policy.dispatch_timeout_ms));
+            }
             Action::RenameOwner(host) => {
                 w.budget.owner_changes -= 1;
                 w.owners[host] = format!("{}-renamed", w.owners[host]);
@@ -640,6 +659,7 @@ impl OnceModel {
             resolves: u8::MAX,
             prunes: u8::MAX,
             sweeps: u8::MAX,
+            slow_commits: u8::MAX,
         };
         for action in &self.config.prefix {
             let mut enabled = Vec::new();
@@ -679,6 +699,7 @@ impl OnceModel {
             heard: Default::default(),
             receipts: Default::default(),
             fault: None,
+            slow_commit: None,
             budget: self.config.budget,
             violation: None,
         }
@@ -743,6 +764,9 @@ impl OnceModel {
         if b.commit_faults > 0 && world.fault.is_none() {
             actions.push(Action::FailCommit { applied: false });
             actions.push(Action::FailCommit { applied: true });
+        }
+        if b.slow_commits > 0 && world.slow_commit.is_none() {
+            actions.push(Action::SlowCommit);
         }
         if b.sink_outages > 0 && world.sink_up {
             actions.push(Action::SinkDown);

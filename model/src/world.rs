@@ -38,6 +38,9 @@ pub struct World {
     pub receipts: BTreeMap<(String, String, String), String>,
     /// An armed failure of the next commit: `Some(applied)`.
     pub fault: Option<bool>,
+    /// An armed slow commit: the next commit that applies takes this long (a
+    /// loaded ledger where the write queued behind others).
+    pub slow_commit: Option<Time>,
     /// What is left to inject.
     pub budget: Budget,
     /// The first broken rule a step observed (an answer, a grant, a touch), if any.
@@ -65,6 +68,8 @@ pub struct Budget {
     pub prunes: u8,
     /// Sweeps.
     pub sweeps: u8,
+    /// Commits that take a grant's whole send window.
+    pub slow_commits: u8,
 }
 
 /// One caller (an application call with its operation) or courier (a

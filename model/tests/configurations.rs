@@ -27,6 +27,11 @@ fn one_key_two_callers() {
 }
 
 #[test]
+fn slow_ledger() {
+    holds("slow ledger");
+}
+
+#[test]
 fn lagging_reads() {
     holds("lagging reads");
 }
@@ -95,6 +100,7 @@ fn two_scopes() {
 fn every_configuration_has_a_test() {
     let tested = [
         "one key, two callers",
+        "slow ledger",
         "lagging reads",
         "provider claims the key",
         "supersede",

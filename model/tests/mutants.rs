@@ -91,6 +91,11 @@ fn a_not_sent_attempt_retried_at_once() {
 }
 
 #[test]
+fn a_grant_handed_out_after_its_send_window() {
+    caught(Mutant::NoLeaseRenewal, "slow ledger", PROPERTIES[0]);
+}
+
+#[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 12, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 13, "a new mutant needs a test above");
 }

@@ -7,6 +7,7 @@ use super::{Races, now_for};
 use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::{check_name, check_new_name};
+use crate::mutant::{self, Mutant};
 use crate::payload::Payload;
 use crate::policy::{Policy, Quota, Routing, check_policy, route};
 use crate::record::{NewRecord, OpRecord, Origin, string};
@@ -328,7 +329,7 @@ impl Claim<'_> {
         }
         self.write(&mut tx, &mut rec, previous, event, now);
         match tx.commit(h) {
-            Ok(()) => Ok(execute(&rec, &h.settings())),
+            Ok(()) => Ok(granted(h, rec)),
             // The key was not new after all: the next try reads what is there.
             Err(LedgerError::Conflict) if blind => Err(LedgerError::Conflict),
             Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
@@ -552,7 +553,48 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
     let event = rec.grant(fence, now, reservation);
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
-    Ok(execute(&rec, &h.settings()))
+    Ok(granted(h, rec))
+}
+
+/// The grant of the attempt `rec` has just committed. When that commit took a
+/// good part of the attempt's send window (on a loaded ledger the write queues
+/// behind others: at 1197540, 128 callers on one PostgreSQL quota bucket), the
+/// lease starts again now, before the grant leaves the engine: nothing of the
+/// attempt can have been sent, and its host gets the whole window to start
+/// sending instead of finding `send-by` past and ending the attempt "not
+/// sent", a grant of the budget spent because the ledger was busy. Best effort:
+/// a renewal that cannot be written hands out the grant as committed.
+fn granted(h: &impl Host, rec: OpRecord) -> Decision {
+    let settings = h.settings();
+    let Some(attempt) = rec.current() else {
+        return execute(&rec, &settings);
+    };
+    let send_by = attempt.send_by(&rec.policy, settings.clock_skew_ms);
+    let window = send_by.saturating_sub(attempt.granted_at);
+    let taken = h.now().saturating_sub(attempt.granted_at);
+    if taken <= window / 4 || mutant::on(Mutant::NoLeaseRenewal) {
+        return execute(&rec, &settings);
+    }
+    match renew(h, &rec.scope, &rec.key, &attempt.fence) {
+        Some(renewed) => execute(&renewed, &settings),
+        None => execute(&rec, &settings),
+    }
+}
+
+/// Renew the lease of attempt `fence` if it is still the record's current
+/// attempt, in flight and not ended (the write is a compare-and-set on the
+/// version read: anything else written since wins).
+fn renew(h: &impl Host, scope: &str, key: &str, fence: &str) -> Option<OpRecord> {
+    let Loaded { mut rec, version } = load(h, scope, key).ok()??;
+    if rec.current().is_none_or(|a| a.fence != fence) {
+        return None;
+    }
+    let now = now_for(h, Some(&rec));
+    let event = rec.renew_lease(now)?;
+    let mut tx = Tx::new();
+    tx.record(&mut rec, version, event, now);
+    tx.commit(h).ok()?;
+    Some(rec)
 }
 
 /// Write a counter-only change (replay, conflict). The answer does not depend
@@ -583,10 +625,7 @@ pub(super) fn execute(rec: &OpRecord, settings: &crate::types::Settings) -> Deci
 pub fn grant_of(rec: &OpRecord, settings: &crate::types::Settings) -> Grant {
     let attempt = rec.current().expect("an in-flight record has an attempt");
     // A send started by then ends (reply or timeout) inside the lease, on any host's clock.
-    let send_by = attempt
-        .lease_until
-        .saturating_sub(rec.policy.dispatch_timeout_ms)
-        .saturating_sub(settings.clock_skew_ms);
+    let send_by = attempt.send_by(&rec.policy, settings.clock_skew_ms);
     Grant {
         scope: rec.scope.clone(),
         key: rec.key.clone(),

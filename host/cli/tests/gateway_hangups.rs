@@ -123,7 +123,7 @@ fn a_gateway_stopped_mid_load_leaves_every_key_usable() {
 
 /// The upstream (at a URL) is down when a call comes; the client gives up after 500 ms, while the
 /// call backs off after its first not-sent attempt. The upstream comes back and the same key is sent:
-/// one refund. At b58a043 the three attempts were spent before the client gave up.
+/// one refund. At b58a043 the three attempts were spent within ~100 ms, before the client gave up.
 #[test]
 fn an_upstream_down_for_a_moment_leaves_the_key_sendable() {
     let rig = Rig::new(&readme_tenant_config());
@@ -146,7 +146,9 @@ fn an_upstream_down_for_a_moment_leaves_the_key_sendable() {
     })
     .unwrap_or_else(|| panic!("no ended attempt for down-1\n{}", rig.logs()));
     assert_eq!(view.state, State::Failed, "{view:#?}\n{}", rig.logs());
-    assert_eq!(view.attempts, 1, "{view:#?}\n{}", rig.logs());
+    // Backing off (1 s, then 2 s) it cannot have spent the budget of three by then; how many it
+    // made depends on how soon the gateway saw the hang-up on a loaded machine.
+    assert!(view.attempts < 3, "{view:#?}\n{}", rig.logs());
 
     upstream.restart();
     let answer = retry_until_done(&gw, &rig, "down-1");
