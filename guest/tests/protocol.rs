@@ -290,6 +290,8 @@ struct Observed {
     deferred: std::cell::RefCell<Vec<bool>>,
     /// How long the next commit that applies takes, on the ledger's clock (a loaded ledger).
     slow_commit: std::cell::Cell<Option<u64>>,
+    /// Whether the commit after that slow one fails (the store went away).
+    fail_after_slow: std::cell::Cell<bool>,
 }
 
 impl Observed {
@@ -338,7 +340,12 @@ impl Host for Observed {
             return Err(CommitError::Storage("disk full".into()));
         }
         self.host.commit(b)?;
-        self.host.advance(self.slow_commit.take().unwrap_or(0));
+        if let Some(took) = self.slow_commit.take() {
+            self.host.advance(took);
+            if self.fail_after_slow.take() {
+                self.failing.set(true);
+            }
+        }
         Ok(())
     }
     fn scan(
@@ -410,6 +417,15 @@ fn a_grant_whose_commit_took_its_send_window_is_renewed_before_it_is_handed_out(
     let g = dispatch(start_request(&h, call("brisk")).unwrap());
     assert_eq!(g.send_by - h.host.now(), window - window / 4);
     assert_eq!(kinds(&view(&h.host, "brisk")), ["begin"]);
+    // A renewal that cannot be written is no error: the grant comes out as committed (its host
+    // finds send-by past and says not sent), and the record is as the grant left it.
+    h.slow_commit.set(Some(window));
+    h.fail_after_slow.set(true);
+    let g = dispatch(start_request(&h, call("unrenewed")).unwrap());
+    h.failing.set(false);
+    assert_eq!(g.send_by, h.host.now(), "{g:?}");
+    assert_eq!(kinds(&view(&h.host, "unrenewed")), ["begin"]);
+    wait(sent(&h, &g, Outcome::NotSent));
 }
 
 #[test]

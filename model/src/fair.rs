@@ -23,6 +23,7 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
     let mut w = world.clone();
     w.sink_up = true;
     w.fault = None;
+    w.slow_commit = None;
     w.budget.sweeps = u8::MAX;
     w.budget.ticks = u8::MAX;
     w.budget.crashes = 0;

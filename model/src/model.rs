@@ -73,9 +73,9 @@ pub enum Action {
     Prune,
     /// A host dies: its callers' memory is gone, the ledger and the network stay.
     Crash(usize),
-    /// The next commit fails: not applied, or applied with its answer lost.
     /// The next commit that applies takes a grant's whole send window (a loaded ledger).
     SlowCommit,
+    /// The next commit fails: not applied, or applied with its answer lost.
     FailCommit {
         /// Whether the batch applies before the failure.
         applied: bool,
@@ -180,6 +180,8 @@ impl OnceModel {
         let pos = match step {
             Ok(Step::Dispatch(grant)) => {
                 self.check_grant(world, i, &grant.scope, &grant.key);
+                // The engine renews a grant whose commit took the window; in this model (steps
+                // atomic, one slow commit at a time) nothing else can make its renewal fail.
                 let now = self.clock(world, world.agents[i].host);
                 if grant.send_by <= now {
                     world.violate(format!(
