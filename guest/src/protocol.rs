@@ -180,14 +180,22 @@ impl<'a> CallRef<'a> {
                         let (scope, key) = (self.scope, self.key_str());
                         return self.follow(h, reconcile(h, scope, key)?, false);
                     }
-                    Some(until) if until > now => Step::Wait(Waiting {
-                        scope: self.scope.into(),
-                        key: self.key_str().into(),
-                        next: until,
-                        until,
-                        reason: WaitReason::Reconciliation,
-                        meanwhile: self.account(Ending::Unknown(unknown), None),
-                    }),
+                    // Due later; or due already, though this step has read (one read per step):
+                    // on a slow host the next read can come due before the step ends, and the
+                    // caller then resumes at once and reads (it used to be told "unknown" and stop,
+                    // its effect never sent: the study's never-retry agent omitted the refund).
+                    // Only if its resume would read: another owner's record is not this host's to.
+                    Some(at) if at > now || engine::reads_when_due(h, self.scope, self.key_str()) => {
+                        let until = at.max(now);
+                        Step::Wait(Waiting {
+                            scope: self.scope.into(),
+                            key: self.key_str().into(),
+                            next: until,
+                            until,
+                            reason: WaitReason::Reconciliation,
+                            meanwhile: self.account(Ending::Unknown(unknown), None),
+                        })
+                    }
                     _ => self.done(Ending::Unknown(unknown), None),
                 }
             }

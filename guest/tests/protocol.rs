@@ -292,6 +292,8 @@ struct Observed {
     slow_commit: std::cell::Cell<Option<u64>>,
     /// Whether the commit after that slow one fails (the store went away).
     fail_after_slow: std::cell::Cell<bool>,
+    /// How many applied commits pass before the slow one.
+    commits_before_slow: std::cell::Cell<u32>,
 }
 
 impl Observed {
@@ -340,7 +342,9 @@ impl Host for Observed {
             return Err(CommitError::Storage("disk full".into()));
         }
         self.host.commit(b)?;
-        if let Some(took) = self.slow_commit.take() {
+        if self.commits_before_slow.get() > 0 {
+            self.commits_before_slow.set(self.commits_before_slow.get() - 1);
+        } else if let Some(took) = self.slow_commit.take() {
             self.host.advance(took);
             if self.fail_after_slow.take() {
                 self.failing.set(true);
@@ -426,6 +430,28 @@ fn a_grant_whose_commit_took_its_send_window_is_renewed_before_it_is_handed_out(
     assert_eq!(g.send_by, h.host.now(), "{g:?}");
     assert_eq!(kinds(&view(&h.host, "unrenewed")), ["begin"]);
     wait(sent(&h, &g, Outcome::NotSent));
+}
+
+/// A read that could not yet prove absence sets the next read after `max_in_flight`. When writing
+/// that down took as long (a loaded host), the next read is due before the step ends: the caller is
+/// told to resume at once, and its resume reads and sends the owed dispatch. At c3da229 the call
+/// was done "unknown" instead and stopped (the JS study's never-retry agent omitted its refund
+/// under load in CI).
+#[test]
+fn a_read_due_before_its_step_ends_is_a_wait_to_resume_at_once() {
+    let h = Observed::new();
+    let g = dispatch(start_request(&h, call("k")).unwrap());
+    let max_in_flight = once_guest::policy::default_policy().max_in_flight_ms;
+    h.host.script_lookup(Evidence::Absent(h.host.now()));
+    // The report's first commit records the lost reply; its second, the inconclusive read, is slow.
+    h.commits_before_slow.set(1);
+    h.slow_commit.set(Some(2 * max_in_flight));
+    let w = wait(sent(&h, &g, ambiguous()));
+    assert_eq!((w.reason, w.next), (WaitReason::Reconciliation, h.host.now()), "{w:?}");
+    assert!(matches!(w.meanwhile.ending, Ending::Unknown(_)), "{w:?}");
+    h.host.script_lookup(Evidence::Absent(h.host.now()));
+    let g2 = dispatch(resume(&h, "s", "k").unwrap());
+    assert_eq!(g2.attempt, 2);
 }
 
 #[test]

@@ -17,7 +17,8 @@ pub use maintenance::{SweepReport, prune, sweep};
 pub use operator::{adopt, inspect, resolve};
 pub use queue::queue;
 pub use reconcile::{
-    ReadWhen, await_holder, await_loaded, await_with_record, load_awaited, reconcile, reconcile_when, rejected_info,
+    ReadWhen, await_holder, await_loaded, await_with_record, load_awaited, reads_when_due, reconcile, reconcile_when,
+    rejected_info,
 };
 
 use alloc::string::String;

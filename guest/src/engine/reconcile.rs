@@ -198,6 +198,15 @@ pub(super) fn provider_readable(h: &impl Host, rec: &OpRecord) -> bool {
     rec.policy.lookup || h.lookup_configured(&rec.tool)
 }
 
+/// Whether this host's resume would read the provider for the unknown record
+/// (scope, key) once its read is due: it is unknown, this host's owner
+/// dispatches it, and the provider can be read for it.
+pub fn reads_when_due(h: &impl Host, scope: &str, key: &str) -> bool {
+    load(h, scope, key).ok().flatten().is_some_and(|l| {
+        l.rec.state == State::Unknown && l.rec.owner == h.settings().owner && provider_readable(h, &l.rec)
+    })
+}
+
 /// Ask the provider about an unknown record and record what it proved.
 pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Read), LedgerError> {
     let Loaded { mut rec, version } = loaded;
