@@ -235,6 +235,18 @@ fn verify_first_survives_a_lost_ledger_file() {
     assert_eq!(provider.lock().unwrap().len(), 1, "no second dispatch");
 }
 
+/// The provider key `once` sends (t1, k) with, the call answered a success.
+fn provider_key_of_a_success(once: &Once) -> String {
+    let mut key = String::new();
+    let _ = once
+        .call("t1", Some("k"), TOOL, ARGS, |d| {
+            key = d.provider_key.to_string();
+            Sent::Success("{}".into())
+        })
+        .unwrap();
+    key
+}
+
 /// The Rust host derives the provider key with the secret its SQLite ledger
 /// keeps (the same derivation the Node and Python hosts use on a shared file:
 /// js/test/hosts.test.mjs), not the unsalted hash anyone could compute.
@@ -243,13 +255,7 @@ fn the_provider_key_is_an_hmac_under_the_ledgers_secret() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("once.db");
     let once = Once::builder(sqlite(&db)).build().unwrap();
-    let mut key = String::new();
-    let _ = once
-        .call("t1", Some("k"), TOOL, ARGS, |d| {
-            key = d.provider_key.to_string();
-            Sent::Success("{}".into())
-        })
-        .unwrap();
+    let key = provider_key_of_a_success(&once);
     let conn = rusqlite::Connection::open(&db).unwrap();
     let body: String = conn
         .query_row(
@@ -284,17 +290,7 @@ fn the_provider_key_is_an_hmac_under_the_ledgers_secret() {
 fn a_lost_secret_gives_new_provider_keys() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("once.db");
-    let key_of = || {
-        let once = Once::builder(sqlite(&db)).build().unwrap();
-        let mut key = String::new();
-        let _ = once
-            .call("t1", Some("k"), TOOL, ARGS, |d| {
-                key = d.provider_key.to_string();
-                Sent::Success("{}".into())
-            })
-            .unwrap();
-        key
-    };
+    let key_of = || provider_key_of_a_success(&Once::builder(sqlite(&db)).build().unwrap());
     let first = key_of();
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
