@@ -16,7 +16,7 @@ import * as ai7 from "ai7";
 import * as ai7test from "ai7/test";
 import { Agent, Runner, Usage, setTracingDisabled } from "@openai/agents";
 import { z } from "zod";
-import { InvalidArgumentsError, Once, Rejected } from "../dist/index.js";
+import { InvalidArgumentsError, Once, Rejected, sent } from "../dist/index.js";
 import { protectTool } from "../dist/adapters/ai.js";
 import { protectedTool } from "../dist/adapters/openai-agents.js";
 
@@ -341,4 +341,50 @@ test("OpenAI Agents JS: an application key is required, at wrap time and from th
   assert.match(output.output, /^InvalidArgumentsError: protectedTool\(refund_order\): options\.key returned undefined/);
   assert.equal(provider.count(), 0);
   await once.setTool("refund_order", {}); // as above: the configuration settles before close
+});
+
+// The other two endings item 5 names, through @openai/agents: a call another attempt holds (in flight) and a
+// call the tool's policy blocks. Before, the model was shown the SDK's "Please try again" for both.
+test("OpenAI Agents JS: in flight and blocked are shown to the model in once's words, nothing is sent, the run goes on", async (t) => {
+  const once = await Once.memory({ waitMs: 0 });
+  t.after(() => once.close());
+  const provider = effectsTable(t);
+  const base = {
+    description: "Refund part of an order",
+    parameters: z.object({ order_id: z.number(), amount: z.number() }),
+    execute: async (input) => ({ refund_id: `r-${provider.refund(input)}` }),
+    key: (input) => `refund-order-${input.order_id}`,
+  };
+  // Another attempt holds the operation: its send waits until released.
+  let entered;
+  const holding = new Promise((resolve) => (entered = resolve));
+  let release;
+  const released = new Promise((resolve) => (release = resolve));
+  const holder = once.call({
+    scope: "default",
+    key: "refund-order-1234",
+    tool: "refund_order",
+    args: ARGS,
+    send: async () => (entered(), await released, sent.success({ refund_id: "r-held" })),
+  });
+  await holding;
+  const cases = [
+    { tool: protectedTool(once, { ...base, name: "refund_order" }), shown: /^InFlightError: refund_order \(scope "default", key "refund-order-1234"\): another attempt holds the operation until \d+/ },
+    { tool: protectedTool(once, { ...base, name: "refund_order_blocked", policy: { route: "block" } }), shown: /^BlockedError: refund_order_blocked \(scope "default", key "[^"]*"\): blocked \(route-blocked\)/ },
+  ];
+  for (const { tool, shown } of cases) {
+    const model = new ScriptedModel("fc", [ARGS]);
+    model.turns[0][0].name = tool.name;
+    const agent = new Agent({ name: "refunds", instructions: "Refund orders.", model, tools: [tool] });
+    const result = await new Runner({ tracingDisabled: true }).run(agent, "refund $200 of order 1234");
+    assert.equal(result.finalOutput, "refunded", "the run went on to the model's final answer");
+    const outputs = result.newItems.filter((i) => i.type === "tool_call_output_item").map((i) => i.output);
+    assert.equal(outputs.length, 1);
+    assert.match(outputs[0], shown);
+    assert.ok(outputsShown(model.inputs[1]).includes(JSON.stringify(outputs[0]).slice(1, -1)));
+    assert.doesNotMatch(JSON.stringify(model.inputs), /Please try again/);
+  }
+  assert.equal(provider.count(), 0, "nothing was sent while held or blocked");
+  release();
+  assert.equal((await holder).account.ending.tag, "confirmed");
 });

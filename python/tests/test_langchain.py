@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, TypedDict, Union
 
@@ -266,3 +267,49 @@ def test_wrapping_keeps_the_tools_descriptor() -> None:
     protect_tool(o, refund_tool([]), key=lambda args, config: "k")
     assert o._descriptor("refund_order") == descriptor
     assert o.plan("refund_order").policy["attempt-budget"] == 2 and pinned.blocked == o.plan("refund_order").blocked
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_prebuilt_agent_a_call_in_flight_elsewhere_is_onces_text_and_the_run_goes_on(tmp_path: Path, mode: str) -> None:
+    # Another attempt (a thread of this process) holds the operation while the model calls the tool: the model reads
+    # once's in-flight account (before, the run aborted with Unconfirmed), nothing is sent twice, the run goes on.
+    provider = RefundTable(tmp_path / "provider.db")
+    o = Once.sqlite(str(tmp_path / "once.db"), wait=0)
+    entered, release = threading.Event(), threading.Event()
+
+    def held(d: once.Dispatch) -> once.Sent:
+        entered.set()
+        assert release.wait(30), "the held attempt was never released"
+        return once.Sent.success(provider.refund(1234, 300))
+
+    holder = threading.Thread(target=o.call, args=("conv-9", "refund-1234", "refund_order",
+                                                   {"order_id": 1234, "amount": 300}, held))
+    holder.start()
+    try:
+        assert entered.wait(30)
+
+        @tool
+        def refund_order(order_id: int, amount: int) -> dict[str, Any]:
+            """Refund an order."""
+            return provider.refund(order_id, amount)
+
+        safe = protect_tool(o, refund_order, key=lambda args, config: f"refund-{args['order_id']}")
+
+        def script(messages: list[BaseMessage]) -> Union[str, list[tuple[str, dict[str, Any]]]]:
+            outputs = tool_texts(messages)
+            if outputs:
+                return "outputs: " + " | ".join(outputs)
+            return [("refund_order", {"order_id": 1234, "amount": 300})]
+
+        agent = create_react_agent(ScriptedChatModel(script=script), [safe])
+        request = {"messages": [("user", "refund order 1234")]}
+        config = {"configurable": {"thread_id": "conv-9"}}
+        out = agent.invoke(request, config) if mode == "sync" else asyncio.run(agent.ainvoke(request, config))
+        assert provider.count() == 0, "sent while another attempt held the operation"
+    finally:
+        release.set()
+        holder.join(30)
+    assert provider.count() == 1
+    assert out["messages"][-1].content == (
+        "outputs: refund_order conv-9/refund-1234: inflight; effect unknown; the same call again waits")

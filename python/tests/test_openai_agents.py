@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -235,3 +236,39 @@ def test_a_blocked_call_is_reported_as_once_says_and_the_run_goes_on(tmp_path: P
     assert provider.count() == 0
     assert result.final_output.count("refund_order default/-: blocked (identity-required: ") == 2
     assert "effect none" in result.final_output
+
+
+def test_a_call_in_flight_elsewhere_is_reported_as_once_says_and_the_run_goes_on(tmp_path: Path) -> None:
+    # Another attempt (here a thread of this process) holds the operation while the model calls the tool: the model
+    # is shown once's in-flight account, not "not done" nor the SDK's error text, nothing is sent twice, and the run
+    # goes on to the model's answer.
+    provider = RefundTable(tmp_path / "provider.db")
+    o = Once.sqlite(str(tmp_path / "once.db"), wait=0)
+    entered, release = threading.Event(), threading.Event()
+
+    def held(d: once.Dispatch) -> once.Sent:
+        entered.set()
+        assert release.wait(30), "the held attempt was never released"
+        return once.Sent.success(provider.refund(1234, 300))
+
+    holder = threading.Thread(target=o.call, args=("default", "refund-1234", "refund_order",
+                                                   {"order_id": 1234, "amount": 300}, held))
+    holder.start()
+    try:
+        assert entered.wait(30)
+
+        def refund_order(order_id: int, amount: int) -> dict[str, Any]:
+            """Refund an order."""
+            return provider.refund(order_id, amount)
+
+        tool = protected_function_tool(o, refund_order, key=lambda ctx, args: f"refund-{args['order_id']}")
+        calls: list[Turn] = [[("refund_order", {"order_id": 1234, "amount": 300})]]
+        model = ScriptedModel(lambda outputs: calls.pop() if calls else "outputs: " + " | ".join(outputs))
+        result = asyncio.run(Runner.run(Agent(name="refunds", tools=[tool], model=model), "refund"))
+        assert provider.count() == 0, "sent while another attempt held the operation"
+    finally:
+        release.set()
+        holder.join(30)
+    assert provider.count() == 1
+    assert result.final_output == (
+        "outputs: refund_order default/refund-1234: inflight; effect unknown; the same call again waits")
