@@ -8,9 +8,7 @@ use common::*;
 use once_guest::engine::{BeginRequest, inspect, resolve, sweep};
 use once_guest::protocol::{report, resume, start_request};
 use once_guest::testing::MemoryHost;
-use once_guest::types::{
-    Account, Ending, Error, Evidence, Outcome, Resolution, Resolvable, State, Step, WaitReason,
-};
+use once_guest::types::{Account, Ending, Error, Evidence, Outcome, Resolution, Resolvable, State, Step, WaitReason};
 
 fn done(step: Step) -> Account {
     match step {
@@ -119,11 +117,23 @@ fn settled_refused_and_pending_calls_do_not_await_an_operator() {
 /// host (the same every time), with what `resolvable` must say of it.
 const STATES: &[(&str, State, Resolvable)] = &[
     ("in-flight, lease live", State::InFlight, r(false, false, false)),
-    ("in-flight, lease ended, max-in-flight not passed", State::InFlight, r(true, true, true)),
-    ("in-flight, lease ended, max-in-flight passed", State::InFlight, r(true, true, false)),
+    (
+        "in-flight, lease ended, max-in-flight not passed",
+        State::InFlight,
+        r(true, true, true),
+    ),
+    (
+        "in-flight, lease ended, max-in-flight passed",
+        State::InFlight,
+        r(true, true, false),
+    ),
     ("unknown, max-in-flight not passed", State::Unknown, r(true, true, true)),
     ("unknown, max-in-flight passed", State::Unknown, r(true, true, false)),
-    ("unknown, the provider claims keys", State::Unknown, r(true, true, false)),
+    (
+        "unknown, the provider claims keys",
+        State::Unknown,
+        r(true, true, false),
+    ),
     ("unknown, no lookup", State::Unknown, r(true, true, true)),
     ("absent (forced)", State::Absent, r(true, false, false)),
     ("failed", State::Failed, r(true, false, false)),
@@ -144,7 +154,10 @@ fn build(name: &str) -> MemoryHost {
     let h = MemoryHost::new();
     let rejected_k = |h: &MemoryHost| {
         let e = execute_of(go(h, refund("k", ARGS)));
-        assert_eq!(fin(h, "k", &e.fence, rejected()), once_guest::types::FinishAck::Recorded(State::Failed));
+        assert_eq!(
+            fin(h, "k", &e.fence, rejected()),
+            once_guest::types::FinishAck::Recorded(State::Failed)
+        );
     };
     match name {
         "in-flight, lease live" => {
@@ -228,13 +241,19 @@ fn resolve_accepts_exactly_what_resolvable_says() {
             let after = view(&h, "k");
             match got {
                 Ok(state) => {
-                    assert!(offered, "{name}: {resolution:?} force={force} was accepted but not offered");
+                    assert!(
+                        offered,
+                        "{name}: {resolution:?} force={force} was accepted but not offered"
+                    );
                     assert_eq!(state, after.state);
                     assert_eq!(after.version, before.version + 1, "{name}: one audited write");
                     accepted += 1;
                 }
                 Err(Error::InvalidTransition(why)) => {
-                    assert!(!offered, "{name}: {resolution:?} force={force} was offered but refused: {why}");
+                    assert!(
+                        !offered,
+                        "{name}: {resolution:?} force={force} was offered but refused: {why}"
+                    );
                     assert_eq!(after.version, before.version, "{name}: a refusal writes nothing");
                 }
                 Err(e) => panic!("{name}: {resolution:?} force={force}: {e:?}"),

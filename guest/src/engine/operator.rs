@@ -8,10 +8,9 @@ use super::{MAX_RACES, Races, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
 use crate::mutant::{self, Mutant};
-use crate::record::Event;
+use crate::record::{Event, OpRecord};
 use crate::record::{Receipt, detail, string};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
-use crate::record::OpRecord;
 use crate::types::{AdoptReport, Error, RecordView, Resolution, Resolvable, State, Table};
 
 /// The `inspect` export.
@@ -135,27 +134,35 @@ impl Guards {
         }
     }
 
-    /// Why `resolution` (with `force`) is refused now, if it is.
+    /// Why `resolution` (with `force`) is refused now, if it is: refused
+    /// exactly when [`Guards::resolvable`] does not offer it; the rest only
+    /// words the reason.
     fn refusal(&self, resolution: &Resolution, force: bool) -> Option<String> {
-        if self.live {
-            return Some("the record is in flight with a live lease: wait for its holder or the lease end".to_string());
+        let offered = self.resolvable();
+        let accepted = match resolution {
+            Resolution::Confirmed(_) => offered.confirmed,
+            Resolution::Absent => offered.absent && (force || !offered.absent_needs_force),
+        };
+        if accepted {
+            return None;
         }
-        match resolution {
-            Resolution::Confirmed(_) if !self.confirmed => Some(format!(
-                "a {} record cannot be resolved as confirmed",
-                state_name(self.state)
-            )),
-            Resolution::Absent if !self.absent => Some(format!(
-                "a {} record cannot be resolved as absent",
-                state_name(self.state)
-            )),
-            Resolution::Absent if self.early && !force => Some(format!(
-                "an earlier request may still commit until {} (max_in_flight after the last dispatch); \
-                 pass force to resolve absent now",
-                self.settled_at.unwrap_or_default()
-            )),
-            _ => None,
-        }
+        Some(if self.live {
+            "the record is in flight with a live lease: wait for its holder or the lease end".to_string()
+        } else {
+            match resolution {
+                Resolution::Confirmed(_) => {
+                    format!("a {} record cannot be resolved as confirmed", state_name(self.state))
+                }
+                Resolution::Absent if !offered.absent => {
+                    format!("a {} record cannot be resolved as absent", state_name(self.state))
+                }
+                Resolution::Absent => format!(
+                    "an earlier request may still commit until {} (max_in_flight after the last dispatch); \
+                     pass force to resolve absent now",
+                    self.settled_at.unwrap_or_default()
+                ),
+            }
+        })
     }
 }
 
