@@ -823,7 +823,9 @@ fn a_direct_dispatch_is_marked_and_carries_the_calls_scope() {
         seen.push((d.direct, d.scope.to_string(), d.tool.to_string(), d.attempt));
         Sent::Success(r#"{"v":1}"#.into())
     };
-    let called = once.call("tenant-7", Some("k"), "search", r#"{"q":1}"#, &mut send).unwrap();
+    let called = once
+        .call("tenant-7", Some("k"), "search", r#"{"q":1}"#, &mut send)
+        .unwrap();
     assert!(matches!(called, Called::Direct(_)), "{called:?}");
     let granted = once.call("tenant-7", Some("k"), TOOL, ARGS, &mut send).unwrap();
     assert!(granted.confirmed().is_some(), "{granted:?}");
