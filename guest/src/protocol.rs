@@ -313,11 +313,27 @@ impl<'a> CallRef<'a> {
             key: self.key.as_ref().map(|(k, _)| k.clone()),
             key_source: self.key.as_ref().map(|(_, s)| *s),
             tool: self.tool.clone(),
+            awaits_operator: awaits_operator(&ending),
             ending,
             effect,
             repeat,
         }
     }
+}
+
+/// Whether nothing but an operator can settle a call that ended so, now (the
+/// account's `awaits-operator`). Only an unknown outcome with no read of the
+/// provider scheduled: the engine names no next read when no lookup can be
+/// made for the tool (`unknown_info`, and `begin` names one again for a record
+/// of this owner once its host has a lookup). Every other ending either is
+/// settled or is settled without a person: a holder reports or its lease ends,
+/// a due read runs (this owner's, or another owner's that is not this host's to
+/// run), a not-sent call retries, an unrecorded success waits for its lease to
+/// end (no operator may resolve it before). A call refused behind an unresolved
+/// original it supersedes waits on that original: the original's own account
+/// says whether it awaits an operator.
+fn awaits_operator(ending: &Ending) -> bool {
+    matches!(ending, Ending::Unknown(u) if u.next_read.is_none())
 }
 
 /// Until when `rec`'s next attempt waits out the back-off of a not-sent one,

@@ -107,6 +107,7 @@ fn confirmed_json(a: &Account) -> String {
     w.0.push_str("}}");
     w.raw("effect", effect(a.effect));
     w.raw("repeat", repeat(a.repeat));
+    w.bool("awaits_operator", a.awaits_operator);
     w.0.push_str("}}}");
     w.0
 }
@@ -291,6 +292,7 @@ mod tests {
             }),
             effect: crate::types::Effect::None,
             repeat: crate::types::Repeat::Refused,
+            awaits_operator: false,
         }));
         assert_eq!(
             serde_json::from_str::<Result<Step, Error>>(&step(&blocked)).unwrap(),
@@ -350,6 +352,7 @@ mod tests {
                     }),
                     effect: effects[(n + 1) % 3],
                     repeat: repeats[n % 4],
+                    awaits_operator: n % 2 == 0,
                 }));
             }
         }

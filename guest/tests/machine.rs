@@ -1085,7 +1085,10 @@ fn prune_never_removes_open_records() {
     let report = prune(&h, 100).unwrap();
     assert_eq!(report.pruned, 0);
     for v in before {
-        assert_eq!(view(&h, &v.key), v);
+        let mut after = view(&h, &v.key);
+        // What `resolve` accepts is judged at the clock, not stored: 400 days on, the lease has ended.
+        after.resolvable = v.resolvable;
+        assert_eq!(after, v);
     }
     assert!(!h.rows().iter().any(|r| r.table == Table::Tombstone));
 }

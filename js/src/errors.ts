@@ -147,7 +147,7 @@ export function outcomeError(a: Account): OutcomeError | undefined {
     case "unknown":
       return new UnknownOutcomeError(
         `${where(a)}: the effect may or may not have happened (${e.val.reason}); nothing is sent until it is known` +
-          (e.val.nextRead === undefined ? "; an operator will resolve it" : "; reconciliation goes on"),
+          (a.awaitsOperator ? "; an operator will resolve it" : "; reconciliation goes on"),
         a,
       );
     case "in-flight":

@@ -35,6 +35,7 @@ export type {
   OperatorQueue,
   RecordView,
   Repeat,
+  Resolvable,
   State,
   SweepResult,
   ToolPlan,

@@ -80,11 +80,18 @@ export const sent = {
 
 /** What the sender is asked to send: exactly these args, once. */
 export interface Dispatch {
+  /**
+   * A DIRECT call (the engine's `direct` step: a read-only tool), sent unprotected: nothing is
+   * recorded or reported, and it has no key, attempt or provider key ("", 0 and ""). Tell the two
+   * kinds apart by this, never by those values.
+   */
+  direct: boolean;
+  /** Scope: the call's own, for a DIRECT call too. */
   scope: string;
   /** Operation key (empty for a DIRECT call). */
   key: string;
   tool: string;
-  /** Attempt number (0 for a DIRECT call). */
+  /** Attempt number, from 1 (0 for a DIRECT call). */
   attempt: number;
   /** The key to hand the provider; empty for a DIRECT call. */
   providerKey: string;
@@ -491,7 +498,7 @@ export class Once {
           const timeoutMs = Number(this.plan(call.tool).policy.dispatchTimeoutMs);
           const args = JSON.parse(call.args) as Json;
           const s = await runSend(send, {
-            scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs,
+            direct: true, scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs,
           });
           return { kind: "direct", sent: s };
         }
@@ -524,10 +531,10 @@ export class Once {
       const send: Send = async (d) => {
         try {
           const value = await fn(d.args as A, d, c.context);
-          if (d.attempt === 0) direct = { value };
+          if (d.direct) direct = { value };
           return sent.success(value === undefined ? null : value);
         } catch (e) {
-          if (d.attempt === 0) direct = { error: e };
+          if (d.direct) direct = { error: e };
           if (e instanceof Rejected) return sent.rejected(e.message);
           if (e instanceof NotSent) return sent.notSent();
           return sent.ambiguous(e instanceof Error ? `${e.name}: ${e.message}` : String(e));
@@ -595,6 +602,7 @@ export class Once {
 
 function dispatchOf(g: Grant): Omit<Dispatch, "signal"> {
   return {
+    direct: false,
     scope: g.scope,
     key: g.key,
     tool: g.tool,

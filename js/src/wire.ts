@@ -498,6 +498,7 @@ function account(v: unknown): Account {
     ending: ending(a.ending),
     effect: EFFECT.of(a.effect, "account.effect"),
     repeat: REPEAT.of(a.repeat, "account.repeat"),
+    awaitsOperator: bool(a.awaits_operator, "account.awaits_operator"),
   };
 }
 

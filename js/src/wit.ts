@@ -102,6 +102,12 @@ export interface Account {
   effect: Effect;
   /** What the same call again would do. */
   repeat: Repeat;
+  /**
+   * Nothing but an operator can settle this call now: the effect is unknown and no read of the
+   * provider is scheduled (the tool has no lookup). The guest states it; a host keeps no watch on
+   * such a call and tells its caller an operator must.
+   */
+  awaitsOperator: boolean;
 }
 
 /** A call that must wait before it can go on. */

@@ -77,6 +77,40 @@ test("routes: direct tools run unprotected; blocked tools never run; identity re
   assert.equal(runs, 2);
 });
 
+test("dispatch: a DIRECT call is marked direct and carries the call's scope; a granted one is not", async (t) => {
+  const once = await Once.memory({ tools: { search: { policy: { route: "direct" } } } });
+  t.after(() => once.close());
+  const seen = [];
+  const send = (d) => (seen.push(d), sent.success({ v: 1 }));
+  await once.call({ scope: "tenant-7", key: "k", tool: "search", args: { q: 1 }, send });
+  await once.call({ scope: "tenant-7", key: "k", tool: "refund", args: { q: 1 }, send });
+  const [direct, granted] = seen;
+  assert.equal(direct.direct, true);
+  assert.equal(direct.scope, "tenant-7");
+  assert.deepEqual(direct.args, { q: 1 });
+  assert.equal(granted.direct, false);
+  assert.equal(granted.scope, "tenant-7");
+  assert.equal(granted.attempt, 1);
+  // protect keeps a DIRECT call's own result by the flag: the function's value is the answer.
+  const search = once.protect("search", async (a, d) => ({ q: a.q, direct: d.direct }));
+  assert.deepEqual(await search({ q: 2 }), { q: 2, direct: true });
+});
+
+test("stated: an unknown no read can settle awaits an operator, who is offered what resolve accepts", async (t) => {
+  const once = await Once.memory({ tools: { blind: { policy: { lookup: false } } } });
+  t.after(() => once.close());
+  const lost = await once.call({ scope: "s", key: "k", tool: "blind", args: { n: 1 }, send: () => sent.ambiguous("timeout") });
+  assert.equal(lost.kind, "done");
+  assert.equal(lost.account.ending.tag, "unknown");
+  assert.equal(lost.account.awaitsOperator, true);
+  const view = await once.inspect("s", "k");
+  assert.deepEqual(view.resolvable, { confirmed: true, absent: true, absentNeedsForce: true });
+  await assert.rejects(once.resolve("s", "k", "absent", "too early"));
+  const ok = await once.call({ scope: "s", key: "k2", tool: "refund", args: { n: 1 }, send: () => sent.success({ ok: 1 }) });
+  assert.equal(ok.account.awaitsOperator, false);
+  assert.deepEqual((await once.inspect("s", "k2")).resolvable, { confirmed: false, absent: false, absentNeedsForce: false });
+});
+
 test("build: jco's debug log reads JCO_DEBUG once, at load, and still turns on with it", async () => {
   const quiet = await child("one-call.mjs", [], { env: { ...process.env, JCO_DEBUG: "" } }).done;
   assert.equal(quiet.code, 0, quiet.stderr);

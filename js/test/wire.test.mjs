@@ -82,24 +82,28 @@ test("steps: read into jco's shapes, u64s exact as bigint (a lease to u64::MAX, 
   });
   const done = stepOf('{"Ok":{"Done":{"scope":"s","key":null,"key_source":null,"tool":"t","ending":{"Confirmed":{' +
     '"receipt":"{}","replayed":true,"via":"DerivedArgs","confirmed_by":"Provider","at":5,"window_until":18446744073709551615,' +
-    '"attempt":null,"earlier_attempts":"None","possible_duplicate":false}},"effect":"Happened","repeat":"Replays"}}}', "resume");
+    '"attempt":null,"earlier_attempts":"None","possible_duplicate":false}},"effect":"Happened","repeat":"Replays","awaits_operator":false}}}', "resume");
   assert.deepEqual(done, {
     tag: "done",
     val: { scope: "s", key: undefined, keySource: undefined, tool: "t",
       ending: { tag: "confirmed", val: { receipt: "{}", replayed: true, via: "derived-args", confirmedBy: "provider", at: 5n,
         windowUntil: U64_MAX, attempt: undefined, earlierAttempts: "none", possibleDuplicate: false } },
-      effect: "happened", repeat: "replays" },
+      effect: "happened", repeat: "replays", awaitsOperator: false },
   });
   const wait = stepOf('{"Ok":{"Wait":{"scope":"s","key":"k","next":10,"until":9223372036854775807,"reason":"Holder",' +
     '"meanwhile":{"scope":"s","key":"k","key_source":"Application","tool":"t","ending":{"InFlight":{"lease_until":9223372036854775807}},' +
-    '"effect":"Unknown","repeat":"Waits"}}}}', "start");
+    '"effect":"Unknown","repeat":"Waits","awaits_operator":false}}}}', "start");
   assert.equal(wait.val.until, I64_MAX);
+  assert.equal(wait.val.meanwhile.awaitsOperator, false);
   assert.equal(wait.val.reason, "holder");
   assert.deepEqual(wait.val.meanwhile.ending, { tag: "in-flight", val: { leaseUntil: I64_MAX } });
   assert.deepEqual(stepOf('{"Ok":"Direct"}', "start"), { tag: "direct" });
   const blocked = stepOf('{"Ok":{"Done":{"scope":"s","key":"k","key_source":"Derived","tool":"t","ending":{"Blocked":' +
-    '{"reason":"SupersededUnresolved","detail":"d","receipt":null}},"effect":"None","repeat":"Refused"}}}', "start");
+    '{"reason":"SupersededUnresolved","detail":"d","receipt":null}},"effect":"None","repeat":"Refused","awaits_operator":false}}}', "start");
   assert.deepEqual(blocked.val.ending, { tag: "blocked", val: { reason: "superseded-unresolved", detail: "d", receipt: undefined } });
+  const blind = stepOf('{"Ok":{"Done":{"scope":"s","key":"k","key_source":"Application","tool":"t","ending":{"Unknown":' +
+    '{"since":1,"deadline":2,"reason":"timeout","next_read":null}},"effect":"Unknown","repeat":"Waits","awaits_operator":true}}}', "report");
+  assert.equal(blind.val.awaitsOperator, true);
 });
 
 test("steps: the engine's error is thrown as its EngineError; text that is not the JSON form is a ComponentError", () => {
@@ -122,6 +126,7 @@ test("steps: the engine's error is thrown as its EngineError; text that is not t
     ['{"Maybe":1}', /result: no case "Maybe"/],
     ['{"Err":"Teapot"}', /error/],
     ['{"Ok":{"Done":{"scope":"s","key":"k","key_source":"Application","tool":"t","ending":{"Confirmed":{}},"effect":"Happened","repeat":"Replays"}}}', /confirmed\.receipt/],
+    ['{"Ok":{"Done":{"scope":"s","key":"k","key_source":"Application","tool":"t","ending":{"NotSent":{"attempts":1}},"effect":"None","repeat":"Refused"}}}', /account\.awaits_operator/],
     ['{"Ok":{"Done":{"scope":"s","key":"k","key_source":"Nobody","tool":"t","ending":{"NotSent":{"attempts":1}},"effect":"None","repeat":"Refused"}}}', /key_source: not a key-source/],
   ]) {
     assert.throws(() => stepOf(text, "report"), (e) => e instanceof ComponentError && /^report: /.test(e.message) && why.test(e.message), text);

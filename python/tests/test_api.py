@@ -69,6 +69,49 @@ def test_a_block_route_is_never_sent_and_a_direct_route_is_sent_unrecorded() -> 
     assert d.direct == Sent.success({"v": 2}) and o.inspect("s", "k2") is None
 
 
+def test_a_direct_dispatch_says_so_and_carries_the_calls_scope() -> None:
+    o = Once.memory(policies={"read": Policy(route=once.Route.DIRECT)})
+    seen: list[once.Dispatch] = []
+
+    def send(d: once.Dispatch) -> Sent:
+        seen.append(d)
+        return Sent.success({"v": 1})
+
+    o.call("tenant-7", "k", "read", {"q": 1}, send)
+    o.call("tenant-7", "k", "refund", {"q": 1}, send)
+    direct, granted = seen
+    assert direct.direct and direct.scope == "tenant-7" and direct.tool == "read"
+    assert direct.arguments() == {"q": 1}
+    assert not granted.direct and granted.scope == "tenant-7" and granted.attempt == 1 and granted.key == "k"
+
+
+def test_an_async_direct_dispatch_carries_the_calls_scope() -> None:
+    o = Once.memory(policies={"read": Policy(route=once.Route.DIRECT)})
+    seen: list[once.Dispatch] = []
+
+    async def send(d: once.Dispatch) -> Sent:
+        seen.append(d)
+        return Sent.success({"v": 1})
+
+    asyncio.run(o.acall("tenant-8", None, "read", {"q": 1}, send))
+    assert [(d.direct, d.scope) for d in seen] == [(True, "tenant-8")]
+
+
+def test_an_unknown_no_read_can_settle_awaits_an_operator_who_is_offered_what_resolve_accepts() -> None:
+    o = Once.memory(policies={"blind": Policy(lookup=False)})
+    c = o.call("s", "k", "blind", {"n": 1}, lambda d: Sent.ambiguous("timeout"))
+    assert isinstance(c.ending, once.Unknown) and c.ending.next_read is None
+    assert c.account is not None and c.account.awaits_operator
+    view = o.inspect("s", "k")
+    assert view is not None and view.resolvable == once.Resolvable(confirmed=True, absent=True, absent_needs_force=True)
+    with pytest.raises(once.InvalidTransition):
+        o.resolve("s", "k", absent=True, note="too early")
+    ok = o.call("s", "k2", "refund", {"n": 1}, lambda d: Sent.success({"ok": 1}))
+    assert ok.account is not None and not ok.account.awaits_operator
+    done = o.inspect("s", "k2")
+    assert done is not None and done.resolvable == once.Resolvable(False, False, False)
+
+
 def test_protect_sync_replays_and_takes_the_key_from_the_application() -> None:
     o = Once.memory()
     calls: list[tuple[int, int]] = []

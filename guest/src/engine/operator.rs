@@ -1,17 +1,17 @@
 //! Operator exports: `inspect` a record, `resolve` what nothing else can.
 
 use alloc::format;
-use alloc::string::ToString;
+use alloc::string::{String, ToString};
 
 use super::begin::state_name;
 use super::{MAX_RACES, Races, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, check_note, checked_receipt};
 use crate::mutant::{self, Mutant};
-use crate::record::Event;
+use crate::record::{Event, OpRecord};
 use crate::record::{Receipt, detail, string};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
-use crate::types::{AdoptReport, Error, RecordView, Resolution, State, Table};
+use crate::types::{AdoptReport, Error, RecordView, Resolution, Resolvable, State, Table};
 
 /// The `inspect` export.
 pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordView>, Error> {
@@ -22,6 +22,8 @@ pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordVie
         return Ok(None);
     };
     let audit = h.audit(scope, key).map_err(Error::Storage)?;
+    // The clock `resolve` would judge it by.
+    let resolvable = guards(&rec, now_for(h, Some(&rec))).resolvable();
     Ok(Some(RecordView {
         scope: rec.scope.clone(),
         key: rec.key.clone(),
@@ -44,6 +46,7 @@ pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordVie
         conflicts: rec.conflicts,
         created_at: rec.created_at,
         updated_at: rec.updated_at,
+        resolvable,
         body: serde_json::to_string(&rec).expect("records always serialize"),
         audit,
     }))
@@ -82,6 +85,87 @@ pub fn resolve(
     Err(storage_error(LedgerError::Conflict))
 }
 
+/// What `resolve` may do with a record at `now`: the one place its guards
+/// live, read by `inspect` (a view's `resolvable`) and by `apply`, so what an
+/// operator is offered and what is accepted cannot drift apart.
+struct Guards {
+    /// In flight with a live lease: its holder may still report.
+    live: bool,
+    /// The state, for a refusal's words.
+    state: State,
+    /// Confirmed is accepted (the lease permitting).
+    confirmed: bool,
+    /// Absent is accepted (the lease permitting).
+    absent: bool,
+    /// Until when an earlier request may still commit: absent needs force at or
+    /// before it; none when the provider claims keys (no late commit can land).
+    settled_at: Option<u64>,
+    /// Whether `now` is at or before `settled_at`.
+    early: bool,
+}
+
+fn guards(rec: &OpRecord, now: u64) -> Guards {
+    let settled_at = (!rec.policy.provider_claims_key).then(|| {
+        rec.last_dispatch()
+            .unwrap_or(0)
+            .saturating_add(rec.policy.max_in_flight_ms)
+    });
+    Guards {
+        live: rec.state == State::InFlight && !rec.lease_ended(now),
+        state: rec.state,
+        confirmed: matches!(
+            rec.state,
+            State::Unknown | State::Absent | State::Failed | State::InFlight
+        ),
+        absent: matches!(rec.state, State::Unknown | State::InFlight),
+        settled_at,
+        early: settled_at.is_some_and(|at| now <= at),
+    }
+}
+
+impl Guards {
+    /// The view's `resolvable`.
+    fn resolvable(&self) -> Resolvable {
+        let absent = !self.live && self.absent;
+        Resolvable {
+            confirmed: !self.live && self.confirmed,
+            absent,
+            absent_needs_force: absent && self.early,
+        }
+    }
+
+    /// Why `resolution` (with `force`) is refused now, if it is: refused
+    /// exactly when [`Guards::resolvable`] does not offer it; the rest only
+    /// words the reason.
+    fn refusal(&self, resolution: &Resolution, force: bool) -> Option<String> {
+        let offered = self.resolvable();
+        let accepted = match resolution {
+            Resolution::Confirmed(_) => offered.confirmed,
+            Resolution::Absent => offered.absent && (force || !offered.absent_needs_force),
+        };
+        if accepted {
+            return None;
+        }
+        Some(if self.live {
+            "the record is in flight with a live lease: wait for its holder or the lease end".to_string()
+        } else {
+            match resolution {
+                Resolution::Confirmed(_) => {
+                    format!("a {} record cannot be resolved as confirmed", state_name(self.state))
+                }
+                Resolution::Absent if !offered.absent => {
+                    format!("a {} record cannot be resolved as absent", state_name(self.state))
+                }
+                Resolution::Absent => format!(
+                    "an earlier request may still commit until {} (max_in_flight after the last dispatch); \
+                     pass force to resolve absent now",
+                    self.settled_at.unwrap_or_default()
+                ),
+            }
+        })
+    }
+}
+
 fn apply(
     h: &impl Host,
     loaded: Loaded,
@@ -91,44 +175,21 @@ fn apply(
 ) -> Result<Result<State, Error>, LedgerError> {
     let Loaded { mut rec, version } = loaded;
     let now = now_for(h, Some(&rec));
-    let live = rec.state == State::InFlight && !rec.lease_ended(now);
-    let refuse = |why: &str| Ok(Err(Error::InvalidTransition(why.to_string())));
-    if live {
-        return refuse("the record is in flight with a live lease: wait for its holder or the lease end");
+    let guards = guards(&rec, now);
+    if let Some(why) = guards.refusal(&resolution, force) {
+        return Ok(Err(Error::InvalidTransition(why)));
     }
     let mut tx = Tx::new();
     let mut event = match resolution {
-        Resolution::Confirmed(receipt) => match rec.state {
-            State::Unknown | State::Absent | State::Failed | State::InFlight => {
-                tx.count_spend(h, &mut rec, now)?;
-                rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed")
-            }
-            other => {
-                return refuse(&format!(
-                    "a {} record cannot be resolved as confirmed",
-                    state_name(other)
-                ));
-            }
-        },
-        Resolution::Absent => match rec.state {
-            State::Unknown | State::InFlight => {
-                let settled_at = rec
-                    .last_dispatch()
-                    .unwrap_or(0)
-                    .saturating_add(rec.policy.max_in_flight_ms);
-                let early = !rec.policy.provider_claims_key && now <= settled_at;
-                if early && !force {
-                    return refuse(&format!(
-                        "an earlier request may still commit until {settled_at} (max_in_flight after the last dispatch); \
-                         pass force to resolve absent now"
-                    ));
-                }
-                // Forced early, a late arrival may still make an effect: later answers say so.
-                rec.absence_forced |= early;
-                rec.prove_absent(now, now, "operator-absent")
-            }
-            other => return refuse(&format!("a {} record cannot be resolved as absent", state_name(other))),
-        },
+        Resolution::Confirmed(receipt) => {
+            tx.count_spend(h, &mut rec, now)?;
+            rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed")
+        }
+        Resolution::Absent => {
+            // Forced early, a late arrival may still make an effect: later answers say so.
+            rec.absence_forced |= guards.early;
+            rec.prove_absent(now, now, "operator-absent")
+        }
     };
     event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
     tx.record(&mut rec, version, event, now);

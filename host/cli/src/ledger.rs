@@ -155,6 +155,7 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 say!(w, "superseded by {s}");
             }
             say!(w, "replays      {}   conflicts {}", view.replays, view.conflicts);
+            say!(w, "resolvable   {}", resolvable_words(&view.resolvable));
             say!(w, "audit:");
             for e in &view.audit {
                 let from = e.from_state.map_or("-", State::name);
@@ -227,5 +228,23 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
             say!(w, "unknowns     {}", count(&["finish-ambiguous", "lease-expired"]));
             Ok(())
         }
+    }
+}
+
+/// What `once ledger resolve` would accept now, as the engine states it.
+fn resolvable_words(r: &once::types::Resolvable) -> String {
+    let mut accepted = Vec::new();
+    if r.confirmed {
+        accepted.push("--confirmed RECEIPT");
+    }
+    if r.absent && r.absent_needs_force {
+        accepted.push("--absent --force (an earlier request may still commit)");
+    } else if r.absent {
+        accepted.push("--absent");
+    }
+    if accepted.is_empty() {
+        "no (nothing an operator asserts is accepted now)".to_string()
+    } else {
+        accepted.join(", ")
     }
 }

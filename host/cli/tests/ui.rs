@@ -481,3 +481,83 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, label: Option<(&str, &s
         _ => panic!("{name} is not a plain number"),
     }
 }
+
+/// The page offers exactly the resolutions the engine's `resolvable` names: none while a holder's lease is
+/// live or once confirmed, confirmed only for a failed record, both (absent with force) for a fresh unknown.
+#[test]
+fn the_resolve_form_offers_only_what_the_engine_would_accept() {
+    let (dir, db) = ledger(&["tenant-a"]);
+    let once = Once::sqlite(&db).unwrap().build().unwrap();
+    let rejected = once
+        .call(
+            "tenant-a",
+            Some("f-1"),
+            "refund_order",
+            r#"{"order":2,"amount":5}"#,
+            |_| once::Sent::Rejected("card declined".into()),
+        )
+        .unwrap();
+    assert!(
+        matches!(rejected.ending(), Some(once::types::Ending::Rejected(_))),
+        "{rejected:?}"
+    );
+    // A holder whose send is still under way: its lease is live while the page is read.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        once.call(
+            "tenant-a",
+            Some("live-1"),
+            "refund_order",
+            r#"{"order":3,"amount":5}"#,
+            |_| {
+                started_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                once::Sent::Success(r#"{"refund_id":"r_3"}"#.into())
+            },
+        )
+        .unwrap()
+    });
+    started_rx.recv().unwrap();
+    let ui = UiProcess::start(&db, &["--operators", operators(dir.path()).to_str().unwrap()]);
+    let page = |key: &str| {
+        get(
+            &format!("{}/record?scope=tenant-a&key={key}", ui.base),
+            Some("alice-token"),
+        )
+        .1
+    };
+
+    let live = page("live-1");
+    assert!(live.contains("<b id=state>in-flight</b>"), "{live}");
+    assert!(!live.contains("id=resolve"), "a live lease cannot be resolved: {live}");
+
+    let failed = page("f-1");
+    assert!(failed.contains("<b id=state>failed</b>"), "{failed}");
+    assert!(failed.contains("value=confirmed"), "{failed}");
+    assert!(
+        !failed.contains("value=absent"),
+        "a failed record cannot be resolved absent: {failed}"
+    );
+    assert!(!failed.contains("name=force"), "{failed}");
+
+    let unknown = page("k-tenant-a");
+    assert!(
+        unknown.contains("value=confirmed") && unknown.contains("value=absent"),
+        "{unknown}"
+    );
+    assert!(
+        unknown.contains("name=force"),
+        "absent needs force before max_in_flight: {unknown}"
+    );
+
+    let confirmed = page("c-1");
+    assert!(confirmed.contains("<b id=state>confirmed</b>"), "{confirmed}");
+    assert!(!confirmed.contains("id=resolve"), "{confirmed}");
+
+    release_tx.send(()).unwrap();
+    let called = holder.join().unwrap();
+    assert!(called.confirmed().is_some(), "{called:?}");
+    let settled = page("live-1");
+    assert!(!settled.contains("id=resolve"), "{settled}");
+}

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use once::types::{Account, Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
+use once::types::{Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
@@ -259,7 +259,7 @@ impl Shared {
     /// this gateway can still settle it: an unknown no read can settle is the operator's.
     fn track_unsettled(&self, scope: &str, called: &Called, capture: &Capture) {
         let key = match called {
-            Called::Done(account) if account.repeat == Repeat::Waits && !awaits_operator(account) => {
+            Called::Done(account) if account.repeat == Repeat::Waits && !account.awaits_operator => {
                 account.key.as_deref()
             }
             Called::Unreported { .. } => capture.key.as_deref(),
@@ -269,11 +269,6 @@ impl Shared {
             self.track(scope, key);
         }
     }
-}
-
-/// The engine says no read is scheduled for this unknown (the tool has no lookup): only an operator settles it.
-fn awaits_operator(account: &Account) -> bool {
-    matches!(&account.ending, Ending::Unknown(u) if u.next_read.is_none())
 }
 
 /// The tool's definition as the engine routes and pins it.
@@ -456,7 +451,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     };
     let mut params = CallToolRequestParams::new(d.tool.to_string()).with_arguments(arguments);
     if let ProviderKey::Meta(field) = &tool.provider_key
-        && !d.provider_key.is_empty()
+        && !d.direct
     {
         params.meta = Some(reply::meta_of(field, d.provider_key).into());
     }
@@ -478,7 +473,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     // it, and its 2026-07-28 envelope, so that the upstream may ask the client it would act for
     // (`crate::rounds`; the worker's carry the gateway's). A direct call is the client's: its `_meta`,
     // envelope and revision.
-    if d.attempt > 0 {
+    if !d.direct {
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
@@ -491,12 +486,12 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     let may_send = || send_before.is_none_or(|end| Instant::now() < end);
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
-    } else if d.attempt > 0 || capture.runs_tasks {
+    } else if !d.direct || capture.runs_tasks {
         let of = (d.tool.to_string(), d.provider_key.to_string(), d.args.to_string());
         // Remembered for this attempt's reconciliation from the moment the task exists: it may act long
         // after the lease ends, and the lease may end (and a read come) before this wait is over.
         let created = |id: &str| {
-            if d.attempt > 0 {
+            if !d.direct {
                 let max_in_flight_ms = once.policy(d.tool).max_in_flight_ms;
                 let run = TaskRun {
                     id: id.to_string(),
@@ -510,7 +505,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
             .handle
             .block_on(shared.upstream.run_to_end(params, d.timeout, may_send, &link, created));
         // Answered: the task (if any) ended with this answer, and has nothing more to say.
-        if d.attempt > 0 && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
+        if !d.direct && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
             shared.tasks().remove(&of);
         }
         reply
@@ -519,7 +514,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
             .handle
             .block_on(shared.upstream.call(params, d.timeout, may_send, &link))
     };
-    if d.attempt > 0 {
+    if !d.direct {
         capture.key = Some(d.key.to_string());
     }
     let sent = classify(&reply, tool.on_tool_error);

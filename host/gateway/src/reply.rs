@@ -70,7 +70,7 @@ impl Context<'_> {
     fn account_info(&self, decision: &str, a: &Account) -> Value {
         let mut info = json!({
             "decision": decision, "tool": self.tool, "operation": a.key, "scope": self.scope,
-            "effect": a.effect.to_string(), "repeat": a.repeat.to_string(),
+            "effect": a.effect.to_string(), "repeat": a.repeat.to_string(), "awaits_operator": a.awaits_operator,
         });
         if !self.keyed {
             info["identity_fields"] = json!(self.effect_fields);
@@ -358,7 +358,8 @@ fn unknown(a: &Account, u: &UnknownInfo, cx: &Context<'_>) -> CallToolResult {
     info["deadline"] = json!(u.deadline);
     info["reason"] = json!(u.reason);
     info["next_read"] = json!(u.next_read);
-    let doing = match u.next_read {
+    // The engine says whether only an operator can settle it; a next read is then shown as it states it.
+    let doing = match u.next_read.filter(|_| !a.awaits_operator) {
         Some(next) => format!(
             "once is checking with {} in the background (next read {}); if that proves it did not happen, once \
              sends it itself, exactly once, with the same idempotency key. If it is still unsettled by {}, an \

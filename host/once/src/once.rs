@@ -47,16 +47,22 @@ pub fn default_settings() -> Result<Settings, OnceError> {
     Runtime::shared()?.default_settings()
 }
 
-/// What the dispatcher is asked to send.
+/// What the dispatcher is asked to send: a granted attempt of a protected
+/// call, or (`direct`) a DIRECT call sent as it came.
 #[derive(Debug, Clone)]
 pub struct Dispatch<'a> {
-    /// Scope.
+    /// A DIRECT call (the engine's `direct` step: a read-only tool), sent
+    /// unprotected: nothing is recorded or reported, and it has no key, attempt
+    /// or provider key (empty, 0 and empty). Tell the two kinds apart by this,
+    /// never by those values.
+    pub direct: bool,
+    /// Scope: the call's own, for a DIRECT call too.
     pub scope: &'a str,
     /// Operation key (empty for a DIRECT call).
     pub key: &'a str,
     /// Tool.
     pub tool: &'a str,
-    /// Attempt number (0 for a DIRECT call).
+    /// Attempt number, from 1 (0 for a DIRECT call).
     pub attempt: u32,
     /// The key to hand the provider (argument, header): derived from (scope, key); empty for a DIRECT call.
     pub provider_key: &'a str,
@@ -71,6 +77,7 @@ pub struct Dispatch<'a> {
 impl<'a> Dispatch<'a> {
     fn of(grant: &'a Grant) -> Dispatch<'a> {
         Dispatch {
+            direct: false,
             scope: &grant.scope,
             key: &grant.key,
             tool: &grant.tool,
@@ -672,6 +679,7 @@ impl Once {
                     };
                     let timeout = Duration::from_millis(self.policy(&call.tool).dispatch_timeout_ms);
                     let direct = Dispatch {
+                        direct: true,
                         scope: &call.scope,
                         key: "",
                         tool: &call.tool,

@@ -619,6 +619,7 @@ fn render_account(a: &Account) -> Value {
     json!({
         "scope": a.scope, "key": a.key, "key-source": a.key_source.map(key_source_name), "tool": a.tool,
         "ending": render_ending(&a.ending), "effect": effect_name(a.effect), "repeat": repeat_name(a.repeat),
+        "awaits-operator": a.awaits_operator,
     })
 }
 
@@ -650,7 +651,12 @@ fn render_view(v: &RecordView) -> Value {
         "receipt": v.receipt, "error": v.error, "escalated": v.escalated,
         "possible-duplicate": v.possible_duplicate, "supersedes": v.supersedes,
         "superseded-by": v.superseded_by, "replays": v.replays, "conflicts": v.conflicts,
-        "created-at": v.created_at, "updated-at": v.updated_at, "body": v.body,
+        "created-at": v.created_at, "updated-at": v.updated_at,
+        "resolvable": {
+            "confirmed": v.resolvable.confirmed, "absent": v.resolvable.absent,
+            "absent-needs-force": v.resolvable.absent_needs_force,
+        },
+        "body": v.body,
         "audit": v.audit.iter().map(render_event).collect::<Vec<_>>(),
     })
 }
@@ -1785,6 +1791,9 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
                             seen.insert(format!("{fact}:{v}"));
                         }
                     }
+                    if let Some(v) = account["awaits-operator"].as_bool() {
+                        seen.insert(format!("awaits-operator:{v}"));
+                    }
                 }
                 "sweep" if r["dispatches"].as_array().is_some_and(|d| !d.is_empty()) => {
                     seen.insert("sweep:dispatches".to_string());
@@ -1931,6 +1940,8 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
         "repeat:waits",
         "repeat:retries",
         "repeat:refused",
+        "awaits-operator:true",
+        "awaits-operator:false",
         "sweep:dispatches",
         "configure:configured",
         "configure:refused",

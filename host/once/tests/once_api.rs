@@ -804,3 +804,36 @@ fn the_readme_example_is_the_compiled_one() {
         "README.md's Rust example and host/once/examples/embed.rs differ"
     );
 }
+
+/// A DIRECT call reaches the sender marked `direct`, with the call's own scope;
+/// a granted attempt is not marked, whatever its values.
+#[test]
+fn a_direct_dispatch_is_marked_and_carries_the_calls_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let direct = once::types::PolicyInput {
+        route: Some(once::types::Route::Direct),
+        ..policy_input()
+    };
+    let once = Once::builder(sqlite(&dir.path().join("once.db")))
+        .tool("search", direct, None)
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut send = |d: &once::Dispatch<'_>| {
+        seen.push((d.direct, d.scope.to_string(), d.tool.to_string(), d.attempt));
+        Sent::Success(r#"{"v":1}"#.into())
+    };
+    let called = once
+        .call("tenant-7", Some("k"), "search", r#"{"q":1}"#, &mut send)
+        .unwrap();
+    assert!(matches!(called, Called::Direct(_)), "{called:?}");
+    let granted = once.call("tenant-7", Some("k"), TOOL, ARGS, &mut send).unwrap();
+    assert!(granted.confirmed().is_some(), "{granted:?}");
+    assert_eq!(
+        seen,
+        [
+            (true, "tenant-7".to_string(), "search".to_string(), 0),
+            (false, "tenant-7".to_string(), TOOL.to_string(), 1),
+        ]
+    );
+}

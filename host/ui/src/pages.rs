@@ -229,7 +229,8 @@ pub fn record(view: &RecordView, csrf: &str, banner: Option<&Banner>) -> String 
         let _ = write!(b, "<tr><th>{name}</th><td>{value}</td></tr>");
     }
     b.push_str("</table>");
-    if !matches!(view.state, State::Confirmed | State::Superseded) {
+    // Offered exactly as the engine says `resolve` would accept it now.
+    if view.resolvable.confirmed || view.resolvable.absent {
         resolve_form(&mut b, view, csrf);
     }
     b.push_str(
@@ -262,21 +263,39 @@ fn key_source(source: KeySource) -> &'static str {
     }
 }
 
+/// The resolve form, with only the resolutions the engine's `resolvable` names.
 fn resolve_form(b: &mut String, view: &RecordView, csrf: &str) {
+    let can = &view.resolvable;
     let _ = write!(
         b,
         "<form method=post action=\"/resolve\" id=resolve><fieldset><legend>resolve (audited with your name and note)</legend>\
          <input type=hidden name=csrf value=\"{csrf}\">\
-         <input type=hidden name=scope value=\"{s}\"><input type=hidden name=key value=\"{k}\">\
-         <p><label><input type=radio name=resolution value=confirmed required> confirmed: the effect happened; its receipt (JSON):</label>\
-         <textarea name=receipt rows=3 placeholder='{{\"refund_id\":\"r_1\"}}'></textarea></p>\
-         <p><label><input type=radio name=resolution value=absent> absent: the effect did not happen (a dispatch becomes owed)</label><br>\
-         <label><input type=checkbox name=force value=1> force: resolve absent even before max_in_flight has passed since the last dispatch</label></p>\
-         <p><label>note (why; required) <input type=text name=note required></label></p>\
-         <button>resolve</button></fieldset></form>",
+         <input type=hidden name=scope value=\"{s}\"><input type=hidden name=key value=\"{k}\">",
         csrf = esc(csrf),
         s = esc(&view.scope),
         k = esc(&view.key),
+    );
+    if can.confirmed {
+        b.push_str(
+            "<p><label><input type=radio name=resolution value=confirmed required> confirmed: the effect happened; its receipt (JSON):</label>\
+             <textarea name=receipt rows=3 placeholder='{\"refund_id\":\"r_1\"}'></textarea></p>",
+        );
+    }
+    if can.absent {
+        b.push_str(
+            "<p><label><input type=radio name=resolution value=absent required> absent: the effect did not happen (a dispatch becomes owed)</label>",
+        );
+        if can.absent_needs_force {
+            b.push_str(
+                "<br><label><input type=checkbox name=force value=1> force: an earlier request may still commit \
+                 (max_in_flight has not passed since the last dispatch); resolve absent now anyway</label>",
+            );
+        }
+        b.push_str("</p>");
+    }
+    b.push_str(
+        "<p><label>note (why; required) <input type=text name=note required></label></p>\
+         <button>resolve</button></fieldset></form>",
     );
 }
 

@@ -16,7 +16,7 @@ from .errors import (
 from .model import (
     Account, AuditEvent, Blocked, BlockReason, Called, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending,
     Escalation, Evidence, IdentityMode, InFlight, KeySource, NotSent, Policy, Quota, RecordView, Rejected, Repeat,
-    ReplayVia, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan, Unknown, Unrecorded,
+    ReplayVia, Resolvable, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan, Unknown, Unrecorded,
 )
 from .protect import current_key, operation
 
@@ -25,7 +25,7 @@ __all__ = [
     "Conflict", "Dispatch", "Effect", "Ending", "Escalation", "Evidence", "FenceMismatch", "GuestLimit", "IdentityMode",
     "InFlight", "InvalidJson", "InvalidPolicy", "InvalidRequest", "InvalidTransition", "KeySource", "NotConfigured",
     "NotFound", "NotSent", "Once", "OnceError", "Policy", "Quota", "RecordView", "Refused", "Rejected", "Repeat",
-    "ReplayVia", "Route", "Sent", "State", "StorageError", "SweepResult", "ToolDescriptor", "ToolPlan", "Unconfirmed",
-    "Unknown", "Unrecorded", "current_key", "operation",
+    "ReplayVia", "Resolvable", "Route", "Sent", "State", "StorageError", "SweepResult", "ToolDescriptor", "ToolPlan",
+    "Unconfirmed", "Unknown", "Unrecorded", "current_key", "operation",
 ]
 __version__ = "0.2.0"

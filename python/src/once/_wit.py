@@ -28,7 +28,7 @@ from . import errors, model
 from .ledger._base import Event, Put, Row
 from .model import (
     Account, AuditEvent, Blocked, BlockReason, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending, Escalation,
-    InFlight, KeySource, NotSent, Rejected, RecordView, Repeat, ReplayVia, State, Unknown, Unrecorded,
+    InFlight, KeySource, NotSent, Rejected, RecordView, Repeat, ReplayVia, Resolvable, State, Unknown, Unrecorded,
 )
 
 E = TypeVar("E", bound=enum.Enum)
@@ -181,7 +181,7 @@ def account(a: Mapping[str, Any]) -> Account:
     """An `account`."""
     source = a["key_source"]
     return Account(a["scope"], a["key"], None if source is None else KEY_SOURCE[source], a["tool"],
-                   ending(a["ending"]), EFFECT[a["effect"]], REPEAT[a["repeat"]])
+                   ending(a["ending"]), EFFECT[a["effect"]], REPEAT[a["repeat"]], a["awaits_operator"])
 
 
 def dispatch(g: Mapping[str, Any]) -> Dispatch:
@@ -360,8 +360,15 @@ def record_view(v: Any) -> RecordView:
         g["scope"], g["key"], KeySource(g["key-source"]), g["tool"], g["fingerprint"], g["args"],
         g["provider-key"], g["owner"], State(g["state"]), g["version"], g["attempts"], g["receipt"], g["error"],
         g["escalated"], g["possible-duplicate"], g["supersedes"], g["superseded-by"], g["replays"], g["conflicts"],
-        g["created-at"], g["updated-at"], g["body"], [audit_event(e) for e in g["audit"]],
+        g["created-at"], g["updated-at"], resolvable(g["resolvable"]), g["body"],
+        [audit_event(e) for e in g["audit"]],
     )
+
+
+def resolvable(r: Any) -> Resolvable:
+    """A `resolvable` record."""
+    g = r.__dict__
+    return Resolvable(g["confirmed"], g["absent"], g["absent-needs-force"])
 
 
 def escalation(e: Any) -> Escalation:

@@ -389,9 +389,10 @@ class Once:
         """The ledger's clock (ms)."""
         return self.ledger.now()
 
-    def _loop(self, first: Callable[[], _wit.Step], tool: Optional[str], args: Optional[str],
+    def _loop(self, first: Callable[[], _wit.Step], call: Optional[tuple[str, str, str]],
               patience: float) -> Generator[Action, Any, Called]:
-        """The protocol: the guest says what to do next; this only does it."""
+        """The protocol: the guest says what to do next; this only does it. `call` (scope, tool, args) is the
+        call as it came, sent as it is if the guest routes it DIRECT; none for an operation from the ledger."""
         step: _wit.Step = yield ("guest", first)
         deadline = time.monotonic() + patience
         give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
@@ -430,12 +431,13 @@ class Once:
             elif kind == "done":
                 return Called(account=step.account, raised=raised)
             else:  # direct: a read-only tool, sent as it came, nothing recorded
-                if tool is None or args is None:
+                if call is None:
                     raise errors.ComponentError("a resumed operation answered direct")
+                scope, tool, args = call
                 timeout = self.plan(tool).policy.get("dispatch-timeout-ms")
                 assert isinstance(timeout, int)
-                d = Dispatch(scope="", key="", tool=tool, attempt=0, provider_key="", args=args,
-                             send_by=(1 << 64) - 1, timeout_ms=timeout)
+                d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
+                             send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
                 return Called(direct=_sent((yield ("send", d))))
 
     def _run(self, loop: Generator[Action, Any, Called], send: Send) -> Called:
@@ -488,7 +490,7 @@ class Once:
         """
         text = _args_text(args)
         c = _wit.call_text(scope, key, tool, text, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._step("start", c), tool, text, self.wait if wait is None else wait)
+        loop = self._loop(lambda: self._step("start", c), (scope, tool, text), self.wait if wait is None else wait)
         return self._run(loop, send)
 
     async def acall(self, scope: str, key: Optional[str], tool: str, args: Args, send: Union[Send, ASend], *,
@@ -497,12 +499,12 @@ class Once:
         """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`."""
         text = _args_text(args)
         c = _wit.call_text(scope, key, tool, text, supersedes, acknowledge_confirmed)
-        loop = self._loop(lambda: self._step("start", c), tool, text, self.wait if wait is None else wait)
+        loop = self._loop(lambda: self._step("start", c), (scope, tool, text), self.wait if wait is None else wait)
         return await self._arun(loop, send)
 
     def resume(self, scope: str, key: str, send: Send, *, wait: Optional[float] = None) -> Called:
         """Go on with an operation from the ledger (after a crash): what the guest says is owed, or its account."""
-        loop = self._loop(lambda: self._step("resume", scope, key), None, None, self.wait if wait is None else wait)
+        loop = self._loop(lambda: self._step("resume", scope, key), None, self.wait if wait is None else wait)
         return self._run(loop, send)
 
     def settle(self, send: Send, limit: int = 100) -> SweepResult:
@@ -515,7 +517,7 @@ class Once:
             # pass while the earlier ones were sent ("not sent", an attempt spent). Another host may have taken it since.
             step = self._step("resume", scope, key)
             if step.kind == "dispatch":
-                sent.append(self._run(self._loop(_constant(step), None, None, 0.0), send))
+                sent.append(self._run(self._loop(_constant(step), None, 0.0), send))
         return SweepResult(r.expired, r.reconciled, r.confirmed, r.escalated, [tuple(x) for x in r.owed], sent)
 
     def sweep(self, limit: int = 100) -> SweepResult:

@@ -282,6 +282,9 @@ class Dispatch:
     args: str
     send_by: int
     timeout_ms: int
+    #: A DIRECT call (a read-only tool), sent unprotected: nothing is recorded or reported, and it has no key,
+    #: attempt or provider key ("", 0 and ""); its scope is the call's. Tell the two kinds apart by this.
+    direct: bool = False
 
     def arguments(self) -> dict[str, object]:
         """The args to send, decoded."""
@@ -400,6 +403,9 @@ class Account:
     ending: Ending
     effect: Effect
     repeat: Repeat
+    #: Nothing but an operator can settle this call now (an unknown outcome no read of the provider is
+    #: scheduled for): the guest states it; a host keeps no watch on such a call and says an operator must.
+    awaits_operator: bool
 
 
 @dataclass(frozen=True)
@@ -484,6 +490,18 @@ class AuditEvent:
 
 
 @dataclass(frozen=True)
+class Resolvable:
+    """Which resolutions `resolve` accepts for a record now, at the ledger clock (the guest's own guards)."""
+
+    #: `confirmed` is accepted (the record is unknown, absent, failed, or in flight past its lease).
+    confirmed: bool
+    #: `absent` is accepted (the record is unknown, or in flight past its lease).
+    absent: bool
+    #: `absent` is accepted only with `force`: an earlier request may still commit.
+    absent_needs_force: bool
+
+
+@dataclass(frozen=True)
 class RecordView:
     """A record as shown to an operator, with its audit trail."""
 
@@ -508,6 +526,8 @@ class RecordView:
     conflicts: int
     created_at: int
     updated_at: int
+    #: What `resolve` would accept now, as the guest states it.
+    resolvable: Resolvable
     body: str
     audit: list[AuditEvent] = field(default_factory=list)
 
