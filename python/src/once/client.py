@@ -68,6 +68,23 @@ def _sent(value: Any) -> Sent:
     return value if isinstance(value, Sent) else Sent.success(value)
 
 
+async def _answer_within(answer: Awaitable[Any], timeout_ms: int) -> Any:
+    """An async dispatcher's answer, or ambiguous once the dispatch timeout has passed. The dispatcher is
+    cancelled there and this waits until it has stopped, so nothing of it runs on after the outcome is
+    reported. What it sent may still have reached the provider: ambiguous, never not-sent. A dispatcher's
+    own exception (its own timeout included) goes to the protocol as it came."""
+    task = asyncio.ensure_future(answer)
+    done, _ = await asyncio.wait({task}, timeout=timeout_ms / 1000)
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # its cancellation, or whatever it raised while stopping
+        pass
+    return Sent.ambiguous(f"no answer within {timeout_ms} ms: the dispatcher was cancelled")
+
+
 def _failed(message: str) -> Variant:
     return Variant("failed", _wit.record(message=message))
 
@@ -472,7 +489,7 @@ class Once:
                 elif kind == "send":
                     value = send(arg)
                     if inspect.isawaitable(value):
-                        value = await value
+                        value = await _answer_within(value, arg.timeout_ms)
                 else:
                     await asyncio.sleep(arg)
             except BaseException as e:
