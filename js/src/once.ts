@@ -218,20 +218,22 @@ interface DirectCall {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
-/** Run the sender with its timeout: no answer in time (or a throw) is ambiguous. */
+/**
+ * Run the sender with its timeout. Past it the sender's signal is aborted and this waits until the sender
+ * has settled, so nothing of it runs on after the outcome is reported: stopped by the abort (or any throw),
+ * the outcome is ambiguous (what it sent may still have reached the provider); if it answered anyway, its
+ * answer is the outcome. A sender that ignores its signal holds the call until it settles.
+ */
 async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
   const abort = new AbortController();
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<Sent>((resolve) => {
-    timer = setTimeout(() => {
-      abort.abort(new Error(`no answer within ${d.timeoutMs} ms`));
-      resolve(sent.ambiguous(`no answer within ${d.timeoutMs} ms`));
-    }, d.timeoutMs);
-  });
+  const timer = setTimeout(() => abort.abort(new Error(`no answer within ${d.timeoutMs} ms`)), d.timeoutMs);
+  const answer = Promise.resolve().then(() => send({ ...d, signal: abort.signal }));
   try {
-    return await Promise.race([Promise.resolve().then(() => send({ ...d, signal: abort.signal })), late]);
+    return await answer;
   } catch (e) {
-    return sent.ambiguous(`the sender threw: ${e instanceof Error ? e.message : String(e)}`);
+    const why = e instanceof Error ? e.message : String(e);
+    if (abort.signal.aborted) return sent.ambiguous(`no answer within ${d.timeoutMs} ms: the sender was aborted (${why})`);
+    return sent.ambiguous(`the sender threw: ${why}`);
   } finally {
     clearTimeout(timer);
   }

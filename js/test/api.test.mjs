@@ -120,3 +120,33 @@ test("build: jco's debug log reads JCO_DEBUG once, at load, and still turns on w
   assert.match(loud.stdout, /ending confirmed\n/);
   assert.match(loud.stdout, /\[.*\(\)\]/, "jco's debug lines, e.g. [clearCurrentTask()] args");
 });
+
+// The host stops its sender at the deadline the guest gives, and records nothing while the send still runs.
+test("dispatch timeout: the signal is aborted and the call waits for the send to settle; its own answer counts", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  await once.setTool("refund_order", { policy: { dispatchTimeoutMs: 200 } });
+  const call = (key, send) => once.call({ scope: "s", key, tool: "refund_order", args: { amount: 200 }, send });
+  const log = [];
+  // Honours its signal: stopped by the abort, then the outcome (ambiguous) is recorded.
+  const honours = await call("honours", (d) => new Promise((_, reject) => {
+    d.signal.addEventListener("abort", () => setTimeout(() => (log.push("honours stopped"), reject(d.signal.reason)), 30));
+  }));
+  assert.equal(honours.account.ending.tag, "unknown");
+  assert.match((await once.inspect("s", "honours")).body, /no answer within 200 ms: the sender was aborted/);
+  // Ignores its signal and completes: the call waited for it, and the refund it made is confirmed.
+  const ignores = await call("ignores", async (d) => {
+    await new Promise((r) => setTimeout(r, 350));
+    log.push(`ignores answered, aborted=${d.signal.aborted}`);
+    return sent.success({ refund_id: "late" });
+  });
+  assert.equal(ignores.account.ending.tag, "confirmed");
+  assert.deepEqual(JSON.parse(ignores.account.ending.val.receipt), { refund_id: "late" });
+  // A sender's own failure is its own answer, not the host's timeout.
+  const throws = await call("throws", async () => {
+    throw new Error("connection reset");
+  });
+  assert.equal(throws.account.ending.tag, "unknown");
+  assert.doesNotMatch((await once.inspect("s", "throws")).body, /no answer within/);
+  assert.deepEqual(log, ["honours stopped", "ignores answered, aborted=true"]);
+});

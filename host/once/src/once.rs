@@ -70,7 +70,9 @@ pub struct Dispatch<'a> {
     pub args: &'a str,
     /// Do not start sending at or after this (ledger clock); [`Once::call`] checks it just before.
     pub send_by: u64,
-    /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`].
+    /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`]. The
+    /// dispatcher enforces it: a blocking function cannot be stopped from outside, and one that runs on
+    /// past it may outlive its lease (the Python and Node hosts cancel an async sender there).
     pub timeout: Duration,
 }
 

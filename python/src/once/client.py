@@ -68,6 +68,31 @@ def _sent(value: Any) -> Sent:
     return value if isinstance(value, Sent) else Sent.success(value)
 
 
+async def _answer_within(answer: Awaitable[Any], timeout_ms: int) -> Any:
+    """An async dispatcher's answer within the dispatch timeout. Past it the dispatcher is cancelled, and
+    this waits until it has stopped, so nothing of it runs on after the outcome is reported: stopped by the
+    cancellation, the outcome is ambiguous (what it sent may still have reached the provider); if it
+    answered anyway, its answer is the outcome. A dispatcher's own exception (its own timeout included)
+    goes to the protocol as it came."""
+    task = asyncio.ensure_future(answer)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_ms / 1000)
+    except asyncio.CancelledError:  # this call is cancelled: so is its dispatcher, as when awaited directly
+        task.cancel()
+        raise
+    if task not in done:
+        task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            # Only the dispatcher's own cancellation is this timeout; this call's (3.11+ counts it) goes on up.
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and getattr(current, "cancelling", lambda: 0)()):
+                raise
+            return Sent.ambiguous(f"no answer within {timeout_ms} ms: the dispatcher was cancelled")
+    return task.result()
+
+
 def _failed(message: str) -> Variant:
     return Variant("failed", _wit.record(message=message))
 
@@ -474,7 +499,7 @@ class Once:
                 elif kind == "send":
                     value = send(arg)
                     if inspect.isawaitable(value):
-                        value = await value
+                        value = await _answer_within(value, arg.timeout_ms)
                 else:
                     await asyncio.sleep(arg)
             except BaseException as e:
