@@ -11,7 +11,8 @@ use crate::storage::{BODY_FORMAT_KEY, Location, StorageError, next_body_format};
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: u32 = 3;
 
-/// The SQLSTATE `apply_batch` (schema/postgres/003-apply-batch.sql) raises when a put's version check or an audit insert fails.
+/// The SQLSTATE `apply_batch` (schema/postgres/003-apply-batch.sql) raises when
+/// a put's version check or an audit insert fails.
 pub(super) const CONFLICT_SQLSTATE: &str = "OC409";
 
 /// The schema that holds the ledger unless the URL or the options name another.
