@@ -10,6 +10,10 @@ Where the component comes from, in order (the build log says which):
    host/once/build.rs, so the Rust host and this package ship the same bytes.
 The wheel holds no compiled code of its own: `py3-none-any`.
 
+The ledger's DDL, the repository's `schema/` (one level up: `sqlite/`, `postgres/`, README.md), goes in
+as `once/schema/` (the sdist's `src/once/schema/`, which a wheel built from that sdist takes, no repository
+needed): the SQLite and PostgreSQL ledgers load it from there with importlib.resources.
+
 The repository's LICENSE (one level up, where hatchling's license globs cannot
 reach) goes into the sdist as `LICENSE`, where hatchling itself ships it in a
 wheel built from that sdist (`.dist-info/licenses/LICENSE`, named in
@@ -28,6 +32,9 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 TARGET = "wasm32-wasip2"
 PACKAGED = "src/once/once_guest.wasm"
+# Where an sdist carries the repository's schema/, and its backends' folders.
+SCHEMA = "src/once/schema"
+BACKENDS = ("sqlite", "postgres")
 # The release profile host/once/build.rs builds the guest with.
 PROFILE = {
     "CARGO_PROFILE_RELEASE_DEBUG": "false",
@@ -48,6 +55,10 @@ class GuestBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         wasm = self._component()
         target = "once/once_guest.wasm" if self.target_name == "wheel" else PACKAGED
         build_data.setdefault("force_include", {})[str(wasm)] = target
+        schema_to = "once/schema" if self.target_name == "wheel" else SCHEMA
+        for path in self._schema_files():
+            relative = path.relative_to(path.parents[1]) if path.parent.name in BACKENDS else Path(path.name)
+            build_data["force_include"][str(path)] = f"{schema_to}/{relative.as_posix()}"
         if self.target_name == "wheel":
             build_data["pure_python"] = True
             build_data["tag"] = "py3-none-any"
@@ -59,6 +70,16 @@ class GuestBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         shipped = "LICENSE" if self.target_name != "wheel" else \
             f"{self.build_config.builder.artifact_project_id}.dist-info/licenses/LICENSE"
         build_data["force_include"][str(license_file)] = shipped
+
+    def _schema_files(self) -> list[Path]:
+        """The ledger's DDL files and their README: the sdist's copy, else the repository's `schema/`."""
+        root = Path(self.root)
+        folder = root / SCHEMA if (root / "PKG-INFO").is_file() else root.parent / "schema"
+        files = [folder / "README.md"] + [p for b in BACKENDS for p in sorted((folder / b).glob("*.sql"))]
+        missing = [str(p) for p in files if not p.is_file()]
+        if missing or not any(p.suffix == ".sql" for p in files):
+            raise RuntimeError(f"once-exactly: no ledger schema to package in {folder} (missing: {missing})")
+        return files
 
     def _component(self) -> Path:
         root = Path(self.root)

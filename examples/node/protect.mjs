@@ -6,9 +6,9 @@ import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import Database from "better-sqlite3";
 const dir = resolve(process.argv[2] ?? "gen"), { instantiate } = await import(pathToFileURL(join(dir, "once.js")).href);
-const db = new Database(process.argv[3] ?? "once-example.db").exec(`CREATE TABLE IF NOT EXISTS rows (tbl, scope, key, version,
-  state, due_at, owner, body, PRIMARY KEY (tbl, scope, key)); CREATE TABLE IF NOT EXISTS audit (scope, key, version, at, kind,
-  from_state, to_state, attempt, detail, PRIMARY KEY (scope, key, version))`); // the engine's rows and its audit trail
+const db = new Database(process.argv[3] ?? "once-example.db").exec(readFileSync(new URL("../../schema/sqlite/ledger.sql",
+  import.meta.url), "utf8")); // the engine's rows and its audit trail: the tables the once packages make (schema/sqlite),
+// rows (tbl, scope, key, version, state, due_at, body, owner) and audit (scope, key, version, at, kind, from_state, ...)
 const q = ((cache) => (text) => (cache[text] ??= db.prepare(text).safeIntegers(true)))({}); // u64s as BigInt, like jco
 const NAMES = { tbl: "table", due_at: "dueAt", from_state: "fromState", to_state: "toState" }; // columns: jco's fields
 const wit = (r) => r && Object.fromEntries(Object.entries(r).map(([k, v]) => [NAMES[k] ?? k, v ?? undefined])); // NULL: unset
@@ -20,9 +20,9 @@ function put({ table, scope, key, expected, row }, body) { // insert if absent, 
   const at = [kebab(table), scope, key]; // assert the row is absent (no row, no expected version)
   if (!row && expected === null) return { changes: q("SELECT 1 FROM rows WHERE tbl = ? AND scope = ? AND key = ?").get(...at) ? 0 : 1 };
   if (!row) return q("DELETE FROM rows WHERE tbl = ? AND scope = ? AND key = ? AND version = ?").run(...at, sql(expected));
-  const fields = [row.version, kebab(row.state), row.due_at, row.owner, body].map(sql);
+  const fields = [row.version, kebab(row.state), row.due_at, body, row.owner].map(sql);
   if (expected === null) return q("INSERT OR IGNORE INTO rows VALUES (?,?,?,?,?,?,?,?)").run(...at, ...fields);
-  return q("UPDATE rows SET version = ?, state = ?, due_at = ?, owner = ?, body = ? WHERE tbl = ? AND scope = ? AND key = ? AND "
+  return q("UPDATE rows SET version = ?, state = ?, due_at = ?, body = ?, owner = ? WHERE tbl = ? AND scope = ? AND key = ? AND "
     + "version = ?").run(...fields, ...at, sql(expected));
 }
 const CONFLICT = new Error("conflict"), apply = db.transaction((puts, bodies, events) => { // one atomic batch: every put

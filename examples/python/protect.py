@@ -3,9 +3,9 @@ import json, os, re, sqlite3, sys, time, wasmtime, wasmtime.component as wc
 from wasmtime.component import Record, Variant
 class Rec(Record): __init__, __getattr__ = lambda r, fields: r.__dict__.update(fields), lambda r, _: None  # unset: None
 db = sqlite3.connect(sys.argv[2] if len(sys.argv) > 2 else "once-example.db", isolation_level=None)
-db.executescript("""CREATE TABLE IF NOT EXISTS rows (tbl, scope, key, version, state, due_at, owner, body,
-  PRIMARY KEY (tbl, scope, key)); CREATE TABLE IF NOT EXISTS audit (scope, key, version, at, kind, from_state,
-  to_state, attempt, detail, PRIMARY KEY (scope, key, version));""")  # the engine's rows and its audit trail
+# The engine's rows and its audit trail: the tables the once packages make (the repository's schema/sqlite)
+schema = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "schema", "sqlite", "ledger.sql")
+db.executescript(open(schema, encoding="utf-8").read())  # (tbl, scope, key, version, state, due_at, body, owner)
 db.row_factory = lambda cursor, r: Rec({c[0]: v for c, v in zip(cursor.description, r)})  # read as WIT records
 ROWS = 'SELECT tbl AS "table", scope, key, version, state, due_at AS "due-at", owner, body FROM rows WHERE tbl=?'
 q = lambda sql, *args: db.execute(sql, args)
@@ -21,9 +21,9 @@ def put(p, body):  # one compare-and-swap write: insert if absent, update or del
     at, r, expected = (wit(p["table"]), p["scope"], p["key"]), p["row"], p["expected"]
     if r is None and expected is None: return not q("SELECT 1 FROM rows WHERE tbl=? AND scope=? AND key=?", *at).fetchone()
     if r is None: return q("DELETE FROM rows WHERE tbl=? AND scope=? AND key=? AND version=?", *at, expected).rowcount == 1
-    row = (r["version"], wit(r["state"]), r["due_at"], r["owner"], body)
+    row = (r["version"], wit(r["state"]), r["due_at"], body, r["owner"])
     if expected is None: return q("INSERT OR IGNORE INTO rows VALUES (?,?,?,?,?,?,?,?)", *at, *row).rowcount == 1
-    return q("UPDATE rows SET version=?, state=?, due_at=?, owner=?, body=? WHERE tbl=? AND scope=? AND key=? AND "
+    return q("UPDATE rows SET version=?, state=?, due_at=?, body=?, owner=? WHERE tbl=? AND scope=? AND key=? AND "
              "version=?", *row, *at, expected).rowcount == 1
 def commit(_, batch, bodies):  # one atomic batch (JSON text; each written row's body beside it): all of it, or nothing
     head, body = json.loads(batch), iter(bodies)

@@ -1,5 +1,5 @@
 // `npm run build`: the guest component transpiled by the pinned jco into gen/, then the TypeScript into dist/
-// (and the repository LICENSE copied in, for npm pack).
+// (and the repository LICENSE and schema/ copied in, for npm pack).
 //
 // The component is, and the build says which:
 // - $ONCE_COMPONENT when set: a built once_guest.wasm, used as given (nothing is compiled, no
@@ -11,7 +11,7 @@
 //   It needs cargo and the target (`rustup target add wasm32-wasip2`); without them the build stops
 //   and says so, never falling back to a .wasm that happens to lie in target/.
 import { execFileSync, spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, cpSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -99,8 +99,12 @@ rmSync(join(HERE, "dist"), { recursive: true, force: true });
 const tsc = join(HERE, "node_modules", "typescript", "bin", "tsc");
 execFileSync(process.execPath, [tsc, "-p", join(HERE, "tsconfig.json")], { stdio: "inherit" });
 console.log("build: dist/ compiled");
-// npm packs only what is under js/: the repository's LICENSE is copied in, a build product like dist/.
+// npm packs only what is under js/: the repository's LICENSE is copied in, a build product like dist/,
+// and so is the ledger's DDL, schema/ (read by dist/stores/schema.js relative to itself).
 copyFileSync(join(REPO, "LICENSE"), join(HERE, "LICENSE"));
+rmSync(join(HERE, "schema"), { recursive: true, force: true });
+cpSync(join(REPO, "schema"), join(HERE, "schema"), { recursive: true });
+console.log("build: schema/ copied");
 // The study (not part of the package) imports the package by its name.
 rmSync(join(HERE, "dist-study"), { recursive: true, force: true });
 execFileSync(process.execPath, [tsc, "-p", join(HERE, "study", "tsconfig.json")], { stdio: "inherit" });

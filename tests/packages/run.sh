@@ -67,6 +67,8 @@ for artifact in "$wheel" "$sdist"; do
   norust "$venv/bin"
   clean "$venv/bin" python -m pip install --quiet --disable-pip-version-check "$artifact"
   clean "$venv/bin" python -c 'import importlib.resources as r, once; assert r.files("once").joinpath("once_guest.wasm").is_file(), "no once_guest.wasm in the installed package"'
+  # The ledger's DDL (the repository's schema/), which the SQLite and PostgreSQL ledgers load from the package.
+  clean "$venv/bin" python -c 'import importlib.resources as r, once; s = r.files("once") / "schema"; assert (s / "sqlite" / "ledger.sql").is_file() and (s / "postgres" / "001-ledger.sql").is_file(), "no schema/ in the installed package"'
   run="$work/run-$name"; mkdir -p "$run"; cp "$work/quickstart.py" "$run/"
   expect "$run" "$venv/bin" 1 "python/README.md quick start from $name" python quickstart.py
   expect "$run" "$venv/bin" 0 "python/README.md quick start from $name, run again" python quickstart.py
@@ -77,6 +79,9 @@ echo "== packages: npm install $name in an empty npm project, no Rust on PATH"
 project="$work/npm-project"; mkdir -p "$project"
 norust /usr/bin
 (cd "$project" && clean /usr/bin npm init -y >/dev/null && clean /usr/bin npm install --no-audit --no-fund --loglevel=error "$tarball" >/dev/null)
+for f in sqlite/ledger.sql postgres/001-ledger.sql; do
+  [[ -f "$project/node_modules/once-exactly/schema/$f" ]] || { echo "packages: no schema/$f in the installed npm package" >&2; exit 1; }
+done
 cp "$work/quickstart.mjs" "$project/"
 expect "$project" /usr/bin 1 "js/README.md quick start from $name" node quickstart.mjs
 expect "$project" /usr/bin 0 "js/README.md quick start from $name, run again" node quickstart.mjs

@@ -1058,15 +1058,13 @@ fn sqlite_newer_schema_is_refused() {
 fn sqlite_version_1_files_are_migrated() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.db");
+    // A version-1 layout: today's without `owner` and its index (the ledger's
+    // DDL lives only in schema/, so the file is made by this build, then cut back).
+    drop(open(&path));
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute_batch(
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-         INSERT INTO meta VALUES ('schema_version', '1');
-         CREATE TABLE rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
-           state TEXT, due_at INTEGER, body TEXT NOT NULL, PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
-         CREATE TABLE audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, at INTEGER NOT NULL,
-           kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER, detail TEXT NOT NULL,
-           PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
+        "DROP INDEX rows_owner_due; ALTER TABLE rows DROP COLUMN owner;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version';
          INSERT INTO rows VALUES ('operation', 's', 'k', 3, 'unknown', 50, '{}');
          INSERT INTO rows VALUES ('quota', 's', 'b@0', 1, NULL, 60, '{}');",
     )

@@ -1,112 +1,20 @@
 // The PostgreSQL ledger, in the Rust host's format (host/once/src/storage/postgres):
-// the same schema (created or migrated under the same advisory lock), the same
+// the same schema (created or migrated under the same advisory lock, by the same files: the
+// repository's schema/postgres, shipped in the package), the same
 // statements, one READ COMMITTED transaction per batch with its puts in row
 // order, and the database's clock as the ledger clock. It runs on the main
 // thread (the `pg` client is asynchronous); the engine's worker asks it.
 import type pg from "pg";
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
 import { loadOptional } from "./optional.js";
+import { forSchema, migrations, plan } from "./schema.js";
 import { BODY_FORMAT_KEY, type CommitVerdict, I64_MAX, int, nextBodyFormat, utf8cmp } from "./store.js";
 
-/** The schema version this code writes and understands (the Rust host's). */
+/** The schema version this code writes and understands (the Rust host's): the highest step of schema/postgres. */
 export const SCHEMA_VERSION = 3;
 
 /** The schema that holds the ledger unless the URL's `schema` parameter names another. */
 export const DEFAULT_SCHEMA = "once";
-
-const MIGRATIONS = [
-  `
-CREATE TABLE {s}.rows (
-  tbl text COLLATE "C" NOT NULL CHECK (tbl IN ('operation', 'tombstone', 'quota')),
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL CHECK (version >= 0),
-  state text,
-  due_at bigint,
-  body text NOT NULL,
-  PRIMARY KEY (tbl, scope, key)
-);
-CREATE INDEX rows_due ON {s}.rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
-CREATE INDEX rows_state ON {s}.rows (tbl, state, scope, key);
-CREATE TABLE {s}.audit (
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL,
-  at bigint NOT NULL,
-  kind text COLLATE "C" NOT NULL,
-  from_state text,
-  to_state text,
-  attempt bigint,
-  detail text NOT NULL,
-  PRIMARY KEY (scope, key, version)
-);
-CREATE INDEX audit_kind ON {s}.audit (kind);
-CREATE FUNCTION {s}.audit_is_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'the once audit trail is append-only';
-END
-$$;
-CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit
-  FOR EACH ROW EXECUTE FUNCTION {s}.audit_is_append_only();
-`,
-  `
-ALTER TABLE {s}.rows ADD COLUMN owner text COLLATE "C";
-UPDATE {s}.rows SET owner = 'default' WHERE tbl = 'operation';
-CREATE INDEX rows_owner_due ON {s}.rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
-`,
-  // Version 3: the Rust host applies a batch in one statement (one round trip); this
-  // package keeps its own transaction of statements, which the function does not change.
-  `
-CREATE OR REPLACE FUNCTION {s}.apply_batch(
-  p_kind smallint[], p_tbl text[], p_scope text[], p_key text[], p_expected bigint[],
-  p_version bigint[], p_state text[], p_due bigint[], p_body text[], p_owner text[],
-  e_scope text[], e_key text[], e_version bigint[], e_at bigint[], e_kind text[],
-  e_from text[], e_to text[], e_attempt bigint[], e_detail text[]
-) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-  n bigint;
-BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
-    IF p_kind[i] = 0 THEN
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], p_version[i], p_state[i], p_due[i], p_body[i], p_owner[i])
-        ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 1 THEN
-      UPDATE {s}.rows SET version = p_version[i], state = p_state[i], due_at = p_due[i], body = p_body[i],
-          owner = p_owner[i]
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 2 THEN
-      DELETE FROM {s}.rows
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSE
-      -- Must not exist, and stays absent: take the key as an insert would, then let go.
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], 0, NULL, NULL, '') ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-      IF n = 1 THEN
-        DELETE FROM {s}.rows WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i];
-      END IF;
-    END IF;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-  FOR i IN 1 .. coalesce(array_length(e_scope, 1), 0) LOOP
-    INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
-      VALUES (e_scope[i], e_key[i], e_version[i], e_at[i], e_kind[i], e_from[i], e_to[i], e_attempt[i], e_detail[i])
-      ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-END
-$$;
-`,
-];
 
 const ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner";
 const TABLE_ORDER: Record<string, number> = { operation: 0, tombstone: 1, quota: 2 };
@@ -214,9 +122,8 @@ export class PostgresStore {
       try {
         // 0x6f6e6365 is "once": the Rust host's lock class, one lock per schema.
         await c.query("SELECT pg_advisory_xact_lock(1869505381, hashtext($1))", [this.schema]);
-        await c.query(
-          `CREATE SCHEMA IF NOT EXISTS ${s}; CREATE TABLE IF NOT EXISTS ${s}.meta (key text PRIMARY KEY, value text NOT NULL);`,
-        );
+        const files = migrations("postgres");
+        if (files.bootstrap !== undefined) await c.query(forSchema(files.bootstrap, s));
         const got = await c.query(versionSql);
         const found = got.rows.length ? Number(got.rows[0].value) : 0;
         if (!Number.isInteger(found)) throw new Error(`postgres: unreadable schema version ${JSON.stringify(got.rows[0].value)}`);
@@ -225,7 +132,8 @@ export class PostgresStore {
             `postgres: schema ${this.schema} is at version ${found}, newer than this build understands (${SCHEMA_VERSION}); upgrade once`,
           );
         }
-        for (let i = found; i < MIGRATIONS.length; i++) await c.query(MIGRATIONS[i].replaceAll("{s}", s));
+        // The package's schema/postgres files: the steps above the recorded version.
+        for (const step of plan(files, found)) await c.query(forSchema(step.sql, s));
         await c.query(
           `INSERT INTO ${s}.meta (key, value) VALUES ('schema_version', $1) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`,
           [String(SCHEMA_VERSION)],

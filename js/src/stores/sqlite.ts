@@ -1,5 +1,6 @@
 // The SQLite ledger, in the Rust host's format (host/once/src/storage/sqlite):
-// the same tables, columns, indexes and schema version, WAL mode, one
+// the same tables, columns, indexes and schema version (made by the same files, the repository's
+// schema/sqlite, shipped in the package), WAL mode, one
 // BEGIN IMMEDIATE transaction per batch. `once ledger list/show/resolve --db`
 // reads a file written here, and a Rust host and this one can share it.
 //
@@ -15,6 +16,7 @@
 import type Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
 import { loadOptional } from "./optional.js";
+import { migrations, plan } from "./schema.js";
 import {
   BODY_FORMAT_KEY,
   type CommitVerdict,
@@ -30,7 +32,7 @@ import {
 
 export { type Synchronous, synchronousMode };
 
-/** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`). */
+/** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`): the highest step of schema/sqlite. */
 export const SCHEMA_VERSION = 2;
 
 /** Where and how to open an SQLite ledger. */
@@ -42,36 +44,6 @@ export interface SqliteOptions {
   /** How long a commit waits for another writer (any process), in ms; default 5000. */
   busyTimeoutMs?: number;
 }
-
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rows (
-  tbl TEXT NOT NULL,
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  version INTEGER NOT NULL,
-  state TEXT,
-  due_at INTEGER,
-  body TEXT NOT NULL,
-  owner TEXT,
-  PRIMARY KEY (tbl, scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
-CREATE TABLE IF NOT EXISTS audit (
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  version INTEGER NOT NULL,
-  at INTEGER NOT NULL,
-  kind TEXT NOT NULL,
-  from_state TEXT,
-  to_state TEXT,
-  attempt INTEGER,
-  detail TEXT NOT NULL,
-  PRIMARY KEY (scope, key, version)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);
-`;
 
 const ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner";
 const EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail";
@@ -176,6 +148,8 @@ export class SqliteStore implements SyncStore {
     const db = this.db;
     db.exec("BEGIN IMMEDIATE");
     try {
+      const files = migrations("sqlite");
+      if (files.bootstrap !== undefined) db.exec(files.bootstrap);
       const hasMeta = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").get() !== undefined;
       const found = hasMeta
         ? (db.prepare("SELECT value FROM meta WHERE key = 'schema_version'").get() as { value: string } | undefined)?.value
@@ -189,11 +163,8 @@ export class SqliteStore implements SyncStore {
           );
         }
       }
-      db.exec(SCHEMA);
-      if (found === "1") {
-        db.exec("ALTER TABLE rows ADD COLUMN owner TEXT; UPDATE rows SET owner = 'default' WHERE tbl = 'operation';");
-      }
-      db.exec("CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;");
+      // The package's schema/sqlite files: a new file's whole layout, or the steps above its version.
+      for (const step of plan(files, found === undefined ? 0 : Number(found))) db.exec(step.sql);
       if (found !== String(SCHEMA_VERSION)) {
         db.prepare(
           "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",

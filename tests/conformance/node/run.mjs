@@ -361,13 +361,8 @@ class SqliteStore {
     this.db = new Database(path);
     this.db.pragma("journal_mode = WAL");
     this.db.pragma("synchronous = NORMAL"); // semantics under test, not power loss
-    this.db.exec(`
-      CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
-        version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL, owner TEXT,
-        PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
-      CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
-        at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
-        detail TEXT NOT NULL, PRIMARY KEY (scope, key, version)) WITHOUT ROWID;`);
+    // The ledger's tables as every host makes them: the repository's schema/sqlite (a new file's layout).
+    this.db.exec(readFileSync(join(REPO, "schema", "sqlite", "ledger.sql"), "utf8"));
     const cols = "tbl AS 'table', scope, key, version, state, due_at AS 'due-at', owner, body";
     // Rows are read with safe integers (BigInt): due-at may be i64::MAX; versions become numbers again.
     this.q = {

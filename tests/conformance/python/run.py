@@ -283,16 +283,9 @@ class SqliteStore:
         self.db = sqlite3.connect(path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # semantics under test, not power loss
-        self.db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS rows (tbl TEXT NOT NULL, scope TEXT NOT NULL, key TEXT NOT NULL,
-              version INTEGER NOT NULL, state TEXT, due_at INTEGER, body TEXT NOT NULL, owner TEXT,
-              PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS audit (scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
-              at INTEGER NOT NULL, kind TEXT NOT NULL, from_state TEXT, to_state TEXT, attempt INTEGER,
-              detail TEXT NOT NULL, PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
-            """
-        )
+        # The ledger's tables as every host makes them: the repository's schema/sqlite (a new file's layout).
+        with open(os.path.join(REPO, "schema", "sqlite", "ledger.sql"), encoding="utf-8") as f:
+            self.db.executescript(f.read())
 
     COLUMNS = "tbl, scope, key, version, state, due_at, owner, body"
 

@@ -7,6 +7,7 @@
 //! from a location.
 
 mod codec;
+mod ddl;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

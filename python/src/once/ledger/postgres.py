@@ -3,7 +3,8 @@
 A batch is one `READ COMMITTED` transaction of conditional statements whose
 changed-row counts are the compare-and-swap verdict; rows are written in one
 order (table, scope, key) so concurrent batches do not deadlock. The tables
-(schema `once` unless the URL says `?schema=NAME`) are the Rust host's, so
+(schema `once` unless the URL says `?schema=NAME`) are the Rust host's, made by the same files (the
+repository's schema/postgres, shipped as once/schema/postgres), so
 `once ledger ... --db postgres://...` reads a ledger written here. Leases are
 measured in the database's clock, one clock for every host.
 """
@@ -19,6 +20,7 @@ from ._base import (
     BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, event_values, insert_values, next_body_format,
     update_values,
 )
+from ._schema import for_schema, migrations
 
 try:
     import psycopg
@@ -26,105 +28,12 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is not installed
     raise ImportError("the PostgreSQL ledger needs psycopg 3: pip install 'once-exactly[postgres]'") from e
 
+# The schema version this package writes and understands: the highest step of its schema/postgres files.
 SCHEMA_VERSION = 3
 DEFAULT_SCHEMA = "once"
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
 TABLE_ORDER = {"operation": 0, "tombstone": 1, "quota": 2}
 RETRIES = 5
-# The same migrations, in the same words, as host/once/src/storage/postgres/schema.rs.
-MIGRATIONS = (
-    """
-CREATE TABLE {s}.rows (
-  tbl text COLLATE "C" NOT NULL CHECK (tbl IN ('operation', 'tombstone', 'quota')),
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL CHECK (version >= 0),
-  state text,
-  due_at bigint,
-  body text NOT NULL,
-  PRIMARY KEY (tbl, scope, key)
-);
-CREATE INDEX rows_due ON {s}.rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
-CREATE INDEX rows_state ON {s}.rows (tbl, state, scope, key);
-CREATE TABLE {s}.audit (
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL,
-  at bigint NOT NULL,
-  kind text COLLATE "C" NOT NULL,
-  from_state text,
-  to_state text,
-  attempt bigint,
-  detail text NOT NULL,
-  PRIMARY KEY (scope, key, version)
-);
-CREATE INDEX audit_kind ON {s}.audit (kind);
-CREATE FUNCTION {s}.audit_is_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'the once audit trail is append-only';
-END
-$$;
-CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit
-  FOR EACH ROW EXECUTE FUNCTION {s}.audit_is_append_only();
-""",
-    """
-ALTER TABLE {s}.rows ADD COLUMN owner text COLLATE "C";
-UPDATE {s}.rows SET owner = 'default' WHERE tbl = 'operation';
-CREATE INDEX rows_owner_due ON {s}.rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
-""",
-    # Version 3: the Rust host applies a batch in one statement (one round trip); this
-    # package keeps its own transaction of statements, which the function does not change.
-    """
-CREATE OR REPLACE FUNCTION {s}.apply_batch(
-  p_kind smallint[], p_tbl text[], p_scope text[], p_key text[], p_expected bigint[],
-  p_version bigint[], p_state text[], p_due bigint[], p_body text[], p_owner text[],
-  e_scope text[], e_key text[], e_version bigint[], e_at bigint[], e_kind text[],
-  e_from text[], e_to text[], e_attempt bigint[], e_detail text[]
-) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-  n bigint;
-BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
-    IF p_kind[i] = 0 THEN
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], p_version[i], p_state[i], p_due[i], p_body[i], p_owner[i])
-        ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 1 THEN
-      UPDATE {s}.rows SET version = p_version[i], state = p_state[i], due_at = p_due[i], body = p_body[i],
-          owner = p_owner[i]
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 2 THEN
-      DELETE FROM {s}.rows
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSE
-      -- Must not exist, and stays absent: take the key as an insert would, then let go.
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], 0, NULL, NULL, '') ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-      IF n = 1 THEN
-        DELETE FROM {s}.rows WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i];
-      END IF;
-    END IF;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-  FOR i IN 1 .. coalesce(array_length(e_scope, 1), 0) LOOP
-    INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
-      VALUES (e_scope[i], e_key[i], e_version[i], e_at[i], e_kind[i], e_from[i], e_to[i], e_attempt[i], e_detail[i])
-      ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-END
-$$;
-""",
-)
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
@@ -203,8 +112,9 @@ class PostgresLedger(Ledger):
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(1869505381, hashtext(%s))", (self.schema,))
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
-                conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.meta (key text PRIMARY KEY, value text NOT NULL)")
+                files = migrations("postgres")
+                if files.bootstrap is not None:
+                    conn.execute(for_schema(files.bootstrap, s).encode())
                 r = conn.execute(version_sql).fetchone()
                 found = int(r[0]) if r else 0
                 if found > SCHEMA_VERSION:
@@ -212,8 +122,9 @@ class PostgresLedger(Ledger):
                         f"postgres: schema {self.schema} is at version {found}, newer than this package "
                         f"understands ({SCHEMA_VERSION}); upgrade once"
                     )
-                for migration in MIGRATIONS[found:]:
-                    conn.execute(migration.replace("{s}", s).encode())
+                # The package's schema/postgres files: the steps above the recorded version.
+                for step in files.plan(found):
+                    conn.execute(for_schema(step.sql, s).encode())
                 conn.execute(
                     f"INSERT INTO {s}.meta (key, value) VALUES ('schema_version', %s) "
                     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

@@ -5,7 +5,8 @@ loss); `INTENT_ONLY` commits the batches the engine marks deferrable (an
 attempt's own success, a replay or conflict count) at `NORMAL` and every
 other one at `FULL` (DESIGN.md "Durability budget"); a busy timeout for the
 write lock. A batch is one `BEGIN IMMEDIATE` transaction: SQLite's file lock
-makes the compare-and-swap atomic across processes. The tables are the Rust host's (schema version 2), so
+makes the compare-and-swap atomic across processes. The tables are the Rust host's (schema version 2), created
+and upgraded by the same files (the repository's schema/sqlite, shipped as once/schema/sqlite), so
 `once ledger list/show/resolve --db FILE` reads a ledger written here; `meta` also records the guest's
 `body_format` once a client is built over the file, and a file holding a later one is refused.
 """
@@ -22,47 +23,14 @@ from ._base import (
     BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values,
     next_body_format, update_values,
 )
+from ._schema import migrations, statements
 
+# The schema version this package writes and understands: the highest step of its schema/sqlite files.
 SCHEMA_VERSION = 2
 ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
 EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail"
-# The same tables and indexes, in the same words, as host/once/src/storage/sqlite/open.rs.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rows (
-  tbl TEXT NOT NULL,
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  version INTEGER NOT NULL,
-  state TEXT,
-  due_at INTEGER,
-  body TEXT NOT NULL,
-  owner TEXT,
-  PRIMARY KEY (tbl, scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
-CREATE TABLE IF NOT EXISTS audit (
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  version INTEGER NOT NULL,
-  at INTEGER NOT NULL,
-  kind TEXT NOT NULL,
-  from_state TEXT,
-  to_state TEXT,
-  attempt INTEGER,
-  detail TEXT NOT NULL,
-  PRIMARY KEY (scope, key, version)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);
-"""
-MIGRATE_1_TO_2 = """
-ALTER TABLE rows ADD COLUMN owner TEXT;
-UPDATE rows SET owner = 'default' WHERE tbl = 'operation';
-"""
 # Per mode: the `PRAGMA synchronous` of an ordinary commit, and of one the engine marked deferrable.
 SYNCHRONOUS = {"FULL": ("FULL", "FULL"), "INTENT_ONLY": ("FULL", "NORMAL"), "NORMAL": ("NORMAL", "NORMAL")}
-OWNER_INDEX = "CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL"
 
 
 def _row(r: tuple[object, ...]) -> Row:
@@ -123,6 +91,9 @@ class SqliteLedger(Ledger):
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                files = migrations("sqlite")
+                for statement in statements(files.bootstrap or ""):
+                    conn.execute(statement)
                 has_meta = conn.execute(
                     "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta')"
                 ).fetchone()[0]
@@ -135,14 +106,10 @@ class SqliteLedger(Ledger):
                         f"sqlite: {self.path}: schema version {found!r} is newer than this package understands "
                         f"({SCHEMA_VERSION}); upgrade once"
                     )
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
+                # The package's schema/sqlite files: a new file's whole layout, or the steps above its version.
+                for step in files.plan(int(found) if found is not None else 0):
+                    for statement in statements(step.sql):
                         conn.execute(statement)
-                if found == "1":
-                    for statement in MIGRATE_1_TO_2.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                conn.execute(OWNER_INDEX)
                 if found != str(SCHEMA_VERSION):
                     conn.execute(
                         "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "

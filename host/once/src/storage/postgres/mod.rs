@@ -56,29 +56,25 @@
 //!
 //! # Schema (version [`SCHEMA_VERSION`]); migrations run on open, idempotently
 //!
-//! ```sql
-//! CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
-//!   -- ('schema_version', '3'), ('body_format', '1'), ('binding:NAME', holder) of `Storage::bind`
-//! CREATE TABLE rows (
-//!   tbl text COLLATE "C" NOT NULL,         -- 'operation' | 'tombstone' | 'quota'
-//!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
-//!   version bigint NOT NULL, state text,   -- WIT name: 'in-flight', 'confirmed', ...
-//!   due_at bigint,                         -- ms since the epoch
-//!   body text NOT NULL,                    -- the engine's JSON, never interpreted
-//!   owner text COLLATE "C",                -- operation rows: whose background work may touch it
-//!   PRIMARY KEY (tbl, scope, key));
-//! CREATE INDEX rows_due ON rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
-//! CREATE INDEX rows_owner_due ON rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
-//! CREATE INDEX rows_state ON rows (tbl, state, scope, key);
-//! CREATE TABLE audit (
-//!   scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, version bigint NOT NULL,
-//!   at bigint NOT NULL, kind text COLLATE "C" NOT NULL,
-//!   from_state text, to_state text, attempt bigint, detail text NOT NULL,
-//!   PRIMARY KEY (scope, key, version));
-//! CREATE INDEX audit_kind ON audit (kind);
-//! -- plus a trigger that refuses UPDATE and DELETE on audit: it is append-only,
-//! -- and (version 3) FUNCTION apply_batch(puts as arrays, events as arrays).
-//! ```
+//! The tables, indexes, trigger and function are `schema/postgres/` at the
+//! repository's root (numbered steps, applied as schema/README.md says),
+//! shared with the Python and npm packages; `{schema}` in them is the
+//! quoted schema name:
+//!
+//! - `meta (key, value)`: `('schema_version', '3')`, `('body_format', '1')`,
+//!   `('binding:NAME', holder)` of `Storage::bind`;
+//! - `rows (tbl, scope, key, version, state, due_at, body, owner)`, keyed by
+//!   `(tbl, scope, key)`: `tbl` is `'operation'`, `'tombstone'` or
+//!   `'quota'`; `state` the WIT name (`'in-flight'`, …); `due_at` ms since
+//!   the epoch; `body` the engine's JSON, never interpreted; `owner`
+//!   (operation rows) whose background work may touch it; indexed by
+//!   `(tbl, due_at, scope, key)`, `(tbl, owner, due_at, scope, key)` where
+//!   `due_at` is set, and `(tbl, state, scope, key)`;
+//! - `audit (scope, key, version, at, kind, from_state, to_state, attempt,
+//!   detail)`, keyed by `(scope, key, version)`, indexed by `kind`, with a
+//!   trigger that refuses `UPDATE` and `DELETE`: it is append-only;
+//! - `apply_batch(puts as arrays, events as arrays)` (version 3): a whole
+//!   batch in one statement.
 //!
 //! `body_format` is the format of the row bodies (the engine's), written
 //! when an engine is built over the schema ([`Storage::claim_body_format`](crate::storage::Storage::claim_body_format),

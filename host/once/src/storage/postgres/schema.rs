@@ -1,115 +1,22 @@
 //! Where the ledger lives on the server: the URL and its `schema` parameter,
-//! schema names, and the migrations that create or upgrade a schema.
+//! schema names, and the migrations that create or upgrade a schema (the
+//! files of `schema/postgres`, applied as schema/README.md says).
 
 use super::pool::Shared;
 use super::sql::quote_ident;
 use super::{col, err};
+use crate::storage::ddl;
 use crate::storage::{BODY_FORMAT_KEY, Location, StorageError, next_body_format};
 
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: u32 = 3;
 
-/// The SQLSTATE `apply_batch` raises when a put's version check or an audit insert fails.
+/// The SQLSTATE `apply_batch` (schema/postgres/003-apply-batch.sql) raises when
+/// a put's version check or an audit insert fails.
 pub(super) const CONFLICT_SQLSTATE: &str = "OC409";
 
 /// The schema that holds the ledger unless the URL or the options name another.
 pub const DEFAULT_SCHEMA: &str = "once";
-
-/// Migrations by target version (index 0 makes version 1); `{s}` is the quoted schema.
-/// Version 3 adds `apply_batch`: a whole batch in one statement, so one round trip
-/// (its puts' compare-and-swap, then its audit events; a conflict raises SQLSTATE
-/// [`CONFLICT_SQLSTATE`] and so rolls the statement back).
-const MIGRATIONS: &[&str] = &[
-    r#"
-CREATE TABLE {s}.rows (
-  tbl text COLLATE "C" NOT NULL CHECK (tbl IN ('operation', 'tombstone', 'quota')),
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL CHECK (version >= 0),
-  state text,
-  due_at bigint,
-  body text NOT NULL,
-  PRIMARY KEY (tbl, scope, key)
-);
-CREATE INDEX rows_due ON {s}.rows (tbl, due_at, scope, key) WHERE due_at IS NOT NULL;
-CREATE INDEX rows_state ON {s}.rows (tbl, state, scope, key);
-CREATE TABLE {s}.audit (
-  scope text COLLATE "C" NOT NULL,
-  key text COLLATE "C" NOT NULL,
-  version bigint NOT NULL,
-  at bigint NOT NULL,
-  kind text COLLATE "C" NOT NULL,
-  from_state text,
-  to_state text,
-  attempt bigint,
-  detail text NOT NULL,
-  PRIMARY KEY (scope, key, version)
-);
-CREATE INDEX audit_kind ON {s}.audit (kind);
-CREATE FUNCTION {s}.audit_is_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  RAISE EXCEPTION 'the once audit trail is append-only';
-END
-$$;
-CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {s}.audit
-  FOR EACH ROW EXECUTE FUNCTION {s}.audit_is_append_only();
-"#,
-    r#"
-ALTER TABLE {s}.rows ADD COLUMN owner text COLLATE "C";
-UPDATE {s}.rows SET owner = 'default' WHERE tbl = 'operation';
-CREATE INDEX rows_owner_due ON {s}.rows (tbl, owner, due_at, scope, key) WHERE due_at IS NOT NULL;
-"#,
-    r#"
-CREATE OR REPLACE FUNCTION {s}.apply_batch(
-  p_kind smallint[], p_tbl text[], p_scope text[], p_key text[], p_expected bigint[],
-  p_version bigint[], p_state text[], p_due bigint[], p_body text[], p_owner text[],
-  e_scope text[], e_key text[], e_version bigint[], e_at bigint[], e_kind text[],
-  e_from text[], e_to text[], e_attempt bigint[], e_detail text[]
-) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-  n bigint;
-BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_kind, 1), 0) LOOP
-    IF p_kind[i] = 0 THEN
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body, owner)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], p_version[i], p_state[i], p_due[i], p_body[i], p_owner[i])
-        ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 1 THEN
-      UPDATE {s}.rows SET version = p_version[i], state = p_state[i], due_at = p_due[i], body = p_body[i],
-          owner = p_owner[i]
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSIF p_kind[i] = 2 THEN
-      DELETE FROM {s}.rows
-        WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i] AND version = p_expected[i];
-      GET DIAGNOSTICS n = ROW_COUNT;
-    ELSE
-      -- Must not exist, and stays absent: take the key as an insert would, then let go.
-      INSERT INTO {s}.rows (tbl, scope, key, version, state, due_at, body)
-        VALUES (p_tbl[i], p_scope[i], p_key[i], 0, NULL, NULL, '') ON CONFLICT DO NOTHING;
-      GET DIAGNOSTICS n = ROW_COUNT;
-      IF n = 1 THEN
-        DELETE FROM {s}.rows WHERE tbl = p_tbl[i] AND scope = p_scope[i] AND key = p_key[i];
-      END IF;
-    END IF;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-  FOR i IN 1 .. coalesce(array_length(e_scope, 1), 0) LOOP
-    INSERT INTO {s}.audit (scope, key, version, at, kind, from_state, to_state, attempt, detail)
-      VALUES (e_scope[i], e_key[i], e_version[i], e_at[i], e_kind[i], e_from[i], e_to[i], e_attempt[i], e_detail[i])
-      ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n <> 1 THEN
-      RAISE EXCEPTION USING ERRCODE = 'OC409', MESSAGE = 'once: version conflict';
-    END IF;
-  END LOOP;
-END
-$$;
-"#,
-];
 
 /// True when `location` is a PostgreSQL URL rather than a file path.
 pub fn is_url(location: &str) -> bool {
@@ -186,11 +93,10 @@ pub(super) fn migrate(shared: &Shared) -> Result<(), StorageError> {
         // 0x6f6e6365 is "once": a lock class of our own, one lock per schema.
         tx.execute("SELECT pg_advisory_xact_lock(1869505381, hashtext($1))", &[schema])
             .map_err(|e| err("lock for migration", &e))?;
-        tx.batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {quoted};
-             CREATE TABLE IF NOT EXISTS {quoted}.meta (key text PRIMARY KEY, value text NOT NULL);"
-        ))
-        .map_err(|e| err(format_args!("create schema {schema}"), &e))?;
+        if let Some(bootstrap) = ddl::POSTGRES.bootstrap {
+            tx.batch_execute(&ddl::for_schema(bootstrap, &quoted))
+                .map_err(|e| err(format_args!("create schema {schema}"), &e))?;
+        }
         let found = match tx
             .query_opt(&version_sql, &[])
             .map_err(|e| err("read schema version", &e))?
@@ -204,9 +110,10 @@ pub(super) fn migrate(shared: &Shared) -> Result<(), StorageError> {
                  ({SCHEMA_VERSION}); upgrade once"
             )));
         }
-        for (i, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-            tx.batch_execute(&migration.replace("{s}", &quoted))
-                .map_err(|e| err(format_args!("migrate {schema} to version {}", i + 1), &e))?;
+        // schema/postgres: the steps above the recorded version (all of them for a new schema).
+        for step in ddl::POSTGRES.plan(found) {
+            tx.batch_execute(&ddl::for_schema(step.sql, &quoted))
+                .map_err(|e| err(format_args!("migrate {schema} to version {}", step.version), &e))?;
         }
         tx.execute(
             &format!(

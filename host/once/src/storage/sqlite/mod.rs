@@ -35,28 +35,22 @@
 //!
 //! # Schema (version [`SCHEMA_VERSION`])
 //!
-//! ```sql
-//! CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-//!   -- ('schema_version', '2'), ('body_format', '1'), ('binding:NAME', holder) of `Storage::bind`
-//! CREATE TABLE rows (
-//!   tbl TEXT NOT NULL,        -- 'operation' | 'tombstone' | 'quota'
-//!   scope TEXT NOT NULL, key TEXT NOT NULL,
-//!   version INTEGER NOT NULL,
-//!   state TEXT,               -- WIT name: 'in-flight', 'confirmed', ...
-//!   due_at INTEGER,           -- ms since the epoch
-//!   body TEXT NOT NULL,       -- the engine's JSON, never interpreted
-//!   owner TEXT,               -- operation rows: whose background work may touch it
-//!   PRIMARY KEY (tbl, scope, key)) WITHOUT ROWID;
-//! CREATE INDEX rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
-//! CREATE INDEX rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;
-//! CREATE INDEX rows_state ON rows (tbl, state);
-//! CREATE TABLE audit (
-//!   scope TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL,
-//!   at INTEGER NOT NULL, kind TEXT NOT NULL,
-//!   from_state TEXT, to_state TEXT, attempt INTEGER, detail TEXT NOT NULL,
-//!   PRIMARY KEY (scope, key, version)) WITHOUT ROWID;
-//! CREATE INDEX audit_kind ON audit (kind);
-//! ```
+//! The tables and indexes are `schema/sqlite/` at the repository's root
+//! (`ledger.sql` makes a new file; schema/README.md says how a file is
+//! upgraded), shared with the Python and npm packages:
+//!
+//! - `meta (key, value)`: `('schema_version', '2')`, `('body_format', '1')`,
+//!   `('binding:NAME', holder)` of `Storage::bind`;
+//! - `rows (tbl, scope, key, version, state, due_at, body, owner)`, keyed by
+//!   `(tbl, scope, key)`, `WITHOUT ROWID`: `tbl` is `'operation'`,
+//!   `'tombstone'` or `'quota'`; `state` the WIT name (`'in-flight'`, …);
+//!   `due_at` ms since the epoch; `body` the engine's JSON, never
+//!   interpreted; `owner` (operation rows) whose background work may touch
+//!   it; indexed by `(tbl, due_at)`, `(tbl, owner, due_at)` where `due_at` is
+//!   set, and `(tbl, state)`;
+//! - `audit (scope, key, version, at, kind, from_state, to_state, attempt,
+//!   detail)`, keyed by `(scope, key, version)`, `WITHOUT ROWID`, indexed by
+//!   `kind`.
 //!
 //! Version 1 files (no `owner`) are migrated on open: their operation rows
 //! were all written by hosts without an owner name, so they get `default`.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use super::{Level, SCHEMA_VERSION, SqliteOptions, Writer, err};
+use crate::storage::ddl;
 use crate::storage::{BODY_FORMAT_KEY, Flush, StorageError, next_body_format};
 
 /// The busy timeout and the `synchronous` level every commit starts from.
@@ -91,12 +92,22 @@ pub(super) fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connec
     Ok(conn)
 }
 
-/// Check the schema version, then create what is missing, in one write
-/// transaction (so processes opening a new file at once do not race).
+fn parse_version(found: &str) -> Result<u32, StorageError> {
+    found
+        .parse()
+        .map_err(|_| StorageError(format!("sqlite: unreadable schema version {found:?}")))
+}
+
+/// Check the schema version, then create or upgrade the tables from the
+/// files of `schema/sqlite` (schema/README.md), in one write transaction (so
+/// processes opening a new file at once do not race).
 fn init_schema(conn: &Connection) -> Result<(), StorageError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| err("begin schema transaction", e))?;
     let result = (|| {
+        if let Some(bootstrap) = ddl::SQLITE.bootstrap {
+            conn.execute_batch(bootstrap).map_err(|e| err("create schema", e))?;
+        }
         let has_meta: bool = conn
             .query_row(
                 "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta')",
@@ -111,58 +122,23 @@ fn init_schema(conn: &Connection) -> Result<(), StorageError> {
         } else {
             None
         };
-        if let Some(found) = &found {
-            let version: u32 = found
-                .parse()
-                .map_err(|_| StorageError(format!("sqlite: unreadable schema version {found:?}")))?;
-            if version > SCHEMA_VERSION {
-                return Err(StorageError(format!(
-                    "sqlite: schema version {version} is newer than this build understands \
-                     ({SCHEMA_VERSION}); upgrade once"
-                )));
-            }
+        let version = found.as_deref().map_or(Ok(0), parse_version)?;
+        if version > SCHEMA_VERSION {
+            return Err(StorageError(format!(
+                "sqlite: schema version {version} is newer than this build understands \
+                 ({SCHEMA_VERSION}); upgrade once"
+            )));
         }
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS rows (
-               tbl TEXT NOT NULL,
-               scope TEXT NOT NULL,
-               key TEXT NOT NULL,
-               version INTEGER NOT NULL,
-               state TEXT,
-               due_at INTEGER,
-               body TEXT NOT NULL,
-               owner TEXT,
-               PRIMARY KEY (tbl, scope, key)
-             ) WITHOUT ROWID;
-             CREATE INDEX IF NOT EXISTS rows_due ON rows (tbl, due_at) WHERE due_at IS NOT NULL;
-             CREATE INDEX IF NOT EXISTS rows_state ON rows (tbl, state);
-             CREATE TABLE IF NOT EXISTS audit (
-               scope TEXT NOT NULL,
-               key TEXT NOT NULL,
-               version INTEGER NOT NULL,
-               at INTEGER NOT NULL,
-               kind TEXT NOT NULL,
-               from_state TEXT,
-               to_state TEXT,
-               attempt INTEGER,
-               detail TEXT NOT NULL,
-               PRIMARY KEY (scope, key, version)
-             ) WITHOUT ROWID;
-             CREATE INDEX IF NOT EXISTS audit_kind ON audit (kind);",
-        )
-        .map_err(|e| err("create schema", e))?;
-        if found.as_deref() == Some("1") {
-            conn.execute_batch(
-                "ALTER TABLE rows ADD COLUMN owner TEXT;
-                 UPDATE rows SET owner = 'default' WHERE tbl = 'operation';",
-            )
-            .map_err(|e| err("migrate schema to version 2", e))?;
+        // schema/sqlite: a new file's whole layout, or the steps above its version.
+        for step in ddl::SQLITE.plan(version) {
+            conn.execute_batch(step.sql).map_err(|e| {
+                if step.fresh {
+                    err("create schema", e)
+                } else {
+                    err(format_args!("migrate schema to version {}", step.version), e)
+                }
+            })?;
         }
-        conn.execute_batch(
-            "CREATE INDEX IF NOT EXISTS rows_owner_due ON rows (tbl, owner, due_at) WHERE due_at IS NOT NULL;",
-        )
-        .map_err(|e| err("create schema", e))?;
         if found.as_deref() != Some(SCHEMA_VERSION.to_string().as_str()) {
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)
