@@ -388,3 +388,42 @@ test("OpenAI Agents JS: in flight and blocked are shown to the model in once's w
   release();
   assert.equal((await holder).account.ending.tag, "confirmed");
 });
+
+// The dispatch timeout reaches a wrapped tool through its framework's own abort signal: once waits for the
+// tool to settle before it records the outcome, so a tool that honours that signal must be told.
+test("adapters: a tool is aborted at the dispatch timeout through its framework's signal, which still works too", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  const policy = { dispatchTimeoutMs: 200 };
+  const aborted = [];
+  /** A provider call that hangs until its signal is aborted. */
+  const hangs = (signal, who) => new Promise((_, reject) => {
+    const stop = () => (aborted.push(who), reject(signal.reason));
+    if (signal.aborted) stop();
+    else signal.addEventListener("abort", stop);
+  });
+  const viaAi = protectTool(once, "refund_ai", ai5.tool({
+    inputSchema: ai5.jsonSchema({ type: "object" }),
+    execute: (input, { abortSignal }) => hangs(abortSignal, `ai:${input.order_id}`),
+  }), { key: (i) => `ai-${i.order_id}`, policy });
+  await assert.rejects(viaAi.execute({ order_id: 1 }, { toolCallId: "c1", messages: [] }), (e) => e.name === "UnknownOutcomeError");
+  // The caller's own abort still reaches the tool, before the timeout.
+  const own = new AbortController();
+  const pending = viaAi.execute({ order_id: 2 }, { toolCallId: "c2", messages: [], abortSignal: own.signal });
+  own.abort(new Error("the user stopped the run"));
+  await assert.rejects(pending, (e) => e.name === "UnknownOutcomeError");
+  const viaAgents = protectedTool(once, {
+    name: "refund_agents",
+    description: "Refund part of an order",
+    parameters: z.object({ order_id: z.number() }),
+    execute: (input, _context, details) => hangs(details.signal, `agents:${input.order_id}`),
+    key: (i) => `agents-${i.order_id}`,
+    policy,
+  });
+  const shown = await viaAgents.invoke(undefined, JSON.stringify({ order_id: 3 }), { toolCall: { callId: "fc_9" } });
+  assert.match(String(shown), /^UnknownOutcomeError: /);
+  assert.deepEqual(aborted, ["ai:1", "ai:2", "agents:3"]);
+  assert.match((await once.inspect("default", "ai-1")).body, /"unknown_reason":"Error: no answer within 200 ms"/);
+  assert.match((await once.inspect("default", "ai-2")).body, /"unknown_reason":"Error: the user stopped the run"/);
+  assert.match((await once.inspect("default", "agents-3")).body, /"unknown_reason":"Error: no answer within 200 ms"/);
+});

@@ -183,49 +183,32 @@ def test_protect_async_and_acall() -> None:
     assert calls == [9]
 
 
-def test_an_async_dispatcher_past_the_dispatch_timeout_is_cancelled_and_the_outcome_is_unknown() -> None:
-    """The host stops its sender at the deadline the guest gives: an async dispatcher still waiting when the
-    grant's timeout has passed is cancelled (and has stopped) before the outcome is reported, as ambiguous."""
+def test_an_async_dispatcher_given_to_a_blocking_call_is_refused_and_never_confirmed() -> None:
+    """A coroutine that never ran is not a provider's answer: before, `call` recorded it as a success."""
     o = Once.memory()
-    o.policy("refund", dispatch_timeout_ms=200)
-    stopped: list[str] = []
+    ran: list[int] = []
 
-    async def hangs(d: once.Dispatch) -> Sent:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            stopped.append(d.key)
-            raise
-        return Sent.success({"late": True})
+    async def send(d: once.Dispatch) -> Sent:
+        ran.append(1)
+        return Sent.success({"refund_id": "r-1"})
 
-    async def answers_itself(d: once.Dispatch) -> Sent:
-        raise TimeoutError("the provider's client gave up by itself")
-
-    async def finishes_anyway(d: once.Dispatch) -> Sent:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.05)  # it ignores the cancellation and completes the refund
-        return Sent.success({"refund_id": "late"})
-
-    async def main() -> tuple[once.Called, once.Called, once.Called]:
-        return (await o.acall("t", "slow", "refund", {"order_id": 1}, hangs),
-                await o.acall("t", "own-timeout", "refund", {"order_id": 2}, answers_itself),
-                await o.acall("t", "anyway", "refund", {"order_id": 3}, finishes_anyway))
-
-    slow, own, anyway = asyncio.run(main())
-    assert stopped == ["slow"], "the dispatcher was not cancelled at the dispatch timeout"
-    assert isinstance(slow.ending, once.Unknown), slow
-    assert slow.effect == Effect.UNKNOWN
-    assert o.inspect("t", "slow").state == once.State.UNKNOWN
-    trail = " ".join(json.dumps(e.detail) for e in o.inspect("t", "slow").audit)
-    assert "no answer within 200 ms" in trail, trail
-    # A dispatcher's own exception is its own answer, not the host's timeout.
-    assert isinstance(own.ending, once.Unknown), own
-    trail = " ".join(json.dumps(e.detail) for e in o.inspect("t", "own-timeout").audit)
-    assert "TimeoutError" in trail and "no answer within" not in trail, trail
-    # One that ignores the cancellation is waited for: nothing is reported while it runs, and its answer counts.
-    assert isinstance(anyway.ending, Confirmed) and json.loads(anyway.ending.receipt) == {"refund_id": "late"}, anyway
+    # An async function is refused before anything is recorded.
+    with pytest.raises(once.InvalidRequest, match="acall"):
+        o.call("t", "async-fn", "refund", {"order_id": 1}, send)
+    assert o.inspect("t", "async-fn") is None
+    with pytest.raises(once.InvalidRequest, match="acall"):
+        o.settle(send)
+    # A plain callable that hands back a coroutine is caught when it does: that attempt is reported not sent.
+    with pytest.raises(once.InvalidRequest, match="awaitable"):
+        o.call("t", "lambda", "refund", {"order_id": 2}, lambda d: send(d))
+    view = o.inspect("t", "lambda")
+    assert view is not None and view.state != once.State.CONFIRMED, view
+    assert [a["outcome"] for a in json.loads(view.body)["attempts"]] == ["not-sent"], view.body
+    assert ran == []
+    # The same key through acall is sent (after the back-off of the attempt that was not sent).
+    c = asyncio.run(o.acall("t", "lambda", "refund", {"order_id": 2}, send, wait=10.0))
+    assert isinstance(c.ending, Confirmed), c
+    assert ran == [1]
 
 
 def test_without_a_key_the_operation_is_derived_from_the_args() -> None:

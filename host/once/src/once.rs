@@ -72,7 +72,7 @@ pub struct Dispatch<'a> {
     pub send_by: u64,
     /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`]. The
     /// dispatcher enforces it: a blocking function cannot be stopped from outside, and one that runs on
-    /// past it may outlive its lease (the Python and Node hosts cancel an async sender there).
+    /// past it may outlive its lease.
     pub timeout: Duration,
 }
 

@@ -4,7 +4,7 @@
 // `execute(input, options)` (5: ToolCallOptions, 6 and 7: ToolExecutionOptions).
 import { InvalidArgumentsError } from "../errors.js";
 import type { Once } from "../once.js";
-import { type Keying, checkKeying } from "./keying.js";
+import { type Keying, checkKeying, withDispatchSignal } from "./keying.js";
 
 // The keying options' types, so an application can name them (`ApplicationKey<I>`, `DerivedKey`).
 export type { ApplicationKey, DerivedKey, Keying } from "./keying.js";
@@ -40,14 +40,14 @@ export function protectTool<T extends AiTool>(once: Once, name: string, t: T, op
   const execute = (t as { execute?: (input: I, callOptions: unknown) => unknown }).execute;
   if (typeof execute !== "function") throw new InvalidArgumentsError(`protectTool(${name}): the tool has no execute`, "/execute");
   const keying = checkKeying<I>(`protectTool(${name})`, options);
-  const run = once.protect<I, unknown>(name, (input, _dispatch, callOptions) => execute(input, callOptions), {
+  const run = once.protect<I, unknown>(name, (input, dispatch, callOptions) => execute(input, withDispatchSignal(callOptions, "abortSignal", dispatch)), {
     lookup: options.lookup,
     policy: keying.policy,
   });
   return {
     ...t,
-    // The AI SDK's per-call options (tool-call id, messages, abort signal) reach the function
-    // unchanged; none of them is part of the operation's identity.
+    // The AI SDK's per-call options (tool-call id, messages, abort signal) reach the function, its
+    // abort signal joined by the dispatch timeout's; none of them is part of the operation's identity.
     // Async, so that a key function's error is a rejected call like every other (the framework shows it).
     // Absent input is left to `run`, which refuses it before the key function reads a field of it.
     execute: async (input: I, callOptions: unknown) =>

@@ -147,3 +147,16 @@ export function checkKeying<I>(where: string, options: Keying<I> | undefined): C
 export function textForModel(error: OnceError): string {
   return `${error.name}: ${error.message}`;
 }
+
+/**
+ * A framework's per-call options with the dispatch's abort signal joined to the framework's own under
+ * `field` (the AI SDK's `abortSignal`, @openai/agents' `signal`): a tool that honours its framework's
+ * signal is then also stopped at the dispatch timeout, where once waits for it to settle before it
+ * records the outcome. The framework's own signal still aborts it as before.
+ */
+export function withDispatchSignal(options: unknown, field: string, dispatch: { signal: AbortSignal }): Record<string, unknown> {
+  const base = typeof options === "object" && options !== null ? (options as Record<string, unknown>) : {};
+  const own = base[field];
+  const signal = own instanceof AbortSignal ? AbortSignal.any([own, dispatch.signal]) : dispatch.signal;
+  return { ...base, [field]: signal };
+}

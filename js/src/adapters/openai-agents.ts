@@ -2,7 +2,7 @@
 import { type FunctionTool, type ToolExecuteArgument, type ToolInputParameters, type ToolOptions, tool } from "@openai/agents";
 import { OnceError } from "../errors.js";
 import type { Once } from "../once.js";
-import { type Keying, checkKeying, textForModel } from "./keying.js";
+import { type Keying, checkKeying, textForModel, withDispatchSignal } from "./keying.js";
 
 // The keying options' types, so an application can name them (`ApplicationKey<I>`, `DerivedKey`).
 export type { ApplicationKey, DerivedKey, Keying } from "./keying.js";
@@ -41,9 +41,10 @@ export function protectedTool<TParameters extends ToolInputParameters = undefine
   const userExecute = execute as (input: I, runContext: unknown, details: unknown) => unknown;
   const run = once.protect<I, unknown>(
     options.name,
-    (input, _dispatch, context) => {
+    (input, dispatch, context) => {
       const [runContext, details] = context as [unknown, unknown];
-      return userExecute(input, runContext, details);
+      // The SDK's details (tool call, abort signal), its signal joined by the dispatch timeout's.
+      return userExecute(input, runContext, withDispatchSignal(details, "signal", dispatch));
     },
     { lookup, policy: keying.policy },
   );

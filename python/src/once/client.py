@@ -68,29 +68,21 @@ def _sent(value: Any) -> Sent:
     return value if isinstance(value, Sent) else Sent.success(value)
 
 
-async def _answer_within(answer: Awaitable[Any], timeout_ms: int) -> Any:
-    """An async dispatcher's answer within the dispatch timeout. Past it the dispatcher is cancelled, and
-    this waits until it has stopped, so nothing of it runs on after the outcome is reported: stopped by the
-    cancellation, the outcome is ambiguous (what it sent may still have reached the provider); if it
-    answered anyway, its answer is the outcome. A dispatcher's own exception (its own timeout included)
-    goes to the protocol as it came."""
-    task = asyncio.ensure_future(answer)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout_ms / 1000)
-    except asyncio.CancelledError:  # this call is cancelled: so is its dispatcher, as when awaited directly
-        task.cancel()
-        raise
-    if task not in done:
-        task.cancel()
-        try:
-            return await task
-        except asyncio.CancelledError:
-            # Only the dispatcher's own cancellation is this timeout; this call's (3.11+ counts it) goes on up.
-            current = asyncio.current_task()
-            if not task.cancelled() or (current is not None and getattr(current, "cancelling", lambda: 0)()):
-                raise
-            return Sent.ambiguous(f"no answer within {timeout_ms} ms: the dispatcher was cancelled")
-    return task.result()
+def _blocking(send: Any) -> None:
+    """Refuse an async dispatcher given to a blocking call, before anything is granted: its coroutine would never
+    run. (One that returns an awaitable some other way is caught when it does: `_NeverRan`.)"""
+    if inspect.iscoroutinefunction(send):
+        raise errors.InvalidRequest("the dispatcher is an async function: use acall (or protect on an async "
+                                    "function); nothing was recorded or sent")
+
+
+class _NeverRan(Exception):
+    """Raised into the protocol when a dispatcher certainly did not run: nothing was sent, so the attempt is
+    reported not-sent, and `error` is raised to the caller once it is."""
+
+    def __init__(self, error: errors.OnceError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _failed(message: str) -> Variant:
@@ -422,6 +414,7 @@ class Once:
         deadline = time.monotonic() + patience
         give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
         raised: Optional[BaseException] = None
+        never_ran: Optional[errors.OnceError] = None
         while True:
             kind = step.kind
             if kind == "dispatch":
@@ -432,6 +425,8 @@ class Once:
                 else:
                     try:
                         sent = _sent((yield ("send", grant)))
+                    except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
+                        never_ran, sent = e.error, Sent.not_sent()
                     except BaseException as e:  # the request may have left: the effect may exist
                         raised = e
                         sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
@@ -442,6 +437,8 @@ class Once:
                     if sent.kind == "success":
                         return Called(unreported=Unrecorded(sent.text), report_error=str(e))
                     raise
+                if never_ran is not None:
+                    raise never_ran
                 if raised is not None and not isinstance(raised, Exception):
                     raise raised
             elif kind == "wait":
@@ -463,9 +460,13 @@ class Once:
                 assert isinstance(timeout, int)
                 d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
-                return Called(direct=_sent((yield ("send", d))))
+                try:
+                    return Called(direct=_sent((yield ("send", d))))
+                except _NeverRan as e:
+                    raise e.error from None
 
     def _run(self, loop: Generator[Action, Any, Called], send: Send) -> Called:
+        _blocking(send)  # before the loop starts: nothing recorded
         value: Any = None
         error: Optional[BaseException] = None
         while True:
@@ -479,6 +480,13 @@ class Once:
                     value = arg()
                 elif kind == "send":
                     value = send(arg)
+                    if inspect.isawaitable(value):
+                        # An async dispatcher given to a blocking call: its coroutine never ran, so nothing
+                        # was sent (recording the coroutine as its answer would confirm what did not happen).
+                        getattr(value, "close", lambda: None)()
+                        raise _NeverRan(errors.InvalidRequest(
+                            "the dispatcher returned an awaitable: an async dispatcher needs acall (or protect on "
+                            "an async function); nothing was sent"))
                 else:
                     time.sleep(arg)
             except BaseException as e:
@@ -499,7 +507,7 @@ class Once:
                 elif kind == "send":
                     value = send(arg)
                     if inspect.isawaitable(value):
-                        value = await _answer_within(value, arg.timeout_ms)
+                        value = await value
                 else:
                     await asyncio.sleep(arg)
             except BaseException as e:
@@ -535,6 +543,7 @@ class Once:
     def settle(self, send: Send, limit: int = 100) -> SweepResult:
         """Expire leases, reconcile due unknowns, escalate past deadlines, and send every owed dispatch (each granted
         just before it is sent; `owed` lists those found)."""
+        _blocking(send)  # before anything is granted
         r = self._guest("sweep", limit, False)
         sent = []
         for scope, key in r.owed:
