@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
+
+import once
 
 
 class RefundTable:
@@ -38,3 +42,24 @@ class RefundTable:
         """The amounts refunded, in order."""
         with sqlite3.connect(self.path) as db:
             return [r[0] for r in db.execute("SELECT amount FROM refunds ORDER BY id")]
+
+    @contextmanager
+    def held_elsewhere(self, o: once.Once, scope: str, key: str, order_id: int, amount: int) -> Iterator[None]:
+        """For the block, another attempt (a thread of this process) holds the operation `key` that refunds
+        `amount` of `order_id`; when the block ends it sends that refund, once."""
+        entered, release = threading.Event(), threading.Event()
+
+        def held(d: once.Dispatch) -> once.Sent:
+            entered.set()
+            assert release.wait(30), "the held attempt was never released"
+            return once.Sent.success(self.refund(order_id, amount))
+
+        holder = threading.Thread(target=o.call, args=(scope, key, "refund_order",
+                                                       {"order_id": order_id, "amount": amount}, held))
+        holder.start()
+        try:
+            assert entered.wait(30), "the holding attempt never started"
+            yield
+        finally:
+            release.set()
+            holder.join(30)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, TypedDict, Union
 
@@ -276,18 +275,7 @@ def test_prebuilt_agent_a_call_in_flight_elsewhere_is_onces_text_and_the_run_goe
     # once's in-flight account (before, the run aborted with Unconfirmed), nothing is sent twice, the run goes on.
     provider = RefundTable(tmp_path / "provider.db")
     o = Once.sqlite(str(tmp_path / "once.db"), wait=0)
-    entered, release = threading.Event(), threading.Event()
-
-    def held(d: once.Dispatch) -> once.Sent:
-        entered.set()
-        assert release.wait(30), "the held attempt was never released"
-        return once.Sent.success(provider.refund(1234, 300))
-
-    holder = threading.Thread(target=o.call, args=("conv-9", "refund-1234", "refund_order",
-                                                   {"order_id": 1234, "amount": 300}, held))
-    holder.start()
-    try:
-        assert entered.wait(30)
+    with provider.held_elsewhere(o, "conv-9", "refund-1234", 1234, 300):
 
         @tool
         def refund_order(order_id: int, amount: int) -> dict[str, Any]:
@@ -307,9 +295,6 @@ def test_prebuilt_agent_a_call_in_flight_elsewhere_is_onces_text_and_the_run_goe
         config = {"configurable": {"thread_id": "conv-9"}}
         out = agent.invoke(request, config) if mode == "sync" else asyncio.run(agent.ainvoke(request, config))
         assert provider.count() == 0, "sent while another attempt held the operation"
-    finally:
-        release.set()
-        holder.join(30)
     assert provider.count() == 1
     assert out["messages"][-1].content == (
         "outputs: refund_order conv-9/refund-1234: inflight; effect unknown; the same call again waits")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -244,18 +243,7 @@ def test_a_call_in_flight_elsewhere_is_reported_as_once_says_and_the_run_goes_on
     # goes on to the model's answer.
     provider = RefundTable(tmp_path / "provider.db")
     o = Once.sqlite(str(tmp_path / "once.db"), wait=0)
-    entered, release = threading.Event(), threading.Event()
-
-    def held(d: once.Dispatch) -> once.Sent:
-        entered.set()
-        assert release.wait(30), "the held attempt was never released"
-        return once.Sent.success(provider.refund(1234, 300))
-
-    holder = threading.Thread(target=o.call, args=("default", "refund-1234", "refund_order",
-                                                   {"order_id": 1234, "amount": 300}, held))
-    holder.start()
-    try:
-        assert entered.wait(30)
+    with provider.held_elsewhere(o, "default", "refund-1234", 1234, 300):
 
         def refund_order(order_id: int, amount: int) -> dict[str, Any]:
             """Refund an order."""
@@ -266,9 +254,6 @@ def test_a_call_in_flight_elsewhere_is_reported_as_once_says_and_the_run_goes_on
         model = ScriptedModel(lambda outputs: calls.pop() if calls else "outputs: " + " | ".join(outputs))
         result = asyncio.run(Runner.run(Agent(name="refunds", tools=[tool], model=model), "refund"))
         assert provider.count() == 0, "sent while another attempt held the operation"
-    finally:
-        release.set()
-        holder.join(30)
     assert provider.count() == 1
     assert result.final_output == (
         "outputs: refund_order default/refund-1234: inflight; effect unknown; the same call again waits")
