@@ -119,21 +119,23 @@ mod tests {
         names
     }
 
+    /// `m` includes every file of `schema/<backend>/` and ends at the store's `version`.
+    fn includes_every_file(backend: &str, m: &Migrations, version: u32) {
+        let mut want = listed(m);
+        want.sort();
+        assert_eq!(prefixes(backend), want);
+        assert_eq!(m.current(), version);
+    }
+
     #[test]
     fn sqlite_includes_every_file_and_is_at_its_version() {
-        let mut want = listed(&SQLITE);
-        want.sort();
-        assert_eq!(prefixes("sqlite"), want);
-        assert_eq!(SQLITE.current(), crate::storage::sqlite::SCHEMA_VERSION);
+        includes_every_file("sqlite", &SQLITE, crate::storage::sqlite::SCHEMA_VERSION);
     }
 
     #[cfg(feature = "postgres")]
     #[test]
     fn postgres_includes_every_file_and_is_at_its_version() {
-        let mut want = listed(&POSTGRES);
-        want.sort();
-        assert_eq!(prefixes("postgres"), want);
-        assert_eq!(POSTGRES.current(), crate::storage::postgres::SCHEMA_VERSION);
+        includes_every_file("postgres", &POSTGRES, crate::storage::postgres::SCHEMA_VERSION);
     }
 
     #[test]
