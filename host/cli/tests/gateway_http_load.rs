@@ -72,32 +72,32 @@ fn load(
                         &call_body("refund_order", args, Some(&key)).to_string(),
                     );
                     latencies.push(sent.elapsed());
-                    assert_eq!(answer.status, 200, "{key}: {answer:?}");
-                    match (&decision, repeat) {
-                        (Some(_), true) => assert_eq!(answer.outcome()["decision"], "replayed", "{key}: {answer:?}"),
-                        (Some(decision), false) => {
-                            assert_eq!(answer.outcome()["decision"], *decision, "{key}: {answer:?}")
-                        }
-                        (None, _) => {
-                            assert_ne!(answer.result()["isError"], true, "{key}: {answer:?}");
-                            assert_eq!(
-                                answer.result()["structuredContent"]["idempotency_key"],
-                                key,
-                                "{answer:?}"
-                            );
-                        }
+                    if let Some(wrong) = unexpected(&answer, &key, decision.as_deref(), repeat) {
+                        return Err(wrong);
                     }
                 }
-                (latencies, keys)
+                Ok((latencies, keys))
             })
         })
         .collect();
-    let (mut latencies, mut keys) = (Vec::new(), 0);
+    let (mut latencies, mut keys, mut wrong) = (Vec::new(), 0, Vec::new());
     for t in threads {
-        let (l, k) = t.join().unwrap_or_else(|_| panic!("{}", rig.logs()));
-        latencies.extend(l);
-        keys += k;
+        match t.join().expect("a client thread panicked") {
+            Ok((l, k)) => {
+                latencies.extend(l);
+                keys += k;
+            }
+            Err(w) => wrong.push(w),
+        }
     }
+    // The wrong answers first: a long gateway log must not push them out of sight.
+    assert!(
+        wrong.is_empty(),
+        "{run}: {} clients got a wrong answer:\n{}\n\n{}",
+        wrong.len(),
+        wrong.join("\n"),
+        rig.logs()
+    );
     let elapsed = started.elapsed();
     assert_eq!(latencies.len(), CALLS);
     let effects = EffectLedger::open(rig.effects_db()).unwrap();
@@ -112,6 +112,28 @@ fn load(
         "no provider key twice: no duplicate refund"
     );
     (elapsed, latencies)
+}
+
+/// What is wrong with `answer` to a call under `key`, if anything: the HTTP status must be 200; a
+/// repeat must replay and a first call have `decision` (`None`: the upstream's own result, untouched).
+fn unexpected(answer: &Answer, key: &str, decision: Option<&str>, repeat: bool) -> Option<String> {
+    let wrong = |what: &str| Some(format!("{key}: {what}: {answer:?}"));
+    if answer.status != 200 {
+        return wrong("HTTP status not 200");
+    }
+    let Some(result) = answer.message.as_ref().and_then(|m| m.get("result")) else {
+        return wrong("no tools/call result");
+    };
+    let said = &result["_meta"]["once/outcome"]["decision"];
+    match (decision, repeat) {
+        (Some(_), true) if said != "replayed" => wrong("a repeat did not replay"),
+        (Some(decision), false) if said != decision => wrong(&format!("not {decision}")),
+        (None, _) if result["isError"] == true => wrong("the upstream's result is an error"),
+        (None, _) if result["structuredContent"]["idempotency_key"] != key => {
+            wrong("the upstream's result is for another key")
+        }
+        _ => None,
+    }
 }
 
 fn report(what: &str, clients: usize, (elapsed, mut latencies): (Duration, Vec<Duration>)) -> f64 {

@@ -132,3 +132,49 @@ fn postgres_one_hundred_twenty_eight_calls_on_one_key_send_once_and_replay() {
     };
     one_hundred_twenty_eight_calls_on_one_key(schema.open());
 }
+
+/// A lost compare-and-swap on PostgreSQL waits before it answers (so a hot row's losers come back
+/// spread out, not all at once to lose again), unless its batch is deferrable (a replay's count, a
+/// report): that one answers at once. On 9fe6a6c no loser waited, and the gateway's 128-client load
+/// test saw a caller lose every race for its whole contention window and be refused as busy.
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_a_lost_compare_and_swap_backs_off_unless_deferrable() {
+    use once::storage::CommitError;
+    use once::types::{Batch, Put, Row, Table};
+    let Some(schema) = postgres_common::TestSchema::new() else {
+        return;
+    };
+    let store = schema.open();
+    let put = |expected: Option<u64>, version: u64| Put {
+        table: Table::Quota,
+        scope: "s".into(),
+        key: "bucket".into(),
+        expected,
+        row: Some(Row {
+            table: Table::Quota,
+            scope: "s".into(),
+            key: "bucket".into(),
+            version,
+            state: None,
+            due_at: None,
+            owner: None,
+            body: format!("spent {version}"),
+        }),
+    };
+    let batch = |expected, version, deferrable| Batch {
+        puts: vec![put(expected, version)],
+        events: vec![],
+        deferrable,
+    };
+    store.commit(&batch(None, 1, false)).unwrap();
+    assert_eq!(store.backed_off(), 0, "a commit that applies does not wait");
+    // Another writer moved the row from 1 to 2: this caller read 1 and loses.
+    store.commit(&batch(Some(1), 2, false)).unwrap();
+    assert_eq!(store.commit(&batch(Some(1), 2, false)), Err(CommitError::Conflict));
+    assert_eq!(store.backed_off(), 1, "the loser waited before it answered");
+    assert_eq!(store.commit(&batch(Some(1), 2, true)), Err(CommitError::Conflict));
+    assert_eq!(store.backed_off(), 1, "a deferrable loser answers at once");
+    store.commit(&batch(Some(2), 3, false)).unwrap();
+    assert_eq!(store.backed_off(), 1);
+}

@@ -302,3 +302,10 @@ fn open_postgres(_url: &str) -> Result<Opened, StorageError> {
             .to_string(),
     ))
 }
+
+/// A random number, different on every call (std's hasher keys are random per
+/// instance): enough to spread contenders, no generator to keep.
+fn jitter() -> u64 {
+    use std::hash::BuildHasher;
+    std::hash::RandomState::new().hash_one(std::time::Instant::now())
+}

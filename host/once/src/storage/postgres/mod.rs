@@ -91,11 +91,12 @@
 //! # Files
 //!
 //! `schema.rs` (the URL, schema names, migrations), `sql.rs` (every
-//! statement), `pool.rs` (connections), `clock.rs` ([`DatabaseClock`]) and
+//! statement), `pool.rs` (connections), `pacing.rs` (a hot row's losers), `clock.rs` ([`DatabaseClock`]) and
 //! `store.rs` ([`PostgresStorage`]); the row codec, shared with SQLite, is
 //! `storage/codec.rs`.
 
 mod clock;
+mod pacing;
 mod pool;
 mod schema;
 mod sql;
@@ -106,6 +107,7 @@ use std::time::Duration;
 use super::StorageError;
 
 pub use self::clock::DatabaseClock;
+pub use self::pacing::MAX_BACK_OFF;
 pub use self::schema::{DEFAULT_SCHEMA, SCHEMA_VERSION, check_schema_name, is_url};
 pub use self::store::PostgresStorage;
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls, Statement};
 
+use super::pacing::Pacing;
 use super::sql::{Q, QUERIES, Sql};
 use super::{PostgresOptions, col, err};
 use crate::storage::StorageError;
@@ -257,6 +258,8 @@ pub(super) struct Shared {
     pub(super) sql: Sql,
     pub(super) schema: String,
     pub(super) options: PostgresOptions,
+    /// How a lost compare-and-swap waits before its caller races again.
+    pub(super) pacing: Pacing,
 }
 
 impl Shared {

@@ -23,7 +23,7 @@ use rusqlite::Connection;
 use super::batch::{Abort, apply_event, apply_put};
 use super::{Level, MAX_GROUP, SqliteStorage, err};
 use crate::bindings::types::{Batch, Put};
-use crate::storage::{CommitError, Flush, StorageError};
+use crate::storage::{CommitError, Flush, StorageError, jitter};
 
 /// The commit queue: callers append, one leader at a time drains.
 #[derive(Default)]
@@ -58,13 +58,6 @@ pub const MAX_COMMIT_DELAY: Duration = Duration::from_millis(2);
 /// The longest a batch that lost its version check waits before its caller
 /// tries again (see [`SqliteStorage::group_commit`]).
 pub const MAX_BACK_OFF: Duration = Duration::from_millis(500);
-
-/// A random number, different on every call (std's hasher keys are random per
-/// instance): enough to spread contenders, no generator to keep.
-fn jitter() -> u64 {
-    use std::hash::BuildHasher;
-    std::hash::RandomState::new().hash_one(Instant::now())
-}
 
 /// A queued batch: a caller is waiting for its result under `id`.
 struct Pending {
