@@ -51,8 +51,9 @@ const RACES_CAP: u32 = 2_000;
 /// loses dozens of races in a row, and a caller within its budget must not be
 /// refused for that, so a call races on for [`CONTENTION_MS`] after its first
 /// [`MAX_RACES`] (at most [`RACES_CAP`] in all). Each race is a read and a
-/// commit; the SQLite store paces them (a loser to its own group backs off
-/// before it answers). The clock is read only once the first races are lost,
+/// commit; the stores pace them (SQLite's loser to its own group, and
+/// PostgreSQL's loser of a quota-bucket update, backs off before it
+/// answers). The clock is read only once the first races are lost,
 /// so an uncontended call makes no extra host call.
 struct Races {
     run: u32,

@@ -82,7 +82,10 @@ fn load(
         .collect();
     let (mut latencies, mut keys, mut wrong) = (Vec::new(), 0, Vec::new());
     for t in threads {
-        match t.join().expect("a client thread panicked") {
+        match t
+            .join()
+            .unwrap_or_else(|_| panic!("a client thread panicked\n{}", rig.logs()))
+        {
             Ok((l, k)) => {
                 latencies.extend(l);
                 keys += k;
@@ -90,7 +93,7 @@ fn load(
             Err(w) => wrong.push(w),
         }
     }
-    // The wrong answers first: a long gateway log must not push them out of sight.
+    // Each client's first wrong answer, before the gateway log (a long log must not push them out of sight).
     assert!(
         wrong.is_empty(),
         "{run}: {} clients got a wrong answer:\n{}\n\n{}",

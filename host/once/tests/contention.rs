@@ -133,48 +133,70 @@ fn postgres_one_hundred_twenty_eight_calls_on_one_key_send_once_and_replay() {
     one_hundred_twenty_eight_calls_on_one_key(schema.open());
 }
 
-/// A lost compare-and-swap on PostgreSQL waits before it answers (so a hot row's losers come back
-/// spread out, not all at once to lose again), unless its batch is deferrable (a replay's count, a
-/// report): that one answers at once. On 9fe6a6c no loser waited, and the gateway's 128-client load
-/// test saw a caller lose every race for its whole contention window and be refused as busy.
+/// A lost update of a quota bucket on PostgreSQL waits before it answers (so the bucket's losers
+/// come back spread out, not all at once to lose again), unless its batch is deferrable. A lost
+/// update of an operation record alone answers at once: a lease renewal is not tried again and its
+/// grant must go out before its send-by. On 9fe6a6c no loser waited, and the gateway's 128-client
+/// load test saw callers lose every race for their contention window and be refused as busy.
 #[cfg(feature = "postgres")]
 #[test]
-fn postgres_a_lost_compare_and_swap_backs_off_unless_deferrable() {
+fn postgres_a_lost_bucket_update_backs_off_unless_deferrable() {
     use once::storage::CommitError;
     use once::types::{Batch, Put, Row, Table};
     let Some(schema) = postgres_common::TestSchema::new() else {
         return;
     };
     let store = schema.open();
-    let put = |expected: Option<u64>, version: u64| Put {
-        table: Table::Quota,
-        scope: "s".into(),
-        key: "bucket".into(),
-        expected,
-        row: Some(Row {
-            table: Table::Quota,
+    let batch = |table: Table, expected: Option<u64>, deferrable: bool| {
+        let version = expected.map_or(1, |v| v + 1);
+        let row = Row {
+            table,
             scope: "s".into(),
-            key: "bucket".into(),
+            key: "row".into(),
             version,
             state: None,
             due_at: None,
             owner: None,
-            body: format!("spent {version}"),
-        }),
+            body: format!("version {version}"),
+        };
+        Batch {
+            puts: vec![Put {
+                table,
+                scope: row.scope.clone(),
+                key: row.key.clone(),
+                expected,
+                row: Some(row),
+            }],
+            events: vec![],
+            deferrable,
+        }
     };
-    let batch = |expected, version, deferrable| Batch {
-        puts: vec![put(expected, version)],
-        events: vec![],
-        deferrable,
-    };
-    store.commit(&batch(None, 1, false)).unwrap();
-    assert_eq!(store.backed_off(), 0, "a commit that applies does not wait");
-    // Another writer moved the row from 1 to 2: this caller read 1 and loses.
-    store.commit(&batch(Some(1), 2, false)).unwrap();
-    assert_eq!(store.commit(&batch(Some(1), 2, false)), Err(CommitError::Conflict));
-    assert_eq!(store.backed_off(), 1, "the loser waited before it answered");
-    assert_eq!(store.commit(&batch(Some(1), 2, true)), Err(CommitError::Conflict));
-    assert_eq!(store.backed_off(), 1, "a deferrable loser answers at once");
-    store.commit(&batch(Some(2), 3, false)).unwrap();
-    assert_eq!(store.backed_off(), 1);
+    let conflict = Err(CommitError::Conflict);
+    for table in [Table::Quota, Table::Operation] {
+        store.commit(&batch(table, None, false)).unwrap();
+        store.commit(&batch(table, Some(1), false)).unwrap();
+    }
+    assert_eq!(store.pacing().backed_off, 0, "a commit that applies does not wait");
+
+    // Another writer moved the bucket from 1 to 2: this caller read 1 and loses.
+    assert_eq!(store.commit(&batch(Table::Quota, Some(1), false)), conflict);
+    let paced = store.pacing();
+    assert_eq!(paced.backed_off, 1, "the bucket's loser waited before it answered");
+    assert!(paced.drawn > Duration::ZERO, "{paced:?}");
+    assert!(paced.slept >= paced.drawn, "it slept the wait it drew: {paced:?}");
+
+    assert_eq!(store.commit(&batch(Table::Quota, Some(1), true)), conflict);
+    assert_eq!(store.pacing(), paced, "a deferrable loser answers at once");
+    assert_eq!(store.commit(&batch(Table::Operation, Some(1), false)), conflict);
+    assert_eq!(
+        store.pacing(),
+        paced,
+        "a record's loser (a lease renewal) answers at once"
+    );
+    assert_eq!(store.commit(&batch(Table::Operation, None, false)), conflict);
+    assert_eq!(
+        store.pacing(),
+        paced,
+        "a blind claim of a key that exists answers at once"
+    );
 }

@@ -91,7 +91,7 @@
 //! # Files
 //!
 //! `schema.rs` (the URL, schema names, migrations), `sql.rs` (every
-//! statement), `pool.rs` (connections), `pacing.rs` (a hot row's losers), `clock.rs` ([`DatabaseClock`]) and
+//! statement), `pool.rs` (connections), `pacing.rs` (a hot quota bucket's losers), `clock.rs` ([`DatabaseClock`]) and
 //! `store.rs` ([`PostgresStorage`]); the row codec, shared with SQLite, is
 //! `storage/codec.rs`.
 
@@ -107,7 +107,7 @@ use std::time::Duration;
 use super::StorageError;
 
 pub use self::clock::DatabaseClock;
-pub use self::pacing::MAX_BACK_OFF;
+pub use self::pacing::PacingCounts;
 pub use self::schema::{DEFAULT_SCHEMA, SCHEMA_VERSION, check_schema_name, is_url};
 pub use self::store::PostgresStorage;
 

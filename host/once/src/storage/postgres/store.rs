@@ -8,7 +8,7 @@ use std::time::Duration;
 use postgres::error::SqlState;
 
 use super::clock::DatabaseClock;
-use super::pacing::Pacing;
+use super::pacing::{Pacing, PacingCounts};
 use super::pool::{Conn, Pool, Shared, lost};
 use super::schema::{CONFLICT_SQLSTATE, claim_body_format, is_url, migrate, split_schema};
 use super::sql::{Q, Sql};
@@ -119,11 +119,11 @@ impl PostgresStorage {
         Ok(store)
     }
 
-    /// How many lost compare-and-swaps (a hot row's losers) waited a
-    /// moment before their callers raced again, since this store opened;
-    /// a deferrable batch's conflict answers at once and is not counted.
-    pub fn backed_off(&self) -> u64 {
-        self.shared.pacing.backed_off()
+    /// What pacing did since this store opened: how many lost quota-bucket
+    /// updates waited a moment before their callers raced again, and how
+    /// long (module `pacing`; other conflicts answer at once).
+    pub fn pacing(&self) -> PacingCounts {
+        self.shared.pacing.counts()
     }
 
     /// The schema holding the ledger.
@@ -323,7 +323,7 @@ impl Storage for PostgresStorage {
         let (puts, events) = plan(batch)?;
         let args = BatchArgs::new(&puts, &events);
         let pool = &self.shared.pool;
-        let committing = self.shared.pacing.begin();
+        let mut committing = self.shared.pacing.begin();
         let mut rolled_back = 0;
         let mut replaced = false;
         loop {
@@ -341,19 +341,19 @@ impl Storage for PostgresStorage {
                 }
                 return Err(err("prepare the batch", &e).into());
             }
+            committing.sending();
             let applied = self.apply(checkout.conn(), &args);
             committing.answered();
             return match applied {
                 Ok(_) => {
                     checkout.keep();
-                    committing.won();
                     Ok(())
                 }
                 // Raised by `apply_batch`: the statement, so the whole batch, rolled back.
                 Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT_SQLSTATE) => {
-                    // The connection goes back before the wait: others commit meanwhile.
+                    // The connection goes back before any wait: others commit meanwhile.
                     checkout.keep();
-                    committing.lost(batch.deferrable);
+                    committing.lost(batch);
                     Err(CommitError::Conflict)
                 }
                 // The server said it rolled back: nothing applied, and the batch may run again.
