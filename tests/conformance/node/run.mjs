@@ -531,8 +531,8 @@ function imports(run) {
   const failedText = (message) => JSON.stringify({ Failed: { message } });
   const readsFail = () => run.storage.failReads;
   const ifaces = {
-    "once:core/types@0.3.0": {},
-    "once:core/ledger@0.3.0": {
+    "once:core/types@0.4.0": {},
+    "once:core/ledger@0.4.0": {
       get(table, scope, key) {
         if (readsFail()) return failedText(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
@@ -560,23 +560,23 @@ function imports(run) {
         return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@0.3.0": {
+    "once:core/clock@0.4.0": {
       now: () => BigInt(run.now),
     },
-    "once:core/provider@0.3.0": {
+    "once:core/provider@0.4.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@0.3.0": {
+    "once:core/operator@0.4.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
       },
     },
     // Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
-    "once:core/entropy@0.3.0": {
+    "once:core/entropy@0.4.0": {
       fill: (n) => Uint8Array.from({ length: n }, (_, i) => ENTROPY[i % ENTROPY.length]),
     },
   };

@@ -36,7 +36,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "0.3.0"
+VERSION = "0.4.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
