@@ -222,6 +222,42 @@ fn sigterm_lets_the_call_in_flight_finish_then_exits_0() {
     assert!(rig.logs().contains("stopping: no new requests"), "{}", rig.logs());
 }
 
+/// A call refused because the key it supersedes is still in flight (`superseded-unresolved`) has no
+/// record of its own, and a repeat of it waits for that other key: the gateway must not keep it as
+/// an operation of its own to settle. On 7bfedc1 it did: every round asked the ledger for it ("no
+/// record for this scope and key") and a SIGTERM waited out the whole shutdown grace for it, then
+/// exited "with unsettled operations".
+#[test]
+fn a_call_blocked_on_an_unresolved_original_is_not_kept_as_unsettled() {
+    let config = fast_config("shutdown_grace = \"3s\"")
+        .replace("timeout = \"1s\"", "timeout = \"4s\"")
+        .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"5s\"");
+    let rig = Rig::new(&config);
+    let mut gw = rig.listen_upstream(&["--late-reply-ms", "1500"], "late_reply", 0);
+    let url = gw.url.clone();
+    let original = call_body("refund_order", refund(200.0), Some("original")).to_string();
+    let call = std::thread::spawn(move || post(&url, None, &[], &original));
+    wait_until("the original refund committed", || rig.effects().0 == 1);
+
+    let mut successor = call_body("refund_order", refund(50.0), Some("successor"));
+    successor["params"]["_meta"]["once/supersedes"] = json!("original");
+    let answer = gw.post(None, &[], &successor);
+    assert_eq!(answer.outcome()["decision"], "blocked", "{answer:?}\n{}", rig.logs());
+    assert_eq!(answer.outcome()["reason"], "superseded-unresolved", "{answer:?}");
+    assert_eq!(answer.outcome()["repeat"], "waits", "{answer:?}");
+    assert!(ledger(&rig).inspect("default", "successor").unwrap().is_none());
+
+    let first = call.join().unwrap();
+    assert_eq!(first.outcome()["decision"], "executed", "{first:?}\n{}", rig.logs());
+    gw.signal("-TERM");
+    let status = gw.wait_exit();
+    assert!(status.success(), "exit {status}\n{}", rig.logs());
+    let logs = rig.logs();
+    assert!(!logs.contains("no record for this scope and key"), "{logs}");
+    assert!(!logs.contains("exiting with unsettled operations"), "{logs}");
+    assert_exactly_one_refund(&rig);
+}
+
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !done() {

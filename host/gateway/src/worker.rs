@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use once::types::Repeat;
-use once::{Called, Once};
+use once::types::{Error, Repeat};
+use once::{Called, Once, OnceError};
 use tokio::task::JoinHandle;
 
 use crate::handler::{Shared, called_name, dispatch};
@@ -57,6 +57,10 @@ pub fn settle_round(shared: &Shared, once: &Once) {
         });
         match called {
             Ok(Called::Done(account)) if account.repeat != Repeat::Waits => shared.settled(scope, key),
+            // No record under this key: the call was refused before anything was recorded (a
+            // successor blocked while the key it supersedes is unresolved waits on that key, not
+            // on its own), so there is nothing here for this gateway to settle.
+            Err(OnceError::Engine(Error::NotFound)) => shared.settled(scope, key),
             Ok(_) => {}
             Err(e) => tracing::warn!(target: "once::gateway", scope, key, "resume: {e}"),
         }
