@@ -127,8 +127,32 @@ const STATES: &[(&str, State, Resolvable)] = &[
         State::InFlight,
         r(true, true, false),
     ),
+    // The edges, as DESIGN.md words them: a lease is live before its end; an earlier request may
+    // still commit until max-in-flight after the last dispatch has *passed* (at that instant too).
+    (
+        "in-flight, a moment before the lease's end",
+        State::InFlight,
+        r(false, false, false),
+    ),
+    ("in-flight, at the lease's end", State::InFlight, r(true, true, true)),
+    (
+        "in-flight, at max-in-flight's end",
+        State::InFlight,
+        r(true, true, true),
+    ),
+    (
+        "in-flight, a moment past max-in-flight",
+        State::InFlight,
+        r(true, true, false),
+    ),
     ("unknown, max-in-flight not passed", State::Unknown, r(true, true, true)),
     ("unknown, max-in-flight passed", State::Unknown, r(true, true, false)),
+    ("unknown, at max-in-flight's end", State::Unknown, r(true, true, true)),
+    (
+        "unknown, a moment past max-in-flight",
+        State::Unknown,
+        r(true, true, false),
+    ),
     (
         "unknown, the provider claims keys",
         State::Unknown,
@@ -170,6 +194,32 @@ fn build(name: &str) -> MemoryHost {
         "in-flight, lease ended, max-in-flight passed" => {
             execute_of(go(&h, refund("k", ARGS)));
             h.advance(LEASE + MAX_IN_FLIGHT + SECOND);
+        }
+        // Granted at T0: the lease ends at T0 + LEASE, which is also the last moment it may be sent.
+        "in-flight, a moment before the lease's end" => {
+            execute_of(go(&h, refund("k", ARGS)));
+            h.advance(LEASE - 1);
+        }
+        "in-flight, at the lease's end" => {
+            execute_of(go(&h, refund("k", ARGS)));
+            h.advance(LEASE);
+        }
+        "in-flight, at max-in-flight's end" => {
+            execute_of(go(&h, refund("k", ARGS)));
+            h.advance(LEASE + MAX_IN_FLIGHT);
+        }
+        "in-flight, a moment past max-in-flight" => {
+            execute_of(go(&h, refund("k", ARGS)));
+            h.advance(LEASE + MAX_IN_FLIGHT + 1);
+        }
+        // Reported ambiguous a second after the grant: that is its last dispatch.
+        "unknown, at max-in-flight's end" => {
+            unknown_record(&h, "k", policy());
+            h.advance(MAX_IN_FLIGHT);
+        }
+        "unknown, a moment past max-in-flight" => {
+            unknown_record(&h, "k", policy());
+            h.advance(MAX_IN_FLIGHT + 1);
         }
         "unknown, max-in-flight not passed" => {
             unknown_record(&h, "k", policy());
