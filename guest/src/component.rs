@@ -6,7 +6,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::cell::RefCell;
 
-use crate::bindings::exports::once::core::{engine as engine_export, protocol as protocol_export, transitions};
+use crate::bindings::exports::once::core::{driver, engine as engine_export, protocol as protocol_export, transitions};
 use crate::bindings::once::core::{clock, entropy, ledger, operator, provider};
 use crate::config::Config;
 use crate::host::{CommitError, Host};
@@ -174,6 +174,19 @@ impl engine_export::Guest for Component {
     }
 }
 
+impl driver::Guest for Component {
+    fn start(call: Call) -> Result<Step, Error> {
+        with_config(|config| protocol::start(&Imports, config, call))
+    }
+    fn report(scope: String, key: String, fence: String, outcome: Outcome) -> Result<Step, Error> {
+        with_config(|_| protocol::report(&Imports, &scope, &key, &fence, outcome))
+    }
+    fn resume(scope: String, key: String) -> Result<Step, Error> {
+        with_config(|_| protocol::resume(&Imports, &scope, &key))
+    }
+}
+
+/// `driver`'s calls with their values as JSON text (`wire`), for dynamic bindings.
 impl protocol_export::Guest for Component {
     fn start(call: String) -> String {
         wire::step(&with_config(|config| {

@@ -332,24 +332,19 @@ impl Instance {
         Ok(answer)
     }
 
-    /// The `start` export.
+    /// `driver.start`.
     pub fn start(&mut self, call: &Call) -> Answer<Step> {
-        let call = to_json(call);
-        let answer = self.call(|w, s| w.once_core_protocol().call_start(s, &call))?;
-        step_of("start", &answer)
+        self.call(|w, s| w.once_core_driver().call_start(s, call))
     }
 
-    /// The `report` export.
+    /// `driver.report`.
     pub fn report(&mut self, scope: &str, key: &str, fence: &str, outcome: &Outcome) -> Answer<Step> {
-        let outcome = to_json(outcome);
-        let answer = self.call(|w, s| w.once_core_protocol().call_report(s, scope, key, fence, &outcome))?;
-        step_of("report", &answer)
+        self.call(|w, s| w.once_core_driver().call_report(s, scope, key, fence, outcome))
     }
 
-    /// The `resume` export.
+    /// `driver.resume`.
     pub fn resume(&mut self, scope: &str, key: &str) -> Answer<Step> {
-        let answer = self.call(|w, s| w.once_core_protocol().call_resume(s, scope, key))?;
-        step_of("resume", &answer)
+        self.call(|w, s| w.once_core_driver().call_resume(s, scope, key))
     }
 
     /// The `sweep` export.
@@ -421,22 +416,6 @@ impl Instance {
     pub fn fingerprint(&mut self, tool: &str, args: &str) -> Answer<String, JsonError> {
         self.call(|w, s| w.once_core_engine().call_fingerprint(s, tool, args))
     }
-}
-
-/// The JSON form of a value the protocol takes as text (`wit/once.wit`).
-fn to_json(value: &impl serde::Serialize) -> String {
-    // WIT values are strings, integers, bools and containers of them: nothing fails to serialize.
-    serde_json::to_string(value).unwrap_or_default()
-}
-
-/// A protocol export's answer from its JSON form; text that is not one is the
-/// component's failure, like a trap, and the instance is dropped.
-fn step_of(export: &str, text: &str) -> Answer<Step> {
-    serde_json::from_str(text).map_err(|e| {
-        OnceError::Component(format!(
-            "the component's answer to {export} is not the JSON form of a result<step, error>: {e}"
-        ))
-    })
 }
 
 /// Where compiled components are cached: `ONCE_CACHE_DIR`, else the user's

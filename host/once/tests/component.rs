@@ -57,7 +57,7 @@ fn component_imports_exactly_the_once_world() {
     assert!(imports.iter().all(|i| !i.starts_with("wasi:")));
     let exports: BTreeSet<String> = runtime.exports().into_iter().collect();
     assert_eq!(exports, world_exports);
-    assert_eq!(exports.len(), 3, "engine, protocol, transitions: {exports:?}");
+    assert_eq!(exports.len(), 4, "engine, driver, protocol, transitions: {exports:?}");
 }
 
 #[test]

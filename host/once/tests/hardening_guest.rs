@@ -180,29 +180,6 @@ fn a_trap_and_a_stack_overflow_are_component_errors_and_discard_the_instance() {
     }
 }
 
-/// `start` answers JSON text: text that is not the JSON form of a step is the
-/// component's failure (never a dispatch), and its instance is discarded.
-#[test]
-fn an_answer_that_is_not_the_json_form_of_a_step_is_a_component_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let once = hostile(&dir.path().join("once.db"), SMALL);
-    assert_eq!(served(&once), 1);
-    assert_eq!(served(&once), 2);
-    let result = once.call("s", Some("k"), "garbage", "{}", |_| {
-        panic!("a garbled answer was taken for a grant")
-    });
-    match result {
-        Err(OnceError::Component(message)) => {
-            assert!(
-                message.contains("not the JSON form of a result<step, error>"),
-                "{message}"
-            )
-        }
-        other => panic!("expected a component error, got {other:?}"),
-    }
-    assert_eq!(served(&once), 1, "the instance that garbled its answer was reused");
-}
-
 /// A guest stopped after a ledger write leaves that write whole (both rows
 /// and its audit event) and nothing else; one stopped before leaves nothing.
 #[test]

@@ -1,7 +1,7 @@
 //! A hostile component of world `once`: the host must survive it.
 //!
-//! `start` and `begin` act on the call's tool name and `canonicalize` on its input
-//! bytes, so one build covers every case:
+//! `driver.start` and `begin` act on the call's tool name and `canonicalize` on
+//! its input bytes, so one build covers every case:
 //!
 //! | command | what the guest does |
 //! | --- | --- |
@@ -11,12 +11,10 @@
 //! | `alloc` | allocates without bound |
 //! | `recurse` | recurses without bound |
 //! | `write-then-X` | commits one batch (an operation row, a quota row, an audit event), then does X |
-//! | `garbage` | answers `start` with text that is not the JSON form of a step |
 //!
 //! Anything else is refused with an error. `configure` accepts anything;
-//! every other export is inert. `start` takes and answers JSON text; this
-//! guest has no JSON library, so it finds the call's fields by their
-//! spelling in the host's JSON (`"tool":"…"`) and writes its answers by hand.
+//! every other export is inert (the JSON `protocol` too: the Rust host
+//! drives the typed `driver`, so no answer of its can be garbled).
 #![no_std]
 #![allow(missing_docs, clippy::all)]
 
@@ -166,22 +164,6 @@ fn misbehave_on(call: &Call) -> Error {
     refused()
 }
 
-/// The string field `name` of the host's JSON text, as written (no escapes in the commands).
-fn field<'a>(json: &'a str, name: &str) -> &'a str {
-    let tag = alloc::format!("\"{name}\":\"");
-    json.find(&tag)
-        .map(|at| &json[at + tag.len()..])
-        .and_then(|rest| rest.split('"').next())
-        .unwrap_or("")
-}
-
-/// The first operation key of the host's JSON text (`"keys":[["carrier","key"]]`).
-fn first_key(json: &str) -> &str {
-    json.find("\"keys\":[[\"")
-        .and_then(|at| json[at..].split('"').nth(5))
-        .unwrap_or("no-key")
-}
-
 /// `start`'s refusal, in the JSON form of a `result<step, error>`.
 const REFUSED: &str = "{\"Err\":{\"InvalidRequest\":\"the hostile guest does not do that\"}}";
 
@@ -238,13 +220,20 @@ impl exports::once::core::engine::Guest for Hostile {
     }
 }
 
+impl exports::once::core::driver::Guest for Hostile {
+    fn start(call: Call) -> Result<Step, Error> {
+        Err(misbehave_on(&call))
+    }
+    fn report(_: String, _: String, _: String, _: Outcome) -> Result<Step, Error> {
+        Err(refused())
+    }
+    fn resume(_: String, _: String) -> Result<Step, Error> {
+        Err(refused())
+    }
+}
+
 impl exports::once::core::protocol::Guest for Hostile {
-    fn start(call: String) -> String {
-        let tool = field(&call, "tool");
-        if tool == "garbage" {
-            return "{\"Ok\":{\"Dispatch\":".to_string();
-        }
-        misbehave(tool, field(&call, "scope"), first_key(&call));
+    fn start(_: String) -> String {
         REFUSED.to_string()
     }
     fn report(_: String, _: String, _: String, _: String) -> String {
