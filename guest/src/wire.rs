@@ -1,7 +1,8 @@
-//! The JSON form of the values that cross the hot path as text (see the top
-//! of `wit/once.wit`): serde's form of the generated Rust types, which the
-//! Rust host decodes with the same derives and the Python and JavaScript
-//! hosts with their JSON parsers. A dynamic binding pays for every node of a
+//! The JSON form of the values that cross as text (see the top of
+//! `wit/once.wit`): `protocol`'s calls and steps, which the Python and
+//! JavaScript hosts read and write with their JSON parsers (the Rust host
+//! drives the typed `driver`), and the ledger's batches and rows, which
+//! every host answers, the Rust host with the same serde derives. A dynamic binding pays for every node of a
 //! typed value's type on every crossing; one string costs one node.
 
 use crate::host::CommitError;

@@ -195,7 +195,7 @@ fn build(name: &str) -> MemoryHost {
             execute_of(go(&h, refund("k", ARGS)));
             h.advance(LEASE + MAX_IN_FLIGHT + SECOND);
         }
-        // Granted at T0: the lease ends at T0 + LEASE, which is also the last moment it may be sent.
+        // Granted at T0: the lease ends at T0 + LEASE (its send-by is earlier); live only before then.
         "in-flight, a moment before the lease's end" => {
             execute_of(go(&h, refund("k", ARGS)));
             h.advance(LEASE - 1);

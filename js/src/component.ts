@@ -35,6 +35,15 @@ export async function loadComponent(genDir: string): Promise<Instantiate> {
       Object.entries(ifaces).flatMap(([name, iface]) => [[name, iface], [`${name}@${WIT_VERSION}`, iface]]),
     );
     const root = instantiate(getCoreModule, imports);
-    return { ...root.engine, ...root.protocol, ...root.transitions };
+    // By their versioned names: a component of another version (a stale gen/) is refused here, at load.
+    const exported = (iface: string): Exports => {
+      const name = `once:core/${iface}@${WIT_VERSION}`;
+      const found = root[name];
+      if (found === undefined) {
+        throw new Error(`the once component exports no ${name} (it exports ${Object.keys(root).filter((k) => k.includes("@")).join(", ") || "nothing versioned"}): rebuild the package (npm run build)`);
+      }
+      return found;
+    };
+    return { ...exported("engine"), ...exported("protocol"), ...exported("transitions") };
   };
 }

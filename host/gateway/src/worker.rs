@@ -60,7 +60,10 @@ pub fn settle_round(shared: &Shared, once: &Once) {
             // No record under this key: the call was refused before anything was recorded (a
             // successor blocked while the key it supersedes is unresolved waits on that key, not
             // on its own), so there is nothing here for this gateway to settle.
-            Err(OnceError::Engine(Error::NotFound)) => shared.settled(scope, key),
+            Err(OnceError::Engine(Error::NotFound)) => {
+                tracing::info!(target: "once::gateway", scope, key, "no record under a key kept as unsettled: forgotten");
+                shared.settled(scope, key)
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(target: "once::gateway", scope, key, "resume: {e}"),
         }

@@ -14,7 +14,8 @@
 //!
 //! Anything else is refused with an error. `configure` accepts anything;
 //! every other export is inert (the JSON `protocol` too: the Rust host
-//! drives the typed `driver`, so no answer of its can be garbled).
+//! drives the typed `driver`, whose answers wasmtime checks as it lifts
+//! them, so there is no JSON answer to garble).
 #![no_std]
 #![allow(missing_docs, clippy::all)]
 
