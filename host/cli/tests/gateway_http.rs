@@ -200,14 +200,20 @@ fn healthz_metrics_and_the_body_limit() {
     assert!(gw.terminate().success(), "{}", rig.logs());
 }
 
-#[test]
-fn sigterm_lets_the_call_in_flight_finish_then_exits_0() {
-    // The refund commits at once and its reply comes 1.5 s later, inside the 4 s timeout.
-    let config = fast_config("")
+/// A gateway (with `extra` settings) over a refund service that commits each refund at once and
+/// answers 1.5 s later, inside the tool's 4 s timeout.
+fn late_replies(extra: &str) -> (Rig, Listening) {
+    let config = fast_config(extra)
         .replace("timeout = \"1s\"", "timeout = \"4s\"")
         .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"5s\"");
     let rig = Rig::new(&config);
-    let mut gw = rig.listen_upstream(&["--late-reply-ms", "1500"], "late_reply", 0);
+    let gw = rig.listen_upstream(&["--late-reply-ms", "1500"], "late_reply", 0);
+    (rig, gw)
+}
+
+#[test]
+fn sigterm_lets_the_call_in_flight_finish_then_exits_0() {
+    let (rig, mut gw) = late_replies("");
     let url = gw.url.clone();
     let body = call_body("refund_order", refund(200.0), Some("t-1")).to_string();
     let call = std::thread::spawn(move || post(&url, None, &[], &body));
@@ -229,11 +235,7 @@ fn sigterm_lets_the_call_in_flight_finish_then_exits_0() {
 /// exited "with unsettled operations".
 #[test]
 fn a_call_blocked_on_an_unresolved_original_is_not_kept_as_unsettled() {
-    let config = fast_config("shutdown_grace = \"3s\"")
-        .replace("timeout = \"1s\"", "timeout = \"4s\"")
-        .replace("max_in_flight = \"1500ms\"", "max_in_flight = \"5s\"");
-    let rig = Rig::new(&config);
-    let mut gw = rig.listen_upstream(&["--late-reply-ms", "1500"], "late_reply", 0);
+    let (rig, mut gw) = late_replies("shutdown_grace = \"3s\"");
     let url = gw.url.clone();
     let original = call_body("refund_order", refund(200.0), Some("original")).to_string();
     let call = std::thread::spawn(move || post(&url, None, &[], &original));
