@@ -45,13 +45,16 @@ const ledger = Object.fromEntries(Object.entries({ // the engine's I/O, and noth
   audit: (scope, key) => ({ tag: "found", val: { events: q("SELECT * FROM audit WHERE scope = ? AND key = ? ORDER BY version")
     .all(scope, key).map((e) => ({ ...wit(e), attempt: e.attempt === null ? undefined : Number(e.attempt) })) } }), // u32
 }).map(([name, f]) => [name, answers(f, name === "get" || name === "commit")]));
+const unused = () => ({ tag: "failed", val: { message: "answered in ledger-json" } }); // typed get, commit: never called
 const { engine, protocol } = instantiate((path) => new WebAssembly.Module(readFileSync(join(dir, path))), {
-  "once:core/ledger": ledger, "once:core/clock": { now }, // your provider's authoritative read goes in lookup:
+  "once:core/ledger-json": { get: ledger.get, commit: ledger.commit }, // get and commit as JSON text: jco lifts it fastest
+  "once:core/ledger": { ...ledger, get: unused, commit: unused }, "once:core/clock": { now }, // your provider's read goes in lookup:
   "once:core/provider": { lookup: (tool, providerKey, args) => ({ tag: "unknown", val: "no lookup in this example" }) },
   "once:core/operator": { escalate: (e) => (console.log("operator, look at:", e.scope, e.key, e.reason), true) },
   "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) } }); // the ledger's provider-key secret is made of these
 const policy = { keyArgument: "idempotency_key", dispatchTimeoutMs: 10000n }; // as the user wrote it; the rest unset
-engine.configure({ settings: engine.defaultSettings(), defaults: {}, tools: [{ tool: "refund_order", policy }] }); // or throws
+engine.configure({ settings: engine.defaultSettings(), defaults: {}, tools: [{ tool: "refund_order", policy }],
+  ledgerEncoding: "json" }); // or throws
 const ok = (text) => ((r) => ("Ok" in r ? r.Ok : process.exit(console.log("refused:", r.Err) ?? 1)))(exact(text)); // result<step, error>
 function protect(scope, key, tool, args, send, patienceMs = 3000n) { // the whole protocol, and no rule of the engine
   let step = ok(protocol.start(JSON.stringify({ scope, keys: [["api", key]], tool, args: JSON.stringify(args), supersedes: null,

@@ -32,10 +32,11 @@ def commit(_, batch, bodies):  # one atomic batch (JSON text; each written row's
         for k, v in e.items())).rowcount == 1 for e in head["events"])  # an audit event's fields come in WIT order
     return q("COMMIT" if done else "ROLLBACK") and ('"Applied"' if done else '"Conflict"')  # the JSON form of `committed`
 now = lambda *_, last=[0]: last.__setitem__(0, max(last[0], time.time_ns() // 10**6)) or last[0]  # ms, never backwards
-imports = {"ledger": {"commit": commit,  # the engine's I/O, and nothing else
+unused = lambda *_: Variant("failed", Rec({"message": "answered in ledger-json"}))  # typed get, commit: never called
+imports = {"ledger-json": {"commit": commit,  # the engine's I/O, and nothing else
     "get": lambda _, *at: (r := q("SELECT version, body FROM rows WHERE tbl=? AND scope=? AND key=?", *at).fetchone())
-        and json.dumps({"Found": vars(r)}) or '"Missing"',  # the JSON form of `got`
-    "scan": lambda _, table, states, before, owner, limit: Variant("found", Rec({"rows": q(ROWS + " AND due_at<=? AND (?='[]' "
+        and json.dumps({"Found": vars(r)}) or '"Missing"'},  # the JSON form of `got`
+    "ledger": {"get": unused, "commit": unused, "scan": lambda _, table, states, before, owner, limit: Variant("found", Rec({"rows": q(ROWS + " AND due_at<=? AND (?='[]' "
         "OR state IN (SELECT value FROM json_each(?))) AND (? IS NULL OR owner=?) ORDER BY due_at, scope, key LIMIT ?", table,
         min(before, 2**63 - 1), (s := json.dumps(states)), s, owner, owner, limit).fetchall()})),
     "audit": lambda _, s, k: Variant("found", Rec({"events": q('SELECT scope, key, version, at, kind, from_state AS "from-state",'
@@ -45,13 +46,14 @@ imports = {"ledger": {"commit": commit,  # the engine's I/O, and nothing else
     "entropy": {"fill": lambda _, n: os.urandom(n)}}  # the ledger's provider-key secret is made of these
 with (linker := wc.Linker(engine := wasmtime.Engine())).root() as root:
     for iface, funcs in imports.items():
-        with root.add_instance(f"once:core/{iface}@0.4.0") as i: [i.add_func(n, answers(f, n in ("get", "commit"))) for n, f in funcs.items()]
+        with root.add_instance(f"once:core/{iface}@0.5.0") as i: [i.add_func(n, answers(f, iface == "ledger-json")) for n, f in funcs.items()]
 instance = linker.instantiate(store := wasmtime.Store(engine), wc.Component.from_file(engine, sys.argv[1]))
 x = lambda iface, name, *args: instance.get_func(store, instance.get_export_index(  # an export by name
-    store, name, instance.get_export_index(store, f"once:core/{iface}@0.4.0")))(store, *args)
+    store, name, instance.get_export_index(store, f"once:core/{iface}@0.5.0")))(store, *args)
 ok = lambda r: (r := json.loads(r))["Ok"] if "Ok" in r else sys.exit(f"refused: {r['Err']}")  # result<step, error>, as JSON
 configured = x("engine", "configure", Rec({"settings": x("engine", "default-settings"), "defaults": Rec({}), "tools": [Rec(
-    {"tool": "refund_order", "policy": Rec({"key-argument": "idempotency_key", "dispatch-timeout-ms": 10_000})})]}))
+    {"tool": "refund_order", "policy": Rec({"key-argument": "idempotency_key", "dispatch-timeout-ms": 10_000})})],
+    "ledger-encoding": "json"}))  # get and commit answer as JSON text (ledger-json): wasmtime-py lifts it fastest
 if isinstance(configured, Variant): sys.exit(f"configure refused: {configured}")  # (lifts untagged: record or error)
 def protect(scope, key, tool, args, send, patience_ms=3000):  # the whole protocol, and no rule of the engine
     step, give_up = ok(x("protocol", "start", json.dumps({"scope": scope, "keys": [["api", key]], "tool": tool,

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use core::cell::RefCell;
 
 use crate::bindings::exports::once::core::{driver, engine as engine_export, protocol as protocol_export, transitions};
-use crate::bindings::once::core::{clock, entropy, ledger, operator, provider};
+use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider};
 use crate::config::Config;
 use crate::host::{CommitError, Host};
 use crate::types::*;
@@ -79,6 +79,17 @@ fn with_config<R>(f: impl FnOnce(&Config) -> Result<R, Error>) -> Result<R, Erro
     }
 }
 
+/// Whether the host answers the ledger's `get` and `commit` as JSON text
+/// (`ledger-json`) rather than typed (`ledger`), as its configuration said.
+/// Nothing reads or writes the ledger before `configure`.
+fn json_ledger() -> bool {
+    CONFIG
+        .0
+        .borrow()
+        .as_ref()
+        .is_some_and(|c| c.ledger_encoding == LedgerEncoding::Json)
+}
+
 /// The host as seen from inside the component: the WIT imports, and the configured settings.
 struct Imports;
 
@@ -95,11 +106,25 @@ impl Host for Imports {
             .map_or_else(crate::config::default_settings, |c| c.settings.clone())
     }
     fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Stored>, String> {
-        wire::got(&ledger::get(table, scope, key))
+        if json_ledger() {
+            return wire::got(&ledger_json::get(table, scope, key));
+        }
+        match ledger::get(table, scope, key) {
+            Got::Found(stored) => Ok(Some(stored)),
+            Got::Missing => Ok(None),
+            Got::Failed(f) => Err(f.message),
+        }
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        let (head, bodies) = wire::batch(batch);
-        wire::committed(&ledger::commit(&head, &bodies))
+        if json_ledger() {
+            let (head, bodies) = wire::batch(batch);
+            return wire::committed(&ledger_json::commit(&head, &bodies));
+        }
+        match ledger::commit(batch) {
+            Committed::Applied => Ok(()),
+            Committed::Conflict => Err(CommitError::Conflict),
+            Committed::Failed(f) => Err(CommitError::Storage(f.message)),
+        }
     }
     fn scan(
         &self,

@@ -10,7 +10,9 @@ use alloc::vec::Vec;
 use crate::engine::BeginRequest;
 use crate::input::check_new_name;
 use crate::policy::{Policy, Routing, resolve, route, unset};
-use crate::types::{Call, Configuration, Configured, Error, PolicyInput, Settings, ToolDescriptor, ToolPlan};
+use crate::types::{
+    Call, Configuration, Configured, Error, LedgerEncoding, PolicyInput, Settings, ToolDescriptor, ToolPlan,
+};
 
 /// The engine's default settings: 1 MiB JSON inputs, nesting depth 128,
 /// 512-byte scopes and keys, no declared clock skew, owner `default`.
@@ -29,6 +31,8 @@ pub fn default_settings() -> Settings {
 pub struct Config {
     /// Engine settings.
     pub settings: Settings,
+    /// Which imports answer the ledger's `get` and `commit`.
+    pub ledger_encoding: LedgerEncoding,
     default_policy: Policy,
     tools: BTreeMap<String, (Policy, Option<ToolDescriptor>)>,
 }
@@ -40,6 +44,7 @@ impl Config {
             settings,
             defaults,
             tools,
+            ledger_encoding,
         } = configuration;
         check_settings(&settings)?;
         let empty = unset();
@@ -74,6 +79,7 @@ impl Config {
         Ok((
             Config {
                 settings,
+                ledger_encoding,
                 default_policy,
                 tools: registry,
             },

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 
 /** The WIT package of the component this package hosts (wit/once.wit). */
-export const WIT_VERSION = "0.4.0";
+export const WIT_VERSION = "0.5.0";
 
 /** The exports of `engine`, `protocol` and `transitions`, in one object. */
 export type Exports = Record<string, (...a: unknown[]) => unknown>;

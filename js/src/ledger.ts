@@ -1,14 +1,15 @@
-// The `ledger` import over a synchronous store: `get` and `commit` in the JSON
-// form (wire.ts), `scan` and `audit` typed. A store's throw is the store's
-// failure, in its words; a batch that is not the JSON form is refused whole.
+// The ledger imports over a synchronous store: `get` and `commit` in the JSON
+// form (wire.ts, `ledger-json`: this host configures `ledger-encoding` json),
+// `scan` and `audit` typed. A store's throw is the store's failure, in its
+// words; a batch that is not the JSON form is refused whole.
 import type { SyncStore } from "./stores/store.js";
 import { APPLIED, CONFLICT, MISSING, batchOf, failedText, gotText } from "./wire.js";
 import type { Audited, Scanned, State, Table } from "./wit.js";
 
 const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
 
-/** The `once:core/ledger` interface over `store`. */
-export function ledgerImports(store: SyncStore) {
+/** The `once:core/ledger-json` interface over `store`: `get` and `commit` as JSON text. */
+export function ledgerJsonImports(store: SyncStore) {
   return {
     get(table: Table, scope: string, key: string): string {
       try {
@@ -33,6 +34,21 @@ export function ledgerImports(store: SyncStore) {
         return failedText(message(e));
       }
     },
+  };
+}
+
+/**
+ * The `once:core/ledger` interface over `store`: `scan` and `audit`. Its typed `get` and `commit` answer
+ * `failed`: configured with `ledger-encoding` json, the guest calls `ledger-json`'s instead.
+ */
+export function ledgerImports(store: SyncStore) {
+  const jsonOnly = (): { tag: "failed"; val: { message: string } } => ({
+    tag: "failed",
+    val: { message: "this host answers get and commit in ledger-json only" },
+  });
+  return {
+    get: jsonOnly,
+    commit: jsonOnly,
     scan(table: Table, states: State[], dueBefore: bigint, owner: string | undefined, limit: number): Scanned {
       try {
         return { tag: "found", val: { rows: store.scan(table, states, dueBefore, owner, limit) } };

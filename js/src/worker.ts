@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import { parentPort, receiveMessageOnPort, workerData } from "node:worker_threads";
 import type { ImportAnswer, ImportRequest, Request, Response, WorkerInit } from "./channel.js";
 import { type Exports, loadComponent } from "./component.js";
-import { ledgerImports } from "./ledger.js";
+import { ledgerImports, ledgerJsonImports } from "./ledger.js";
 import { MemoryStore } from "./stores/memory.js";
 import { SqliteStore } from "./stores/sqlite.js";
 import type { SyncStore } from "./stores/store.js";
@@ -98,6 +98,7 @@ const now: () => bigint = (() => {
 const ifaces = {
   "once:core/types": {},
   "once:core/ledger": ledgerImports(store),
+  "once:core/ledger-json": ledgerJsonImports(store),
   "once:core/clock": { now },
   // Asked once per ledger, for the secret provider keys are derived with (the guest keeps it in
   // the ledger; this host never sees it). The OS's source, nothing weaker.

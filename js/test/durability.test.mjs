@@ -17,7 +17,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { InvalidArgumentsError, Once, sent } from "../dist/index.js";
 import { loadComponent } from "../dist/component.js";
-import { ledgerImports } from "../dist/ledger.js";
+import { ledgerImports, ledgerJsonImports } from "../dist/ledger.js";
 import { policyInput } from "../dist/policy.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
 import { callText, outcomeText, stepOf } from "../dist/wire.js";
@@ -45,12 +45,13 @@ async function engine(store) {
   const x = (await instantiate)({
     "once:core/types": {},
     "once:core/ledger": ledgerImports(store),
+    "once:core/ledger-json": ledgerJsonImports(store),
     "once:core/clock": { now: () => BigInt(Date.now()) },
     "once:core/provider": { lookup: () => ({ tag: "unknown", val: "no lookup in this test" }) },
     "once:core/operator": { escalate: () => true },
     "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) },
   });
-  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [] });
+  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "json" });
   return x;
 }
 

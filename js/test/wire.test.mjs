@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ComponentError, EngineError, InvalidJsonError, InvalidRequestError, StorageError } from "../dist/index.js";
-import { ledgerImports } from "../dist/ledger.js";
+import { ledgerImports, ledgerJsonImports } from "../dist/ledger.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
 import { WireError, batchOf, callText, outcomeText, parse, stepOf, stringify } from "../dist/wire.js";
 import { tempDir } from "./helpers.mjs";
@@ -168,7 +168,7 @@ test("batches: a batch-head and its bodies read as the batch, due-at i64::MAX ex
 test("the ledger import over the package's SQLite store: a row due at i64::MAX is written, read and scanned exactly", (t) => {
   const store = new SqliteStore({ path: join(tempDir(t), "ledger.db") });
   t.after(() => store.close());
-  const ledger = ledgerImports(store);
+  const ledger = { ...ledgerImports(store), ...ledgerJsonImports(store) };
   assert.equal(ledger.get("operation", "s", "k"), '"Missing"');
   assert.equal(ledger.commit(head("9223372036854775807"), ['{"owed":true}']), '"Applied"');
   assert.equal(ledger.get("operation", "s", "k"), '{"Found":{"version":1,"body":"{\\"owed\\":true}"}}');

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::bindings::once::core::{clock, entropy, ledger, operator, provider, types};
+use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider, types};
 use crate::bindings::types::{
     Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, Put, Row, Rows, Scanned, State, Stored,
     Table, Timestamp, Trail,
@@ -181,29 +181,24 @@ pub struct HostState {
 impl types::Host for HostState {}
 
 impl ledger::Host for HostState {
-    fn get(&mut self, table: Table, scope: String, key: String) -> String {
-        let got = match self.storage.get(table, &scope, &key) {
+    fn get(&mut self, table: Table, scope: String, key: String) -> Got {
+        match self.storage.get(table, &scope, &key) {
             Ok(Some(row)) => Got::Found(Stored {
                 version: row.version,
                 body: row.body,
             }),
             Ok(None) => Got::Missing,
             Err(e) => Got::Failed(failure(e)),
-        };
-        json(&got)
+        }
     }
 
-    fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
-        let batch = match batch_of(&batch, bodies) {
-            Ok(batch) => batch,
-            Err(why) => return json(&Committed::Failed(Failure { message: why })),
-        };
+    fn commit(&mut self, batch: Batch) -> Committed {
         // The engine says which batches may wait for the disk (DESIGN.md "Durability budget").
         let flush = if batch.deferrable { Flush::Deferred } else { Flush::Now };
         match self.storage.commit_with(&batch, flush) {
-            Ok(()) => "\"Applied\"".to_string(),
-            Err(storage::CommitError::Conflict) => "\"Conflict\"".to_string(),
-            Err(storage::CommitError::Storage(e)) => json(&Committed::Failed(failure(e))),
+            Ok(()) => Committed::Applied,
+            Err(storage::CommitError::Conflict) => Committed::Conflict,
+            Err(storage::CommitError::Storage(e)) => Committed::Failed(failure(e)),
         }
     }
 
@@ -229,7 +224,23 @@ impl ledger::Host for HostState {
     }
 }
 
-/// The batch `ledger.commit` was handed: the JSON form of a `batch-head` and the
+/// `ledger.get` and `ledger.commit` in the derived JSON encoding: what a guest
+/// configured with `ledger-encoding` `json` calls. This host configures
+/// `typed` ([`crate::Once`]); the conformance suite drives this encoding too.
+impl ledger_json::Host for HostState {
+    fn get(&mut self, table: Table, scope: String, key: String) -> String {
+        json(&ledger::Host::get(self, table, scope, key))
+    }
+
+    fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
+        match batch_of(&batch, bodies) {
+            Ok(batch) => json(&ledger::Host::commit(self, batch)),
+            Err(why) => json(&Committed::Failed(Failure { message: why })),
+        }
+    }
+}
+
+/// The batch `ledger-json.commit` was handed: the JSON form of a `batch-head` and the
 /// written rows' bodies, in put order. Anything else is refused whole, so a
 /// malformed batch from the guest writes nothing.
 fn batch_of(head: &str, bodies: Vec<String>) -> Result<Batch, String> {

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::bindings::types::{
-    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError, Outcome,
-    PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan, ToolPolicy,
+    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError,
+    LedgerEncoding, Outcome, PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan,
+    ToolPolicy,
 };
 use crate::io::{Clock, Entropy, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock, SystemEntropy};
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
@@ -353,6 +354,8 @@ impl Builder {
             settings,
             defaults,
             tools: self.tools,
+            // Static bindings: the ledger answers in WIT types, no codec.
+            ledger_encoding: LedgerEncoding::Typed,
         };
         let once = Once {
             runtime,

@@ -33,9 +33,9 @@ use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
     Account, AuditEvent, Awaited, Batch, BlockReason, Blocked, Call, Configuration, Configured, Confirmation,
     ConfirmedInfo, Decision, Effect, Ending, Error, Escalation, Evidence, FinishAck, Grant, IdentityMode, InFlightInfo,
-    JsonError, JsonErrorKind, KeySource, Outcome, PolicyInput, PruneReport, QuotaInput, RecordSummary, RecordView,
-    RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step, SweepResult, Table, Timestamp,
-    ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
+    JsonError, JsonErrorKind, KeySource, LedgerEncoding, Outcome, PolicyInput, PruneReport, QuotaInput, RecordSummary,
+    RecordView, RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step, SweepResult, Table,
+    Timestamp, ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
 };
 use serde_json::{Map, Value, json};
 
@@ -846,7 +846,7 @@ fn parse_descriptor(v: &Value) -> Res<Option<ToolDescriptor>> {
 
 /// A configuration in its neutral form: `{"settings", "defaults", "tools": [{"tool", "policy", "descriptor"}]}`,
 /// every policy already an object of overrides.
-fn parse_configuration(v: &Value) -> Res<Configuration> {
+fn parse_configuration(v: &Value, ledger_encoding: LedgerEncoding) -> Res<Configuration> {
     let mut settings = default_settings();
     apply_settings(&mut settings, &v["settings"])?;
     Ok(Configuration {
@@ -864,6 +864,7 @@ fn parse_configuration(v: &Value) -> Res<Configuration> {
                 })
             })
             .collect::<Res<_>>()?,
+        ledger_encoding,
     })
 }
 
@@ -983,6 +984,8 @@ struct Agent {
     instance: Instance,
     configured: Option<Value>,
     generation: u64,
+    /// Which encoding of the ledger's `get` and `commit` it configures.
+    encoding: LedgerEncoding,
 }
 
 impl Agent {
@@ -997,7 +1000,7 @@ impl Agent {
 
     /// The `configure` export: `Ok(configured)`, or `Err(the rendered error)`.
     fn configure(&mut self, configuration: &Value) -> Res<Result<Value, Value>> {
-        let wit = parse_configuration(configuration)?;
+        let wit = parse_configuration(configuration, self.encoding)?;
         self.generation += 1;
         match self.instance.configure(&wit, self.generation) {
             Ok(Ok(c)) => {
@@ -1016,6 +1019,7 @@ struct Run {
     env: Arc<Env>,
     storage: Arc<Scripted>,
     start: u64,
+    encoding: LedgerEncoding,
     vars: Mutex<BTreeMap<String, Value>>,
     transcript: Mutex<Vec<String>>,
     failures: Mutex<Vec<String>>,
@@ -1037,6 +1041,7 @@ impl Run {
             instance: rt.instantiate(state).expect("instantiating the component"),
             configured: None,
             generation: 0,
+            encoding: self.encoding,
         }
     }
 
@@ -1691,7 +1696,13 @@ struct ScenarioRun {
     failures: Vec<String>,
 }
 
-fn run_scenario(name: &str, scenario: &Value, backend: Backend, broken: Broken) -> ScenarioRun {
+fn run_scenario(
+    name: &str,
+    scenario: &Value,
+    backend: Backend,
+    encoding: LedgerEncoding,
+    broken: Broken,
+) -> ScenarioRun {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let start = scenario.get("start").and_then(Value::as_u64).unwrap_or(1_000_000);
     let mut settings = default_settings();
@@ -1713,6 +1724,7 @@ fn run_scenario(name: &str, scenario: &Value, backend: Backend, broken: Broken) 
         env,
         storage,
         start,
+        encoding,
         vars: Mutex::new(BTreeMap::new()),
         transcript: Mutex::new(Vec::new()),
         failures: Mutex::new(Vec::new()),
@@ -1954,11 +1966,11 @@ fn check_coverage(all: &[(String, ScenarioRun)]) {
 
 // ------------------------------------------------------------------ tests
 
-fn run_all(backend: Backend, broken: Broken) -> Vec<(String, ScenarioRun)> {
+fn run_all(backend: Backend, encoding: LedgerEncoding, broken: Broken) -> Vec<(String, ScenarioRun)> {
     scenarios()
         .into_iter()
         .map(|(name, scenario)| {
-            let o = run_scenario(&name, &scenario, backend, broken);
+            let o = run_scenario(&name, &scenario, backend, encoding, broken);
             (name, o)
         })
         .collect()
@@ -1972,15 +1984,18 @@ fn write_transcript(file: &str, text: &str) {
     }
 }
 
+/// Every scenario on the typed ledger imports over both stores, and on the
+/// derived JSON encoding (`ledger-json`) over memory: one transcript.
 #[test]
-fn every_scenario_passes_on_memory_and_sqlite_with_identical_transcripts() {
+fn every_scenario_passes_on_memory_and_sqlite_and_both_ledger_encodings_with_identical_transcripts() {
     let filtered = std::env::var("ONCE_CONFORMANCE_FILTER").is_ok_and(|f| !f.is_empty());
     let mut transcripts = Vec::new();
-    for (backend, file) in [
-        (Backend::Memory, "rust-memory.jsonl"),
-        (Backend::Sqlite, "rust-sqlite.jsonl"),
+    for (backend, encoding, file) in [
+        (Backend::Memory, LedgerEncoding::Typed, "rust-memory.jsonl"),
+        (Backend::Sqlite, LedgerEncoding::Typed, "rust-sqlite.jsonl"),
+        (Backend::Memory, LedgerEncoding::Json, "rust-memory-json.jsonl"),
     ] {
-        let all = run_all(backend, Broken::No);
+        let all = run_all(backend, encoding, Broken::No);
         if !filtered {
             assert!(all.len() >= 40, "only {} scenarios", all.len());
         }
@@ -1991,7 +2006,7 @@ fn every_scenario_passes_on_memory_and_sqlite_with_identical_transcripts() {
             .map(|(n, _)| n.as_str())
             .collect();
         println!(
-            "\nrust ({backend:?}): {} passed, {} failed",
+            "\nrust ({backend:?}, {encoding:?}): {} passed, {} failed",
             all.len() - failed.len(),
             failed.len()
         );
@@ -1999,7 +2014,7 @@ fn every_scenario_passes_on_memory_and_sqlite_with_identical_transcripts() {
         write_transcript(file, &text);
         assert!(
             failures.is_empty(),
-            "{backend:?}: {} failure(s) in {failed:?}:\n{}",
+            "{backend:?}, {encoding:?}: {} failure(s) in {failed:?}:\n{}",
             failures.len(),
             failures.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         );
@@ -2011,6 +2026,10 @@ fn every_scenario_passes_on_memory_and_sqlite_with_identical_transcripts() {
     assert!(
         transcripts[0] == transcripts[1],
         "the memory and SQLite transcripts differ"
+    );
+    assert!(
+        transcripts[0] == transcripts[2],
+        "the typed and JSON ledger encodings' transcripts differ"
     );
     // Which component file this was, for the other runners (run-all.sh).
     let path = component_path();
@@ -2026,7 +2045,7 @@ fn broken_store_is_caught(broken: Broken, must: &[&str]) {
     if std::env::var("ONCE_CONFORMANCE_FILTER").is_ok_and(|f| !f.is_empty()) {
         return;
     }
-    let all = run_all(Backend::Memory, broken);
+    let all = run_all(Backend::Memory, LedgerEncoding::Typed, broken);
     let caught: BTreeSet<&str> = all
         .iter()
         .filter(|(_, o)| !o.failures.is_empty())
@@ -2139,7 +2158,13 @@ fn a_wrong_expectation_is_reported() {
             {"op": "sweep", "records": [{"key": "k", "state": "confirmed"}]}
         ]
     });
-    let run = run_scenario("self-test", &scenario, Backend::Memory, Broken::No);
+    let run = run_scenario(
+        "self-test",
+        &scenario,
+        Backend::Memory,
+        LedgerEncoding::Typed,
+        Broken::No,
+    );
     let steps: BTreeSet<String> = run
         .failures
         .iter()

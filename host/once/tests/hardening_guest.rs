@@ -17,7 +17,7 @@ use once::io::HostState;
 use once::runtime::{Instance, Runtime};
 use once::storage::Storage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{Configuration, Decision, FinishAck, Outcome, QuotaInput, State, Table, ToolConfig};
+use once::types::{Configuration, Decision, FinishAck, LedgerEncoding, Outcome, QuotaInput, State, Table, ToolConfig};
 use once::{GuestLimit, GuestLimits, Once, OnceError};
 
 const TARGET: &str = "wasm32-wasip2";
@@ -246,6 +246,7 @@ fn configuration() -> Configuration {
             policy: pay,
             descriptor: None,
         }],
+        ledger_encoding: LedgerEncoding::Typed,
     }
 }
 

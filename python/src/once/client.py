@@ -89,7 +89,7 @@ def _failed(message: str) -> Variant:
     return Variant("failed", _wit.record(message=message))
 
 
-# `ledger.get` and `ledger.commit` answer the JSON form of a `got` / `committed` (wit/once.wit).
+# `ledger-json.get` and `ledger-json.commit` answer the JSON form of a `got` / `committed` (wit/once.wit).
 _MISSING, _APPLIED, _CONFLICT = '"Missing"', '"Applied"', '"Conflict"'
 
 
@@ -242,6 +242,8 @@ class Once:
             defaults=_wit.policy_record(self._defaults),
             tools=[_wit.record(tool=t, policy=_wit.policy_record(p), descriptor=_wit.descriptor_record(d))
                    for t, (p, d) in self._tools.items()],
+            # wasmtime-py converts a typed value node by node: the ledger answers as JSON text.
+            ledger_encoding="json",
         )
 
     def _reconfigure(self, instance: Instance) -> None:
@@ -382,12 +384,19 @@ class Once:
                 log.error("once: the escalation sink raised %s: %s", type(exc).__name__, exc)
                 return False
 
+        def typed(_: Any, *args: Any) -> Variant:
+            # Configured `ledger-encoding` json: the guest calls `ledger-json` instead.
+            return _failed("this host answers get and commit in ledger-json only")
+
         with linker.root() as root:
             with root.add_instance(f"once:core/ledger@{VERSION}") as i:
-                i.add_func("get", get)
-                i.add_func("commit", commit)
+                i.add_func("get", typed)
+                i.add_func("commit", typed)
                 i.add_func("scan", scan)
                 i.add_func("audit", audit)
+            with root.add_instance(f"once:core/ledger-json@{VERSION}") as i:
+                i.add_func("get", get)
+                i.add_func("commit", commit)
             with root.add_instance(f"once:core/clock@{VERSION}") as i:
                 i.add_func("now", now)
             with root.add_instance(f"once:core/provider@{VERSION}") as i:

@@ -527,12 +527,12 @@ const eventOut = (e) => ({
 
 function imports(run) {
   const failed = (message) => ({ tag: "failed", val: { message } });
-  // `get` and `commit` answer the JSON form of a `got` / `committed`.
+  // `ledger-json`'s `get` and `commit` answer the JSON form of a `got` / `committed`.
   const failedText = (message) => JSON.stringify({ Failed: { message } });
   const readsFail = () => run.storage.failReads;
   const ifaces = {
-    "once:core/types@0.4.0": {},
-    "once:core/ledger@0.4.0": {
+    "once:core/types@0.5.0": {},
+    "once:core/ledger-json@0.5.0": {
       get(table, scope, key) {
         if (readsFail()) return failedText(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
@@ -550,6 +550,11 @@ function imports(run) {
         if (outcome === null) return '"Applied"';
         return outcome === "conflict" ? '"Conflict"' : failedText(outcome);
       },
+    },
+    "once:core/ledger@0.5.0": {
+      // Configured `ledger-encoding` json: the guest never calls these two.
+      get: () => failed("this runner answers get and commit in ledger-json only"),
+      commit: () => failed("this runner answers get and commit in ledger-json only"),
       scan(table, states, dueBefore, owner, limit) {
         if (readsFail()) return failed(READ_FAILURE);
         const rows = run.storage.inner.scan(table, states, BigInt(dueBefore), owner ?? null, limit).map(rowOut);
@@ -560,23 +565,23 @@ function imports(run) {
         return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@0.4.0": {
+    "once:core/clock@0.5.0": {
       now: () => BigInt(run.now),
     },
-    "once:core/provider@0.4.0": {
+    "once:core/provider@0.5.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@0.4.0": {
+    "once:core/operator@0.5.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
       },
     },
     // Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
-    "once:core/entropy@0.4.0": {
+    "once:core/entropy@0.5.0": {
       fill: (n) => Uint8Array.from({ length: n }, (_, i) => ENTROPY[i % ENTROPY.length]),
     },
   };
@@ -664,6 +669,8 @@ function configurationRecord(c) {
     },
     defaults: policyRecord(c.defaults),
     tools: c.tools.map((t) => ({ tool: t.tool, policy: policyRecord(t.policy), descriptor: descriptorRecord(t.descriptor) })),
+    // This runner answers get and commit in the derived encoding (ledger-json).
+    ledgerEncoding: "json",
   };
 }
 

@@ -36,7 +36,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "0.4.0"
+VERSION = "0.5.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
@@ -442,7 +442,7 @@ class Host:
             return Variant("failed", record_from({"message": message}))
 
         def failed_text(message):
-            # `get` and `commit` answer the JSON form of a `got` / `committed`.
+            # `ledger-json`'s `get` and `commit` answer the JSON form of a `got` / `committed`.
             return json.dumps({"Failed": {"message": message}})
 
         def get(_, table, scope, key):
@@ -485,12 +485,19 @@ class Host:
             run.escalations.append(render(e))
             return run.ack
 
+        def typed(_, *args):
+            # Configured `ledger-encoding` json: the guest never calls `ledger`'s get and commit.
+            return failed("this runner answers get and commit in ledger-json only")
+
         with linker.root() as root:
             with root.add_instance(f"once:core/ledger@{VERSION}") as i:
-                i.add_func("get", get)
-                i.add_func("commit", commit)
+                i.add_func("get", typed)
+                i.add_func("commit", typed)
                 i.add_func("scan", scan)
                 i.add_func("audit", audit)
+            with root.add_instance(f"once:core/ledger-json@{VERSION}") as i:
+                i.add_func("get", get)
+                i.add_func("commit", commit)
             with root.add_instance(f"once:core/clock@{VERSION}") as i:
                 i.add_func("now", lambda _: run.now)
             with root.add_instance(f"once:core/provider@{VERSION}") as i:
@@ -584,6 +591,8 @@ def configuration_record(c):
         "defaults": policy_record(c["defaults"]),
         "tools": [record_from({"tool": t["tool"], "policy": policy_record(t["policy"]),
                                "descriptor": descriptor_record(t["descriptor"])}) for t in c["tools"]],
+        # This runner answers get and commit in the derived encoding (ledger-json).
+        "ledger-encoding": "json",
     })
 
 

@@ -13,8 +13,8 @@ use once_guest::config::{Config, default_settings};
 use once_guest::host::{CommitError, Host};
 use once_guest::store::RecordCache;
 use once_guest::types::{
-    AuditEvent, Batch, Call, Configuration, Escalation, Evidence, Outcome, PolicyInput, Row, Settings, State, Step,
-    Stored, Table,
+    AuditEvent, Batch, Call, Configuration, Escalation, Evidence, LedgerEncoding, Outcome, PolicyInput, Row, Settings,
+    State, Step, Stored, Table,
 };
 
 /// The native core's ledger: the host's `MemoryStorage` semantics (ordered
@@ -154,6 +154,7 @@ pub fn bench(c: &mut Criterion) {
             ..once_guest::policy::unset()
         },
         tools: Vec::new(),
+        ledger_encoding: LedgerEncoding::Typed,
     })
     .expect("the default configuration");
     let mut next = 0u64;

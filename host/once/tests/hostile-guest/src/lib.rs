@@ -70,24 +70,39 @@ static CALLS: AtomicU32 = AtomicU32::new(0);
 
 /// One ledger batch of two rows and an audit event, all for (`scope`, `key`).
 fn write(scope: &str, key: &str) {
-    // The JSON form of the batch-head (serde's, as the real guest writes it); the
-    // commands' scope and key need no escaping.
-    let head = alloc::format!(
-        concat!(
-            "{{\"puts\":[",
-            "{{\"table\":\"Operation\",\"scope\":\"{s}\",\"key\":\"{k}\",\"expected\":null,",
-            "\"row\":{{\"version\":1,\"state\":\"InFlight\",\"due_at\":1,\"owner\":null}}}},",
-            "{{\"table\":\"Quota\",\"scope\":\"{s}\",\"key\":\"{k}\",\"expected\":null,",
-            "\"row\":{{\"version\":1,\"state\":null,\"due_at\":1,\"owner\":null}}}}],",
-            "\"events\":[{{\"scope\":\"{s}\",\"key\":\"{k}\",\"version\":1,\"at\":1,",
-            "\"kind\":\"hostile-write\",\"from_state\":null,\"to_state\":\"InFlight\",",
-            "\"attempt\":1,\"detail\":\"{{}}\"}}],\"deferrable\":false}}"
-        ),
-        s = scope,
-        k = key
-    );
-    let bodies = ["{\"hostile\":true}".to_string(), "{\"hostile\":true}".to_string()];
-    if ledger::commit(&head, &bodies) != "\"Applied\"" {
+    let row = |table| Row {
+        table,
+        scope: scope.to_string(),
+        key: key.to_string(),
+        version: 1,
+        state: (table == Table::Operation).then_some(State::InFlight),
+        due_at: Some(1),
+        owner: None,
+        body: "{\"hostile\":true}".to_string(),
+    };
+    let put = |table| Put {
+        table,
+        scope: scope.to_string(),
+        key: key.to_string(),
+        expected: None,
+        row: Some(row(table)),
+    };
+    let batch = Batch {
+        puts: vec![put(Table::Operation), put(Table::Quota)],
+        events: vec![AuditEvent {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            version: 1,
+            at: 1,
+            kind: "hostile-write".to_string(),
+            from_state: None,
+            to_state: Some(State::InFlight),
+            attempt: Some(1),
+            detail: "{}".to_string(),
+        }],
+        deferrable: false,
+    };
+    if !matches!(ledger::commit(&batch), Committed::Applied) {
         core::arch::wasm32::unreachable();
     }
 }
