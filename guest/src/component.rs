@@ -109,22 +109,14 @@ impl Host for Imports {
         if json_ledger() {
             return wire::got(&ledger_json::get(table, scope, key));
         }
-        match ledger::get(table, scope, key) {
-            Got::Found(stored) => Ok(Some(stored)),
-            Got::Missing => Ok(None),
-            Got::Failed(f) => Err(f.message),
-        }
+        wire::read(ledger::get(table, scope, key))
     }
     fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
         if json_ledger() {
             let (head, bodies) = wire::batch(batch);
             return wire::committed(&ledger_json::commit(&head, &bodies));
         }
-        match ledger::commit(batch) {
-            Committed::Applied => Ok(()),
-            Committed::Conflict => Err(CommitError::Conflict),
-            Committed::Failed(f) => Err(CommitError::Storage(f.message)),
-        }
+        wire::applied(ledger::commit(batch))
     }
     fn scan(
         &self,

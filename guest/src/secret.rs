@@ -10,7 +10,7 @@
 //! export or operator command reaches: table `quota`, scope `""` (no
 //! application scope is empty, so it collides with no bucket), key
 //! [`SECRET_KEY`], no `due-at` (so prune and sweep never see it). It goes
-//! through the same `ledger.get` / `ledger.commit` every store already
+//! through the same ledger `get` / `commit` every store already
 //! implements, so every host and store sharing a ledger derives the same
 //! keys with no host code beyond the `entropy` import. Whichever host needs
 //! it first creates it with a compare-and-swap (insert-if-absent) from 32

@@ -1,9 +1,9 @@
 //! The JSON form of the values that cross as text (see the top of
-//! `wit/once.wit`): `protocol`'s calls and steps, which the Python and
-//! JavaScript hosts read and write with their JSON parsers (the Rust host
-//! drives the typed `driver`), and the ledger's batches and rows, which
-//! every host answers, the Rust host with the same serde derives. A dynamic binding pays for every node of a
-//! typed value's type on every crossing; one string costs one node.
+//! `wit/once.wit`): `protocol`'s calls and steps, and `ledger-json`'s batches
+//! and rows, which the Python and JavaScript hosts read and write with their
+//! JSON parsers (the Rust host drives the typed `driver` and answers the
+//! typed `ledger`). A dynamic binding pays for every node of a typed value's
+//! type on every crossing; one string costs one node.
 
 use crate::host::CommitError;
 use crate::json_out::{Writer, confirmation, effect, key_source, repeat, replay_via, state, table};
@@ -23,20 +23,18 @@ pub fn outcome(text: &str) -> Result<Outcome, Error> {
         .map_err(|e| Error::InvalidRequest(format!("outcome: not the JSON form of an outcome: {e}")))
 }
 
-/// `ledger.get`'s answer, from its JSON form: the row's version and body, or
+/// `ledger-json.get`'s answer, from its JSON form: the row's version and body, or
 /// none. Text that is not a `got` is the store's failure, in words.
 pub fn got(text: &str) -> Result<Option<Stored>, String> {
     match serde_json::from_str(text) {
-        Ok(Got::Found(stored)) => Ok(Some(stored)),
-        Ok(Got::Missing) => Ok(None),
-        Ok(Got::Failed(f)) => Err(f.message),
+        Ok(got) => read(got),
         Err(e) => Err(format!(
-            "ledger.get: the host's answer is not the JSON form of a got: {e}"
+            "ledger-json.get: the host's answer is not the JSON form of a got: {e}"
         )),
     }
 }
 
-/// `ledger.commit`'s answer, from its JSON form. Text that is not a
+/// `ledger-json.commit`'s answer, from its JSON form. Text that is not a
 /// `committed` leaves the batch's fate unknown: a storage failure.
 pub fn committed(text: &str) -> Result<(), CommitError> {
     // The two answers of nearly every commit, without a parser.
@@ -46,12 +44,28 @@ pub fn committed(text: &str) -> Result<(), CommitError> {
         _ => {}
     }
     match serde_json::from_str(text) {
-        Ok(Committed::Applied) => Ok(()),
-        Ok(Committed::Conflict) => Err(CommitError::Conflict),
-        Ok(Committed::Failed(f)) => Err(CommitError::Storage(f.message)),
+        Ok(c) => applied(c),
         Err(e) => Err(CommitError::Storage(format!(
-            "ledger.commit: the host's answer is not the JSON form of a committed: {e}"
+            "ledger-json.commit: the host's answer is not the JSON form of a committed: {e}"
         ))),
+    }
+}
+
+/// `ledger.get`'s answer (either encoding): the row's version and body, none, or the store's words.
+pub fn read(got: Got) -> Result<Option<Stored>, String> {
+    match got {
+        Got::Found(stored) => Ok(Some(stored)),
+        Got::Missing => Ok(None),
+        Got::Failed(f) => Err(f.message),
+    }
+}
+
+/// `ledger.commit`'s answer (either encoding).
+pub fn applied(committed: Committed) -> Result<(), CommitError> {
+    match committed {
+        Committed::Applied => Ok(()),
+        Committed::Conflict => Err(CommitError::Conflict),
+        Committed::Failed(f) => Err(CommitError::Storage(f.message)),
     }
 }
 
@@ -113,7 +127,7 @@ fn confirmed_json(a: &Account) -> String {
     w.0
 }
 
-/// `ledger.commit`'s arguments for `batch`: the JSON form of its `batch-head`,
+/// `ledger-json.commit`'s arguments for `batch`: the JSON form of its `batch-head`,
 /// and the bodies of the rows it writes, in put order.
 pub fn batch(batch: &Batch) -> (String, Vec<String>) {
     let mut w = Writer::with_capacity(160 * (batch.puts.len() + batch.events.len()) + 32);
@@ -403,7 +417,7 @@ mod tests {
         assert!(
             got("{\"Found\":1}")
                 .unwrap_err()
-                .starts_with("ledger.get: the host's answer is not")
+                .starts_with("ledger-json.get: the host's answer is not")
         );
         for c in [
             Committed::Applied,

@@ -4,7 +4,7 @@
 // words; a batch that is not the JSON form is refused whole.
 import type { SyncStore } from "./stores/store.js";
 import { APPLIED, CONFLICT, MISSING, batchOf, failedText, gotText } from "./wire.js";
-import type { Audited, Scanned, State, Table } from "./wit.js";
+import type { Audited, Committed, Got, Scanned, State, Table } from "./wit.js";
 
 const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
 
@@ -42,7 +42,7 @@ export function ledgerJsonImports(store: SyncStore) {
  * `failed`: configured with `ledger-encoding` json, the guest calls `ledger-json`'s instead.
  */
 export function ledgerImports(store: SyncStore) {
-  const jsonOnly = (): { tag: "failed"; val: { message: string } } => ({
+  const jsonOnly = (): Got & Committed => ({
     tag: "failed",
     val: { message: "this host answers get and commit in ledger-json only" },
   });

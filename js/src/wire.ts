@@ -394,7 +394,7 @@ export function outcomeText(s: SentLike): string {
   });
 }
 
-/** `ledger.get`'s answer for a row: `got.found(stored)` in the JSON form. */
+/** `ledger-json.get`'s answer for a row: `got.found(stored)` in the JSON form. */
 export const gotText = (version: bigint, body: string): string => `{"Found":{"version":${version},"body":${JSON.stringify(body)}}}`;
 
 /** `got.missing`. */
@@ -589,7 +589,7 @@ export function stepOf(text: string, where: string): Step {
   throw engineError(answer[1]);
 }
 
-// ---------------------------------------------------------------- ledger.commit
+// ---------------------------------------------------------------- ledger-json.commit
 
 // The field names below are constants: a failing field's index is added where it fails (`at`).
 function event(v: unknown): AuditEvent {
@@ -660,7 +660,7 @@ function batchHead(v: unknown, bodies: readonly string[]): Batch {
 }
 
 /**
- * `ledger.commit`'s arguments as the batch they stand for: the JSON form of a
+ * `ledger-json.commit`'s arguments as the batch they stand for: the JSON form of a
  * `batch-head`, and the bodies of the rows it writes, in put order. Anything
  * else is a WireError (the batch is refused whole: nothing is written).
  */
@@ -668,7 +668,7 @@ export function batchOf(text: string, bodies: readonly string[]): Batch {
   try {
     return read(text, (v) => batchHead(v, bodies));
   } catch (e) {
-    if (e instanceof WireError) throw new WireError(`ledger.commit: the batch is not the JSON form of a batch-head: ${e.message}`);
+    if (e instanceof WireError) throw new WireError(`ledger-json.commit: the batch is not the JSON form of a batch-head: ${e.message}`);
     throw e;
   }
 }

@@ -2,7 +2,6 @@
 // and, declared here in the same shapes, the ones that cross as JSON text (wire.ts reads and writes
 // them): jco declares only the types a typed function uses.
 import type {
-  AuditEvent,
   Blocked,
   ConfirmedInfo,
   Effect,
@@ -11,8 +10,6 @@ import type {
   KeySource,
   RecordSummary,
   RejectedInfo,
-  Row,
-  Table,
   Timestamp,
   UnknownInfo,
 } from "../gen/interfaces/once-core-types.js";
@@ -146,21 +143,3 @@ export interface StepDirect {
   tag: "direct";
 }
 
-/** One conditional write in a batch. */
-export interface Put {
-  table: Table;
-  scope: string;
-  key: string;
-  /** Version the row must have now; none means the row must not exist. */
-  expected?: bigint;
-  /** The new row; none deletes the row (with `expected` none: only asserts that the row does not exist). */
-  row?: Row;
-}
-
-/** One transition: every put and the audit events commit together or not at all. */
-export interface Batch {
-  puts: Array<Put>;
-  events: Array<AuditEvent>;
-  /** Only what a later read restores if it is lost: a store in intent-only mode may commit it without waiting for the disk. */
-  deferrable: boolean;
-}

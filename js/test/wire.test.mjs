@@ -160,7 +160,7 @@ test("batches: a batch-head and its bodies read as the batch, due-at i64::MAX ex
     ["{", [], /batch-head/],
   ]) {
     assert.throws(() => batchOf(text, bodies),
-      (e) => e instanceof WireError && /^ledger\.commit: the batch is not the JSON form of a batch-head: /.test(e.message) && why.test(e.message),
+      (e) => e instanceof WireError && /^ledger-json\.commit: the batch is not the JSON form of a batch-head: /.test(e.message) && why.test(e.message),
       text);
   }
 });
@@ -181,7 +181,7 @@ test("the ledger import over the package's SQLite store: a row due at i64::MAX i
   assert.equal(ledger.scan("operation", [], I64_MAX - 1n, undefined, 10).val.rows.length, 0);
   // A batch that is not the JSON form fails whole, saying why; a due-at past i64 is the store's refusal.
   const bad = JSON.parse(ledger.commit(head("1").replace('"key":"k"', '"key":7'), ["{}"]));
-  assert.match(bad.Failed.message, /^ledger\.commit: the batch is not the JSON form of a batch-head: puts\/0\/key: expected a string/);
+  assert.match(bad.Failed.message, /^ledger-json\.commit: the batch is not the JSON form of a batch-head: puts\/0\/key: expected a string/);
   const past = JSON.parse(ledger.commit(head("9223372036854775808").replaceAll('"k"', '"k2"'), ["{}"]));
   assert.match(past.Failed.message, /due_at 9223372036854775808 exceeds i64::MAX/);
   assert.equal(ledger.get("operation", "s", "k2"), '"Missing"');

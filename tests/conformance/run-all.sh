@@ -83,7 +83,7 @@ ONCE_CONFORMANCE_TRANSCRIPTS=$transcripts \
   cargo test --locked --workspace --test conformance -- --nocapture --test-threads 1 2>&1 | tee "$out/rust.log"
 rust_status=${PIPESTATUS[0]}
 set -e
-rust_scenarios=$(grep -E '^rust \((Memory|Sqlite), LedgerEncoding::(Typed|Json)\): [0-9]+ passed' "$out/rust.log" |
+rust_scenarios=$(grep -E '^rust \((memory|sqlite), (typed|json)\): [0-9]+ passed' "$out/rust.log" |
   sed -E 's/.*: ([0-9]+) passed.*/\1/' | awk '{ n += $1 } END { print n + 0 }')
 rust_tests=$(grep -E '^test result: ok\. [0-9]+ passed' "$out/rust.log" | sed -E 's/test result: ok\. ([0-9]+) passed.*/\1/' || true)
 [[ "$rust_status" -eq 0 ]] || die "the Rust runner failed"
@@ -125,6 +125,8 @@ for runner in rust python node; do
     printf '%s  %s (%s scenarios, %s steps)\n' "$(sha "$file")" "$file" "$ran" "$(wc -l <"$file")"
   done
 done
+# The Rust runner on the derived encoding (ledger-json) too.
+cmp -s "$reference" "$transcripts/rust-memory-json.jsonl" || die "the Rust runner's ledger-json transcript differs from $reference"
 total_passed=$((total_passed + 1))
 
 step "examples (a durable ledger: the first run sends the refund once, a second run over the same file only replays)"

@@ -193,6 +193,11 @@ impl ledger::Host for HostState {
     }
 
     fn commit(&mut self, batch: Batch) -> Committed {
+        // Checked here, where the batch arrives, so every `Storage` (a user's too) gets only
+        // rows whose table, scope and key are their put's.
+        if let Err(e) = storage::check_batch(&batch) {
+            return Committed::Failed(failure(e));
+        }
         // The engine says which batches may wait for the disk (DESIGN.md "Durability budget").
         let flush = if batch.deferrable { Flush::Deferred } else { Flush::Now };
         match self.storage.commit_with(&batch, flush) {
@@ -229,10 +234,14 @@ impl ledger::Host for HostState {
 /// `typed` ([`crate::Once`]); the conformance suite drives this encoding too.
 impl ledger_json::Host for HostState {
     fn get(&mut self, table: Table, scope: String, key: String) -> String {
+        #[cfg(test)]
+        tests::JSON_CROSSINGS.fetch_add(1, Ordering::Relaxed);
         json(&ledger::Host::get(self, table, scope, key))
     }
 
     fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
+        #[cfg(test)]
+        tests::JSON_CROSSINGS.fetch_add(1, Ordering::Relaxed);
         match batch_of(&batch, bodies) {
             Ok(batch) => json(&ledger::Host::commit(self, batch)),
             Err(why) => json(&Committed::Failed(Failure { message: why })),
@@ -245,11 +254,11 @@ impl ledger_json::Host for HostState {
 /// malformed batch from the guest writes nothing.
 fn batch_of(head: &str, bodies: Vec<String>) -> Result<Batch, String> {
     let head: BatchHead = serde_json::from_str(head)
-        .map_err(|e| format!("ledger.commit: the batch is not the JSON form of a batch-head: {e}"))?;
+        .map_err(|e| format!("ledger-json.commit: the batch is not the JSON form of a batch-head: {e}"))?;
     let written = head.puts.iter().filter(|p| p.row.is_some()).count();
     if written != bodies.len() {
         return Err(format!(
-            "ledger.commit: the batch writes {written} row(s) but {} bodies came with it",
+            "ledger-json.commit: the batch writes {written} row(s) but {} bodies came with it",
             bodies.len()
         ));
     }
@@ -316,5 +325,132 @@ impl entropy::Host for HostState {
 impl operator::Host for HostState {
     fn escalate(&mut self, escalation: Escalation) -> bool {
         self.operator.escalate(&escalation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bindings::types::{Call, Configuration, LedgerEncoding, Outcome, Step};
+    use crate::runtime::Runtime;
+    use crate::storage::memory::MemoryStorage;
+
+    /// Calls of `ledger-json`'s imports by every instance in this test binary.
+    pub(super) static JSON_CROSSINGS: AtomicU64 = AtomicU64::new(0);
+
+    fn host(storage: Arc<MemoryStorage>) -> HostState {
+        HostState {
+            storage,
+            clock: Arc::new(SystemClock::default()),
+            provider: Arc::new(NoProvider),
+            operator: Arc::new(LogOperator),
+            entropy: Arc::new(FixedEntropy(vec![7; 64])),
+        }
+    }
+
+    /// One protected call, dispatched and confirmed, on an instance configured with `encoding`;
+    /// the `ledger-json` crossings it made.
+    fn call_with(encoding: LedgerEncoding, key: &str) -> u64 {
+        let storage = Arc::new(MemoryStorage::new());
+        let runtime = Runtime::shared().unwrap();
+        let mut instance = runtime.instantiate(host(storage.clone())).unwrap();
+        let mut defaults = crate::policy_input();
+        defaults.lookup = Some(false);
+        let configuration = Configuration {
+            settings: instance.default_settings().unwrap(),
+            defaults,
+            tools: Vec::new(),
+            ledger_encoding: encoding,
+        };
+        instance.configure(&configuration, 1).unwrap().unwrap();
+        let before = JSON_CROSSINGS.load(Ordering::Relaxed);
+        let call = Call {
+            scope: "s".into(),
+            keys: vec![("api".into(), key.into())],
+            tool: "refund".into(),
+            args: "{\"amount\":\"5.00\"}".into(),
+            supersedes: None,
+            acknowledge_confirmed: false,
+        };
+        let Step::Dispatch(grant) = instance.start(&call).unwrap().unwrap() else {
+            panic!("{encoding:?}: no grant");
+        };
+        let outcome = Outcome::Success("{\"id\":1}".into());
+        let step = instance.report(&grant.scope, &grant.key, &grant.fence, &outcome);
+        assert!(matches!(step, Ok(Ok(Step::Done(_)))), "{encoding:?}: {step:?}");
+        assert!(storage.get(Table::Operation, "s", key).unwrap().is_some());
+        JSON_CROSSINGS.load(Ordering::Relaxed) - before
+    }
+
+    /// The guest calls the encoding it was configured with, and only that one.
+    #[test]
+    fn the_guest_answers_through_the_configured_ledger_encoding() {
+        assert_eq!(
+            call_with(LedgerEncoding::Typed, "typed"),
+            0,
+            "a typed host was asked for JSON"
+        );
+        assert!(
+            call_with(LedgerEncoding::Json, "json") >= 3,
+            "ledger-json was not called"
+        );
+    }
+
+    /// A malformed `ledger-json` batch is refused whole, saying why; nothing is written.
+    #[test]
+    fn a_malformed_json_batch_is_refused_whole() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut state = host(storage.clone());
+        let head = r#"{"puts":[{"table":"Operation","scope":"s","key":"k","expected":null,"row":{"version":1,"state":"InFlight","due_at":1,"owner":null}}],"events":[],"deferrable":false}"#;
+        let answer = |state: &mut HostState, head: &str, bodies: Vec<String>| {
+            serde_json::from_str::<Committed>(&ledger_json::Host::commit(state, head.into(), bodies)).unwrap()
+        };
+        for (head, bodies, why) in [
+            (head, vec![], "writes 1 row(s) but 0 bodies"),
+            (head, vec!["{}".into(), "{}".into()], "writes 1 row(s) but 2 bodies"),
+            ("{\"puts\":7}", vec![], "not the JSON form of a batch-head"),
+        ] {
+            let Committed::Failed(f) = answer(&mut state, head, bodies) else {
+                panic!("accepted: {head}");
+            };
+            assert!(
+                f.message.starts_with("ledger-json.commit: ") && f.message.contains(why),
+                "{}",
+                f.message
+            );
+        }
+        assert!(storage.get(Table::Operation, "s", "k").unwrap().is_none());
+        assert_eq!(answer(&mut state, head, vec!["{}".into()]), Committed::Applied);
+    }
+
+    /// A typed batch whose row names another table, scope or key than its put is refused, not written.
+    #[test]
+    fn a_typed_batch_whose_row_is_not_its_puts_is_refused() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut state = host(storage.clone());
+        let row = Row {
+            table: Table::Operation,
+            scope: "other".into(),
+            key: "k".into(),
+            version: 1,
+            state: Some(State::InFlight),
+            due_at: Some(1),
+            owner: None,
+            body: "{}".into(),
+        };
+        let batch = Batch {
+            puts: vec![Put {
+                table: Table::Operation,
+                scope: "s".into(),
+                key: "k".into(),
+                expected: None,
+                row: Some(row),
+            }],
+            events: Vec::new(),
+            deferrable: false,
+        };
+        assert!(matches!(ledger::Host::commit(&mut state, batch), Committed::Failed(_)));
+        assert!(storage.get(Table::Operation, "s", "k").unwrap().is_none());
+        assert!(storage.get(Table::Operation, "other", "k").unwrap().is_none());
     }
 }

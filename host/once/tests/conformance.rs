@@ -1990,10 +1990,25 @@ fn write_transcript(file: &str, text: &str) {
 fn every_scenario_passes_on_memory_and_sqlite_and_both_ledger_encodings_with_identical_transcripts() {
     let filtered = std::env::var("ONCE_CONFORMANCE_FILTER").is_ok_and(|f| !f.is_empty());
     let mut transcripts = Vec::new();
-    for (backend, encoding, file) in [
-        (Backend::Memory, LedgerEncoding::Typed, "rust-memory.jsonl"),
-        (Backend::Sqlite, LedgerEncoding::Typed, "rust-sqlite.jsonl"),
-        (Backend::Memory, LedgerEncoding::Json, "rust-memory-json.jsonl"),
+    for (backend, encoding, label, file) in [
+        (
+            Backend::Memory,
+            LedgerEncoding::Typed,
+            "memory, typed",
+            "rust-memory.jsonl",
+        ),
+        (
+            Backend::Sqlite,
+            LedgerEncoding::Typed,
+            "sqlite, typed",
+            "rust-sqlite.jsonl",
+        ),
+        (
+            Backend::Memory,
+            LedgerEncoding::Json,
+            "memory, json",
+            "rust-memory-json.jsonl",
+        ),
     ] {
         let all = run_all(backend, encoding, Broken::No);
         if !filtered {
@@ -2006,7 +2021,7 @@ fn every_scenario_passes_on_memory_and_sqlite_and_both_ledger_encodings_with_ide
             .map(|(n, _)| n.as_str())
             .collect();
         println!(
-            "\nrust ({backend:?}, {encoding:?}): {} passed, {} failed",
+            "\nrust ({label}): {} passed, {} failed",
             all.len() - failed.len(),
             failed.len()
         );
@@ -2014,7 +2029,7 @@ fn every_scenario_passes_on_memory_and_sqlite_and_both_ledger_encodings_with_ide
         write_transcript(file, &text);
         assert!(
             failures.is_empty(),
-            "{backend:?}, {encoding:?}: {} failure(s) in {failed:?}:\n{}",
+            "{label}: {} failure(s) in {failed:?}:\n{}",
             failures.len(),
             failures.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         );

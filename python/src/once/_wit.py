@@ -1,7 +1,8 @@
 """Values across the component boundary.
 
 The crossings of a protected call (`protocol.start`, `report`, `resume`,
-`ledger.get`, `ledger.commit`) carry JSON text in the WIT's "JSON form"
+`ledger-json.get`, `ledger-json.commit`: this package configures
+`ledger-encoding` json) carry JSON text in the WIT's "JSON form"
 (the top comment of `wit/once.wit`: serde's form of the Rust types generated
 from it; snake_case field names, UpperCamelCase enum and variant case names,
 a case without payload as its name, else `{"Name": payload}`). It is parsed
@@ -257,7 +258,7 @@ _STORED_STATE.update(STATE_NAME)
 
 
 def batch(text: str, bodies: list[str]) -> tuple[list[Put], list[Event], bool]:
-    """`ledger.commit`'s arguments: the JSON form of a `batch-head` and the written rows' bodies, in put order,
+    """`ledger-json.commit`'s arguments: the JSON form of a `batch-head` and the written rows' bodies, in put order,
     as the puts, the audit events and whether the batch is deferrable. Anything else is refused whole
     (`ValueError` saying what), so a malformed batch writes nothing."""
     try:
@@ -274,19 +275,19 @@ def batch(text: str, bodies: list[str]) -> tuple[list[Put], list[Event], bool]:
                 written += 1
             puts.append(Put(table, scope, key, p["expected"], row))
         if written != len(bodies):
-            raise ValueError(f"ledger.commit: the batch writes {written} row(s) but {len(bodies)} bodies came with it")
+            raise ValueError(f"ledger-json.commit: the batch writes {written} row(s) but {len(bodies)} bodies came with it")
         events = [Event(e["scope"], e["key"], e["version"], e["at"], e["kind"], states[e["from_state"]],
                         states[e["to_state"]], e["attempt"], e["detail"]) for e in head["events"]]
         deferrable = head["deferrable"]
     except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"ledger.commit: the batch is not the JSON form of a batch-head "
+        raise ValueError(f"ledger-json.commit: the batch is not the JSON form of a batch-head "
                          f"({type(e).__name__}: {e})") from e
     except ValueError as e:
-        if str(e).startswith("ledger.commit:"):
+        if str(e).startswith("ledger-json.commit:"):
             raise
-        raise ValueError(f"ledger.commit: the batch is not the JSON form of a batch-head: {e}") from e
+        raise ValueError(f"ledger-json.commit: the batch is not the JSON form of a batch-head: {e}") from e
     if deferrable is not True and deferrable is not False:
-        raise ValueError(f"ledger.commit: the batch's deferrable is {deferrable!r}, not a bool")
+        raise ValueError(f"ledger-json.commit: the batch's deferrable is {deferrable!r}, not a bool")
     return puts, events, deferrable
 
 

@@ -7,7 +7,7 @@
 // and configures each instance (`configure`) with the settings and the tool
 // policy a step needs. Every decision comes from the component. The crossings
 // that carry the WIT's "JSON form" as text (`protocol.start`, `report`,
-// `resume`, `ledger.get`, `ledger.commit`; the top comment of wit/once.wit) are
+// `resume`, `ledger-json.get`, `ledger-json.commit`; the top comment of wit/once.wit) are
 // written here and read with an exact JSON reader (`parseExact`: an integer
 // past 2^53, such as an absent row's due-at i64::MAX, stays a BigInt) into the
 // neutral form (`neutral`), by the same WIT names the typed values render to.
@@ -233,7 +233,7 @@ function int(v, what, asBig) {
 }
 
 /**
- * `ledger.commit`'s arguments as neutral puts and events (rows by WIT field name; timestamps as BigInt) and
+ * `ledger-json.commit`'s arguments as neutral puts and events (rows by WIT field name; timestamps as BigInt) and
  * whether the batch is deferrable. Anything else throws: the batch is refused whole.
  */
 function batchOf(text, bodies) {
@@ -544,7 +544,7 @@ function imports(run) {
         try {
           batch = batchOf(text, bodies);
         } catch (e) {
-          return failedText(`ledger.commit: not the JSON form of a batch-head: ${e.message}`);
+          return failedText(`ledger-json.commit: not the JSON form of a batch-head: ${e.message}`);
         }
         const outcome = run.storage.commit(batch.puts, batch.events, batch.deferrable);
         if (outcome === null) return '"Applied"';

@@ -8,7 +8,7 @@ with the settings and the tool policy a step needs. Every decision comes from
 the component. wasmtime-py takes and gives every WIT value as it is (tagged
 `Variant`s where cases share a Python class); nothing of it is patched. The
 crossings that carry the WIT's "JSON form" as text (`protocol.start`,
-`report`, `resume`, `ledger.commit`; the top comment of wit/once.wit) are
+`report`, `resume`, `ledger-json.get` and `.commit`; the top comment of wit/once.wit) are
 written and read with the `json` module and turned into the neutral form
 here (`neutral`), by the same WIT names the typed values render to.
 
@@ -169,7 +169,7 @@ def state_name(v):
 
 
 def batch_of(text, bodies):
-    """`ledger.commit`'s arguments as neutral puts and events (rows by WIT field name), and whether the batch
+    """`ledger-json.commit`'s arguments as neutral puts and events (rows by WIT field name), and whether the batch
     is deferrable. Anything else raises ValueError: the batch is refused whole."""
     try:
         head = json.loads(text)
@@ -457,7 +457,7 @@ class Host:
             try:
                 puts, events, _deferrable = batch_of(batch, list(bodies))
             except ValueError as e:
-                return failed_text(f"ledger.commit: {e}")
+                return failed_text(f"ledger-json.commit: {e}")
             outcome = run.storage.commit(puts, events)
             if outcome is None:
                 return '"Applied"'
