@@ -7,7 +7,8 @@
 # Installs the pinned Python (requirements.txt) and npm (package-lock.json)
 # dependencies, runs the Rust (wasmtime crate), Python (wasmtime from PyPI)
 # and Node.js (jco) runners over the same .wasm, each on an in-memory and a
-# SQLite store plus the deliberately broken stores, requires their six
+# SQLite store plus the deliberately broken stores, and each on the other
+# ledger encoding (typed / ledger-json) over memory, requires their nine
 # transcripts to be byte-identical, runs the two embedding examples (twice
 # each, over one durable ledger file: the second run only replays), and
 # fails if any runner is skipped or runs no scenario. Closes with
@@ -125,8 +126,12 @@ for runner in rust python node; do
     printf '%s  %s (%s scenarios, %s steps)\n' "$(sha "$file")" "$file" "$ran" "$(wc -l <"$file")"
   done
 done
-# The Rust runner on the derived encoding (ledger-json) too.
-cmp -s "$reference" "$transcripts/rust-memory-json.jsonl" || die "the Rust runner's ledger-json transcript differs from $reference"
+# Each runner on its other ledger encoding too (Rust: ledger-json; Python, Node: the typed ledger).
+for file in rust-memory-json python-memory-typed node-memory-typed; do
+  [[ -s "$transcripts/$file.jsonl" ]] || die "no transcript $transcripts/$file.jsonl (a runner skipped an encoding)"
+  cmp -s "$reference" "$transcripts/$file.jsonl" || die "$transcripts/$file.jsonl differs from $reference"
+  printf '%s  %s\n' "$(sha "$transcripts/$file.jsonl")" "$transcripts/$file.jsonl"
+done
 total_passed=$((total_passed + 1))
 
 step "examples (a durable ledger: the first run sends the refund once, a second run over the same file only replays)"

@@ -275,6 +275,38 @@ function batchOf(text, bodies) {
   return { puts, events, deferrable: head.deferrable };
 }
 
+/** `ledger.commit`'s typed batch (jco's values: camelCase, `undefined` for none, u64 as BigInt) as neutral puts and events. */
+function typedBatch(b) {
+  const none = (v) => (v === undefined ? null : v);
+  const num = (v) => (v === undefined ? null : Number(v));
+  const puts = b.puts.map((p) => {
+    const r = p.row;
+    const row = r && {
+      table: r.table,
+      scope: r.scope,
+      key: r.key,
+      version: Number(r.version),
+      state: none(r.state),
+      "due-at": none(r.dueAt),
+      owner: none(r.owner),
+      body: r.body,
+    };
+    return { table: p.table, scope: p.scope, key: p.key, expected: num(p.expected), row: row ?? null };
+  });
+  const events = b.events.map((e) => ({
+    scope: e.scope,
+    key: e.key,
+    version: Number(e.version),
+    at: Number(e.at),
+    kind: e.kind,
+    "from-state": none(e.fromState),
+    "to-state": none(e.toState),
+    attempt: none(e.attempt),
+    detail: e.detail,
+  }));
+  return { puts, events };
+}
+
 function caseOf(v) {
   if (typeof v === "string") return [v, undefined];
   if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1) return Object.entries(v)[0];
@@ -530,31 +562,45 @@ function imports(run) {
   // `ledger-json`'s `get` and `commit` answer the JSON form of a `got` / `committed`.
   const failedText = (message) => JSON.stringify({ Failed: { message } });
   const readsFail = () => run.storage.failReads;
+  // A run answers get and commit in the encoding it configured; the other one's answer `failed`, as a
+  // host's must (wit/once.wit), so a guest calling the wrong one fails the scenario.
+  const wrong = (encoding) => run.encoding !== encoding && `this run answers get and commit in its ${run.encoding} encoding only`;
+  const answer = (outcome) => (outcome === null ? "applied" : outcome === "conflict" ? "conflict" : outcome);
   const ifaces = {
     "once:core/types@0.5.0": {},
     "once:core/ledger-json@0.5.0": {
       get(table, scope, key) {
+        if (wrong("json")) return failedText(wrong("json"));
         if (readsFail()) return failedText(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
         if (!row) return '"Missing"';
         return `{"Found":{"version":${BigInt(row.version)},"body":${JSON.stringify(row.body)}}}`;
       },
       commit(text, bodies) {
+        if (wrong("json")) return failedText(wrong("json"));
         let batch;
         try {
           batch = batchOf(text, bodies);
         } catch (e) {
           return failedText(`ledger-json.commit: not the JSON form of a batch-head: ${e.message}`);
         }
-        const outcome = run.storage.commit(batch.puts, batch.events, batch.deferrable);
-        if (outcome === null) return '"Applied"';
-        return outcome === "conflict" ? '"Conflict"' : failedText(outcome);
+        const outcome = answer(run.storage.commit(batch.puts, batch.events, batch.deferrable));
+        return outcome === "applied" ? '"Applied"' : outcome === "conflict" ? '"Conflict"' : failedText(outcome);
       },
     },
     "once:core/ledger@0.5.0": {
-      // Configured `ledger-encoding` json: the guest never calls these two.
-      get: () => failed("this runner answers get and commit in ledger-json only"),
-      commit: () => failed("this runner answers get and commit in ledger-json only"),
+      get(table, scope, key) {
+        if (wrong("typed")) return failed(wrong("typed"));
+        if (readsFail()) return failed(READ_FAILURE);
+        const row = run.storage.inner.get(table, scope, key);
+        return row ? { tag: "found", val: { version: BigInt(row.version), body: row.body } } : { tag: "missing" };
+      },
+      commit(batch) {
+        if (wrong("typed")) return failed(wrong("typed"));
+        const { puts, events } = typedBatch(batch);
+        const outcome = answer(run.storage.commit(puts, events, batch.deferrable));
+        return outcome === "applied" || outcome === "conflict" ? { tag: outcome } : failed(outcome);
+      },
       scan(table, states, dueBefore, owner, limit) {
         if (readsFail()) return failed(READ_FAILURE);
         const rows = run.storage.inner.scan(table, states, BigInt(dueBefore), owner ?? null, limit).map(rowOut);
@@ -657,7 +703,7 @@ function descriptorRecord(v) {
   return { name: v.name, inputSchema: v["input-schema"], annotations: v.annotations ?? undefined };
 }
 
-function configurationRecord(c) {
+function configurationRecord(c, encoding) {
   const s = c.settings;
   return {
     settings: {
@@ -669,20 +715,20 @@ function configurationRecord(c) {
     },
     defaults: policyRecord(c.defaults),
     tools: c.tools.map((t) => ({ tool: t.tool, policy: policyRecord(t.policy), descriptor: descriptorRecord(t.descriptor) })),
-    // This runner answers get and commit in the derived encoding (ledger-json).
-    ledgerEncoding: "json",
+    ledgerEncoding: encoding,
   };
 }
 
 /** An instance of the component, and the configuration (neutral JSON) it was last configured with. */
 class Agent {
-  constructor(exports) {
+  constructor(exports, encoding) {
     this.x = exports;
+    this.encoding = encoding;
     this.configured = null;
   }
   /** The `configure` export with a neutral configuration: its answer in neutral JSON. */
   configure(configuration) {
-    const answer = exportResult(() => this.x.configure(configurationRecord(configuration)));
+    const answer = exportResult(() => this.x.configure(configurationRecord(configuration, this.encoding)));
     if (!isError(answer)) this.configured = canonical(configuration);
     return answer;
   }
@@ -719,8 +765,8 @@ function deepEqual(a, b) {
 }
 
 class Run {
-  constructor(runtime, vectors, name, scenario, kind, dir, broken) {
-    Object.assign(this, { runtime, vectors, name, scenario });
+  constructor(runtime, vectors, name, scenario, kind, encoding, dir, broken) {
+    Object.assign(this, { runtime, vectors, name, scenario, encoding });
     this.start = scenario.start ?? 1000000;
     this.now = this.start;
     this.settings = {};
@@ -739,7 +785,7 @@ class Run {
   }
 
   agent() {
-    return new Agent(this.runtime.instantiate(imports(this)));
+    return new Agent(this.runtime.instantiate(imports(this)), this.encoding);
   }
 
   static setSettings(settings, overrides) {
@@ -1254,11 +1300,11 @@ const NEGATIVE = {
   ],
 };
 
-function runAll(runtime, vectors, scenarios, kind, broken) {
+function runAll(runtime, vectors, scenarios, kind, encoding, broken) {
   return scenarios.map(([name, scenario]) => {
     const dir = mkdtempSync(join(tmpdir(), "once-conf-"));
     try {
-      const run = new Run(runtime, vectors, name, scenario, kind, dir, broken);
+      const run = new Run(runtime, vectors, name, scenario, kind, encoding, dir, broken);
       run.execute();
       if (run.storage.inner.close) run.storage.inner.close();
       return [name, run.transcript, run.failures];
@@ -1282,23 +1328,26 @@ async function main() {
   }
   let passed = 0;
   let failed = 0;
-  for (const kind of a.store === "all" ? ["memory", "sqlite"] : [a.store]) {
-    const results = runAll(runtime, a.vectors, scenarios, kind, null);
+  // Every store on ledger-json (the encoding the Node package answers); memory on the typed ledger too.
+  const runs = (a.store === "all" ? ["memory", "sqlite"] : [a.store]).map((kind) => [kind, "json", kind]);
+  if (a.store === "all" || a.store === "memory") runs.push(["memory", "typed", "memory-typed"]);
+  for (const [kind, encoding, label] of runs) {
+    const results = runAll(runtime, a.vectors, scenarios, kind, encoding, null);
     const bad = results.filter(([, , f]) => f.length > 0);
     for (const [, , failures] of bad) for (const line of failures) console.log(`  FAIL ${line}`);
-    console.log(`node (${kind}): ${results.length - bad.length} passed, ${bad.length} failed`);
+    console.log(`node (${kind}, ${encoding}): ${results.length - bad.length} passed, ${bad.length} failed`);
     passed += results.length - bad.length;
     failed += bad.length;
     if (a.transcripts) {
       mkdirSync(a.transcripts, { recursive: true });
       const text = results.map(([, lines]) => lines.map((l) => `${l}\n`).join("")).join("");
-      writeFileSync(join(a.transcripts, `node-${kind}.jsonl`), text);
+      writeFileSync(join(a.transcripts, `node-${label}.jsonl`), text);
     }
   }
   if (a.negative) {
     const names = new Set(scenarios.map(([n]) => n));
     for (const [broken, must] of Object.entries(NEGATIVE)) {
-      const results = runAll(runtime, a.vectors, scenarios, "memory", broken);
+      const results = runAll(runtime, a.vectors, scenarios, "memory", "json", broken);
       const caught = results.filter(([, , f]) => f.length > 0).map(([n]) => n);
       const missed = must.filter((m) => names.has(m) && !caught.includes(m));
       if (missed.length > 0 || caught.length === 0) {

@@ -194,6 +194,16 @@ def batch_of(text, bodies):
         raise ValueError(f"not the JSON form of a batch-head: {type(e).__name__} {e}") from e
 
 
+def typed_batch(b):
+    """`ledger.commit`'s typed batch (wasmtime-py's records, WIT field names) as neutral puts and events."""
+    fields = ("table", "scope", "key", "version", "state", "due-at", "owner", "body")
+    puts = [{"table": p.table, "scope": p.scope, "key": p.key, "expected": p.expected,
+             "row": None if p.row is None else {f: getattr(p.row, f) for f in fields}} for p in b.puts]
+    events = [{f: getattr(e, f) for f in ("scope", "key", "version", "at", "kind", "from-state", "to-state", "attempt",
+                                          "detail")} for e in b.events]
+    return puts, events
+
+
 def record_from(d):
     r = Record()
     for k, v in d.items():
@@ -445,7 +455,14 @@ class Host:
             # `ledger-json`'s `get` and `commit` answer the JSON form of a `got` / `committed`.
             return json.dumps({"Failed": {"message": message}})
 
+        # A run answers get and commit in the encoding it configured; the other one's answer `failed`, as a
+        # host's must (wit/once.wit), so a guest calling the wrong one fails the scenario.
+        def wrong(encoding):
+            return run.encoding != encoding and f"this run answers get and commit in its {run.encoding} encoding only"
+
         def get(_, table, scope, key):
+            if wrong("json"):
+                return failed_text(wrong("json"))
             if reads_fail():
                 return failed_text(READ_FAILURE)
             row = run.storage.inner.get(table, scope, key)
@@ -454,6 +471,8 @@ class Host:
             return json.dumps({"Found": {"version": row["version"], "body": row["body"]}})
 
         def commit(_, batch, bodies):
+            if wrong("json"):
+                return failed_text(wrong("json"))
             try:
                 puts, events, _deferrable = batch_of(batch, list(bodies))
             except ValueError as e:
@@ -485,14 +504,29 @@ class Host:
             run.escalations.append(render(e))
             return run.ack
 
-        def typed(_, *args):
-            # Configured `ledger-encoding` json: the guest never calls `ledger`'s get and commit.
-            return failed("this runner answers get and commit in ledger-json only")
+        def typed_get(_, table, scope, key):
+            if wrong("typed"):
+                return failed(wrong("typed"))
+            if reads_fail():
+                return failed(READ_FAILURE)
+            row = run.storage.inner.get(table, scope, key)
+            if row is None:
+                return Variant("missing")
+            return Variant("found", record_from({"version": row["version"], "body": row["body"]}))
+
+        def typed_commit(_, batch):
+            if wrong("typed"):
+                return failed(wrong("typed"))
+            puts, events = typed_batch(batch)
+            outcome = run.storage.commit(puts, events)
+            if outcome is None:
+                return Variant("applied")
+            return Variant("conflict") if outcome == "conflict" else failed(outcome)
 
         with linker.root() as root:
             with root.add_instance(f"once:core/ledger@{VERSION}") as i:
-                i.add_func("get", typed)
-                i.add_func("commit", typed)
+                i.add_func("get", typed_get)
+                i.add_func("commit", typed_commit)
                 i.add_func("scan", scan)
                 i.add_func("audit", audit)
             with root.add_instance(f"once:core/ledger-json@{VERSION}") as i:
@@ -521,7 +555,8 @@ class Agent:
     (neutral JSON) it was last configured with, so it is reconfigured only when a step
     needs another one."""
 
-    def __init__(self, runtime, linker):
+    def __init__(self, runtime, linker, encoding):
+        self.encoding = encoding
         self.store = wasmtime.Store(runtime.engine)
         self.instance = linker.instantiate(self.store, runtime.component)
         self.funcs = {}
@@ -553,7 +588,7 @@ class Agent:
 
     def configure(self, configuration):
         """The `configure` export with a neutral configuration: ("ok", configured) or ("err", error)."""
-        answer = self.call("configure", configuration_record(configuration))
+        answer = self.call("configure", configuration_record(configuration, self.encoding))
         if answer[0] == "ok":
             self.configured = canonical(configuration)
         return answer
@@ -585,14 +620,13 @@ def descriptor_record(v):
     return record_from({"name": v["name"], "input-schema": v["input-schema"], "annotations": v.get("annotations")})
 
 
-def configuration_record(c):
+def configuration_record(c, encoding):
     return record_from({
         "settings": record_from(c["settings"]),
         "defaults": policy_record(c["defaults"]),
         "tools": [record_from({"tool": t["tool"], "policy": policy_record(t["policy"]),
                                "descriptor": descriptor_record(t["descriptor"])}) for t in c["tools"]],
-        # This runner answers get and commit in the derived encoding (ledger-json).
-        "ledger-encoding": "json",
+        "ledger-encoding": encoding,
     })
 
 
@@ -657,8 +691,9 @@ def is_error(v):
 
 
 class Run:
-    def __init__(self, runtime, vectors, name, scenario, kind, directory, broken):
+    def __init__(self, runtime, vectors, name, scenario, kind, directory, broken, encoding="json"):
         self.runtime, self.vectors, self.name, self.scenario = runtime, vectors, name, scenario
+        self.encoding = encoding
         self.start = scenario.get("start", 1_000_000)
         self.now = self.start
         self.settings = {}
@@ -677,7 +712,7 @@ class Run:
         self.set_settings(self.settings, scenario.get("settings", {}))
 
     def agent(self):
-        return Agent(self.runtime, self.linker)
+        return Agent(self.runtime, self.linker, self.encoding)
 
     def fail(self, label, msg):
         self.failures.append(f"{self.name} step {label}: {msg}")
@@ -1154,11 +1189,11 @@ NEGATIVE = {
 }
 
 
-def run_all(runtime, vectors, scenarios, kind, broken):
+def run_all(runtime, vectors, scenarios, kind, broken, encoding="json"):
     results = []
     for name, scenario in scenarios:
         with tempfile.TemporaryDirectory() as d:
-            run = Run(runtime, vectors, name, scenario, kind, d, broken)
+            run = Run(runtime, vectors, name, scenario, kind, d, broken, encoding)
             run.execute()
             results.append((name, run.transcript, run.failures))
             run.storage.inner = None
@@ -1186,21 +1221,24 @@ def main():
     if not scenarios:
         print("python: no scenarios found")
         return 1
-    kinds = ["memory", "sqlite"] if a.store == "all" else [a.store]
+    # Every store on ledger-json (the encoding the Python package answers); memory on the typed ledger too.
+    runs = [(kind, "json", kind) for kind in (["memory", "sqlite"] if a.store == "all" else [a.store])]
+    if a.store in ("all", "memory"):
+        runs.append(("memory", "typed", "memory-typed"))
     passed = failed = 0
-    for kind in kinds:
-        results = run_all(runtime, vectors, scenarios, kind, None)
+    for kind, encoding, label in runs:
+        results = run_all(runtime, vectors, scenarios, kind, None, encoding)
         bad = [(n, f) for n, _, f in results if f]
         for _, failures in bad:
             for line in failures:
                 print(f"  FAIL {line}")
         ok = len(results) - len(bad)
-        print(f"python ({kind}): {ok} passed, {len(bad)} failed")
+        print(f"python ({kind}, {encoding}): {ok} passed, {len(bad)} failed")
         passed += ok
         failed += len(bad)
         if a.transcripts:
             os.makedirs(a.transcripts, exist_ok=True)
-            with open(os.path.join(a.transcripts, f"python-{kind}.jsonl"), "w", encoding="utf-8", newline="\n") as f:
+            with open(os.path.join(a.transcripts, f"python-{label}.jsonl"), "w", encoding="utf-8", newline="\n") as f:
                 for _, lines, _ in results:
                     for line in lines:
                         f.write(line + "\n")
