@@ -1,7 +1,8 @@
 //! The JSON form of the values that cross as text (see the top of
-//! `wit/once.wit`): `protocol`'s calls and steps, and `ledger-json`'s batches
-//! and rows, which the Python and JavaScript hosts read and write with their
-//! JSON parsers (the Rust host drives the typed `driver` and answers the
+//! `wit/once.wit`): `protocol`'s calls and steps, which the Python and
+//! JavaScript hosts read and write with their JSON parsers, and
+//! `ledger-json`'s batches and rows, which the Python host does (the Rust
+//! host drives the typed `driver`; it and the JavaScript host answer the
 //! typed `ledger`). A dynamic binding pays for every node of a typed value's
 //! type on every crossing; one string costs one node.
 

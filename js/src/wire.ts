@@ -1,5 +1,5 @@
-// The JSON form (the top comment of wit/once.wit): the crossings of a protected
-// call carry JSON text in serde's form of the Rust types generated from the WIT
+// The JSON form (the top comment of wit/once.wit): `protocol`'s `start`,
+// `report` and `resume` carry JSON text in serde's form of the Rust types generated from the WIT
 // (snake_case fields, UpperCamelCase case names, a case without payload as its
 // name, else `{"Name": payload}`; `result` as `{"Ok": …}` / `{"Err": …}`).
 // Written here by hand, and read into the shapes jco gives every other value
@@ -17,8 +17,6 @@
 import { ComponentError, engineError } from "./errors.js";
 import type {
   Account,
-  AuditEvent,
-  Batch,
   BlockReason,
   Confirmation,
   Effect,
@@ -27,13 +25,10 @@ import type {
   Grant,
   JsonErrorKind,
   KeySource,
-  Put,
   Repeat,
   ReplayVia,
-  Row,
   State,
   Step,
-  Table,
   WaitReason,
 } from "./wit.js";
 
@@ -329,7 +324,6 @@ class Cases<T extends string> {
 }
 
 const STATE = new Cases<State>("state", ["in-flight", "confirmed", "failed", "unknown", "absent", "superseded"]);
-const TABLE = new Cases<Table>("table", ["operation", "tombstone", "quota"]);
 const KEY_SOURCE = new Cases<KeySource>("key-source", ["application", "derived"]);
 const EFFECT = new Cases<Effect>("effect", ["happened", "none", "unknown"]);
 const REPEAT = new Cases<Repeat>("repeat", ["replays", "waits", "retries", "refused"]);
@@ -393,19 +387,6 @@ export function outcomeText(s: SentLike): string {
     Ambiguous: `the sender answered ${shown.slice(0, 200)}, none of sent.success/rejected/ambiguous/notSent`,
   });
 }
-
-/** `ledger-json.get`'s answer for a row: `got.found(stored)` in the JSON form. */
-export const gotText = (version: bigint, body: string): string => `{"Found":{"version":${version},"body":${JSON.stringify(body)}}}`;
-
-/** `got.missing`. */
-export const MISSING = '"Missing"';
-/** `committed.applied`. */
-export const APPLIED = '"Applied"';
-/** `committed.conflict`. */
-export const CONFLICT = '"Conflict"';
-
-/** `got.failed` / `committed.failed` in the JSON form. */
-export const failedText = (message: string): string => JSON.stringify({ Failed: { message } });
 
 // ---------------------------------------------------------------- what the guest answers
 
@@ -589,86 +570,3 @@ export function stepOf(text: string, where: string): Step {
   throw engineError(answer[1]);
 }
 
-// ---------------------------------------------------------------- ledger-json.commit
-
-// The field names below are constants: a failing field's index is added where it fails (`at`).
-function event(v: unknown): AuditEvent {
-  const e = obj(v, "");
-  return {
-    scope: str(e.scope, "scope"),
-    key: str(e.key, "key"),
-    version: u64(e.version, "version"),
-    at: u64(e.at, "at"),
-    kind: str(e.kind, "kind"),
-    fromState: STATE.opt(e.from_state, "from_state"),
-    toState: STATE.opt(e.to_state, "to_state"),
-    attempt: optU32(e.attempt, "attempt"),
-    detail: str(e.detail, "detail"),
-  };
-}
-
-function put(v: unknown, bodies: readonly string[], written: number): Put {
-  const p = obj(v, "");
-  const table = TABLE.of(p.table, "table");
-  const scope = str(p.scope, "scope");
-  const key = str(p.key, "key");
-  const expected = optU64(p.expected, "expected");
-  if (p.row === null) return { table, scope, key, expected, row: undefined };
-  const r = obj(p.row, "row");
-  const body = bodies[written];
-  if (typeof body !== "string") throw new WireError(`row: no body came with it (${bodies.length} bodies)`);
-  const row: Row = {
-    table,
-    scope,
-    key,
-    version: u64(r.version, "row/version"),
-    state: STATE.opt(r.state, "row/state"),
-    dueAt: optU64(r.due_at, "row/due_at"),
-    owner: optStr(r.owner, "row/owner"),
-    body,
-  };
-  return { table, scope, key, expected, row };
-}
-
-/** `f`, a WireError naming where it failed (`puts/3/row/version`). */
-function at<T>(where: string, i: number, f: () => T): T {
-  try {
-    return f();
-  } catch (e) {
-    if (e instanceof WireError) throw new WireError(`${where}/${i}${e.message.startsWith(":") ? "" : "/"}${e.message}`);
-    throw e;
-  }
-}
-
-function batchHead(v: unknown, bodies: readonly string[]): Batch {
-  const head = obj(v, "batch-head");
-  const rawPuts = head.puts;
-  const rawEvents = head.events;
-  if (!Array.isArray(rawPuts)) throw new WireError("puts: expected an array");
-  if (!Array.isArray(rawEvents)) throw new WireError("events: expected an array");
-  const puts: Put[] = [];
-  let written = 0;
-  for (let i = 0; i < rawPuts.length; i++) {
-    const p = at("puts", i, () => put(rawPuts[i], bodies, written));
-    if (p.row !== undefined) written++;
-    puts.push(p);
-  }
-  if (written !== bodies.length) throw new WireError(`the batch writes ${written} row(s) but ${bodies.length} bodies came with it`);
-  const events: AuditEvent[] = [];
-  for (let i = 0; i < rawEvents.length; i++) events.push(at("events", i, () => event(rawEvents[i])));
-  return { puts, events, deferrable: bool(head.deferrable, "deferrable") };
-}
-
-/**
- * `ledger-json.commit`'s arguments as the batch they stand for: the JSON form of a
- * `batch-head`, and the bodies of the rows it writes, in put order. Anything
- * else is a WireError (the batch is refused whole: nothing is written).
- */
-export function batchOf(text: string, bodies: readonly string[]): Batch {
-  try {
-    return read(text, (v) => batchHead(v, bodies));
-  } catch (e) {
-    if (e instanceof WireError) throw new WireError(`ledger-json.commit: the batch is not the JSON form of a batch-head: ${e.message}`);
-    throw e;
-  }
-}

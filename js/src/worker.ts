@@ -98,7 +98,7 @@ const now: () => bigint = (() => {
 const ifaces = {
   "once:core/types": {},
   "once:core/ledger": ledgerImports(store),
-  "once:core/ledger-json": ledgerJsonImports(store),
+  "once:core/ledger-json": ledgerJsonImports(),
   "once:core/clock": { now },
   // Asked once per ledger, for the secret provider keys are derived with (the guest keeps it in
   // the ledger; this host never sees it). The OS's source, nothing weaker.

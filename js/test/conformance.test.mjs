@@ -23,14 +23,14 @@ test("every conformance scenario over the package's memory and SQLite ledgers, t
   if (!existsSync(join(RUNNER, "node_modules"))) execFileSync("npm", ["ci", "--no-audit", "--no-fund"], { cwd: RUNNER, stdio: "ignore" });
   const dir = tempDir(t);
   const ours = run(["--stores", join(JS, "test", "conformance-stores.mjs"), "--transcripts", join(dir, "package")]);
-  const scenarios = Number(/node \(memory, json\): (\d+) passed, 0 failed/.exec(ours)?.[1]);
+  const scenarios = Number(/node \(memory, typed\): (\d+) passed, 0 failed/.exec(ours)?.[1]);
   assert.ok(scenarios >= 40, ours);
-  assert.match(ours, new RegExp(`node \\(sqlite, json\\): ${scenarios} passed, 0 failed`));
+  assert.match(ours, new RegExp(`node \\(sqlite, typed\\): ${scenarios} passed, 0 failed`));
   const reference = run(["--store", "memory", "--transcripts", join(dir, "runner")]);
-  assert.match(reference, new RegExp(`node \\(memory, json\\): ${scenarios} passed, 0 failed`));
+  assert.match(reference, new RegExp(`node \\(memory, typed\\): ${scenarios} passed, 0 failed`));
   const expected = readFileSync(join(dir, "runner", "node-memory.jsonl"), "utf8");
-  // The package's stores on ledger-json, and its memory store on the typed ledger too.
-  for (const store of ["memory", "sqlite", "memory-typed"]) {
+  // The package's stores on the typed ledger, and its memory store on ledger-json too.
+  for (const store of ["memory", "sqlite", "memory-json"]) {
     assert.ok(readFileSync(join(dir, "package", `node-${store}.jsonl`), "utf8") === expected, `the package's ${store} transcript differs`);
   }
 });

@@ -45,13 +45,13 @@ async function engine(store) {
   const x = (await instantiate)({
     "once:core/types": {},
     "once:core/ledger": ledgerImports(store),
-    "once:core/ledger-json": ledgerJsonImports(store),
+    "once:core/ledger-json": ledgerJsonImports(),
     "once:core/clock": { now: () => BigInt(Date.now()) },
     "once:core/provider": { lookup: () => ({ tag: "unknown", val: "no lookup in this test" }) },
     "once:core/operator": { escalate: () => true },
     "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) },
   });
-  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "json" });
+  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "typed" });
   return x;
 }
 

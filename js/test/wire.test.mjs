@@ -7,7 +7,7 @@ import { test } from "node:test";
 import { ComponentError, EngineError, InvalidJsonError, InvalidRequestError, StorageError } from "../dist/index.js";
 import { ledgerImports, ledgerJsonImports } from "../dist/ledger.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
-import { WireError, batchOf, callText, outcomeText, parse, stepOf, stringify } from "../dist/wire.js";
+import { WireError, callText, outcomeText, parse, stepOf, stringify } from "../dist/wire.js";
 import { tempDir } from "./helpers.mjs";
 
 const I64_MAX = 9223372036854775807n;
@@ -133,57 +133,48 @@ test("steps: the engine's error is thrown as its EngineError; text that is not t
   }
 });
 
-const head = (dueAt, extra = "") =>
-  `{"puts":[{"table":"Operation","scope":"s","key":"k","expected":null,"row":{"version":1,"state":"Absent","due_at":${dueAt},` +
-  `"owner":"default"}},{"table":"Tombstone","scope":"s","key":"k","expected":null,"row":null}],"events":[{"scope":"s","key":"k",` +
-  `"version":1,"at":1796282924516,"kind":"begin","from_state":null,"to_state":"Absent","attempt":null,"detail":"{}"}],"deferrable":false${extra}}`;
-
-test("batches: a batch-head and its bodies read as the batch, due-at i64::MAX exact; anything else refused whole", () => {
-  const b = batchOf(head("9223372036854775807"), ['{"body":1}']);
-  assert.deepEqual(b.puts[0], {
-    table: "operation", scope: "s", key: "k", expected: undefined,
-    row: { table: "operation", scope: "s", key: "k", version: 1n, state: "absent", dueAt: I64_MAX, owner: "default", body: '{"body":1}' },
-  });
-  assert.deepEqual(b.puts[1], { table: "tombstone", scope: "s", key: "k", expected: undefined, row: undefined });
-  assert.deepEqual(b.events[0], { scope: "s", key: "k", version: 1n, at: 1796282924516n, kind: "begin", fromState: undefined,
-    toState: "absent", attempt: undefined, detail: "{}" });
-  assert.equal(b.deferrable, false);
-  for (const [text, bodies, why] of [
-    [head("1"), [], /writes 1 row\(s\) but 0 bodies|no body came with it/],
-    [head("1"), ["{}", "{}"], /writes 1 row\(s\) but 2 bodies/],
-    [head("18446744073709551616"), ["{}"], /puts\/0\/row\/due_at: expected an integer in u64/],
-    [head('"9223372036854775807"'), ["{}"], /due_at/],
-    [head("1").replace('"Absent","due', '"Gone","due'), ["{}"], /puts\/0\/row\/state: not a state/],
-    [head("1").replace('"deferrable":false', '"deferrable":"no"'), ["{}"], /deferrable: expected true or false/],
-    [head("1").replace('"Tombstone"', '"Attic"'), ["{}"], /puts\/1\/table: not a table/],
-    ["[]", [], /batch-head: expected an object/],
-    ["{", [], /batch-head/],
-  ]) {
-    assert.throws(() => batchOf(text, bodies),
-      (e) => e instanceof WireError && /^ledger-json\.commit: the batch is not the JSON form of a batch-head: /.test(e.message) && why.test(e.message),
-      text);
-  }
+/** A typed batch as jco hands it to `ledger.commit`: an absent record due at `dueAt`, a tombstone check, its event. */
+const batch = (dueAt, key = "k") => ({
+  puts: [
+    {
+      table: "operation", scope: "s", key, expected: undefined,
+      row: { table: "operation", scope: "s", key, version: 1n, state: "absent", dueAt, owner: "default", body: '{"owed":true}' },
+    },
+    { table: "tombstone", scope: "s", key, expected: undefined, row: undefined },
+  ],
+  events: [{ scope: "s", key, version: 1n, at: 1796282924516n, kind: "begin", fromState: undefined, toState: "absent",
+    attempt: undefined, detail: "{}" }],
+  deferrable: false,
 });
 
 test("the ledger import over the package's SQLite store: a row due at i64::MAX is written, read and scanned exactly", (t) => {
   const store = new SqliteStore({ path: join(tempDir(t), "ledger.db") });
   t.after(() => store.close());
-  const ledger = { ...ledgerImports(store), ...ledgerJsonImports(store) };
-  assert.equal(ledger.get("operation", "s", "k"), '"Missing"');
-  assert.equal(ledger.commit(head("9223372036854775807"), ['{"owed":true}']), '"Applied"');
-  assert.equal(ledger.get("operation", "s", "k"), '{"Found":{"version":1,"body":"{\\"owed\\":true}"}}');
+  const ledger = ledgerImports(store);
+  assert.deepEqual(ledger.get("operation", "s", "k"), { tag: "missing" });
+  assert.deepEqual(ledger.commit(batch(I64_MAX)), { tag: "applied" });
+  assert.deepEqual(ledger.get("operation", "s", "k"), { tag: "found", val: { version: 1n, body: '{"owed":true}' } });
   // The same insert again: the row exists.
-  assert.equal(ledger.commit(head("9223372036854775807"), ['{"owed":true}']), '"Conflict"');
+  assert.deepEqual(ledger.commit(batch(I64_MAX)), { tag: "conflict" });
   const scanned = ledger.scan("operation", ["absent"], I64_MAX, "default", 10);
   assert.equal(scanned.tag, "found");
   assert.equal(scanned.val.rows[0].dueAt, I64_MAX);
   // One before it lists nothing: the stored value is i64::MAX, not a rounding of it.
   assert.equal(ledger.scan("operation", [], I64_MAX - 1n, undefined, 10).val.rows.length, 0);
-  // A batch that is not the JSON form fails whole, saying why; a due-at past i64 is the store's refusal.
-  const bad = JSON.parse(ledger.commit(head("1").replace('"key":"k"', '"key":7'), ["{}"]));
-  assert.match(bad.Failed.message, /^ledger-json\.commit: the batch is not the JSON form of a batch-head: puts\/0\/key: expected a string/);
-  const past = JSON.parse(ledger.commit(head("9223372036854775808").replaceAll('"k"', '"k2"'), ["{}"]));
-  assert.match(past.Failed.message, /due_at 9223372036854775808 exceeds i64::MAX/);
-  assert.equal(ledger.get("operation", "s", "k2"), '"Missing"');
+  // A row that is not its put's is refused whole, saying which; a due-at past i64 is the store's refusal.
+  const stray = batch(1n, "k3");
+  stray.puts[0].row.scope = "elsewhere";
+  const refused = ledger.commit(stray);
+  assert.equal(refused.tag, "failed");
+  assert.match(refused.val.message, /^ledger\.commit: puts\/0: the row is not the put's/);
+  const past = ledger.commit(batch(I64_MAX + 1n, "k2"));
+  assert.equal(past.tag, "failed");
+  assert.match(past.val.message, /due_at 9223372036854775808 exceeds i64::MAX/);
+  assert.deepEqual(ledger.get("operation", "s", "k2"), { tag: "missing" });
+  assert.deepEqual(ledger.get("operation", "elsewhere", "k3"), { tag: "missing" });
   assert.equal(store.counts().events, 1);
+  // The JSON encoding is not this host's: it answers failed, never missing or applied.
+  const json = ledgerJsonImports();
+  assert.match(JSON.parse(json.get("operation", "s", "k")).Failed.message, /typed ledger only/);
+  assert.match(JSON.parse(json.commit("{}", [])).Failed.message, /typed ledger only/);
 });

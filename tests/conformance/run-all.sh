@@ -126,8 +126,8 @@ for runner in rust python node; do
     printf '%s  %s (%s scenarios, %s steps)\n' "$(sha "$file")" "$file" "$ran" "$(wc -l <"$file")"
   done
 done
-# Each runner on its other ledger encoding too (Rust: ledger-json; Python, Node: the typed ledger).
-for file in rust-memory-json python-memory-typed node-memory-typed; do
+# Each runner on its other ledger encoding too (Rust, Node: ledger-json; Python: the typed ledger).
+for file in rust-memory-json python-memory-typed node-memory-json; do
   [[ -s "$transcripts/$file.jsonl" ]] || die "no transcript $transcripts/$file.jsonl (a runner skipped an encoding)"
   cmp -s "$reference" "$transcripts/$file.jsonl" || die "$transcripts/$file.jsonl differs from $reference"
   printf '%s  %s\n' "$(sha "$transcripts/$file.jsonl")" "$transcripts/$file.jsonl"
