@@ -47,7 +47,7 @@ const ledger = Object.fromEntries(Object.entries({ // the engine's I/O, and noth
 }).map(([name, f]) => [name, answers(f, name === "get" || name === "commit")]));
 const unused = () => ({ tag: "failed", val: { message: "answered in ledger-json" } }); // typed get, commit: never called
 const { engine, protocol } = instantiate((path) => new WebAssembly.Module(readFileSync(join(dir, path))), {
-  "once:core/ledger-json": { get: ledger.get, commit: ledger.commit }, // get and commit as JSON text: jco lifts it fastest
+  "once:core/ledger-json": { get: ledger.get, commit: ledger.commit }, // get and commit as JSON text, as in Python (the npm package answers them typed)
   "once:core/ledger": { ...ledger, get: unused, commit: unused }, "once:core/clock": { now }, // your provider's read goes in lookup:
   "once:core/provider": { lookup: (tool, providerKey, args) => ({ tag: "unknown", val: "no lookup in this example" }) },
   "once:core/operator": { escalate: (e) => (console.log("operator, look at:", e.scope, e.key, e.reason), true) },

@@ -1,5 +1,5 @@
 // The ledger imports over a synchronous store, in WIT types: this host configures
-// `ledger-encoding` typed (jco lowers a typed batch no slower than it passes the
+// `ledger-encoding` typed (jco lifts a typed batch no slower than it passes the
 // JSON form, and the package needs no codec for it). A store's throw is the
 // store's failure, in its words.
 import type { SyncStore } from "./stores/store.js";

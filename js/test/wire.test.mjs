@@ -162,17 +162,25 @@ test("the ledger import over the package's SQLite store: a row due at i64::MAX i
   // One before it lists nothing: the stored value is i64::MAX, not a rounding of it.
   assert.equal(ledger.scan("operation", [], I64_MAX - 1n, undefined, 10).val.rows.length, 0);
   // A row that is not its put's is refused whole, saying which; a due-at past i64 is the store's refusal.
-  const stray = batch(1n, "k3");
-  stray.puts[0].row.scope = "elsewhere";
-  const refused = ledger.commit(stray);
-  assert.equal(refused.tag, "failed");
-  assert.match(refused.val.message, /^ledger\.commit: puts\/0: the row is not the put's/);
+  for (const [field, value, put] of [["table", "quota", 0], ["scope", "elsewhere", 0], ["key", "k4", 0], ["key", "k4", 2]]) {
+    const stray = batch(1n, "k3");
+    // A third put, writing a row of its own, so a stray row can come after a row-less put.
+    stray.puts.push({ ...stray.puts[0], table: "quota", row: { ...stray.puts[0].row, table: "quota", state: undefined } });
+    stray.puts[put].row[field] = value;
+    const refused = ledger.commit(stray);
+    assert.equal(refused.tag, "failed", `${field} of puts/${put}`);
+    assert.match(refused.val.message, new RegExp(`^ledger\\.commit: puts/${put}: the row is not the put's`));
+  }
   const past = ledger.commit(batch(I64_MAX + 1n, "k2"));
   assert.equal(past.tag, "failed");
   assert.match(past.val.message, /due_at 9223372036854775808 exceeds i64::MAX/);
   assert.deepEqual(ledger.get("operation", "s", "k2"), { tag: "missing" });
-  assert.deepEqual(ledger.get("operation", "elsewhere", "k3"), { tag: "missing" });
-  assert.equal(store.counts().events, 1);
+  for (const [table, scope, key] of [["operation", "s", "k3"], ["quota", "s", "k3"], ["operation", "elsewhere", "k3"], ["operation", "s", "k4"]]) {
+    assert.deepEqual(ledger.get(table, scope, key), { tag: "missing" }, `${table}/${scope}/${key}`);
+  }
+  // A put with no row passes the check: the same batch, well placed, applies.
+  assert.deepEqual(ledger.commit(batch(1n, "k5")), { tag: "applied" });
+  assert.equal(store.counts().events, 2);
   // The JSON encoding is not this host's: it answers failed, never missing or applied.
   const json = ledgerJsonImports();
   assert.match(JSON.parse(json.get("operation", "s", "k")).Failed.message, /typed ledger only/);

@@ -7,8 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider, types};
 use crate::bindings::types::{
-    Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, Put, Row, Rows, Scanned, State, Stored,
-    Table, Timestamp, Trail,
+    Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, LedgerEncoding, Put, Row, Rows, Scanned,
+    State, Stored, Table, Timestamp, Trail,
 };
 use crate::storage::{self, Flush, Storage};
 
@@ -178,11 +178,10 @@ pub struct HostState {
     pub entropy: Arc<dyn Entropy>,
 }
 
-impl types::Host for HostState {}
-
-impl ledger::Host for HostState {
-    fn get(&mut self, table: Table, scope: String, key: String) -> Got {
-        match self.storage.get(table, &scope, &key) {
+impl HostState {
+    /// A row's version and body, as `ledger.get` answers.
+    fn get_row(&self, table: Table, scope: &str, key: &str) -> Got {
+        match self.storage.get(table, scope, key) {
             Ok(Some(row)) => Got::Found(Stored {
                 version: row.version,
                 body: row.body,
@@ -192,18 +191,70 @@ impl ledger::Host for HostState {
         }
     }
 
-    fn commit(&mut self, batch: Batch) -> Committed {
+    /// A batch applied whole or not at all, as `ledger.commit` answers.
+    fn commit_batch(&self, batch: &Batch) -> Committed {
         // Checked here, where the batch arrives, so every `Storage` (a user's too) gets only
         // rows whose table, scope and key are their put's.
-        if let Err(e) = storage::check_batch(&batch) {
+        if let Err(e) = storage::check_batch(batch) {
             return Committed::Failed(failure(e));
         }
         // The engine says which batches may wait for the disk (DESIGN.md "Durability budget").
         let flush = if batch.deferrable { Flush::Deferred } else { Flush::Now };
-        match self.storage.commit_with(&batch, flush) {
+        match self.storage.commit_with(batch, flush) {
             Ok(()) => Committed::Applied,
             Err(storage::CommitError::Conflict) => Committed::Conflict,
             Err(storage::CommitError::Storage(e)) => Committed::Failed(failure(e)),
+        }
+    }
+}
+
+/// What a component instance's imports answer from: the host's I/O, and
+/// which encoding of the ledger's `get` and `commit` the instance was
+/// configured with. The other encoding's `get` and `commit` answer `failed`,
+/// as `wit/once.wit` requires: a guest that called them (a bug) is refused,
+/// never answered from the store.
+pub(crate) struct Imports {
+    /// The host's I/O.
+    pub(crate) host: HostState,
+    /// Set by an accepted `configure`; none before (no export reads the ledger then).
+    pub(crate) encoding: Option<LedgerEncoding>,
+}
+
+impl Imports {
+    /// Why `encoding`'s `get` or `commit` is refused, if it is not the configured one.
+    fn refused(&self, encoding: LedgerEncoding) -> Option<Failure> {
+        (self.encoding != Some(encoding)).then(|| Failure {
+            message: format!(
+                "ledger: the guest called the {} encoding's get or commit; this instance is configured with {}",
+                encoding_name(Some(encoding)),
+                encoding_name(self.encoding)
+            ),
+        })
+    }
+}
+
+fn encoding_name(encoding: Option<LedgerEncoding>) -> &'static str {
+    match encoding {
+        Some(LedgerEncoding::Typed) => "typed (ledger)",
+        Some(LedgerEncoding::Json) => "JSON (ledger-json)",
+        None => "none (not configured)",
+    }
+}
+
+impl types::Host for Imports {}
+
+impl ledger::Host for Imports {
+    fn get(&mut self, table: Table, scope: String, key: String) -> Got {
+        match self.refused(LedgerEncoding::Typed) {
+            Some(f) => Got::Failed(f),
+            None => self.host.get_row(table, &scope, &key),
+        }
+    }
+
+    fn commit(&mut self, batch: Batch) -> Committed {
+        match self.refused(LedgerEncoding::Typed) {
+            Some(f) => Committed::Failed(f),
+            None => self.host.commit_batch(&batch),
         }
     }
 
@@ -215,14 +266,18 @@ impl ledger::Host for HostState {
         owner: Option<String>,
         limit: u32,
     ) -> Scanned {
-        match self.storage.scan(table, &states, due_before, owner.as_deref(), limit) {
+        match self
+            .host
+            .storage
+            .scan(table, &states, due_before, owner.as_deref(), limit)
+        {
             Ok(rows) => Scanned::Found(Rows { rows }),
             Err(e) => Scanned::Failed(failure(e)),
         }
     }
 
     fn audit(&mut self, scope: String, key: String) -> Audited {
-        match self.storage.audit(&scope, &key) {
+        match self.host.storage.audit(&scope, &key) {
             Ok(events) => Audited::Found(Trail { events }),
             Err(e) => Audited::Failed(failure(e)),
         }
@@ -230,20 +285,22 @@ impl ledger::Host for HostState {
 }
 
 /// `ledger.get` and `ledger.commit` in the derived JSON encoding: what a guest
-/// configured with `ledger-encoding` `json` calls. This host configures
-/// `typed` ([`crate::Once`]); the conformance suite drives this encoding too.
-impl ledger_json::Host for HostState {
+/// configured with `ledger-encoding` `json` calls. [`crate::Once`] configures
+/// `typed`; the conformance suite drives this encoding too.
+impl ledger_json::Host for Imports {
     fn get(&mut self, table: Table, scope: String, key: String) -> String {
-        #[cfg(test)]
-        tests::JSON_CROSSINGS.fetch_add(1, Ordering::Relaxed);
-        json(&ledger::Host::get(self, table, scope, key))
+        match self.refused(LedgerEncoding::Json) {
+            Some(f) => json(&Got::Failed(f)),
+            None => json(&self.host.get_row(table, &scope, &key)),
+        }
     }
 
     fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
-        #[cfg(test)]
-        tests::JSON_CROSSINGS.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = self.refused(LedgerEncoding::Json) {
+            return json(&Committed::Failed(f));
+        }
         match batch_of(&batch, bodies) {
-            Ok(batch) => json(&ledger::Host::commit(self, batch)),
+            Ok(batch) => json(&self.host.commit_batch(&batch)),
             Err(why) => json(&Committed::Failed(Failure { message: why })),
         }
     }
@@ -304,39 +361,36 @@ fn failure(e: storage::StorageError) -> Failure {
     Failure { message: e.to_string() }
 }
 
-impl clock::Host for HostState {
+impl clock::Host for Imports {
     fn now(&mut self) -> Timestamp {
-        self.clock.now()
+        self.host.clock.now()
     }
 }
 
-impl provider::Host for HostState {
+impl provider::Host for Imports {
     fn lookup(&mut self, tool: String, provider_key: String, args: String) -> Evidence {
-        self.provider.lookup(&tool, &provider_key, &args)
+        self.host.provider.lookup(&tool, &provider_key, &args)
     }
 }
 
-impl entropy::Host for HostState {
+impl entropy::Host for Imports {
     fn fill(&mut self, len: u32) -> Vec<u8> {
-        self.entropy.fill(len)
+        self.host.entropy.fill(len)
     }
 }
 
-impl operator::Host for HostState {
+impl operator::Host for Imports {
     fn escalate(&mut self, escalation: Escalation) -> bool {
-        self.operator.escalate(&escalation)
+        self.host.operator.escalate(&escalation)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::types::{Call, Configuration, LedgerEncoding, Outcome, Step};
+    use crate::bindings::types::{Call, Configuration, Outcome, Step};
     use crate::runtime::Runtime;
     use crate::storage::memory::MemoryStorage;
-
-    /// Calls of `ledger-json`'s imports by every instance in this test binary.
-    pub(super) static JSON_CROSSINGS: AtomicU64 = AtomicU64::new(0);
 
     fn host(storage: Arc<MemoryStorage>) -> HostState {
         HostState {
@@ -348,9 +402,9 @@ mod tests {
         }
     }
 
-    /// One protected call, dispatched and confirmed, on an instance configured with `encoding`;
-    /// the `ledger-json` crossings it made.
-    fn call_with(encoding: LedgerEncoding, key: &str) -> u64 {
+    /// One protected call, dispatched and confirmed, on an instance configured with `encoding`
+    /// (whose imports refuse the other encoding's `get` and `commit`).
+    fn call_with(encoding: LedgerEncoding, key: &str) {
         let storage = Arc::new(MemoryStorage::new());
         let runtime = Runtime::shared().unwrap();
         let mut instance = runtime.instantiate(host(storage.clone())).unwrap();
@@ -363,7 +417,6 @@ mod tests {
             ledger_encoding: encoding,
         };
         instance.configure(&configuration, 1).unwrap().unwrap();
-        let before = JSON_CROSSINGS.load(Ordering::Relaxed);
         let call = Call {
             scope: "s".into(),
             keys: vec![("api".into(), key.into())],
@@ -379,30 +432,64 @@ mod tests {
         let step = instance.report(&grant.scope, &grant.key, &grant.fence, &outcome);
         assert!(matches!(step, Ok(Ok(Step::Done(_)))), "{encoding:?}: {step:?}");
         assert!(storage.get(Table::Operation, "s", key).unwrap().is_some());
-        JSON_CROSSINGS.load(Ordering::Relaxed) - before
     }
 
-    /// The guest calls the encoding it was configured with, and only that one.
+    /// The guest calls the encoding it was configured with, and only that one: a call
+    /// of the other would be refused, and the protected call with it.
     #[test]
     fn the_guest_answers_through_the_configured_ledger_encoding() {
+        call_with(LedgerEncoding::Typed, "typed");
+        call_with(LedgerEncoding::Json, "json");
+    }
+
+    fn imports(storage: Arc<MemoryStorage>, encoding: Option<LedgerEncoding>) -> Imports {
+        Imports {
+            host: host(storage),
+            encoding,
+        }
+    }
+
+    /// The encoding not configured (or any, before `configure`) answers `failed`, never the store's rows.
+    #[test]
+    fn the_other_encoding_answers_failed() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut typed = imports(storage.clone(), Some(LedgerEncoding::Typed));
         assert_eq!(
-            call_with(LedgerEncoding::Typed, "typed"),
-            0,
-            "a typed host was asked for JSON"
+            ledger::Host::get(&mut typed, Table::Operation, "s".into(), "k".into()),
+            Got::Missing
         );
-        assert!(
-            call_with(LedgerEncoding::Json, "json") >= 3,
-            "ledger-json was not called"
-        );
+        let refused = |text: String| matches!(serde_json::from_str(&text), Ok(Got::Failed(_)));
+        assert!(refused(ledger_json::Host::get(
+            &mut typed,
+            Table::Operation,
+            "s".into(),
+            "k".into()
+        )));
+        let mut json = imports(storage.clone(), Some(LedgerEncoding::Json));
+        assert!(matches!(
+            ledger::Host::get(&mut json, Table::Operation, "s".into(), "k".into()),
+            Got::Failed(_)
+        ));
+        let mut unconfigured = imports(storage, None);
+        assert!(matches!(
+            ledger::Host::get(&mut unconfigured, Table::Operation, "s".into(), "k".into()),
+            Got::Failed(f) if f.message.contains("not configured")
+        ));
+        assert!(refused(ledger_json::Host::get(
+            &mut unconfigured,
+            Table::Operation,
+            "s".into(),
+            "k".into()
+        )));
     }
 
     /// A malformed `ledger-json` batch is refused whole, saying why; nothing is written.
     #[test]
     fn a_malformed_json_batch_is_refused_whole() {
         let storage = Arc::new(MemoryStorage::new());
-        let mut state = host(storage.clone());
+        let mut state = imports(storage.clone(), Some(LedgerEncoding::Json));
         let head = r#"{"puts":[{"table":"Operation","scope":"s","key":"k","expected":null,"row":{"version":1,"state":"InFlight","due_at":1,"owner":null}}],"events":[],"deferrable":false}"#;
-        let answer = |state: &mut HostState, head: &str, bodies: Vec<String>| {
+        let answer = |state: &mut Imports, head: &str, bodies: Vec<String>| {
             serde_json::from_str::<Committed>(&ledger_json::Host::commit(state, head.into(), bodies)).unwrap()
         };
         for (head, bodies, why) in [
@@ -427,7 +514,7 @@ mod tests {
     #[test]
     fn a_typed_batch_whose_row_is_not_its_puts_is_refused() {
         let storage = Arc::new(MemoryStorage::new());
-        let mut state = host(storage.clone());
+        let mut state = imports(storage.clone(), Some(LedgerEncoding::Typed));
         let row = Row {
             table: Table::Operation,
             scope: "other".into(),

@@ -26,7 +26,7 @@ use crate::bindings::types::{
     Outcome, PruneReport, QueueFilter, RecordView, Resolution, Settings, State, Step, SweepResult,
 };
 use crate::bindings::{Once as OnceWorld, OncePre};
-use crate::io::HostState;
+use crate::io::{HostState, Imports};
 use crate::once::OnceError;
 
 /// Per-call resource limits of the guest component.
@@ -96,7 +96,7 @@ fn load_failure(error: anyhow::Error) -> OnceError {
 /// What a component store holds: the imports' state and the memory limiter.
 struct StoreData {
     /// Everything the imports reach.
-    host: HostState,
+    imports: Imports,
     memory: MemoryLimiter,
 }
 
@@ -206,7 +206,7 @@ impl Runtime {
                 .context("compiling the once component")?,
         };
         let mut linker = Linker::new(&engine);
-        OnceWorld::add_to_linker::<StoreData, HasSelf<HostState>>(&mut linker, |data| &mut data.host)?;
+        OnceWorld::add_to_linker::<StoreData, HasSelf<Imports>>(&mut linker, |data| &mut data.imports)?;
         let pre = OncePre::new(linker.instantiate_pre(&component)?)?;
         Ok(Runtime {
             engine,
@@ -253,7 +253,10 @@ impl Runtime {
     /// A fresh instance over the given host state, under `limits`.
     pub fn instantiate_limited(&self, state: HostState, limits: &GuestLimits) -> Result<Instance, OnceError> {
         let data = StoreData {
-            host: state,
+            imports: Imports {
+                host: state,
+                encoding: None,
+            },
             memory: MemoryLimiter {
                 max_bytes: limits.memory_bytes,
                 granted: 0,
@@ -279,12 +282,12 @@ impl Runtime {
 impl Instance {
     /// The state the imports reach (storage, clock, provider, operator).
     pub fn host(&self) -> &HostState {
-        &self.store.data().host
+        &self.store.data().imports.host
     }
 
     /// The imports' state, to change between calls.
     pub fn host_mut(&mut self) -> &mut HostState {
-        &mut self.store.data_mut().host
+        &mut self.store.data_mut().imports.host
     }
 
     /// The instance's linear memory, in bytes: its high-water mark, as wasm memories never shrink.
@@ -329,6 +332,10 @@ impl Instance {
     pub fn configure(&mut self, configuration: &Configuration, generation: u64) -> Answer<Configured> {
         let answer = self.call(|w, s| w.once_core_engine().call_configure(s, configuration))?;
         self.configured = answer.is_ok().then_some(generation);
+        // A refused configuration leaves the guest's, and so the imports', as they were.
+        if answer.is_ok() {
+            self.store.data_mut().imports.encoding = Some(configuration.ledger_encoding);
+        }
         Ok(answer)
     }
 

@@ -563,21 +563,28 @@ function imports(run) {
   const failedText = (message) => JSON.stringify({ Failed: { message } });
   const readsFail = () => run.storage.failReads;
   // A run answers get and commit in the encoding it configured; the other one's answer `failed`, as a
-  // host's must (wit/once.wit), so a guest calling the wrong one fails the scenario.
-  const wrong = (encoding) => run.encoding !== encoding && `this run answers get and commit in its ${run.encoding} encoding only`;
+  // host's must (wit/once.wit), and the call fails the scenario whatever the guest makes of the answer.
+  const wrong = (encoding) => {
+    if (run.encoding === encoding) return false;
+    const why = `the guest called the ${encoding} encoding's get or commit in a ${run.encoding} run`;
+    run.failures.push(`${run.name}: ${why}`);
+    return why;
+  };
   const answer = (outcome) => (outcome === null ? "applied" : outcome === "conflict" ? "conflict" : outcome);
   const ifaces = {
     "once:core/types@0.5.0": {},
     "once:core/ledger-json@0.5.0": {
       get(table, scope, key) {
-        if (wrong("json")) return failedText(wrong("json"));
+        const why = wrong("json");
+        if (why) return failedText(why);
         if (readsFail()) return failedText(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
         if (!row) return '"Missing"';
         return `{"Found":{"version":${BigInt(row.version)},"body":${JSON.stringify(row.body)}}}`;
       },
       commit(text, bodies) {
-        if (wrong("json")) return failedText(wrong("json"));
+        const why = wrong("json");
+        if (why) return failedText(why);
         let batch;
         try {
           batch = batchOf(text, bodies);
@@ -590,13 +597,18 @@ function imports(run) {
     },
     "once:core/ledger@0.5.0": {
       get(table, scope, key) {
-        if (wrong("typed")) return failed(wrong("typed"));
+        const why = wrong("typed");
+        if (why) return failed(why);
         if (readsFail()) return failed(READ_FAILURE);
         const row = run.storage.inner.get(table, scope, key);
         return row ? { tag: "found", val: { version: BigInt(row.version), body: row.body } } : { tag: "missing" };
       },
       commit(batch) {
-        if (wrong("typed")) return failed(wrong("typed"));
+        const why = wrong("typed");
+        if (why) return failed(why);
+        // As the Rust and Node hosts: a written row must be its put's (the JSON form cannot say otherwise).
+        const i = batch.puts.findIndex((p) => p.row && (p.row.table !== p.table || p.row.scope !== p.scope || p.row.key !== p.key));
+        if (i >= 0) return failed(`ledger.commit: puts/${i}: the row is not the put's`);
         const { puts, events } = typedBatch(batch);
         const outcome = answer(run.storage.commit(puts, events, batch.deferrable));
         return outcome === "applied" || outcome === "conflict" ? { tag: outcome } : failed(outcome);

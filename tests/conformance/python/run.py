@@ -456,13 +456,17 @@ class Host:
             return json.dumps({"Failed": {"message": message}})
 
         # A run answers get and commit in the encoding it configured; the other one's answer `failed`, as a
-        # host's must (wit/once.wit), so a guest calling the wrong one fails the scenario.
+        # host's must (wit/once.wit), and the call fails the scenario whatever the guest makes of the answer.
         def wrong(encoding):
-            return run.encoding != encoding and f"this run answers get and commit in its {run.encoding} encoding only"
+            if run.encoding == encoding:
+                return None
+            why = f"the guest called the {encoding} encoding's get or commit in a {run.encoding} run"
+            run.failures.append(f"{run.name}: {why}")
+            return why
 
         def get(_, table, scope, key):
-            if wrong("json"):
-                return failed_text(wrong("json"))
+            if why := wrong("json"):
+                return failed_text(why)
             if reads_fail():
                 return failed_text(READ_FAILURE)
             row = run.storage.inner.get(table, scope, key)
@@ -471,8 +475,8 @@ class Host:
             return json.dumps({"Found": {"version": row["version"], "body": row["body"]}})
 
         def commit(_, batch, bodies):
-            if wrong("json"):
-                return failed_text(wrong("json"))
+            if why := wrong("json"):
+                return failed_text(why)
             try:
                 puts, events, _deferrable = batch_of(batch, list(bodies))
             except ValueError as e:
@@ -505,8 +509,8 @@ class Host:
             return run.ack
 
         def typed_get(_, table, scope, key):
-            if wrong("typed"):
-                return failed(wrong("typed"))
+            if why := wrong("typed"):
+                return failed(why)
             if reads_fail():
                 return failed(READ_FAILURE)
             row = run.storage.inner.get(table, scope, key)
@@ -515,8 +519,12 @@ class Host:
             return Variant("found", record_from({"version": row["version"], "body": row["body"]}))
 
         def typed_commit(_, batch):
-            if wrong("typed"):
-                return failed(wrong("typed"))
+            if why := wrong("typed"):
+                return failed(why)
+            # As the Rust and Node hosts: a written row must be its put's (the JSON form cannot say otherwise).
+            for i, p in enumerate(batch.puts):
+                if p.row is not None and (p.row.table, p.row.scope, p.row.key) != (p.table, p.scope, p.key):
+                    return failed(f"ledger.commit: puts/{i}: the row is not the put's")
             puts, events = typed_batch(batch)
             outcome = run.storage.commit(puts, events)
             if outcome is None:
