@@ -178,7 +178,7 @@ test("the ledger import over the package's SQLite store: a row due at i64::MAX i
   for (const [table, scope, key] of [["operation", "s", "k3"], ["quota", "s", "k3"], ["operation", "elsewhere", "k3"], ["operation", "s", "k4"]]) {
     assert.deepEqual(ledger.get(table, scope, key), { tag: "missing" }, `${table}/${scope}/${key}`);
   }
-  // A put with no row passes the check: the same batch, well placed, applies.
+  // A put with no row passes the check: a well-placed batch with one (the tombstone check) applies.
   assert.deepEqual(ledger.commit(batch(1n, "k5")), { tag: "applied" });
   assert.equal(store.counts().events, 2);
   // The JSON encoding is not this host's: it answers failed, never missing or applied.

@@ -1,5 +1,6 @@
 //! The I/O the component imports: storage, clock, provider lookup and
-//! escalation, bound to the WIT imports. Nothing here decides anything.
+//! escalation, bound to the WIT imports. Nothing here decides anything but
+//! which ledger encoding an instance answers: the one it was configured with.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -163,7 +164,7 @@ impl Entropy for FixedEntropy {
     }
 }
 
-/// Everything a component instance's imports reach.
+/// The I/O a component instance's imports reach.
 #[derive(Clone)]
 pub struct HostState {
     /// The record store.
@@ -221,38 +222,36 @@ pub(crate) struct Imports {
 }
 
 impl Imports {
-    /// Why `encoding`'s `get` or `commit` is refused, if it is not the configured one.
-    fn refused(&self, encoding: LedgerEncoding) -> Option<Failure> {
-        (self.encoding != Some(encoding)).then(|| Failure {
-            message: format!(
-                "ledger: the guest called the {} encoding's get or commit; this instance is configured with {}",
-                encoding_name(Some(encoding)),
-                encoding_name(self.encoding)
-            ),
+    /// Why `import` (`ledger.get`, `ledger-json.commit`, …) of `encoding` is refused, if that is not
+    /// the encoding this instance was configured with.
+    fn refused(&self, import: &str, encoding: LedgerEncoding) -> Option<Failure> {
+        let configured = match self.encoding {
+            Some(e) if e == encoding => return None,
+            Some(LedgerEncoding::Typed) => "configured with the typed ledger",
+            Some(LedgerEncoding::Json) => "configured with ledger-json",
+            None => "not configured yet",
+        };
+        Some(Failure {
+            message: format!("{import}: refused: this instance is {configured}"),
         })
-    }
-}
-
-fn encoding_name(encoding: Option<LedgerEncoding>) -> &'static str {
-    match encoding {
-        Some(LedgerEncoding::Typed) => "typed (ledger)",
-        Some(LedgerEncoding::Json) => "JSON (ledger-json)",
-        None => "none (not configured)",
     }
 }
 
 impl types::Host for Imports {}
 
+// The generated (empty) trait of the shared types, as `HostState` has always had it.
+impl types::Host for HostState {}
+
 impl ledger::Host for Imports {
     fn get(&mut self, table: Table, scope: String, key: String) -> Got {
-        match self.refused(LedgerEncoding::Typed) {
+        match self.refused("ledger.get", LedgerEncoding::Typed) {
             Some(f) => Got::Failed(f),
             None => self.host.get_row(table, &scope, &key),
         }
     }
 
     fn commit(&mut self, batch: Batch) -> Committed {
-        match self.refused(LedgerEncoding::Typed) {
+        match self.refused("ledger.commit", LedgerEncoding::Typed) {
             Some(f) => Committed::Failed(f),
             None => self.host.commit_batch(&batch),
         }
@@ -289,14 +288,14 @@ impl ledger::Host for Imports {
 /// `typed`; the conformance suite drives this encoding too.
 impl ledger_json::Host for Imports {
     fn get(&mut self, table: Table, scope: String, key: String) -> String {
-        match self.refused(LedgerEncoding::Json) {
+        match self.refused("ledger-json.get", LedgerEncoding::Json) {
             Some(f) => json(&Got::Failed(f)),
             None => json(&self.host.get_row(table, &scope, &key)),
         }
     }
 
     fn commit(&mut self, batch: String, bodies: Vec<String>) -> String {
-        if let Some(f) = self.refused(LedgerEncoding::Json) {
+        if let Some(f) = self.refused("ledger-json.commit", LedgerEncoding::Json) {
             return json(&Committed::Failed(f));
         }
         match batch_of(&batch, bodies) {
@@ -389,7 +388,7 @@ impl operator::Host for Imports {
 mod tests {
     use super::*;
     use crate::bindings::types::{Call, Configuration, Outcome, Step};
-    use crate::runtime::Runtime;
+    use crate::runtime::{Instance, Runtime};
     use crate::storage::memory::MemoryStorage;
 
     fn host(storage: Arc<MemoryStorage>) -> HostState {
@@ -402,21 +401,19 @@ mod tests {
         }
     }
 
-    /// One protected call, dispatched and confirmed, on an instance configured with `encoding`
-    /// (whose imports refuse the other encoding's `get` and `commit`).
-    fn call_with(encoding: LedgerEncoding, key: &str) {
-        let storage = Arc::new(MemoryStorage::new());
-        let runtime = Runtime::shared().unwrap();
-        let mut instance = runtime.instantiate(host(storage.clone())).unwrap();
+    fn configuration(instance: &mut Instance, encoding: LedgerEncoding) -> Configuration {
         let mut defaults = crate::policy_input();
         defaults.lookup = Some(false);
-        let configuration = Configuration {
+        Configuration {
             settings: instance.default_settings().unwrap(),
             defaults,
             tools: Vec::new(),
             ledger_encoding: encoding,
-        };
-        instance.configure(&configuration, 1).unwrap().unwrap();
+        }
+    }
+
+    /// One protected call, dispatched and confirmed (the ledger read and written on the way).
+    fn protect(instance: &mut Instance, storage: &MemoryStorage, key: &str) {
         let call = Call {
             scope: "s".into(),
             keys: vec![("api".into(), key.into())],
@@ -426,12 +423,22 @@ mod tests {
             acknowledge_confirmed: false,
         };
         let Step::Dispatch(grant) = instance.start(&call).unwrap().unwrap() else {
-            panic!("{encoding:?}: no grant");
+            panic!("{key}: no grant");
         };
         let outcome = Outcome::Success("{\"id\":1}".into());
         let step = instance.report(&grant.scope, &grant.key, &grant.fence, &outcome);
-        assert!(matches!(step, Ok(Ok(Step::Done(_)))), "{encoding:?}: {step:?}");
+        assert!(matches!(step, Ok(Ok(Step::Done(_)))), "{key}: {step:?}");
         assert!(storage.get(Table::Operation, "s", key).unwrap().is_some());
+    }
+
+    /// A protected call on an instance configured with `encoding` (whose imports refuse the
+    /// other encoding's `get` and `commit`).
+    fn call_with(encoding: LedgerEncoding, key: &str) {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut instance = Runtime::shared().unwrap().instantiate(host(storage.clone())).unwrap();
+        let configuration = configuration(&mut instance, encoding);
+        instance.configure(&configuration, 1).unwrap().unwrap();
+        protect(&mut instance, &storage, key);
     }
 
     /// The guest calls the encoding it was configured with, and only that one: a call
@@ -440,6 +447,23 @@ mod tests {
     fn the_guest_answers_through_the_configured_ledger_encoding() {
         call_with(LedgerEncoding::Typed, "typed");
         call_with(LedgerEncoding::Json, "json");
+    }
+
+    /// A refused configuration leaves the accepted one's encoding in force on both sides;
+    /// an accepted one switches both.
+    #[test]
+    fn a_refused_configure_keeps_the_encoding_an_accepted_one_switches_it() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut instance = Runtime::shared().unwrap().instantiate(host(storage.clone())).unwrap();
+        let typed = configuration(&mut instance, LedgerEncoding::Typed);
+        instance.configure(&typed, 1).unwrap().unwrap();
+        let mut refused = configuration(&mut instance, LedgerEncoding::Json);
+        refused.settings.owner = String::new();
+        assert!(instance.configure(&refused, 2).unwrap().is_err());
+        protect(&mut instance, &storage, "after-refusal");
+        let json = configuration(&mut instance, LedgerEncoding::Json);
+        instance.configure(&json, 3).unwrap().unwrap();
+        protect(&mut instance, &storage, "after-switch");
     }
 
     fn imports(storage: Arc<MemoryStorage>, encoding: Option<LedgerEncoding>) -> Imports {
@@ -470,7 +494,7 @@ mod tests {
             ledger::Host::get(&mut json, Table::Operation, "s".into(), "k".into()),
             Got::Failed(_)
         ));
-        let mut unconfigured = imports(storage, None);
+        let mut unconfigured = imports(storage.clone(), None);
         assert!(matches!(
             ledger::Host::get(&mut unconfigured, Table::Operation, "s".into(), "k".into()),
             Got::Failed(f) if f.message.contains("not configured")
@@ -481,6 +505,48 @@ mod tests {
             "s".into(),
             "k".into()
         )));
+        // Commits of an encoding not configured write nothing, however well formed.
+        for instance in [&mut json, &mut unconfigured] {
+            assert!(matches!(
+                ledger::Host::commit(instance, batch("s")),
+                Committed::Failed(_)
+            ));
+        }
+        let committed = ledger_json::Host::commit(&mut typed, HEAD.into(), vec!["{}".into()]);
+        assert!(
+            matches!(serde_json::from_str(&committed), Ok(Committed::Failed(_))),
+            "{committed}"
+        );
+        assert!(storage.get(Table::Operation, "s", "k").unwrap().is_none());
+        assert_eq!(ledger::Host::commit(&mut typed, batch("s")), Committed::Applied);
+    }
+
+    /// The JSON form of `batch("s")`'s head.
+    const HEAD: &str = r#"{"puts":[{"table":"Operation","scope":"s","key":"k","expected":null,"row":{"version":1,"state":"InFlight","due_at":1,"owner":null}}],"events":[],"deferrable":false}"#;
+
+    /// A batch inserting row (operation, s, k), written as if of scope `row_scope`.
+    fn batch(row_scope: &str) -> Batch {
+        let row = Row {
+            table: Table::Operation,
+            scope: row_scope.into(),
+            key: "k".into(),
+            version: 1,
+            state: Some(State::InFlight),
+            due_at: Some(1),
+            owner: None,
+            body: "{}".into(),
+        };
+        Batch {
+            puts: vec![Put {
+                table: Table::Operation,
+                scope: "s".into(),
+                key: "k".into(),
+                expected: None,
+                row: Some(row),
+            }],
+            events: Vec::new(),
+            deferrable: false,
+        }
     }
 
     /// A malformed `ledger-json` batch is refused whole, saying why; nothing is written.
@@ -488,7 +554,7 @@ mod tests {
     fn a_malformed_json_batch_is_refused_whole() {
         let storage = Arc::new(MemoryStorage::new());
         let mut state = imports(storage.clone(), Some(LedgerEncoding::Json));
-        let head = r#"{"puts":[{"table":"Operation","scope":"s","key":"k","expected":null,"row":{"version":1,"state":"InFlight","due_at":1,"owner":null}}],"events":[],"deferrable":false}"#;
+        let head = HEAD;
         let answer = |state: &mut Imports, head: &str, bodies: Vec<String>| {
             serde_json::from_str::<Committed>(&ledger_json::Host::commit(state, head.into(), bodies)).unwrap()
         };
@@ -515,27 +581,7 @@ mod tests {
     fn a_typed_batch_whose_row_is_not_its_puts_is_refused() {
         let storage = Arc::new(MemoryStorage::new());
         let mut state = imports(storage.clone(), Some(LedgerEncoding::Typed));
-        let row = Row {
-            table: Table::Operation,
-            scope: "other".into(),
-            key: "k".into(),
-            version: 1,
-            state: Some(State::InFlight),
-            due_at: Some(1),
-            owner: None,
-            body: "{}".into(),
-        };
-        let batch = Batch {
-            puts: vec![Put {
-                table: Table::Operation,
-                scope: "s".into(),
-                key: "k".into(),
-                expected: None,
-                row: Some(row),
-            }],
-            events: Vec::new(),
-            deferrable: false,
-        };
+        let batch = batch("other");
         assert!(matches!(ledger::Host::commit(&mut state, batch), Committed::Failed(_)));
         assert!(storage.get(Table::Operation, "s", "k").unwrap().is_none());
         assert!(storage.get(Table::Operation, "other", "k").unwrap().is_none());

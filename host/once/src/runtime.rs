@@ -332,7 +332,9 @@ impl Instance {
     pub fn configure(&mut self, configuration: &Configuration, generation: u64) -> Answer<Configured> {
         let answer = self.call(|w, s| w.once_core_engine().call_configure(s, configuration))?;
         self.configured = answer.is_ok().then_some(generation);
-        // A refused configuration leaves the guest's, and so the imports', as they were.
+        // The guest keeps its last accepted configuration when it refuses one, and the imports
+        // keep answering its encoding (the host forgets the generation: the instance is
+        // configured again before it serves a call).
         if answer.is_ok() {
             self.store.data_mut().imports.encoding = Some(configuration.ledger_encoding);
         }
