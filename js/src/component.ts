@@ -8,7 +8,11 @@ import { pathToFileURL } from "node:url";
 /** The WIT package of the component this package hosts (wit/once.wit). */
 export const WIT_VERSION = "0.5.0";
 
-/** The exports of `engine`, `protocol` and `transitions`, in one object. */
+/**
+ * The exports of `engine`, `protocol`'s `sweep`, `transitions` and the typed `driver`, in one object.
+ * `protocol`'s `start`, `report` and `resume` carry the same steps as JSON text, the encoding for hosts whose
+ * typed crossings are slow (wasmtime-py); jco lifts the typed ones as fast, so this package uses `driver`'s.
+ */
 export type Exports = Record<string, (...a: unknown[]) => unknown>;
 
 /** Makes a fresh instance of the component over the imports given (by interface name, `once:core/ledger`...). */
@@ -44,6 +48,8 @@ export async function loadComponent(genDir: string): Promise<Instantiate> {
       }
       return found;
     };
-    return { ...exported("engine"), ...exported("protocol"), ...exported("transitions") };
+    const engine = exported("engine");
+    const { sweep } = exported("protocol");
+    return { ...engine, sweep, ...exported("transitions"), ...exported("driver") };
   };
 }

@@ -10,15 +10,16 @@ import { type Json, receiptText, toJson } from "./json.js";
 import { type Descriptor, type Policy, descriptorInput, policyInput } from "./policy.js";
 import { type Synchronous, synchronousMode } from "./stores/store.js";
 import type { PostgresStore } from "./stores/postgres.js";
-import { callText, outcomeText, stepOf } from "./wire.js";
 import type {
   Account,
+  Call,
   Configuration,
   Configured,
   Escalation,
   Evidence,
   Grant,
   OperatorQueue,
+  Outcome,
   QueueFilter,
   RecordView,
   Resolution,
@@ -77,6 +78,34 @@ export const sent = {
   /** Nothing left this host (e.g. the connection was refused). */
   notSent: (): Sent => ({ outcome: "not-sent" }),
 };
+
+/**
+ * The `outcome` a sender's answer reports. An answer none of `sent`'s constructors makes (a sender's slip,
+ * in a language that does not check it) is reported ambiguous: the request may have left.
+ */
+export function outcomeOf(s: Sent): Outcome {
+  const answer = s as { outcome?: unknown; response?: unknown; error?: unknown; reason?: unknown } | null | undefined;
+  switch (answer?.outcome) {
+    case "not-sent":
+      return { tag: "not-sent" };
+    case "success":
+      if (typeof answer.response === "string") return { tag: "success", val: answer.response };
+      break;
+    case "rejected":
+      if (typeof answer.error === "string") return { tag: "rejected", val: answer.error };
+      break;
+    case "ambiguous":
+      if (typeof answer.reason === "string") return { tag: "ambiguous", val: answer.reason };
+      break;
+  }
+  let shown: string;
+  try {
+    shown = String(JSON.stringify(answer, (_, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+  } catch {
+    shown = String(answer);
+  }
+  return { tag: "ambiguous", val: `the sender answered ${shown.slice(0, 200)}, none of sent.success/rejected/ambiguous/notSent` };
+}
 
 /** What the sender is asked to send: exactly these args, once. */
 export interface Dispatch {
@@ -252,6 +281,29 @@ function requireArgs(tool: string, args: unknown): void {
   if (args === undefined || args === null) {
     throw new InvalidArgumentsError(`${tool}: args at /: ${args} is not a tool's arguments (pass an object; {} for none)`, "");
   }
+}
+
+/**
+ * The typed `call` of a request. A field of the wrong type (a caller's slip the compiler did not catch) is
+ * refused here, before anything is recorded: lowered as it is, it would fail inside the component.
+ */
+function callOf(c: CallRequest, args: unknown): Call {
+  const text = (v: unknown, field: string): string => {
+    if (typeof v === "string") return v;
+    throw new InvalidArgumentsError(`call: ${field} must be a string, not ${v === null ? "null" : typeof v}`, `/${field}`);
+  };
+  const acknowledge = c.acknowledgeConfirmed ?? false;
+  if (typeof acknowledge !== "boolean") {
+    throw new InvalidArgumentsError(`call: acknowledgeConfirmed must be a boolean, not ${typeof acknowledge}`, "/acknowledgeConfirmed");
+  }
+  return {
+    scope: text(c.scope, "scope"),
+    keys: c.key === undefined ? [] : [["application", text(c.key, "key")]],
+    tool: text(c.tool, "tool"),
+    args: text(args, c.argsJson === undefined ? "args" : "argsJson"),
+    supersedes: c.supersedes === undefined ? undefined : text(c.supersedes, "supersedes"),
+    acknowledgeConfirmed: acknowledge,
+  };
 }
 
 /** A handle on the once engine over one ledger. */
@@ -431,19 +483,14 @@ export class Once {
     if (typeof c.send !== "function") throw new InvalidArgumentsError("call: `send` must be a function", "/send");
     if (c.argsJson === undefined) requireArgs(c.tool, c.args);
     const args = c.argsJson ?? toJson(c.args, "args");
-    const call = callText(c.scope, c.key, c.tool, args, c.supersedes, c.acknowledgeConfirmed ?? false);
-    const step = await this.step("start", call);
+    const call = callOf(c, args);
+    const step = await this.engine.call<Step>("start", call);
     return this.drive(step, { scope: c.scope, tool: c.tool, args }, c.waitMs ?? this.options.waitMs ?? 10_000, c.send);
-  }
-
-  /** A protocol export (`start`, `report`, `resume`): the step its JSON answer states, or its error thrown. */
-  private async step(op: "start" | "report" | "resume", ...args: string[]): Promise<Step> {
-    return stepOf(await this.engine.call<string>(op, ...args), op);
   }
 
   /** Go on with an operation from the ledger (after a crash): its holder's outcome, a read, or the owed dispatch. */
   async resume(scope: string, key: string, send: Send, waitMs?: number): Promise<Called> {
-    const step = await this.step("resume", scope, key);
+    const step = await this.engine.call<Step>("resume", scope, key);
     return this.drive(step, undefined, waitMs ?? this.options.waitMs ?? 10_000, send);
   }
 
@@ -457,7 +504,7 @@ export class Once {
     const out: Called[] = [];
     for (const [scope, key] of sweep.owed) {
       // Another host may have taken it since: then there is nothing to send.
-      const step = await this.step("resume", scope, key);
+      const step = await this.engine.call<Step>("resume", scope, key);
       if (step.tag === "dispatch") out.push(await this.drive(step, undefined, 0, send));
     }
     return { sweep, sent: out };
@@ -479,7 +526,7 @@ export class Once {
           // Never send after send-by: the whole timeout must end inside the lease.
           const result = this.engine.ledgerNow() >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
           try {
-            step = await this.step("report", g.scope, g.key, g.fence, outcomeText(result));
+            step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
           } catch (e) {
             // The effect happened: an error now would make the caller mint a new intent.
             if (result?.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
@@ -491,7 +538,7 @@ export class Once {
           const w = step.val;
           if (Number(w.next) > giveUpAt || Date.now() >= stopAt) return { kind: "done", account: w.meanwhile };
           await sleep(Math.min(Number(w.next) - this.engine.ledgerNow(), stopAt - Date.now()));
-          step = await this.step("resume", w.scope, w.key);
+          step = await this.engine.call<Step>("resume", w.scope, w.key);
           break;
         }
         case "done":

@@ -27,6 +27,13 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
     [{ ...base, key: "k".repeat(100_000) }, InvalidRequestError, /key/],
     [{ ...base, scope: "" }, InvalidRequestError, /scope/],
     [{ ...base, send: "not a function" }, InvalidArgumentsError, /send/],
+    // Fields of the wrong type (no compiler checked them): refused before the typed call is lowered.
+    [{ ...base, key: 7 }, InvalidArgumentsError, /^call: key must be a string, not number$/],
+    [{ ...base, scope: null }, InvalidArgumentsError, /^call: scope must be a string, not null$/],
+    [{ ...base, tool: { name: "refund_order" } }, InvalidArgumentsError, /^call: tool must be a string, not object$/],
+    [{ ...base, args: undefined, argsJson: { a: 1 } }, InvalidArgumentsError, /^call: argsJson must be a string, not object$/],
+    [{ ...base, supersedes: 3 }, InvalidArgumentsError, /^call: supersedes must be a string, not number$/],
+    [{ ...base, acknowledgeConfirmed: "yes" }, InvalidArgumentsError, /^call: acknowledgeConfirmed must be a boolean, not string$/],
   ];
   for (const [call, type, message] of cases) {
     await assert.rejects(o.call(call), (e) => {

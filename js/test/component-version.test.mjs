@@ -11,8 +11,12 @@ import { tempDir } from "./helpers.mjs";
 /** A stand-in for jco's once.js whose exports carry `version` (as jco's do: bare and versioned names). */
 function standIn(t, version) {
   const dir = tempDir(t);
-  const ifaces = ["engine", "protocol", "transitions"];
-  const entries = ifaces.flatMap((i) => [`${i}: { ${i}Export() { return "${i}"; } }`, `"once:core/${i}@${version}": { ${i}Export() { return "${i}"; } }`]);
+  // `protocol`'s JSON start is not taken: the package drives calls with `driver`'s typed one.
+  const ifaces = { engine: "engineExport", protocol: "sweep, start", transitions: "transitionsExport", driver: "start" };
+  const entries = Object.entries(ifaces).flatMap(([i, fns]) => {
+    const body = `{ ${fns.split(", ").map((f) => `${f}() { return "${i}"; }`).join(", ")} }`;
+    return [`${i}: ${body}`, `"once:core/${i}@${version}": ${body}`];
+  });
   writeFileSync(join(dir, "once.js"), `export function instantiate() { return { ${entries.join(", ")} }; }\n`);
   return dir;
 }
@@ -21,8 +25,9 @@ test("a component of this package's WIT version is taken, by its versioned expor
   const instantiate = await loadComponent(standIn(t, WIT_VERSION));
   const x = instantiate({});
   assert.equal(x.engineExport(), "engine");
-  assert.equal(x.protocolExport(), "protocol");
+  assert.equal(x.sweep(), "protocol");
   assert.equal(x.transitionsExport(), "transitions");
+  assert.equal(x.start(), "driver");
 });
 
 test("a component of another WIT version is refused before any call, naming both versions", async (t) => {

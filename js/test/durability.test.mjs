@@ -16,11 +16,11 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { InvalidArgumentsError, Once, sent } from "../dist/index.js";
+import { outcomeOf } from "../dist/once.js";
 import { loadComponent } from "../dist/component.js";
 import { ledgerImports, ledgerJsonImports } from "../dist/ledger.js";
 import { policyInput } from "../dist/policy.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
-import { callText, outcomeText, stepOf } from "../dist/wire.js";
 import { JS, child, tempDir } from "./helpers.mjs";
 
 const LEVELS = { 0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA" };
@@ -57,10 +57,10 @@ async function engine(store) {
 
 /** The protocol: start, send each grant as `answer` says, report, until done; the account. */
 function call(x, key, args, answer) {
-  let step = stepOf(x.start(callText("s", key, "refund", args, undefined, false)), "start");
+  let step = x.start({ scope: "s", keys: [["application", key]], tool: "refund", args, supersedes: undefined, acknowledgeConfirmed: false });
   while (step.tag === "dispatch") {
     const g = step.val;
-    step = stepOf(x.report(g.scope, g.key, g.fence, outcomeText(answer(g))), "report");
+    step = x.report(g.scope, g.key, g.fence, outcomeOf(answer(g)));
   }
   assert.equal(step.tag, "done", JSON.stringify(step, (_, v) => (typeof v === "bigint" ? String(v) : v)));
   return step.val;

@@ -5,12 +5,14 @@
 // compare-and-swap record store (in memory, or SQLite via better-sqlite3), a
 // manual clock, scripted provider evidence and a recording escalation sink —
 // and configures each instance (`configure`) with the settings and the tool
-// policy a step needs. Every decision comes from the component. The crossings
-// that carry the WIT's "JSON form" as text (`protocol.start`, `report`,
-// `resume`, `ledger-json.get`, `ledger-json.commit`; the top comment of wit/once.wit) are
-// written here and read with an exact JSON reader (`parseExact`: an integer
-// past 2^53, such as an absent row's due-at i64::MAX, stays a BigInt) into the
-// neutral form (`neutral`), by the same WIT names the typed values render to.
+// policy a step needs. Every decision comes from the component. A typed run
+// drives calls through `driver` and answers the typed `ledger`, as the npm
+// package does; a ledger-json run uses the crossings that carry the WIT's
+// "JSON form" as text (`protocol.start`, `report`, `resume`, `ledger-json.get`,
+// `ledger-json.commit`; the top comment of wit/once.wit), which are written
+// here and read with an exact JSON reader (`parseExact`: an integer past 2^53,
+// such as an absent row's due-at i64::MAX, stays a BigInt) into the neutral
+// form (`neutral`), by the same WIT names the typed values render to.
 //
 //   node run.mjs --component once_guest.wasm [--store memory|sqlite|all]
 //                [--transcripts DIR] [--filter TEXT] [--negative] [--stores MODULE]
@@ -672,10 +674,11 @@ async function loadRuntime(component) {
     if (!modules.has(path)) modules.set(path, new WebAssembly.Module(readFileSync(join(dir, path))));
     return modules.get(path);
   };
-  // One object per instance with every export of `engine`, `protocol` and `transitions`.
+  // One object per instance with every export of `engine`, `protocol` and `transitions`, and the typed
+  // `driver` beside them (its start, report and resume share the JSON ones' names).
   const instantiate = (imp) => {
     const exports = mod.instantiate(getCoreModule, imp);
-    return { ...exports.engine, ...exports.protocol, ...exports.transitions };
+    return { ...exports.engine, ...exports.protocol, ...exports.transitions, driver: exports.driver };
   };
   return { dir, instantiate };
 }
@@ -1018,8 +1021,8 @@ class Run {
     }
   }
 
-  /** The JSON form of a start step's `call` (its fields checked as the typed `call` of a begin is). */
-  callJson(step, now) {
+  /** A start or begin step's `call`, its fields checked as jco checks the typed record's. */
+  callOf(step, now) {
     const inp = (field) => this.resolve(this.dflt(step, field), now);
     const text = (v, what) => {
       if (typeof v !== "string") throw new StepError(`${what}: expected a string, got ${canonical(v)}`);
@@ -1038,33 +1041,27 @@ class Run {
       keys = key === null ? [] : [["api", text(key, "key")]];
     }
     const supersedes = inp("supersedes");
-    return JSON.stringify({
+    return {
       scope: text(inp("scope"), "scope"),
       keys,
       tool: text(inp("tool"), "tool"),
       args: text(inp("args"), "args"),
-      supersedes: supersedes === null ? null : text(supersedes, "supersedes"),
-      acknowledge_confirmed: Boolean(inp("acknowledge-confirmed")),
-    });
-  }
-
-  /** The `call` record of a begin step. */
-  callOf(step, now) {
-    const inp = (field) => this.resolve(this.dflt(step, field), now);
-    let keys;
-    if ("keys" in step) keys = this.resolve(step.keys, now).map(([c, k]) => [c, k]);
-    else {
-      const key = inp("key");
-      keys = key === null ? [] : [["api", key]];
-    }
-    return {
-      scope: inp("scope"),
-      keys,
-      tool: inp("tool"),
-      args: inp("args"),
-      supersedes: inp("supersedes") ?? undefined,
+      supersedes: supersedes === null ? undefined : text(supersedes, "supersedes"),
       acknowledgeConfirmed: Boolean(inp("acknowledge-confirmed")),
     };
+  }
+
+  /** The JSON form of a start step's `call`. */
+  callJson(step, now) {
+    const c = this.callOf(step, now);
+    return JSON.stringify({
+      scope: c.scope,
+      keys: c.keys,
+      tool: c.tool,
+      args: c.args,
+      supersedes: c.supersedes ?? null,
+      acknowledge_confirmed: c.acknowledgeConfirmed,
+    });
   }
 
   /** A step that calls an export; the instance is configured first as the step needs (a refusal is its result). */
@@ -1100,13 +1097,18 @@ class Run {
       }
       case "begin":
         return exportResult(() => x.begin(this.callOf(step, now)));
+      // A typed run drives the call with the typed `driver` (as the npm package does), a ledger-json run
+      // with `protocol`'s JSON form (as the Python package does): both encodings of one protocol.
       case "start":
+        if (this.encoding === "typed") return exportResult(() => x.driver.start(this.callOf(step, now)));
         return stepAnswer(() => x.start(this.callJson(step, now)));
       case "finish":
         return exportResult(() => x.finish(inp("scope"), inp("key"), inp("fence"), outcome("finish")));
       case "report":
+        if (this.encoding === "typed") return exportResult(() => x.driver.report(inp("scope"), inp("key"), inp("fence"), outcome("finish")));
         return stepAnswer(() => x.report(inp("scope"), inp("key"), inp("fence"), outcome("report")));
       case "resume":
+        if (this.encoding === "typed") return exportResult(() => x.driver.resume(inp("scope"), inp("key")));
         return stepAnswer(() => x.resume(inp("scope"), inp("key")));
       case "reconcile":
         return exportResult(() => x.reconcile(inp("scope"), inp("key")));
