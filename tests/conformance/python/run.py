@@ -6,11 +6,13 @@ the standard library's sqlite3), a manual clock, scripted provider evidence
 and a recording escalation sink — and configures each instance (`configure`)
 with the settings and the tool policy a step needs. Every decision comes from
 the component. wasmtime-py takes and gives every WIT value as it is (tagged
-`Variant`s where cases share a Python class); nothing of it is patched. The
-crossings that carry the WIT's "JSON form" as text (`protocol.start`,
-`report`, `resume`, `ledger-json.get` and `.commit`; the top comment of wit/once.wit) are
-written and read with the `json` module and turned into the neutral form
-here (`neutral`), by the same WIT names the typed values render to.
+`Variant`s where cases share a Python class); nothing of it is patched. A
+ledger-json run (the Python package's encodings) uses the crossings that
+carry the WIT's "JSON form" as text (`protocol.start`, `report`, `resume`,
+`ledger-json.get` and `.commit`; the top comment of wit/once.wit), written
+and read with the `json` module and turned into the neutral form here
+(`neutral`), by the same WIT names the typed values render to; a typed run
+calls `driver` and answers the typed `ledger`.
 
     python run.py --component once_guest.wasm [--store memory|sqlite|all]
                   [--transcripts DIR] [--filter TEXT] [--negative]
@@ -43,6 +45,8 @@ INTERFACES = {
     "protocol": ("start", "report", "resume", "sweep"),
     "transitions": ("begin", "finish", "reconcile", "await-holder"),
 }
+# The typed call protocol: `protocol`'s start, report and resume in WIT types, which a typed run calls.
+DRIVER = ("start", "report", "resume")
 
 
 # ---------------------------------------------------------------- neutral JSON
@@ -565,6 +569,8 @@ class Agent:
 
     def __init__(self, runtime, linker, encoding):
         self.encoding = encoding
+        # A typed run calls `driver`'s start, report and resume; a ledger-json run `protocol`'s.
+        self.typed = encoding == "typed"
         self.store = wasmtime.Store(runtime.engine)
         self.instance = linker.instantiate(self.store, runtime.component)
         self.funcs = {}
@@ -574,7 +580,7 @@ class Agent:
         """Export `name`, with its parameter types and result type."""
         found = self.funcs.get(name)
         if found is None:
-            iface = next(i for i, names in INTERFACES.items() if name in names)
+            iface = "driver" if self.typed and name in DRIVER else next(i for i, names in INTERFACES.items() if name in names)
             index = self.instance.get_export_index(self.store, f"once:core/{iface}@{VERSION}")
             f = self.instance.get_func(self.store, self.instance.get_export_index(self.store, name, index))
             ty = f.type(self.store)
@@ -935,8 +941,8 @@ class Run:
             return None
         return self.call(agent, op, step, now)
 
-    def call_json(self, step, now):
-        """The JSON form of a start step's `call` (its fields checked as the typed `call` of a begin is)."""
+    def call_fields(self, step, now):
+        """A start or begin step's `call` as neutral fields, each checked as the typed record's is."""
         def inp(field):
             return self.resolve(self.default(step, field), now)
 
@@ -949,31 +955,24 @@ class Run:
             pairs = self.resolve(step["keys"], now)
             if not isinstance(pairs, list):
                 raise StepError("keys: expected a list of [carrier, key]")
-            keys = [[text(c, "carrier"), text(k, "key")] for c, k in pairs]
+            keys = [(text(c, "carrier"), text(k, "key")) for c, k in pairs]
         else:
             key = inp("key")
-            keys = [] if key is None else [["api", text(key, "key")]]
+            keys = [] if key is None else [("api", text(key, "key"))]
         supersedes = inp("supersedes")
-        return json.dumps({
+        return {
             "scope": text(inp("scope"), "scope"), "keys": keys, "tool": text(inp("tool"), "tool"),
             "args": text(inp("args"), "args"), "supersedes": None if supersedes is None else text(supersedes, "supersedes"),
-            "acknowledge_confirmed": bool(inp("acknowledge-confirmed")),
-        }, ensure_ascii=False)
+            "acknowledge-confirmed": bool(inp("acknowledge-confirmed")),
+        }
+
+    def call_json(self, step, now):
+        """The JSON form of a start step's `call`."""
+        return json.dumps({k.replace("-", "_"): v for k, v in self.call_fields(step, now).items()}, ensure_ascii=False)
 
     def call_of(self, step, now):
-        """The `call` record of a begin step."""
-        def inp(field):
-            return self.resolve(self.default(step, field), now)
-
-        if "keys" in step:
-            keys = [(c, k) for c, k in self.resolve(step["keys"], now)]
-        else:
-            key = inp("key")
-            keys = [] if key is None else [("api", key)]
-        return record_from({
-            "scope": inp("scope"), "keys": keys, "tool": inp("tool"), "args": inp("args"),
-            "supersedes": inp("supersedes"), "acknowledge-confirmed": bool(inp("acknowledge-confirmed")),
-        })
+        """The `call` record of a begin step, or of a start step in a typed run."""
+        return record_from(self.call_fields(step, now))
 
     def call(self, agent, op, step, now):
         """A step that calls an export. The instance is configured first as the step needs
@@ -1014,13 +1013,21 @@ class Run:
             return render_answer(agent.configure(configuration))
         if op == "begin":
             return render_answer(agent.call("begin", self.call_of(step, now)))
+        # A typed run drives the call with the typed `driver`, a ledger-json run (the Python package's) with
+        # `protocol`'s JSON form: both encodings of one protocol (`Agent.func` picks the interface).
+        if op == "start" and agent.typed:
+            return render_answer(agent.call("start", self.call_of(step, now)))
         if op == "start":
             return render_answer(step_answer(agent.call("start", self.call_json(step, now))))
         if op == "finish":
             return render_answer(agent.call("finish", inp("scope"), inp("key"), inp("fence"), outcome("finish")))
+        if op == "report" and agent.typed:
+            return render_answer(agent.call("report", inp("scope"), inp("key"), inp("fence"), outcome("finish")))
         if op == "report":
             return render_answer(step_answer(agent.call("report", inp("scope"), inp("key"), inp("fence"),
                                                         outcome("report"))))
+        if op == "resume" and agent.typed:
+            return render_answer(agent.call("resume", inp("scope"), inp("key")))
         if op == "resume":
             return render_answer(step_answer(agent.call("resume", inp("scope"), inp("key"))))
         if op == "reconcile":
