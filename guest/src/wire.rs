@@ -1,10 +1,9 @@
 //! The JSON form of the values that cross as text (see the top of
-//! `wit/once.wit`): `protocol`'s calls and steps, which the Python and
-//! JavaScript hosts read and write with their JSON parsers, and
-//! `ledger-json`'s batches and rows, which the Python host does (the Rust
-//! host drives the typed `driver`; it and the JavaScript host answer the
-//! typed `ledger`). A dynamic binding pays for every node of a typed value's
-//! type on every crossing; one string costs one node.
+//! `wit/once.wit`): `protocol`'s calls and steps and `ledger-json`'s batches
+//! and rows, which the Python host reads and writes with its JSON parser (the
+//! Rust and JavaScript hosts call the typed `driver` and answer the typed
+//! `ledger`). wasmtime-py pays for every node of a typed value's type on
+//! every crossing; one string costs one node.
 
 use crate::host::CommitError;
 use crate::json_out::{Writer, confirmation, effect, key_source, repeat, replay_via, state, table};

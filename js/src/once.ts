@@ -69,7 +69,11 @@ export type Sent =
 export const sent = {
   /** The effect happened; `response` (any value; its JSON projection, `receiptText`, is stored) is the receipt. */
   success: (response: unknown): Sent => ({ outcome: "success", response: receiptText(response) }),
-  /** The effect happened; the provider's response as the JSON text it sent. */
+  /**
+   * The effect happened; the provider's response as the JSON text it sent. A lone surrogate in it (a string
+   * cut inside a character: not text, which a WIT string cannot carry) is stored as U+FFFD: the success is
+   * recorded, never lost over its receipt's form.
+   */
   successJson: (response: string): Sent => ({ outcome: "success", response }),
   /** The provider answered and did nothing (a definite rejection). */
   rejected: (error: string): Sent => ({ outcome: "rejected", error }),
@@ -78,6 +82,10 @@ export const sent = {
   /** Nothing left this host (e.g. the connection was refused). */
   notSent: (): Sent => ({ outcome: "not-sent" }),
 };
+
+/** A lone surrogate: a UTF-16 half that no other half completes (not text; a WIT string cannot hold one). */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, "g");
 
 /**
  * The `outcome` a sender's answer reports. An answer none of `sent`'s constructors makes (a sender's slip,
@@ -89,13 +97,13 @@ export function outcomeOf(s: Sent): Outcome {
     case "not-sent":
       return { tag: "not-sent" };
     case "success":
-      if (typeof answer.response === "string") return { tag: "success", val: answer.response };
+      if (typeof answer.response === "string") return { tag: "success", val: wellFormed(answer.response) };
       break;
     case "rejected":
-      if (typeof answer.error === "string") return { tag: "rejected", val: answer.error };
+      if (typeof answer.error === "string") return { tag: "rejected", val: wellFormed(answer.error) };
       break;
     case "ambiguous":
-      if (typeof answer.reason === "string") return { tag: "ambiguous", val: answer.reason };
+      if (typeof answer.reason === "string") return { tag: "ambiguous", val: wellFormed(answer.reason) };
       break;
   }
   let shown: string;
@@ -105,6 +113,11 @@ export function outcomeOf(s: Sent): Outcome {
     shown = String(answer);
   }
   return { tag: "ambiguous", val: `the sender answered ${shown.slice(0, 200)}, none of sent.success/rejected/ambiguous/notSent` };
+}
+
+/** `text` with each lone surrogate replaced by U+FFFD, as `String.prototype.toWellFormed` does. */
+function wellFormed(text: string): string {
+  return text.replace(LONE_SURROGATES, "\uFFFD");
 }
 
 /** What the sender is asked to send: exactly these args, once. */
@@ -284,24 +297,36 @@ function requireArgs(tool: string, args: unknown): void {
 }
 
 /**
- * The typed `call` of a request. A field of the wrong type (a caller's slip the compiler did not catch) is
- * refused here, before anything is recorded: lowered as it is, it would fail inside the component.
+ * A string the component is handed, checked first: of the wrong type (a caller's slip the compiler did not
+ * catch) it would fail inside the component; with a lone surrogate, which a WIT string cannot hold, jco
+ * would replace it with U+FFFD, so that two different keys became one operation. Both are refused here,
+ * before anything is recorded.
  */
+function text(v: unknown, field: string, where: string): string {
+  if (typeof v !== "string") {
+    throw new InvalidArgumentsError(`${where}: ${field} must be a string, not ${v === null ? "null" : typeof v}`, `/${field}`);
+  }
+  const lone = LONE_SURROGATE.exec(v);
+  if (lone) {
+    throw new InvalidArgumentsError(
+      `${where}: ${field} holds a lone surrogate at index ${lone.index}, which is not text (a string cut inside a character?)`, `/${field}`);
+  }
+  return v;
+}
+
+/** The typed `call` of a request, each field checked (`text`). */
 function callOf(c: CallRequest, args: unknown): Call {
-  const text = (v: unknown, field: string): string => {
-    if (typeof v === "string") return v;
-    throw new InvalidArgumentsError(`call: ${field} must be a string, not ${v === null ? "null" : typeof v}`, `/${field}`);
-  };
   const acknowledge = c.acknowledgeConfirmed ?? false;
   if (typeof acknowledge !== "boolean") {
     throw new InvalidArgumentsError(`call: acknowledgeConfirmed must be a boolean, not ${typeof acknowledge}`, "/acknowledgeConfirmed");
   }
   return {
-    scope: text(c.scope, "scope"),
-    keys: c.key === undefined ? [] : [["application", text(c.key, "key")]],
-    tool: text(c.tool, "tool"),
-    args: text(args, c.argsJson === undefined ? "args" : "argsJson"),
-    supersedes: c.supersedes === undefined ? undefined : text(c.supersedes, "supersedes"),
+    scope: text(c.scope, "scope", "call"),
+    keys: c.key === undefined ? [] : [["application", text(c.key, "key", "call")]],
+    tool: text(c.tool, "tool", "call"),
+    args: text(args, c.argsJson === undefined ? "args" : "argsJson", "call"),
+    // `null` is none, as `undefined` is (plain JavaScript callers pass either).
+    supersedes: c.supersedes == null ? undefined : text(c.supersedes, "supersedes", "call"),
     acknowledgeConfirmed: acknowledge,
   };
 }
@@ -490,7 +515,7 @@ export class Once {
 
   /** Go on with an operation from the ledger (after a crash): its holder's outcome, a read, or the owed dispatch. */
   async resume(scope: string, key: string, send: Send, waitMs?: number): Promise<Called> {
-    const step = await this.engine.call<Step>("resume", scope, key);
+    const step = await this.engine.call<Step>("resume", text(scope, "scope", "resume"), text(key, "key", "resume"));
     return this.drive(step, undefined, waitMs ?? this.options.waitMs ?? 10_000, send);
   }
 

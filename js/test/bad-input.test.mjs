@@ -34,6 +34,15 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
     [{ ...base, args: undefined, argsJson: { a: 1 } }, InvalidArgumentsError, /^call: argsJson must be a string, not object$/],
     [{ ...base, supersedes: 3 }, InvalidArgumentsError, /^call: supersedes must be a string, not number$/],
     [{ ...base, acknowledgeConfirmed: "yes" }, InvalidArgumentsError, /^call: acknowledgeConfirmed must be a boolean, not string$/],
+    // A lone surrogate is not text: lowered, jco would make it U+FFFD, and "a\uD800" and "a\uDBFF" one key.
+    [{ ...base, key: "a\uD800" }, InvalidArgumentsError, /^call: key holds a lone surrogate at index 1/],
+    [{ ...base, key: "\uDC00\uD800" }, InvalidArgumentsError, /^call: key holds a lone surrogate at index 0/],
+    [{ ...base, scope: "s\uDFFF" }, InvalidArgumentsError, /^call: scope holds a lone surrogate/],
+    [{ ...base, tool: "refund\uD83D" }, InvalidArgumentsError, /^call: tool holds a lone surrogate/],
+    [{ ...base, args: undefined, argsJson: '{"a":"\uD800"}' }, InvalidArgumentsError, /^call: argsJson holds a lone surrogate/],
+    [{ ...base, supersedes: "old\uDC00" }, InvalidArgumentsError, /^call: supersedes holds a lone surrogate/],
+    // In args it is JSON's escape, which the engine refuses as I-JSON does.
+    [{ ...base, args: { s: "\uD800" } }, InvalidJsonError, /lone-surrogate/],
   ];
   for (const [call, type, message] of cases) {
     await assert.rejects(o.call(call), (e) => {
@@ -42,12 +51,19 @@ test("bad calls: typed errors, no record, no dispatch (SQLite ledger, read back 
       return true;
     });
   }
+  // A pair is text, and so is its escape in JSON text; `null` for `supersedes` is none.
+  const pair = await o.call({ ...base, scope: "s2", tool: "pair_tool", key: "k\uD83D\uDE00", args: { s: "\uD83D\uDE00" }, supersedes: null });
+  assert.equal(pair.account.ending.tag, "confirmed");
+  assert.equal(pair.account.key, "k\uD83D\uDE00");
+  await assert.rejects(o.resume("s", "k\uD800", send), (e) => e instanceof InvalidArgumentsError && /^resume: key holds a lone surrogate/.test(e.message));
+  await assert.rejects(o.resume("s", 5, send), (e) => e instanceof InvalidArgumentsError && /^resume: key must be a string, not number$/.test(e.message));
   const json = await o.call({ ...base, argsJson: '{"a":1,"a":2}' }).catch((e) => e);
   assert.equal(json.json.kind, "duplicate-key");
   assert.equal(json.json.pointer, "");
   assert.equal(await o.inspect("s", "k"), undefined);
+  assert.equal(await o.inspect("s", "a\uFFFD"), undefined);
   await o.close();
-  assert.equal(sends, 0);
+  assert.equal(sends, 1, "only the well-formed call was sent");
   assert.doesNotMatch(cli("ledger", "list", "--db", ledger), /refund_order|\bs\s+k\b/);
 });
 

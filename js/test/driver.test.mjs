@@ -38,9 +38,20 @@ test("the driver's error is thrown as its EngineError, and the handle goes on", 
   assert.equal(called.account.ending.tag, "confirmed");
   const again = await once.call({ scope: "s", key: "k", tool: "refund_order", args: { a: 1 }, send: never });
   assert.equal(again.account.ending.val.replayed, true);
-  // A grant's u64s arrive as bigints and reach the sender as numbers; the lease covers the timeout.
+  // The grant's timeout (a u64) reaches the sender as the policy's, and its attempt and provider key as granted.
+  await once.setTool("slow_refund", { policy: { dispatchTimeoutMs: 1234 } });
   let seen;
-  await once.call({ scope: "s", key: "k2", tool: "refund_order", args: {}, send: (d) => ((seen = d), sent.success({})) });
-  assert.equal(typeof seen.timeoutMs, "number");
-  assert.ok(seen.timeoutMs > 0);
+  await once.call({ scope: "s", key: "k2", tool: "slow_refund", args: {}, send: (d) => ((seen = d), sent.success({})) });
+  assert.equal(seen.timeoutMs, 1234);
+  assert.equal(seen.attempt, 1);
+  assert.match(seen.providerKey, /\S/);
+});
+
+test("a success whose response holds a lone surrogate is recorded, the surrogate as U+FFFD: never lost over its form", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  const called = await once.call({ scope: "s", key: "k", tool: "refund_order", args: {}, send: () => sent.successJson('{"id":"r\uD800"}') });
+  assert.equal(called.account.ending.tag, "confirmed");
+  assert.equal(called.account.ending.val.receipt, '{"id":"r\uFFFD"}');
+  assert.deepEqual(outcomeOf(sent.ambiguous("cut \uDC00")), { tag: "ambiguous", val: "cut \uFFFD" });
 });
