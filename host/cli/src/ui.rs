@@ -96,7 +96,8 @@ pub fn run(args: UiArgs) -> Result<(), Failure> {
         );
         let _ = out.flush();
         drop(out);
-        once_ui::serve(listener, ui).await.map_err(io_failure(Some("serving")))
+        once_ui::serve(listener, ui).await;
+        Ok(())
     })
 }
 

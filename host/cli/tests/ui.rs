@@ -561,3 +561,27 @@ fn the_resolve_form_offers_only_what_the_engine_would_accept() {
     let settled = page("live-1");
     assert!(!settled.contains("id=resolve"), "{settled}");
 }
+
+/// `once ui` as shipped (its default limits, `once_ui::DEFAULT_*`): a connection that sends half a request is
+/// closed, not held; the operator's own connection, meanwhile, is served. (host/ui/tests/hostile_clients.rs
+/// covers the slow body and the flood of idle connections with short limits.)
+#[test]
+fn the_shipped_page_cuts_off_half_a_request() {
+    use std::io::{Read, Write};
+    let (_dir, db) = ledger(&["tenant-a"]);
+    let ui = UiProcess::start(&db, &[]);
+    let addr = ui.base.trim_start_matches("http://").to_string();
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    // The default header timeout is 10 s: a minute is long past it, and short of forever.
+    half.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    half.write_all(b"GET / HTTP/1.1\r\nHost: ui\r\n").unwrap();
+    let (status, _) = get(&format!("{}/", ui.base), Some(&ui.token()));
+    assert_eq!(status, 200, "the operator is served while half a request waits");
+    let mut rest = Vec::new();
+    match half.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("once ui kept half a request's connection open: {e}"),
+    }
+    assert!(!String::from_utf8_lossy(&rest).contains("200 OK"));
+}

@@ -5,7 +5,7 @@
 //! credentials name its tenant (`crate::access`), or it is answered 401 and
 //! goes no further; its body is then read within `[http] body_timeout` and
 //! `body_limit`, and a body that is not JSON is answered a JSON-RPC parse
-//! error. Connections are accepted by `crate::admission` (header timeout,
+//! error. Connections are accepted by `once_serve` (header timeout,
 //! the cap on unauthenticated connections). SIGTERM (or Ctrl-C) stops accepting, lets the calls in
 //! flight finish (within `shutdown_grace`), drains the worker as stdio does,
 //! and returns.
@@ -15,22 +15,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use http_body_util::BodyExt as _;
 use once::Once;
 use once::types::QueueFilter;
+use once_serve::{Admission, Connection, Limits};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
 use crate::GatewayError;
 use crate::access::Refusal;
-use crate::admission::{self, Admission, Connection, Limits};
 use crate::handler::{Gateway, Shared};
 
 /// The tenant the front door found for a request, handed to the MCP handler in the request's extensions.
@@ -90,7 +89,7 @@ pub(crate) async fn serve(
         header_timeout: shared.config.http.header_timeout,
         max_unauthenticated: shared.config.http.max_unauthenticated,
     };
-    let mut server = tokio::spawn(admission::serve(
+    let mut server = tokio::spawn(once_serve::serve(
         listener,
         app,
         limits,
@@ -200,23 +199,7 @@ async fn whole_body(access: &crate::access::HttpAccess, request: Request) -> Res
         return Ok(request);
     }
     let (parts, body) = request.into_parts();
-    let bytes = match tokio::time::timeout(access.body_timeout, collect(body, access.body_limit)).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(response)) => return Err(response),
-        Err(_) => {
-            tracing::info!(target: "once::gateway", "request refused: its body did not arrive within {:?}", access.body_timeout);
-            // `Connection: close`: the rest of a slow body is not waited for.
-            return Err((
-                StatusCode::REQUEST_TIMEOUT,
-                [(header::CONNECTION, "close")],
-                format!(
-                    "Request Timeout: the request body did not arrive within {:?}\n",
-                    access.body_timeout
-                ),
-            )
-                .into_response());
-        }
-    };
+    let bytes = once_serve::body::read(body, access.body_limit, access.body_timeout).await?;
     if let Err(e) = serde_json::from_slice::<serde_json::Value>(&bytes) {
         return Err(jsonrpc_error(
             serde_json::Value::Null,
@@ -239,31 +222,6 @@ async fn whole_body(access: &crate::access::HttpAccess, request: Request) -> Res
 }
 
 /// A body's bytes, or 413 past `limit` (rmcp's own words, which it used to answer) or 400 when it broke off.
-async fn collect(mut body: Body, limit: usize) -> Result<Bytes, Response> {
-    let mut collected = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            (
-                StatusCode::BAD_REQUEST,
-                format!("Bad Request: reading the request body failed: {e}\n"),
-            )
-                .into_response()
-        })?;
-        if let Ok(data) = frame.into_data() {
-            if data.len() > limit.saturating_sub(collected.len()) {
-                return Err((
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    [(header::CONNECTION, "close")],
-                    format!("Payload Too Large: request body exceeds {limit} bytes"),
-                )
-                    .into_response());
-            }
-            collected.extend_from_slice(&data);
-        }
-    }
-    Ok(Bytes::from(collected))
-}
-
 /// A JSON-RPC error response with no result, answered 400.
 fn jsonrpc_error(id: serde_json::Value, code: i64, message: String) -> Response {
     tracing::info!(target: "once::gateway", "request refused: {message}");

@@ -35,7 +35,6 @@
 //! background settle rounds) and `check` (`--check-config`).
 
 mod access;
-mod admission;
 mod check;
 mod config;
 mod error;

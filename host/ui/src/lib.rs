@@ -4,7 +4,11 @@
 //! comes from the engine's `queue` export; a record's page from `inspect`;
 //! a resolution goes through the engine's `resolve`, so its guards and its
 //! audit event are the engine's, exactly as for `once ledger resolve`. This
-//! crate only serves HTTP, checks who is asking, and renders.
+//! crate only serves HTTP, checks who is asking, and renders. It serves
+//! through `once_serve`, as the gateway does: a client that sends half a
+//! request, or a body slowly, or floods the port with idle connections, is
+//! cut off ([`Ui::header_timeout`], [`Ui::body_timeout`],
+//! [`Ui::max_unauthenticated`]).
 
 mod access;
 mod config;
@@ -28,10 +32,23 @@ pub struct Ui {
     access: Access,
     limit: u32,
     secure_cookie: bool,
+    header_timeout: Duration,
+    body_timeout: Duration,
+    max_unauthenticated: usize,
 }
 
 /// How many pending records the queue examines by default.
 pub const DEFAULT_LIMIT: u32 = 1000;
+/// How long a request's headers may take, from its first byte (and an idle connection may wait for its next
+/// request), by default.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's body may take to arrive, by default.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many connections that have carried no operator's request may be open at once, by default; a new one
+/// beyond it closes the oldest of them.
+pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 64;
+/// The largest request body the page takes: its forms carry a token, a CSRF token, a scope, a key and a note.
+pub const BODY_LIMIT: usize = 64 * 1024;
 
 impl Ui {
     /// A page over `once`'s ledger for the operators in `access`.
@@ -41,7 +58,31 @@ impl Ui {
             access,
             limit: DEFAULT_LIMIT,
             secure_cookie: false,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
         }
+    }
+
+    /// A request's headers must arrive within `timeout` of its first byte, and an idle connection is closed
+    /// after it; else the connection is closed ([`DEFAULT_HEADER_TIMEOUT`]).
+    pub fn header_timeout(mut self, timeout: Duration) -> Ui {
+        self.header_timeout = timeout;
+        self
+    }
+
+    /// A request's body must arrive within `timeout`; else it is answered 408 and the connection closed
+    /// ([`DEFAULT_BODY_TIMEOUT`]).
+    pub fn body_timeout(mut self, timeout: Duration) -> Ui {
+        self.body_timeout = timeout;
+        self
+    }
+
+    /// At most `cap` connections that have not yet carried an operator's request are open at once; a new one
+    /// beyond it closes the oldest of them ([`DEFAULT_MAX_UNAUTHENTICATED`]).
+    pub fn max_unauthenticated(mut self, cap: usize) -> Ui {
+        self.max_unauthenticated = cap.max(1);
+        self
     }
 
     /// Browsers reach the page over HTTPS (a TLS-terminating proxy in front of it): the session cookie is
@@ -70,8 +111,14 @@ impl Ui {
 }
 
 /// Serve `ui` on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, ui: Ui) -> std::io::Result<()> {
-    axum::serve(listener, ui.router()).await
+pub async fn serve(listener: tokio::net::TcpListener, ui: Ui) {
+    let limits = once_serve::Limits {
+        header_timeout: ui.header_timeout,
+        max_unauthenticated: ui.max_unauthenticated,
+    };
+    let admission = Arc::new(once_serve::Admission::default());
+    let never = tokio_util::sync::CancellationToken::new();
+    once_serve::serve(listener, ui.router(), limits, admission, never).await;
 }
 
 /// Whether `addr` is a loopback address: `once ui` refuses others unless told (`--public`).

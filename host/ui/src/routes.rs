@@ -9,12 +9,14 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Form, Query, State};
+use axum::body::Body;
+use axum::extract::{Form, Query, Request, State};
 use axum::http::header::{
     CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, HOST, LOCATION, ORIGIN, REFERRER_POLICY, SET_COOKIE,
     X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use once::types::{Error, QueueFilter, Resolution};
@@ -34,9 +36,26 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/resolve", axum::routing::post(resolve))
         .route("/metrics", get(metrics_text))
         .route("/login", get(login_link).post(login_form))
+        .layer(axum::middleware::from_fn_with_state(ui.clone(), front_door))
         .with_state(ui)
         // Outermost, so axum's own answers (404 for an unknown path, 405, a rejected form) carry them too.
         .layer(axum::middleware::map_response(security_headers))
+}
+
+/// Before every route: a request with an operator's credentials takes its connection out of the cap on
+/// unauthenticated ones (so a flood of idle connections never closes an operator's), and a body is read
+/// whole within the body timeout and [`crate::BODY_LIMIT`] before any handler sees it.
+async fn front_door(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
+    if signed_in(&ui, request.headers()).is_some()
+        && let Some(connection) = request.extensions().get::<once_serve::Connection>()
+    {
+        connection.authenticated();
+    }
+    let (parts, body) = request.into_parts();
+    match once_serve::body::read(body, crate::BODY_LIMIT, ui.body_timeout).await {
+        Ok(bytes) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Err(refused) => refused,
+    }
 }
 
 /// Every response: never cached, never framed, no scripts, no referrer, no sniffing.

@@ -1,4 +1,4 @@
-//! The HTTP face's own accept loop: hyper's HTTP/1.1 server per connection
+//! An accept loop of its own: hyper's HTTP/1.1 server per connection
 //! with a header read timeout (a connection that sends half a request, or
 //! sits idle between requests, is closed), and a cap on the connections
 //! that have not yet carried an authenticated request. A new connection
@@ -8,7 +8,7 @@
 //! moment its first request passes the front door.
 //!
 //! axum's own `serve` sets neither (it gives hyper no timer), which is why
-//! the gateway does not use it.
+//! neither the gateway nor the operator's page uses it.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -26,7 +26,7 @@ use tower_service::Service as _;
 
 /// The connections that have not yet carried an authenticated request, oldest first.
 #[derive(Debug, Default)]
-pub(crate) struct Admission {
+pub struct Admission {
     waiting: Mutex<Waiting>,
     /// Connections closed to make room under the cap (for /metrics).
     evicted: AtomicU64,
@@ -41,7 +41,7 @@ struct Waiting {
 
 /// A request's connection, in its extensions, so the front door can say it authenticated.
 #[derive(Debug, Clone)]
-pub(crate) struct Connection {
+pub struct Connection {
     id: u64,
     admission: Arc<Admission>,
 }
@@ -49,7 +49,7 @@ pub(crate) struct Connection {
 impl Connection {
     /// This connection carried a request the front door let in: it is no longer counted under the cap,
     /// and no flood closes it.
-    pub(crate) fn authenticated(&self) {
+    pub fn authenticated(&self) {
         self.admission.lock().open.remove(&self.id);
     }
 
@@ -66,7 +66,7 @@ impl Admission {
     }
 
     /// Connections closed to keep the unauthenticated ones under the cap, since start.
-    pub(crate) fn evicted(&self) -> u64 {
+    pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
     }
 
@@ -103,16 +103,16 @@ impl Admission {
 
 /// How the accept loop treats connections.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// hyper's header read timeout: from the first byte a request is awaited to its last header.
-    pub(crate) header_timeout: Duration,
+    pub header_timeout: Duration,
     /// The most unauthenticated connections open at once.
-    pub(crate) max_unauthenticated: usize,
+    pub max_unauthenticated: usize,
 }
 
 /// Accept on `listener` and serve `app` until `stopping`; then stop accepting, let every connection finish
 /// the request it carries, and return when all are closed.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     limits: Limits,
@@ -129,7 +129,7 @@ pub(crate) async fn serve(
                     // Out of file descriptors (or another passing failure): closing the oldest
                     // unauthenticated connection frees one; a pause keeps the loop from spinning.
                     let freed = admission.close_oldest(&mut admission.lock());
-                    tracing::warn!(target: "once::gateway", "accepting a connection failed: {e}{}",
+                    tracing::warn!(target: "once::serve", "accepting a connection failed: {e}{}",
                         if freed { "; closed the oldest unauthenticated connection" } else { "" });
                     tokio::time::sleep(Duration::from_millis(if freed { 5 } else { 100 })).await;
                     continue;
@@ -160,7 +160,7 @@ pub(crate) async fn serve(
                 tokio::select! {
                     ended = served.as_mut() => {
                         if let Err(e) = ended {
-                            tracing::debug!(target: "once::gateway", "connection ended: {e}");
+                            tracing::debug!(target: "once::serve", "connection ended: {e}");
                         }
                         break;
                     }
