@@ -449,6 +449,12 @@ export class Once {
    * configured). The engine fills and checks its policy.
    */
   setTool(tool: string, options: ToolOptions): Promise<ToolPlan> {
+    // Checked before the lock: a refused name leaves the handle's settings as they were.
+    try {
+      text(tool, "tool", "setTool");
+    } catch (e) {
+      return Promise.reject(e);
+    }
     const next = this.settingLock.then(async () => {
       const given = Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as ToolOptions;
       const before = this.tools.get(tool);
@@ -643,29 +649,35 @@ export class Once {
   }
 
   /** A record and its audit trail (undefined when the ledger has none). */
-  inspect(scope: string, key: string): Promise<RecordView | undefined> {
-    return this.engine.call<RecordView | undefined>("inspect", scope, key);
+  async inspect(scope: string, key: string): Promise<RecordView | undefined> {
+    return this.engine.call<RecordView | undefined>("inspect", text(scope, "scope", "inspect"), text(key, "key", "inspect"));
   }
 
   /** An operator's resolution of an unknown or absent record, audited with a note. */
-  resolve(scope: string, key: string, resolution: { confirmed: unknown } | "absent", note: string, force = false): Promise<State> {
+  async resolve(scope: string, key: string, resolution: { confirmed: unknown } | "absent", note: string, force = false): Promise<State> {
     const r: Resolution = resolution === "absent" ? { tag: "absent" } : { tag: "confirmed", val: toJson(resolution.confirmed, "receipt") };
-    return this.engine.call<State>("resolve", scope, key, r, note, force);
+    return this.engine.call<State>("resolve", text(scope, "scope", "resolve"), text(key, "key", "resolve"), r,
+      text(note, "note", "resolve"), force);
   }
 
   /** What needs a person: unknown, absent (dispatch owed) and lease-expired records. */
-  queue(filter: QueueFilter = {}, limit = 100): Promise<OperatorQueue> {
-    return this.engine.call<OperatorQueue>("queue", filter, limit);
+  async queue(filter: QueueFilter = {}, limit = 100): Promise<OperatorQueue> {
+    const checked: QueueFilter = {
+      scopes: filter.scopes?.map((s, i) => text(s, `scopes/${i}`, "queue")),
+      tool: filter.tool === undefined ? undefined : text(filter.tool, "tool", "queue"),
+      keyPrefix: filter.keyPrefix === undefined ? undefined : text(filter.keyPrefix, "keyPrefix", "queue"),
+    };
+    return this.engine.call<OperatorQueue>("queue", checked, limit);
   }
 
   /** RFC 8785 canonical form of a JSON text, computed by the component. */
-  canonicalize(json: string): Promise<string> {
-    return this.engine.call<string>("canonicalize", new TextEncoder().encode(json));
+  async canonicalize(json: string): Promise<string> {
+    return this.engine.call<string>("canonicalize", new TextEncoder().encode(text(json, "json", "canonicalize")));
   }
 
   /** `sha256(JCS({"tool":…,"args":…}))`, computed by the component. */
-  fingerprint(tool: string, args: unknown): Promise<string> {
-    return this.engine.call<string>("fingerprint", tool, toJson(args));
+  async fingerprint(tool: string, args: unknown): Promise<string> {
+    return this.engine.call<string>("fingerprint", text(tool, "tool", "fingerprint"), toJson(args));
   }
 
   /** Stop the engine and close the ledger. */

@@ -121,3 +121,25 @@ test("a ledger that cannot be opened is a StorageError naming the file", async (
   await assert.rejects(Once.sqlite(dir), (e) => e instanceof StorageError && e.message.includes(dir));
   await assert.rejects(Once.sqlite(join(dir, "no", "such", "dir", "l.db")), StorageError);
 });
+
+test("every string an operator's or a tool's method hands the component is text: a lone surrogate is refused, never read as U+FFFD", async (t) => {
+  const o = await Once.memory();
+  t.after(() => o.close());
+  // A record under the key jco would have made of "k\uD800", so a lookup through the replacement would find it.
+  await o.call({ scope: "s", key: "k\uFFFD", tool: "refund_order", args: {}, send: () => sent.success({}) });
+  for (const [attempt, where] of [
+    [() => o.inspect("s", "k\uD800"), /^inspect: key holds a lone surrogate/],
+    [() => o.inspect("s\uDC00", "k"), /^inspect: scope holds a lone surrogate/],
+    [() => o.resolve("s", "k\uD800", "absent", "seen", true), /^resolve: key holds a lone surrogate/],
+    [() => o.resolve("s", "k\uFFFD", "absent", "cut \uD800", true), /^resolve: note holds a lone surrogate/],
+    [() => o.queue({ scopes: ["s", "t\uD800"] }), /^queue: scopes\/1 holds a lone surrogate/],
+    [() => o.queue({ keyPrefix: "k\uD800" }), /^queue: keyPrefix holds a lone surrogate/],
+    [() => o.fingerprint("refund\uD800", {}), /^fingerprint: tool holds a lone surrogate/],
+    [() => o.canonicalize('"\uD800"'), /^canonicalize: json holds a lone surrogate/],
+    [() => o.setTool("refund\uDBFF", { policy: {} }), /^setTool: tool holds a lone surrogate/],
+  ]) {
+    await assert.rejects(attempt(), (e) => e instanceof InvalidArgumentsError && where.test(e.message), String(where));
+  }
+  // The record under the replacement key was not touched.
+  assert.equal((await o.inspect("s", "k\uFFFD")).state, "confirmed");
+});

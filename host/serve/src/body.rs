@@ -9,6 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
+use hyper::body::Body as _;
 
 /// The body, or the response that refuses the request: 408 when it did not arrive within `timeout`, 413
 /// when it exceeds `limit` bytes (both with `Connection: close`: the rest is not waited for), 400 when
@@ -28,7 +29,21 @@ pub async fn read(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, 
     }
 }
 
+fn too_large(limit: usize) -> Response {
+    tracing::info!(target: "once::serve", "request refused: its body exceeds {limit} bytes");
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        [(header::CONNECTION, "close")],
+        format!("Payload Too Large: request body exceeds {limit} bytes"),
+    )
+        .into_response()
+}
+
 async fn collect(mut body: Body, limit: usize) -> Result<Bytes, Response> {
+    // A declared length past the limit is refused before a byte is read (nor is `100 Continue` sent for it).
+    if body.size_hint().lower() > limit as u64 {
+        return Err(too_large(limit));
+    }
     let mut collected = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
@@ -40,13 +55,7 @@ async fn collect(mut body: Body, limit: usize) -> Result<Bytes, Response> {
         })?;
         if let Ok(data) = frame.into_data() {
             if data.len() > limit.saturating_sub(collected.len()) {
-                tracing::info!(target: "once::serve", "request refused: its body exceeds {limit} bytes");
-                return Err((
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    [(header::CONNECTION, "close")],
-                    format!("Payload Too Large: request body exceeds {limit} bytes"),
-                )
-                    .into_response());
+                return Err(too_large(limit));
             }
             collected.extend_from_slice(&data);
         }

@@ -42,20 +42,29 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .layer(axum::middleware::map_response(security_headers))
 }
 
-/// Before every route: a request with an operator's credentials takes its connection out of the cap on
-/// unauthenticated ones (so a flood of idle connections never closes an operator's), and a body is read
-/// whole within the body timeout and [`crate::BODY_LIMIT`] before any handler sees it.
+/// Before every route: a request with an operator's credentials, or a sign-in that opens a session, takes
+/// its connection out of the cap on unauthenticated ones (so a flood of idle connections never closes an
+/// operator's), and a body is read whole within the body timeout and [`crate::BODY_LIMIT`] before any
+/// handler sees it.
 async fn front_door(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
-    if signed_in(&ui, request.headers()).is_some()
-        && let Some(connection) = request.extensions().get::<once_serve::Connection>()
-    {
+    let connection = request.extensions().get::<once_serve::Connection>().cloned();
+    let operator = signed_in(&ui, request.headers()).is_some();
+    if operator && let Some(connection) = &connection {
         connection.authenticated();
     }
     let (parts, body) = request.into_parts();
-    match once_serve::body::read(body, crate::BODY_LIMIT, ui.body_timeout).await {
+    let response = match once_serve::body::read(body, crate::BODY_LIMIT, ui.body_timeout).await {
         Ok(bytes) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
-        Err(refused) => refused,
+        Err(refused) => return refused,
+    };
+    // A browser signs in with the token in the body: the session cookie the answer sets is its credential.
+    if !operator
+        && response.headers().contains_key(SET_COOKIE)
+        && let Some(connection) = &connection
+    {
+        connection.authenticated();
     }
+    response
 }
 
 /// Every response: never cached, never framed, no scripts, no referrer, no sniffing.

@@ -13,10 +13,12 @@ use once::Once;
 use once_ui::{Access, Operator, Ui, token_sha256};
 
 const TOKEN: &str = "a-test-operator-token";
-/// The limits the server runs with here.
+/// The limits the server runs with here: short, where a test waits them out.
 const HEADER_TIMEOUT: Duration = Duration::from_millis(400);
 const BODY_TIMEOUT: Duration = Duration::from_millis(400);
-/// How long a test waits for what should come long before it (a closed socket, an answer).
+/// The header timeout where a test must not meet it (a close then comes from something else).
+const LONG: Duration = Duration::from_secs(60);
+/// How long a test waits for what should come long before it (a closed socket, an answer); below `LONG`.
 const PATIENCE: Duration = Duration::from_secs(20);
 
 struct Served {
@@ -25,7 +27,7 @@ struct Served {
     _runtime: tokio::runtime::Runtime,
 }
 
-fn serve(max_unauthenticated: usize) -> Served {
+fn serve(max_unauthenticated: usize, header_timeout: Duration) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let once = Arc::new(Once::sqlite(dir.path().join("ledger.db")).unwrap().build().unwrap());
     let operator = Operator {
@@ -34,7 +36,7 @@ fn serve(max_unauthenticated: usize) -> Served {
         scopes: None,
     };
     let ui = Ui::new(once, Access::new(vec![operator]).unwrap())
-        .header_timeout(HEADER_TIMEOUT)
+        .header_timeout(header_timeout)
         .body_timeout(BODY_TIMEOUT)
         .max_unauthenticated(max_unauthenticated);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,23 +81,20 @@ fn until_closed(stream: &mut TcpStream) -> String {
     }
 }
 
-/// One keep-alive request on `stream` with the operator's token: the status line of its answer.
-fn operator_get(stream: &mut TcpStream, path: &str) -> String {
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: ui\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
-    )
-    .unwrap();
+/// One keep-alive request on `stream`: the status line and headers of its answer, read whole.
+fn exchange(stream: &mut TcpStream, request: &str) -> String {
+    stream.write_all(request.as_bytes()).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 65536];
     // Read until the whole answer is in: its headers and `Content-Length` bytes after them.
     loop {
-        let n = stream.read(&mut buf).expect("the operator's connection was closed");
-        assert!(n > 0, "the operator's connection was closed");
+        let n = stream.read(&mut buf).expect("the connection was closed");
+        assert!(n > 0, "the connection was closed");
         got.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&got);
         if let Some(end) = text.find("\r\n\r\n") {
-            let length = text[..end]
+            let head = text[..end].to_string();
+            let length = head
                 .lines()
                 .find_map(|l| {
                     l.to_ascii_lowercase()
@@ -104,15 +103,29 @@ fn operator_get(stream: &mut TcpStream, path: &str) -> String {
                 })
                 .unwrap_or(0);
             if got.len() >= end + 4 + length {
-                return text.lines().next().unwrap_or_default().to_string();
+                return head;
             }
         }
     }
 }
 
+/// The status line of the answer to a keep-alive GET of `path` with the operator's token.
+fn operator_get(stream: &mut TcpStream, path: &str) -> String {
+    let head = exchange(
+        stream,
+        &format!("GET {path} HTTP/1.1\r\nHost: ui\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"),
+    );
+    head.lines().next().unwrap_or_default().to_string()
+}
+
+/// Connections that never send a byte, enough to push every unauthenticated one out of a cap of `cap`.
+fn flood(addr: SocketAddr, cap: usize) -> Vec<TcpStream> {
+    (0..2 * cap).map(|_| connect(addr)).collect()
+}
+
 #[test]
 fn half_a_request_is_cut_off_at_the_header_timeout() {
-    let served = serve(64);
+    let served = serve(64, HEADER_TIMEOUT);
     let mut stream = connect(served.addr);
     stream.write_all(b"GET / HTTP/1.1\r\nHost: ui\r\n").unwrap();
     let answer = until_closed(&mut stream);
@@ -124,7 +137,7 @@ fn half_a_request_is_cut_off_at_the_header_timeout() {
 
 #[test]
 fn a_slow_body_is_answered_408_and_too_large_a_body_413() {
-    let served = serve(64);
+    let served = serve(64, HEADER_TIMEOUT);
     let mut slow = connect(served.addr);
     write!(
         slow,
@@ -150,24 +163,68 @@ fn a_slow_body_is_answered_408_and_too_large_a_body_413() {
     .unwrap();
     let answer = until_closed(&mut large);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    // A declared length past the limit is refused before any of it is read or asked for: 413, not the 408
+    // its missing body would earn, and no `100 Continue`.
+    let mut declared = connect(served.addr);
+    write!(
+        declared,
+        "POST /login HTTP/1.1\r\nHost: ui\r\nExpect: 100-continue\r\nContent-Length: 10000000\r\n\r\n"
+    )
+    .unwrap();
+    let answer = until_closed(&mut declared);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
 }
 
 #[test]
 fn a_flood_of_idle_connections_never_closes_an_operators() {
-    let served = serve(4);
+    // The header timeout is long: every close below is the cap's.
+    let served = serve(4, LONG);
     let mut operator = connect(served.addr);
     assert_eq!(operator_get(&mut operator, "/"), "HTTP/1.1 200 OK");
-    // Twice the cap of connections that never send a byte: the oldest of them are closed to make room, the
-    // operator's (out of the cap since its first request) is not.
-    let mut flood: Vec<TcpStream> = (0..8).map(|_| connect(served.addr)).collect();
-    let first = until_closed(&mut flood[0]);
-    assert_eq!(first, "", "an idle connection is closed without an answer");
+    let mut idle = flood(served.addr, 4);
+    assert_eq!(
+        until_closed(&mut idle[0]),
+        "",
+        "the oldest idle connection is closed to make room"
+    );
     assert_eq!(operator_get(&mut operator, "/"), "HTTP/1.1 200 OK");
-    // A request without credentials does not take its connection out of the cap.
+    // A request without credentials, answered, does not take its connection out of the cap.
     let mut stranger = connect(served.addr);
-    write!(stranger, "GET / HTTP/1.1\r\nHost: ui\r\n\r\n").unwrap();
-    let _more: Vec<TcpStream> = (0..8).map(|_| connect(served.addr)).collect();
-    let answered = until_closed(&mut stranger);
-    assert!(answered.starts_with("HTTP/1.1 401"), "{answered:?}");
+    let refused = exchange(&mut stranger, "GET / HTTP/1.1\r\nHost: ui\r\n\r\n");
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused:?}");
+    let _more = flood(served.addr, 4);
+    until_closed(&mut stranger);
     assert_eq!(operator_get(&mut operator, "/"), "HTTP/1.1 200 OK");
+}
+
+#[test]
+fn a_browsers_sign_in_takes_its_connection_out_of_the_cap() {
+    let served = serve(4, LONG);
+    let mut browser = connect(served.addr);
+    // The token in the form's body, as the sign-in page sends it; the session cookie comes back.
+    let form = format!("token={TOKEN}");
+    let head = exchange(
+        &mut browser,
+        &format!(
+            "POST /login HTTP/1.1\r\nHost: ui\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    );
+    assert!(head.starts_with("HTTP/1.1 303"), "{head:?}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let mut idle = flood(served.addr, 4);
+    assert_eq!(until_closed(&mut idle[0]), "");
+    let page = exchange(
+        &mut browser,
+        &format!("GET / HTTP/1.1\r\nHost: ui\r\nCookie: {cookie}\r\n\r\n"),
+    );
+    assert!(page.starts_with("HTTP/1.1 200"), "{page:?}");
 }
