@@ -662,10 +662,15 @@ export class Once {
 
   /** What needs a person: unknown, absent (dispatch owed) and lease-expired records. */
   async queue(filter: QueueFilter = {}, limit = 100): Promise<OperatorQueue> {
+    // `null` is none, as `undefined` is (plain JavaScript callers pass either).
+    const scopes: unknown = filter.scopes;
+    if (scopes != null && !Array.isArray(scopes)) {
+      throw new InvalidArgumentsError(`queue: scopes must be an array of strings, not ${typeof scopes}`, "/scopes");
+    }
     const checked: QueueFilter = {
-      scopes: filter.scopes?.map((s, i) => text(s, `scopes/${i}`, "queue")),
-      tool: filter.tool === undefined ? undefined : text(filter.tool, "tool", "queue"),
-      keyPrefix: filter.keyPrefix === undefined ? undefined : text(filter.keyPrefix, "keyPrefix", "queue"),
+      scopes: scopes == null ? undefined : scopes.map((s, i) => text(s, `scopes/${i}`, "queue")),
+      tool: filter.tool == null ? undefined : text(filter.tool, "tool", "queue"),
+      keyPrefix: filter.keyPrefix == null ? undefined : text(filter.keyPrefix, "keyPrefix", "queue"),
     };
     return this.engine.call<OperatorQueue>("queue", checked, limit);
   }

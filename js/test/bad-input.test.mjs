@@ -137,9 +137,15 @@ test("every string an operator's or a tool's method hands the component is text:
     [() => o.fingerprint("refund\uD800", {}), /^fingerprint: tool holds a lone surrogate/],
     [() => o.canonicalize('"\uD800"'), /^canonicalize: json holds a lone surrogate/],
     [() => o.setTool("refund\uDBFF", { policy: {} }), /^setTool: tool holds a lone surrogate/],
+    [() => o.resolve("s\uD800", "k", "absent", "seen", true), /^resolve: scope holds a lone surrogate/],
+    [() => o.queue({ tool: "refund\uDC00" }), /^queue: tool holds a lone surrogate/],
+    // Of the wrong type (no compiler checked it): refused the same way, never a failure inside the component.
+    [() => o.inspect("s", 7), /^inspect: key must be a string, not number$/],
+    [() => o.queue({ scopes: "s" }), /^queue: scopes must be an array of strings, not string$/],
+    [() => o.queue({ scopes: [1] }), /^queue: scopes\/0 must be a string, not number$/],
   ]) {
     await assert.rejects(attempt(), (e) => e instanceof InvalidArgumentsError && where.test(e.message), String(where));
   }
-  // The record under the replacement key was not touched.
-  assert.equal((await o.inspect("s", "k\uFFFD")).state, "confirmed");
+  // `null` for an optional filter field is none.
+  assert.deepEqual((await o.queue({ tool: null, keyPrefix: null, scopes: null })).entries, []);
 });

@@ -104,7 +104,8 @@ impl Admission {
 /// How the accept loop treats connections.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// hyper's header read timeout: from the first byte a request is awaited to its last header.
+    /// hyper's header read timeout: from the moment a request is awaited (the connection opening, or the
+    /// previous answer) to its last header.
     pub header_timeout: Duration,
     /// The most unauthenticated connections open at once.
     pub max_unauthenticated: usize,

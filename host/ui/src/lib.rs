@@ -39,8 +39,8 @@ pub struct Ui {
 
 /// How many pending records the queue examines by default.
 pub const DEFAULT_LIMIT: u32 = 1000;
-/// How long a request's headers may take, from its first byte (and an idle connection may wait for its next
-/// request), by default.
+/// How long a request's headers may take, counted from the connection opening or the previous answer (so an
+/// idle connection is closed after it too), by default.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request's body may take to arrive, by default.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,8 +64,8 @@ impl Ui {
         }
     }
 
-    /// A request's headers must arrive within `timeout` of its first byte, and an idle connection is closed
-    /// after it; else the connection is closed ([`DEFAULT_HEADER_TIMEOUT`]).
+    /// A request's headers must arrive within `timeout` of the connection opening or of the previous answer
+    /// (an idle connection is closed after it too); else the connection is closed ([`DEFAULT_HEADER_TIMEOUT`]).
     pub fn header_timeout(mut self, timeout: Duration) -> Ui {
         self.header_timeout = timeout;
         self

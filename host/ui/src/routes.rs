@@ -57,9 +57,9 @@ async fn front_door(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> 
         Ok(bytes) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
         Err(refused) => return refused,
     };
-    // A browser signs in with the token in the body: the session cookie the answer sets is its credential.
+    // A browser signs in with the token in the body: the session the answer opens is its credential.
     if !operator
-        && response.headers().contains_key(SET_COOKIE)
+        && response.extensions().get::<SessionOpened>().is_some()
         && let Some(connection) = &connection
     {
         connection.authenticated();
@@ -428,7 +428,12 @@ fn sign_in(ui: &Ui, headers: &HeaderMap, token: &str) -> Response {
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(SET_COOKIE, v);
+        r.extensions_mut().insert(SessionOpened);
     }
     r.headers_mut().insert(LOCATION, HeaderValue::from_static("/"));
     r
 }
+
+/// Marks the answer to a sign-in that opened a session (`front_door` takes its connection out of the cap).
+#[derive(Debug, Clone, Copy)]
+struct SessionOpened;
