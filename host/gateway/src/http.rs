@@ -221,7 +221,6 @@ async fn whole_body(access: &crate::access::HttpAccess, request: Request) -> Res
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
-/// A body's bytes, or 413 past `limit` (rmcp's own words, which it used to answer) or 400 when it broke off.
 /// A JSON-RPC error response with no result, answered 400.
 fn jsonrpc_error(id: serde_json::Value, code: i64, message: String) -> Response {
     tracing::info!(target: "once::gateway", "request refused: {message}");

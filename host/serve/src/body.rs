@@ -29,6 +29,7 @@ pub async fn read(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, 
     }
 }
 
+/// 413, in the words rmcp's own server answered with before the gateway read bodies itself.
 fn too_large(limit: usize) -> Response {
     tracing::info!(target: "once::serve", "request refused: its body exceeds {limit} bytes");
     (
