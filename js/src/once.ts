@@ -85,7 +85,12 @@ export const sent = {
 
 /** A lone surrogate: a UTF-16 half that no other half completes (not text; a WIT string cannot hold one). */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
-const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, "g");
+// Node's own scans (ES2024, in every Node this package supports; the ES2022 lib does not declare them): a
+// call's strings are scanned natively, and the regex runs only to say where a refused one goes wrong.
+const { isWellFormed, toWellFormed } = String.prototype as unknown as {
+  isWellFormed: (this: string) => boolean;
+  toWellFormed: (this: string) => string;
+};
 
 /**
  * The `outcome` a sender's answer reports. An answer none of `sent`'s constructors makes (a sender's slip,
@@ -115,9 +120,9 @@ export function outcomeOf(s: Sent): Outcome {
   return { tag: "ambiguous", val: `the sender answered ${shown.slice(0, 200)}, none of sent.success/rejected/ambiguous/notSent` };
 }
 
-/** `text` with each lone surrogate replaced by U+FFFD, as `String.prototype.toWellFormed` does. */
+/** `text` with each lone surrogate replaced by U+FFFD. */
 function wellFormed(text: string): string {
-  return text.replace(LONE_SURROGATES, "\uFFFD");
+  return toWellFormed.call(text);
 }
 
 /** What the sender is asked to send: exactly these args, once. */
@@ -306,7 +311,7 @@ function text(v: unknown, field: string, where: string): string {
   if (typeof v !== "string") {
     throw new InvalidArgumentsError(`${where}: ${field} must be a string, not ${v === null ? "null" : typeof v}`, `/${field}`);
   }
-  const lone = LONE_SURROGATE.exec(v);
+  const lone = isWellFormed.call(v) ? null : LONE_SURROGATE.exec(v);
   if (lone) {
     throw new InvalidArgumentsError(
       `${where}: ${field} holds a lone surrogate at index ${lone.index}, which is not text (a string cut inside a character?)`, `/${field}`);
@@ -314,8 +319,11 @@ function text(v: unknown, field: string, where: string): string {
   return v;
 }
 
-/** The typed `call` of a request, each field checked (`text`). */
-function callOf(c: CallRequest, args: unknown): Call {
+/**
+ * The typed `call` of a request, each field checked (`text`). `args` is `toJson`'s text when the caller gave
+ * values (JSON.stringify escapes a lone surrogate, so it is not scanned again), else the caller's `argsJson`.
+ */
+function callOf(c: CallRequest, args: string): Call {
   const acknowledge = c.acknowledgeConfirmed ?? false;
   if (typeof acknowledge !== "boolean") {
     throw new InvalidArgumentsError(`call: acknowledgeConfirmed must be a boolean, not ${typeof acknowledge}`, "/acknowledgeConfirmed");
@@ -324,7 +332,7 @@ function callOf(c: CallRequest, args: unknown): Call {
     scope: text(c.scope, "scope", "call"),
     keys: c.key === undefined ? [] : [["application", text(c.key, "key", "call")]],
     tool: text(c.tool, "tool", "call"),
-    args: text(args, c.argsJson === undefined ? "args" : "argsJson", "call"),
+    args: c.argsJson === undefined ? args : text(c.argsJson, "argsJson", "call"),
     // `null` is none, as `undefined` is (plain JavaScript callers pass either).
     supersedes: c.supersedes == null ? undefined : text(c.supersedes, "supersedes", "call"),
     acknowledgeConfirmed: acknowledge,

@@ -109,6 +109,13 @@ fn exchange(stream: &mut TcpStream, request: &str) -> String {
     }
 }
 
+/// A sign-in form's POST that declares `length` bytes of body and sends `sent` of them.
+fn login_form(length: usize, sent: &str) -> String {
+    format!(
+        "POST /login HTTP/1.1\r\nHost: ui\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {length}\r\n\r\n{sent}"
+    )
+}
+
 /// The status line of the answer to a keep-alive GET of `path` with the operator's token.
 fn operator_get(stream: &mut TcpStream, path: &str) -> String {
     let head = exchange(
@@ -139,11 +146,7 @@ fn half_a_request_is_cut_off_at_the_header_timeout() {
 fn a_slow_body_is_answered_408_and_too_large_a_body_413() {
     let served = serve(64, HEADER_TIMEOUT);
     let mut slow = connect(served.addr);
-    write!(
-        slow,
-        "POST /login HTTP/1.1\r\nHost: ui\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken="
-    )
-    .unwrap();
+    slow.write_all(login_form(100, "token=").as_bytes()).unwrap();
     let answer = until_closed(&mut slow);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
     assert!(answer.contains("did not arrive within"), "{answer:?}");
@@ -155,12 +158,7 @@ fn a_slow_body_is_answered_408_and_too_large_a_body_413() {
 
     let mut large = connect(served.addr);
     let body = "n".repeat(once_ui::BODY_LIMIT + 1);
-    write!(
-        large,
-        "POST /login HTTP/1.1\r\nHost: ui\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    large.write_all(login_form(body.len(), &body).as_bytes()).unwrap();
     let answer = until_closed(&mut large);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
     // A declared length past the limit is refused before any of it is read or asked for: 413, not the 408
@@ -203,13 +201,7 @@ fn a_browsers_sign_in_takes_its_connection_out_of_the_cap() {
     let mut browser = connect(served.addr);
     // The token in the form's body, as the sign-in page sends it; the session cookie comes back.
     let form = format!("token={TOKEN}");
-    let head = exchange(
-        &mut browser,
-        &format!(
-            "POST /login HTTP/1.1\r\nHost: ui\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
-            form.len()
-        ),
-    );
+    let head = exchange(&mut browser, &login_form(form.len(), &form));
     assert!(head.starts_with("HTTP/1.1 303"), "{head:?}");
     let cookie = head
         .lines()
