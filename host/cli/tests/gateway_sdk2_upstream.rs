@@ -222,11 +222,19 @@ async fn a_lost_reply_is_reconciled_by_the_lookup(rig: &Rig, session: &Session) 
     let settled = settled(rig, session, "lose-reply-1", "op-lost").await;
     assert_eq!(outcome(&settled)["decision"], "replayed", "{settled:?}\n{}", rig.logs());
     assert_eq!(outcome(&settled)["confirmed_by"], "provider", "{settled:?}");
+    // Which of the two the answer came from is in `via`, and the text says it in that path's words: the
+    // provider's read answered this very call (`provider`), or the background read had confirmed the record
+    // before the call came again, which then replays it under its key (`key`).
     let said = gateway_common::text(&settled);
-    assert!(
-        said.contains("its reply was lost; once confirmed it by reading find_refund"),
-        "{said}"
-    );
+    let via = outcome(&settled)["via"].clone();
+    let expected = match via.as_str() {
+        Some("provider") => "its reply was lost; once confirmed it by reading find_refund,",
+        Some("key") => {
+            "already ran under this operation key (once confirmed it by reading find_refund after its reply was lost)"
+        }
+        _ => panic!("a lost reply confirmed by the lookup replays via provider or key, not {via}: {settled:?}"),
+    };
+    assert!(said.contains(expected), "via {via}: {said}");
     let trail = rig.audit(&settled);
     assert!(
         trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
