@@ -14,11 +14,15 @@
 //! ```
 //!
 //! [`Once::call`] is the call protocol's loop; the component decides every
-//! step. Cargo features: `postgres` (off by default) adds the PostgreSQL
-//! ledger (`storage::postgres`, `postgres://…` locations).
+//! step. Cargo features, both off by default: `postgres` adds the PostgreSQL
+//! ledger (`storage::postgres`, `postgres://…` locations); `tokio` adds the
+//! same loop for async hosts ([`Once::call_async`], [`call_async`]), which
+//! stops the sender at its deadline.
 #![warn(missing_docs)]
 
 mod bindings;
+#[cfg(feature = "tokio")]
+pub mod call_async;
 mod display;
 pub mod io;
 pub(crate) mod once;
@@ -27,6 +31,8 @@ pub mod runtime;
 pub mod storage;
 
 pub use crate::bindings::types;
+#[cfg(feature = "tokio")]
+pub use crate::call_async::Dispatcher;
 pub use crate::display::UtcTime;
 pub use crate::io::{
     Clock, Entropy, FixedEntropy, LogOperator, ManualClock, NoProvider, Operator, Provider, SystemClock, SystemEntropy,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::bindings::types::{
     Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError,
     LedgerEncoding, Outcome, PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan,
-    ToolPolicy,
+    ToolPolicy, Waiting,
 };
 use crate::io::{Clock, Entropy, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock, SystemEntropy};
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
@@ -69,16 +69,28 @@ pub struct Dispatch<'a> {
     pub provider_key: &'a str,
     /// The args to send (a key argument, if any, already set to the provider key).
     pub args: &'a str,
-    /// Do not start sending at or after this (ledger clock); [`Once::call`] checks it just before.
+    /// Do not start sending at or after this (ledger clock); the loop checks it just before it hands
+    /// the dispatch over.
     pub send_by: u64,
-    /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`]. The
-    /// dispatcher enforces it: a blocking function cannot be stopped from outside, and one that runs on
-    /// past it may outlive its lease.
+    /// `send_by` on this host's monotonic clock, as the ledger clock stood when the dispatch was handed
+    /// over (`None` for a DIRECT call): a dispatcher that must wait before its first byte (a connection,
+    /// an upstream starting) checks this, never the ledger clock, which may be a database query.
+    pub send_before: Option<Instant>,
+    /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`].
     pub timeout: Duration,
+    /// The deadline the engine gives the answer: `send_by` plus the timeout (inside the lease, less the
+    /// clock skew), or for a DIRECT call the timeout from when it is handed over. [`Once::call_async`]
+    /// stops its sender here; a blocking dispatcher ([`Once::call`]) cannot be stopped from outside and
+    /// must return by then itself (one that runs on past it may outlive its lease). `None` only for a
+    /// timeout beyond the range of this host's clock.
+    pub answer_by: Option<Instant>,
 }
 
 impl<'a> Dispatch<'a> {
-    fn of(grant: &'a Grant) -> Dispatch<'a> {
+    /// The dispatch of `grant`, handed over when the ledger clock read `now` and this host's clock `handed`.
+    pub(crate) fn of(grant: &'a Grant, now: u64, handed: Instant) -> Dispatch<'a> {
+        let timeout = Duration::from_millis(grant.timeout_ms);
+        let left = Duration::from_millis(grant.send_by.saturating_sub(now));
         Dispatch {
             direct: false,
             scope: &grant.scope,
@@ -88,7 +100,27 @@ impl<'a> Dispatch<'a> {
             provider_key: &grant.provider_key,
             args: &grant.args,
             send_by: grant.send_by,
-            timeout: Duration::from_millis(grant.timeout_ms),
+            send_before: handed.checked_add(left),
+            timeout,
+            answer_by: handed.checked_add(left.saturating_add(timeout)),
+        }
+    }
+
+    /// A DIRECT call of `call`, sent as it came, with the tool's dispatch timeout.
+    pub(crate) fn direct(call: &'a Call, timeout: Duration) -> Dispatch<'a> {
+        let handed = Instant::now();
+        Dispatch {
+            direct: true,
+            scope: &call.scope,
+            key: "",
+            tool: &call.tool,
+            attempt: 0,
+            provider_key: "",
+            args: &call.args,
+            send_by: u64::MAX,
+            send_before: None,
+            timeout,
+            answer_by: handed.checked_add(timeout),
         }
     }
 }
@@ -394,7 +426,7 @@ pub struct Once {
     pub(crate) host: HostState,
     pool: Mutex<Vec<Instance>>,
     config: RwLock<Config>,
-    wait: Duration,
+    pub(crate) wait: Duration,
     limits: GuestLimits,
 }
 
@@ -619,7 +651,7 @@ impl Once {
     }
 
     /// How often a wait asks whether its caller is still there.
-    const KEEP_GOING_POLL: Duration = Duration::from_millis(50);
+    pub(crate) const KEEP_GOING_POLL: Duration = Duration::from_millis(50);
 
     /// The loop every host runs: send, report, sleep, resume, until the
     /// engine says done (or the wait would outlast `patience`).
@@ -631,38 +663,34 @@ impl Once {
         keep_going: &dyn Fn() -> bool,
         send: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
     ) -> Result<Called, OnceError> {
-        let give_up_at = self.now().saturating_add(patience.as_millis() as u64);
-        let patience = Instant::now() + patience;
+        let patience = Patience::new(self.now(), patience);
         loop {
             step = match step {
                 Step::Dispatch(grant) => {
+                    // This host's clock first: a ledger clock that is a database query then makes
+                    // `send_before` early by the query's time, never late.
+                    let at = Instant::now();
+                    let now = self.now();
                     // Never send after send-by: the whole timeout must end inside the lease.
-                    let sent = if self.now() >= grant.send_by {
+                    let sent = if now >= grant.send_by {
                         Sent::NotSent
                     } else {
-                        send(&Dispatch::of(&grant))
+                        send(&Dispatch::of(&grant, now, at))
                     };
                     match self.report(&grant, &sent) {
                         Ok(next) => next,
-                        // The effect happened: an error now would make the caller mint a new intent.
-                        Err(error) => match sent {
-                            Sent::Success(response) => {
-                                tracing::warn!(target: "once", scope = grant.scope, key = grant.key, "report failed after a success: {error}");
-                                return Ok(Called::Unreported {
-                                    response,
-                                    error: error.to_string(),
-                                });
-                            }
-                            _ => return Err(error),
-                        },
+                        Err(error) => return report_failed(&grant, sent, error),
                     }
                 }
                 Step::Wait(wait) => {
-                    if wait.next > give_up_at || Instant::now() >= patience || !keep_going() {
+                    let pause = if keep_going() {
+                        patience.pause(&wait, self.now())
+                    } else {
+                        None
+                    };
+                    let Some(pause) = pause else {
                         return Ok(Called::Done(wait.meanwhile));
-                    }
-                    let pause = Duration::from_millis(wait.next.saturating_sub(self.now()))
-                        .min(patience.saturating_duration_since(Instant::now()));
+                    };
                     // In slices, so a caller that goes away during a long wait (a back-off of up to
                     // 30 s) is let go soon, and nothing more is granted for it.
                     let wake = Instant::now() + pause;
@@ -679,35 +707,27 @@ impl Once {
                 }
                 Step::Done(account) => return Ok(Called::Done(account)),
                 Step::Direct => {
-                    let Some(call) = call else {
-                        return Err(OnceError::Component("a resumed operation answered direct".to_string()));
-                    };
-                    let timeout = Duration::from_millis(self.policy(&call.tool).dispatch_timeout_ms);
-                    let direct = Dispatch {
-                        direct: true,
-                        scope: &call.scope,
-                        key: "",
-                        tool: &call.tool,
-                        attempt: 0,
-                        provider_key: "",
-                        args: &call.args,
-                        send_by: u64::MAX,
-                        timeout,
-                    };
-                    return Ok(Called::Direct(send(&direct)));
+                    let call = direct_call(call)?;
+                    let timeout = self.dispatch_timeout(&call.tool);
+                    return Ok(Called::Direct(send(&Dispatch::direct(call, timeout))));
                 }
             };
         }
     }
 
-    fn report(&self, grant: &Grant, sent: &Sent) -> Result<Step, OnceError> {
+    /// The dispatch timeout of `tool`, for its DIRECT calls.
+    pub(crate) fn dispatch_timeout(&self, tool: &str) -> Duration {
+        Duration::from_millis(self.policy(tool).dispatch_timeout_ms)
+    }
+
+    pub(crate) fn report(&self, grant: &Grant, sent: &Sent) -> Result<Step, OnceError> {
         let outcome = sent.outcome();
         let step = self.with_instance(|i| i.report(&grant.scope, &grant.key, &grant.fence, &outcome))??;
         trace_step("report", &grant.scope, &grant.tool, &step);
         Ok(step)
     }
 
-    fn resume_step(&self, scope: &str, key: &str) -> Result<Step, OnceError> {
+    pub(crate) fn resume_step(&self, scope: &str, key: &str) -> Result<Step, OnceError> {
         let step = self.with_instance(|i| i.resume(scope, key))??;
         trace_step("resume", scope, "", &step);
         Ok(step)
@@ -734,6 +754,53 @@ impl Once {
     }
 }
 
+/// How long a call goes on waiting for its outcome: the caller's patience, on the ledger clock (a
+/// wait due after it is answered with its account at once) and on this host's.
+pub(crate) struct Patience {
+    give_up_at: u64,
+    until: Instant,
+}
+
+impl Patience {
+    /// Patience from now (`now` on the ledger clock).
+    pub(crate) fn new(now: u64, patience: Duration) -> Patience {
+        Patience {
+            give_up_at: now.saturating_add(patience.as_millis() as u64),
+            until: Instant::now() + patience,
+        }
+    }
+
+    /// How long to sleep before resuming `wait` (`now` on the ledger clock), or `None` when the
+    /// call answers the wait's account now.
+    pub(crate) fn pause(&self, wait: &Waiting, now: u64) -> Option<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if wait.next > self.give_up_at || left.is_zero() {
+            return None;
+        }
+        Some(Duration::from_millis(wait.next.saturating_sub(now)).min(left))
+    }
+}
+
+/// What a call answers when reporting `sent` failed: after a success the effect happened, and an
+/// error would make the caller mint a new intent, so it is [`Called::Unreported`]; else the error.
+pub(crate) fn report_failed(grant: &Grant, sent: Sent, error: OnceError) -> Result<Called, OnceError> {
+    match sent {
+        Sent::Success(response) => {
+            tracing::warn!(target: "once", scope = grant.scope, key = grant.key, "report failed after a success: {error}");
+            Ok(Called::Unreported {
+                response,
+                error: error.to_string(),
+            })
+        }
+        _ => Err(error),
+    }
+}
+
+/// The call a `direct` step answers: only a started call can be one.
+pub(crate) fn direct_call(call: Option<&Call>) -> Result<&Call, OnceError> {
+    call.ok_or_else(|| OnceError::Component("a resumed operation answered direct".to_string()))
+}
+
 /// A tool's plan from what the engine configured: its own, or the defaults'.
 fn plan_of(configured: &Configured, tool: &str) -> ToolPlan {
     configured
@@ -754,7 +821,7 @@ pub(crate) fn storage_error(e: StorageError) -> OnceError {
     OnceError::Engine(Error::Storage(e.0))
 }
 
-fn trace_step(export: &str, scope: &str, tool: &str, step: &Step) {
+pub(crate) fn trace_step(export: &str, scope: &str, tool: &str, step: &Step) {
     let (step_name, key, attempt) = match step {
         Step::Dispatch(g) => ("dispatch", g.key.as_str(), Some(g.attempt)),
         Step::Wait(w) => ("wait", w.key.as_str(), None),

@@ -16,11 +16,12 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// The Rust files that drive calls: the `Once` loop, the gateway's request
+/// The Rust files that drive calls: the `Once` loops (blocking and async), the gateway's request
 /// handler and background worker, the demo's agents and settle loop, the
 /// retry-cost study's protected client.
-const RUST_LOOPS: [&str; 5] = [
+const RUST_LOOPS: [&str; 6] = [
     "host/once/src/once.rs",
+    "host/once/src/call_async.rs",
     "host/gateway/src/handler.rs",
     "host/gateway/src/worker.rs",
     "host/cli/src/demo/agent.rs",

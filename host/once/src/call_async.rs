@@ -1,0 +1,208 @@
+//! The call protocol's loop for async hosts (Cargo feature `tokio`).
+//!
+//! The same loop as [`Once::call`]'s, in the same shape: start, send each
+//! grant and report it, sleep through each wait, stop at the account. What
+//! differs is only where the time goes. Each step of the component (and the
+//! ledger I/O inside it) runs on tokio's blocking pool, so no async worker
+//! thread is held by a database or an fsync; the send and the waits are
+//! awaited, so a call that waits for its provider holds no thread at all.
+//! And the sender is stopped at the deadline the engine gives its answer
+//! ([`Dispatch::answer_by`]): its future is dropped there, so none of its
+//! code runs on after the attempt is reported (what it already handed to
+//! the network may still reach the provider: the attempt is ambiguous).
+//!
+//! Dropping a protected call's future is a lost reply: what was being sent
+//! may still reach the provider, and its attempt, never reported, expires
+//! into unknown and is reconciled (a DIRECT call has no record: it is simply
+//! gone). A host whose callers can go away (a server whose
+//! framework drops a handler on a client's cancellation) runs each call in a
+//! task of its own (`tokio::spawn`) and uses [`Once::call_async_while`] to let
+//! a departed caller go at the next wait.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::once::{Called, Dispatch, Once, OnceError, Patience, Sent, Settled, direct_call, report_failed, trace_step};
+use crate::types::{Call, Step};
+
+/// Sends what the engine grants, for [`Once::call_async`]: the async counterpart of the closure
+/// [`Once::call`] takes.
+pub trait Dispatcher: Send {
+    /// Send `d` and say what the provider did. A future still running at `d.answer_by` is dropped
+    /// there, and the attempt is what [`Dispatcher::stopped`] says. A sender that must wait before
+    /// its first byte (a connection, a server starting) checks `d.send_before` just before it.
+    fn dispatch(&mut self, d: &Dispatch<'_>) -> impl Future<Output = Sent> + Send;
+
+    /// What a dispatch of `d` stopped at its deadline did: [`Sent::Ambiguous`] (it may have reached
+    /// the provider), unless this sender knows that nothing of it left ([`Sent::NotSent`]).
+    fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
+        Sent::Ambiguous(format!(
+            "no answer by the deadline ({} ms timeout): the sender was stopped, and what it sent may have reached \
+             the provider",
+            d.timeout.as_millis()
+        ))
+    }
+}
+
+/// A step of the component, with the ledger clock and this host's clock read right after it: a
+/// grant's `send_by` is turned into this host's time from the two, read together.
+type Stepped = (Step, u64, Instant);
+
+impl Once {
+    /// [`Once::call_with`] for an async host: the engine's steps on tokio's blocking pool, the sends
+    /// and waits awaited. See the [module](crate::call_async) for what dropping its future means.
+    pub async fn call_async(self: &Arc<Self>, call: &Call, sender: &mut impl Dispatcher) -> Result<Called, OnceError> {
+        self.call_async_while(call, &|| true, sender).await
+    }
+
+    /// [`Once::call_async`] for a caller that can go away: at each wait the call goes on only while
+    /// `keep_going` says so (as [`Once::call_while`]).
+    pub async fn call_async_while(
+        self: &Arc<Self>,
+        call: &Call,
+        keep_going: &(dyn Fn() -> bool + Sync),
+        sender: &mut impl Dispatcher,
+    ) -> Result<Called, OnceError> {
+        let started = call.clone();
+        let stepped = self
+            .step(move |once| Ok(once.with_instance(|i| i.start(&started))??))
+            .await?;
+        trace_step("start", &call.scope, &call.tool, &stepped.0);
+        self.drive_async(stepped, Some(call), self.wait, keep_going, sender)
+            .await
+    }
+
+    /// [`Once::resume_within`] for an async host.
+    pub async fn resume_async(
+        self: &Arc<Self>,
+        scope: &str,
+        key: &str,
+        patience: Duration,
+        sender: &mut impl Dispatcher,
+    ) -> Result<Called, OnceError> {
+        let stepped = self.resume_stepped(scope, key).await?;
+        self.drive_async(stepped, None, patience, &|| true, sender).await
+    }
+
+    /// [`Once::settle`] for an async host: the sweep, then each owed dispatch granted just before it
+    /// is sent, and reported.
+    pub async fn settle_async(
+        self: &Arc<Self>,
+        limit: u32,
+        sender: &mut impl Dispatcher,
+    ) -> Result<Settled, OnceError> {
+        let sweep = self
+            .blocking(move |once| Ok(once.with_instance(|i| i.sweep(limit, false))??))
+            .await?;
+        let mut sent = Vec::with_capacity(sweep.owed.len());
+        for (scope, key) in &sweep.owed {
+            // Someone else may have taken it since: then the step says so and nothing is sent.
+            let stepped = self.resume_stepped(scope, key).await?;
+            if matches!(stepped.0, Step::Dispatch(_)) {
+                sent.push(
+                    self.drive_async(stepped, None, Duration::ZERO, &|| true, sender)
+                        .await?,
+                );
+            }
+        }
+        Ok(Settled { sweep, sent })
+    }
+
+    /// [`Once::call_with`]'s loop, awaiting where that one blocks.
+    async fn drive_async(
+        self: &Arc<Self>,
+        (mut step, mut now, mut at): Stepped,
+        call: Option<&Call>,
+        patience: Duration,
+        keep_going: &(dyn Fn() -> bool + Sync),
+        sender: &mut impl Dispatcher,
+    ) -> Result<Called, OnceError> {
+        let patience = Patience::new(now, patience);
+        loop {
+            (step, now, at) = match step {
+                Step::Dispatch(grant) => {
+                    // Never send after send-by: the whole timeout must end inside the lease.
+                    let sent = if now >= grant.send_by {
+                        Sent::NotSent
+                    } else {
+                        stop_at_deadline(sender, &Dispatch::of(&grant, now, at)).await
+                    };
+                    let (reported, outcome) = (grant.clone(), sent.clone());
+                    match self.step(move |once| once.report(&reported, &outcome)).await {
+                        Ok(next) => next,
+                        Err(error) => return report_failed(&grant, sent, error),
+                    }
+                }
+                Step::Wait(wait) => {
+                    let pause = if keep_going() { patience.pause(&wait, now) } else { None };
+                    let Some(pause) = pause else {
+                        return Ok(Called::Done(wait.meanwhile));
+                    };
+                    let wake = tokio::time::Instant::now() + pause;
+                    while tokio::time::Instant::now() < wake && keep_going() {
+                        tokio::time::sleep_until(wake.min(tokio::time::Instant::now() + Self::KEEP_GOING_POLL)).await;
+                    }
+                    if !keep_going() {
+                        return Ok(Called::Done(wait.meanwhile));
+                    }
+                    self.resume_stepped(&wait.scope, &wait.key).await?
+                }
+                Step::Done(account) => return Ok(Called::Done(account)),
+                Step::Direct => {
+                    let call = direct_call(call)?;
+                    let timeout = self.dispatch_timeout(&call.tool);
+                    return Ok(Called::Direct(
+                        stop_at_deadline(sender, &Dispatch::direct(call, timeout)).await,
+                    ));
+                }
+            };
+        }
+    }
+
+    async fn resume_stepped(self: &Arc<Self>, scope: &str, key: &str) -> Result<Stepped, OnceError> {
+        let (scope, key) = (scope.to_string(), key.to_string());
+        self.step(move |once| once.resume_step(&scope, &key)).await
+    }
+
+    /// Run one step of the component on the blocking pool, and read both clocks right after it.
+    async fn step(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Once) -> Result<Step, OnceError> + Send + 'static,
+    ) -> Result<Stepped, OnceError> {
+        // This host's clock first: a ledger clock that is a database query then makes `send_before`
+        // early by the query's time, never late.
+        self.blocking(move |once| {
+            let step = f(once)?;
+            let at = Instant::now();
+            Ok((step, once.now(), at))
+        })
+        .await
+    }
+
+    /// Run `f` on tokio's blocking pool: the component and the ledger are synchronous.
+    async fn blocking<R: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Once) -> Result<R, OnceError> + Send + 'static,
+    ) -> Result<R, OnceError> {
+        let once = self.clone();
+        tokio::task::spawn_blocking(move || f(&once))
+            .await
+            .map_err(|e| OnceError::Component(format!("a step of the call did not finish: {e}")))?
+    }
+}
+
+/// Send `d`, unless its send-by has passed since it was granted (a busy runtime may wake this late),
+/// and stop the sender at its deadline.
+async fn stop_at_deadline(sender: &mut impl Dispatcher, d: &Dispatch<'_>) -> Sent {
+    if d.send_before.is_some_and(|end| Instant::now() >= end) {
+        return Sent::NotSent;
+    }
+    let Some(answer_by) = d.answer_by else {
+        return sender.dispatch(d).await;
+    };
+    match tokio::time::timeout_at(answer_by.into(), sender.dispatch(d)).await {
+        Ok(sent) => sent,
+        Err(_) => sender.stopped(d),
+    }
+}

@@ -1,0 +1,301 @@
+//! The async call loop (`Once::call_async`, feature `tokio`) end to end: a real component, real
+//! SQLite files, tokio's runtime. It must answer as the blocking loop does, hold no thread while it
+//! waits, stop a sender at its deadline, and keep exactly once across a restart and under contention.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use once::storage::sqlite::{SqliteOptions, SqliteStorage};
+use once::types::{Call, Effect, Ending, Evidence, Repeat, ReplayVia, Route};
+use once::{Called, Dispatch, Dispatcher, ManualClock, Once, Sent, policy_input};
+
+const TOOL: &str = "refund_order";
+const ARGS: &str = r#"{"order_id":1234,"amount":200}"#;
+const RECEIPT: &str = r#"{"refund_id":"r_1"}"#;
+
+fn sqlite(path: &Path) -> SqliteStorage {
+    SqliteStorage::open(path, SqliteOptions::default()).unwrap()
+}
+
+fn call(key: &str, tool: &str) -> Call {
+    Once::call_of("t1", Some(key), tool, ARGS)
+}
+
+/// Answers every dispatch with `answer` after `delay`, counting the sends and what each was given.
+struct Provider {
+    sends: Arc<AtomicU32>,
+    seen: Vec<(bool, String, u32)>,
+    delay: Duration,
+    answer: Sent,
+}
+
+impl Provider {
+    fn new(sends: &Arc<AtomicU32>, delay: Duration, answer: Sent) -> Provider {
+        Provider {
+            sends: sends.clone(),
+            seen: Vec::new(),
+            delay,
+            answer,
+        }
+    }
+}
+
+impl Dispatcher for Provider {
+    async fn dispatch(&mut self, d: &Dispatch<'_>) -> Sent {
+        self.sends.fetch_add(1, Ordering::SeqCst);
+        self.seen.push((d.direct, d.tool.to_string(), d.attempt));
+        tokio::time::sleep(self.delay).await;
+        self.answer.clone()
+    }
+}
+
+/// Sends, then never hears back; says when its future is dropped.
+struct Hangs {
+    sends: Arc<AtomicU32>,
+    stopped: Arc<AtomicBool>,
+}
+
+/// Marks its sender stopped when the sender's future is dropped.
+struct Stopped(Arc<AtomicBool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Dispatcher for Hangs {
+    async fn dispatch(&mut self, d: &Dispatch<'_>) -> Sent {
+        assert!(d.answer_by.is_some(), "a granted dispatch has a deadline");
+        self.sends.fetch_add(1, Ordering::SeqCst);
+        let _stopped = Stopped(self.stopped.clone());
+        std::future::pending::<()>().await;
+        Sent::Success("{}".into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_loop_answers_as_the_blocking_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let direct = once::types::PolicyInput {
+        route: Some(Route::Direct),
+        ..policy_input()
+    };
+    let once = Arc::new(
+        Once::builder(sqlite(&dir.path().join("once.db")))
+            .tool("search", direct, None)
+            .build()
+            .unwrap(),
+    );
+    let sends = Arc::new(AtomicU32::new(0));
+    let mut provider = Provider::new(&sends, Duration::ZERO, Sent::Success(RECEIPT.into()));
+    let first = once.call_async(&call("refund-1", TOOL), &mut provider).await.unwrap();
+    assert_eq!(
+        first.confirmed().map(|c| c.receipt.as_str()),
+        Some(RECEIPT),
+        "{first:?}"
+    );
+    let again = once.call_async(&call("refund-1", TOOL), &mut provider).await.unwrap();
+    let replayed = again.confirmed().expect("a replay");
+    assert_eq!((replayed.replayed, replayed.via), (true, Some(ReplayVia::Key)));
+    // The blocking loop over the same ledger sees the same record.
+    let blocking = once
+        .call("t1", Some("refund-1"), TOOL, ARGS, |_| panic!("sent twice"))
+        .unwrap();
+    assert_eq!(blocking, again);
+    let direct = once.call_async(&call("q", "search"), &mut provider).await.unwrap();
+    assert!(matches!(direct, Called::Direct(Sent::Success(_))), "{direct:?}");
+    assert_eq!(
+        provider.seen,
+        [(false, TOOL.to_string(), 1), (true, "search".to_string(), 0)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_past_its_deadline_is_stopped_and_the_reply_is_lost_not_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let clock = ManualClock::new(1_000_000);
+    let fast = once::types::PolicyInput {
+        dispatch_timeout_ms: Some(100),
+        ..policy_input()
+    };
+    let at_provider = Arc::new(Mutex::new(None::<String>));
+    let build = |seen: Arc<Mutex<Option<String>>>| {
+        Arc::new(
+            Once::builder(sqlite(&db))
+                .clock(clock.clone())
+                .wait_up_to(Duration::ZERO)
+                .policy(TOOL, fast.clone())
+                .provider(move |_: &str, _: &str, _: &str| match seen.lock().unwrap().clone() {
+                    Some(receipt) => Evidence::Confirmed(receipt),
+                    None => Evidence::Unknown("the provider cannot be read yet".into()),
+                })
+                .build()
+                .unwrap(),
+        )
+    };
+    let sends = Arc::new(AtomicU32::new(0));
+    let stopped = Arc::new(AtomicBool::new(false));
+    let next_read = {
+        let once = build(at_provider.clone());
+        let mut hangs = Hangs {
+            sends: sends.clone(),
+            stopped: stopped.clone(),
+        };
+        // A loop that did not stop it would wait for ever: a minute is far past any deadline here.
+        let began = std::time::Instant::now();
+        let lost = tokio::time::timeout(
+            Duration::from_secs(60),
+            once.call_async(&call("refund-1", TOOL), &mut hangs),
+        )
+        .await
+        .expect("the sender was not stopped at its deadline")
+        .unwrap();
+        // Stopped, not waited on for ever; and its attempt is unknown, never failed.
+        assert!(stopped.load(Ordering::SeqCst), "the sender was not stopped");
+        assert!(
+            began.elapsed() >= Duration::from_millis(100),
+            "stopped before its timeout"
+        );
+        let Some(Ending::Unknown(unknown)) = lost.ending() else {
+            panic!("{lost:?}")
+        };
+        assert!(unknown.reason.contains("the sender was stopped"), "{unknown:?}");
+        assert_eq!(
+            (lost.effect(), lost.account().unwrap().repeat),
+            (Effect::Unknown, Repeat::Waits)
+        );
+        unknown.next_read.expect("the tool has a lookup")
+    };
+    // The stopped request did reach the provider. A new process, a new handle: the retry reads it
+    // and replays it; nothing is sent again.
+    *at_provider.lock().unwrap() = Some(RECEIPT.into());
+    clock.set(next_read);
+    let once = build(at_provider.clone());
+    let mut provider = Provider::new(&sends, Duration::ZERO, Sent::Success("{}".into()));
+    let settled = once.call_async(&call("refund-1", TOOL), &mut provider).await.unwrap();
+    let confirmed = settled.confirmed().expect("confirmed by the read");
+    assert_eq!(
+        (confirmed.receipt.as_str(), confirmed.via),
+        (RECEIPT, Some(ReplayVia::Provider))
+    );
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_async_callers_on_one_key_send_once_and_share_the_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Arc::new(Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap());
+    let sends = Arc::new(AtomicU32::new(0));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (once, sends) = (once.clone(), sends.clone());
+            tokio::spawn(async move {
+                let mut provider = Provider::new(&sends, Duration::from_millis(200), Sent::Success(RECEIPT.into()));
+                once.call_async(&call("refund-1", TOOL), &mut provider).await.unwrap()
+            })
+        })
+        .collect();
+    for caller in callers {
+        let called = caller.await.unwrap();
+        assert_eq!(
+            called.confirmed().map(|c| c.receipt.as_str()),
+            Some(RECEIPT),
+            "{called:?}"
+        );
+    }
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_is_a_lost_reply_that_settle_async_resolves_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("once.db");
+    let clock = ManualClock::new(1_000_000);
+    let build = || {
+        Arc::new(
+            Once::builder(sqlite(&db))
+                .clock(clock.clone())
+                .wait_up_to(Duration::ZERO)
+                .provider(|_: &str, _: &str, _: &str| Evidence::Absent(u64::MAX / 2))
+                .build()
+                .unwrap(),
+        )
+    };
+    let sends = Arc::new(AtomicU32::new(0));
+    let stopped = Arc::new(AtomicBool::new(false));
+    {
+        // The caller goes away mid-send: its future is dropped, the attempt never reported.
+        let once = build();
+        let (s, d) = (sends.clone(), stopped.clone());
+        let caller = tokio::spawn(async move {
+            let mut hangs = Hangs { sends: s, stopped: d };
+            once.call_async(&call("refund-1", TOOL), &mut hangs).await
+        });
+        while sends.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        caller.abort();
+        assert!(caller.await.unwrap_err().is_cancelled());
+        assert!(stopped.load(Ordering::SeqCst));
+    }
+    let once = build();
+    let policy = once.policy(TOOL);
+    // Within the lease nothing is owed; past it and past max-in-flight, the read proves absence and
+    // the owed dispatch is sent once, with attempt 2.
+    let mut provider = Provider::new(&sends, Duration::ZERO, Sent::Success(RECEIPT.into()));
+    assert!(once.settle_async(10, &mut provider).await.unwrap().sent.is_empty());
+    clock.advance(policy.lease_ms + policy.max_in_flight_ms + 1);
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        sent.extend(once.settle_async(10, &mut provider).await.unwrap().sent);
+        if !sent.is_empty() {
+            break;
+        }
+        clock.advance(policy.reconcile_interval_ms);
+    }
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].confirmed().map(|c| c.receipt.as_str()), Some(RECEIPT));
+    assert_eq!(provider.seen, [(false, TOOL.to_string(), 2)]);
+    assert!(once.settle_async(10, &mut provider).await.unwrap().sent.is_empty());
+    let again = once.call_async(&call("refund-1", TOOL), &mut provider).await.unwrap();
+    assert_eq!(again.confirmed().map(|c| c.replayed), Some(true));
+    assert_eq!(sends.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_goes_away_is_let_go_at_the_next_wait_and_keeps_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Arc::new(Once::builder(sqlite(&dir.path().join("once.db"))).build().unwrap());
+    let sends = Arc::new(AtomicU32::new(0));
+    // Nothing leaves (the provider is down): the engine waits before the next attempt, and the caller
+    // is gone by then.
+    let mut down = Provider::new(&sends, Duration::ZERO, Sent::NotSent);
+    let gone = AtomicBool::new(false);
+    let keep_going = || !gone.swap(true, Ordering::SeqCst);
+    let called = once
+        .call_async_while(&call("refund-1", TOOL), &keep_going, &mut down)
+        .await
+        .unwrap();
+    let account = called.account().expect("the wait's account");
+    assert_eq!(
+        (called.effect(), account.repeat),
+        (Effect::None, Repeat::Retries),
+        "{called:?}"
+    );
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
+    // The caller's retry is the operation's next attempt.
+    let mut up = Provider::new(&sends, Duration::ZERO, Sent::Success(RECEIPT.into()));
+    let mut retried = once.call_async(&call("refund-1", TOOL), &mut up).await.unwrap();
+    for _ in 0..100 {
+        if retried.confirmed().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        retried = once.call_async(&call("refund-1", TOOL), &mut up).await.unwrap();
+    }
+    assert_eq!(retried.confirmed().map(|c| c.attempt), Some(Some(2)), "{retried:?}");
+}
