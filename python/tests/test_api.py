@@ -312,3 +312,39 @@ def test_protect_binds_arguments_as_signature_bind_does() -> None:
             except TypeError as e:
                 got = ("TypeError", str(e))
             assert got == want, (fn.__name__, a, kw)
+
+
+def test_acall_cancels_a_dispatcher_past_its_deadline_and_the_attempt_is_unknown() -> None:
+    """The deadline the guest gives an answer stops an async dispatcher (as the Rust and Node hosts stop theirs):
+    cancelled and waited for, so nothing of it runs on after the report; the attempt is ambiguous, never failed."""
+    o = Once.memory(policies={"refund": Policy(dispatch_timeout_ms=100)})
+    stopped: list[int] = []
+
+    async def hangs(d: once.Dispatch) -> Sent:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.append(d.attempt)
+            raise
+        return Sent.success({"late": True})
+
+    async def main() -> once.Called:
+        # A loop that did not stop it would wait an hour: a minute is far past its deadline.
+        return await asyncio.wait_for(o.acall("t", "k-1", "refund", {"order_id": 1}, hangs, wait=0.0), 60)
+
+    c = asyncio.run(main())
+    assert stopped == [1]
+    assert isinstance(c.ending, once.Unknown), c
+    assert "the dispatcher was cancelled" in c.ending.reason, c.ending
+    assert c.effect is Effect.UNKNOWN and c.account and c.account.repeat is Repeat.WAITS
+
+    # A dispatcher that answers anyway when it is cancelled: its answer is the outcome.
+    async def answers_anyway(d: once.Dispatch) -> Sent:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+        return Sent.success({"refund_id": "r-7"})
+
+    done = asyncio.run(o.acall("t", "k-2", "refund", {"order_id": 2}, answers_anyway, wait=0.0))
+    assert isinstance(done.ending, Confirmed) and done.ending.value() == {"refund_id": "r-7"}, done

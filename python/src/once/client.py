@@ -35,7 +35,7 @@ ASend = Callable[[Dispatch], Awaitable[Any]]
 Lookup = Callable[[str, str, str], Evidence]
 Escalate = Callable[[Escalation], bool]
 Args = Union[str, Mapping[str, Any], list[Any]]
-# One action of the protocol loop: ("guest", fn) | ("send", dispatch) | ("sleep", seconds).
+# One action of the protocol loop: ("guest", fn) | ("send", (dispatch, seconds to its deadline)) | ("sleep", seconds).
 Action = tuple[str, Any]
 
 
@@ -429,11 +429,15 @@ class Once:
             if kind == "dispatch":
                 grant, fence = step.dispatch, step.fence
                 assert grant is not None
-                if self.now() >= grant.send_by:
+                now = self.now()
+                if now >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
+                    # With the deadline the guest gives its answer, in seconds from now: send-by plus the timeout,
+                    # inside the lease (acall stops an async dispatcher there).
+                    answer_in = (grant.send_by + grant.timeout_ms - now) / 1000
                     try:
-                        sent = _sent((yield ("send", grant)))
+                        sent = _sent((yield ("send", (grant, answer_in))))
                     except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
                         never_ran, sent = e.error, Sent.not_sent()
                     except BaseException as e:  # the request may have left: the effect may exist
@@ -470,7 +474,7 @@ class Once:
                 d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
                 try:
-                    return Called(direct=_sent((yield ("send", d))))
+                    return Called(direct=_sent((yield ("send", (d, timeout / 1000)))))
                 except _NeverRan as e:
                     raise e.error from None
 
@@ -488,7 +492,7 @@ class Once:
                 if kind == "guest":
                     value = arg()
                 elif kind == "send":
-                    value = send(arg)
+                    value = send(arg[0])
                     if inspect.isawaitable(value):
                         # An async dispatcher given to a blocking call: its coroutine never ran, so nothing
                         # was sent (recording the coroutine as its answer would confirm what did not happen).
@@ -514,9 +518,10 @@ class Once:
                 if kind == "guest":
                     value = await asyncio.to_thread(arg)
                 elif kind == "send":
-                    value = send(arg)
+                    d, answer_in = arg
+                    value = send(d)
                     if inspect.isawaitable(value):
-                        value = await value
+                        value = await _within(value, answer_in, d)
                 else:
                     await asyncio.sleep(arg)
             except BaseException as e:
@@ -538,7 +543,10 @@ class Once:
     async def acall(self, scope: str, key: Optional[str], tool: str, args: Args, send: Union[Send, ASend], *,
                     supersedes: Optional[str] = None, acknowledge_confirmed: bool = False,
                     wait: Optional[float] = None) -> Called:
-        """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`."""
+        """`call` for an async dispatcher; the guest and ledger run in a worker thread, waits are `asyncio.sleep`.
+
+        A dispatcher still running at the deadline the guest gives its answer (send-by plus the timeout, inside the
+        lease; a DIRECT call's timeout) is cancelled and waited for, and the attempt is ambiguous."""
         text = _args_text(args)
         c = _wit.call_text(scope, key, tool, text, supersedes, acknowledge_confirmed)
         loop = self._loop(lambda: self._step("start", c), (scope, tool, text), self.wait if wait is None else wait)
@@ -605,6 +613,26 @@ class Once:
     def close(self) -> None:
         """Release the ledger's connections."""
         self.ledger.close()
+
+
+async def _within(answer: Awaitable[Any], seconds: float, d: Dispatch) -> Any:
+    """Await an async dispatcher's answer until the deadline the guest gives it; past it the dispatcher is cancelled
+    and waited for, so none of its code runs on after the attempt is reported: cancelled, the attempt is ambiguous
+    (what it sent may have reached the provider); if it answered anyway, its answer is the outcome. A dispatcher
+    that ignores its cancellation holds the call until it ends."""
+    task = asyncio.ensure_future(answer)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, seconds))
+    except asyncio.CancelledError:  # the caller went away: so does its dispatcher, as an awaited one would
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+        if task.cancelled():
+            return Sent.ambiguous(f"no answer by the deadline ({d.timeout_ms} ms timeout): the dispatcher was "
+                                  "cancelled, and what it sent may have reached the provider")
+    return task.result()
 
 
 def _constant(value: _wit.Step) -> Callable[[], _wit.Step]:
