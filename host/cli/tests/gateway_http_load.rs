@@ -15,7 +15,11 @@
 //! No call may be refused because others were busy (`blocked(storage)`), and
 //! no refund may be doubled or pass the ceiling. It prints throughput and
 //! p50/p99 latency, and the 128-client throughput as a share of the
-//! 16-client figure, which BENCHMARKS.md records (timings are never asserted).
+//! 16-client figure, which BENCHMARKS.md records (timings are never asserted:
+//! a first call whose reply the upstream did not give within the tool's 2 s
+//! timeout, and that once then confirmed by reading the provider, is once
+//! doing its job on a saturated machine, so it is counted and printed, not
+//! failed).
 //!
 //! Ignored by a plain `cargo test` (it takes a while on a debug build);
 //! `.ci/run` runs it with `--ignored` in its own stage.
@@ -39,8 +43,9 @@ const GLOBEX: &str = "globex-token";
 
 /// `CALLS` refunds of one cent by acme from `clients` threads; every `repeat_every`th call of a client
 /// (if any) repeats its previous key and must replay. Every answer's once `decision` must be `decision`
-/// (`None`: the upstream's own result, untouched, as a DIRECT call's is). Returns the elapsed time and
-/// every latency, and checks one refund per key in the effect ledger.
+/// (`None`: the upstream's own result, untouched, as a DIRECT call's is), or for a first call its lost
+/// reply confirmed by the lookup ([`confirmed_by_read`]). Returns the elapsed time, every latency and
+/// how many replies were lost, and checks one refund per key in the effect ledger.
 fn load(
     gw: &Listening,
     rig: &Rig,
@@ -48,14 +53,14 @@ fn load(
     clients: usize,
     repeat_every: Option<usize>,
     decision: Option<&str>,
-) -> (Duration, Vec<Duration>) {
+) -> (Duration, Vec<Duration>, usize) {
     let refunds_before = EffectLedger::open(rig.effects_db()).unwrap().count(ORDER_ID).unwrap();
     let started = Instant::now();
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let (url, decision, run) = (gw.url.clone(), decision.map(str::to_string), run.to_string());
             std::thread::spawn(move || {
-                let (mut latencies, mut keys, mut last) = (Vec::new(), 0, String::new());
+                let (mut latencies, mut keys, mut lost, mut last) = (Vec::new(), 0, 0, String::new());
                 for (n, i) in (c..CALLS).step_by(clients).enumerate() {
                     let repeat = repeat_every.is_some_and(|every| n % every == every - 1);
                     if !repeat {
@@ -72,23 +77,26 @@ fn load(
                         &call_body("refund_order", args, Some(&key)).to_string(),
                     );
                     latencies.push(sent.elapsed());
-                    if let Some(wrong) = unexpected(&answer, &key, decision.as_deref(), repeat) {
-                        return Err(wrong);
+                    match unexpected(&answer, &key, decision.as_deref(), repeat) {
+                        Ok(Read::Answered) => {}
+                        Ok(Read::LostAndRead) => lost += 1,
+                        Err(wrong) => return Err(wrong),
                     }
                 }
-                Ok((latencies, keys))
+                Ok((latencies, keys, lost))
             })
         })
         .collect();
-    let (mut latencies, mut keys, mut wrong) = (Vec::new(), 0, Vec::new());
+    let (mut latencies, mut keys, mut lost, mut wrong) = (Vec::new(), 0, 0, Vec::new());
     for t in threads {
         match t
             .join()
             .unwrap_or_else(|_| panic!("a client thread panicked\n{}", rig.logs()))
         {
-            Ok((l, k)) => {
+            Ok((l, k, n)) => {
                 latencies.extend(l);
                 keys += k;
+                lost += n;
             }
             Err(w) => wrong.push(w),
         }
@@ -114,38 +122,61 @@ fn load(
         rows.len(),
         "no provider key twice: no duplicate refund"
     );
-    (elapsed, latencies)
+    (elapsed, latencies, lost)
+}
+
+/// How a right answer came about.
+enum Read {
+    /// As expected.
+    Answered,
+    /// A first call's own reply was lost and the lookup confirmed its effect ([`confirmed_by_read`]).
+    LostAndRead,
 }
 
 /// What is wrong with `answer` to a call under `key`, if anything: the HTTP status must be 200; a
-/// repeat must replay and a first call have `decision` (`None`: the upstream's own result, untouched).
-fn unexpected(answer: &Answer, key: &str, decision: Option<&str>, repeat: bool) -> Option<String> {
-    let wrong = |what: &str| Some(format!("{key}: {what}: {answer:?}"));
+/// repeat must replay and a first call have `decision` (`None`: the upstream's own result, untouched)
+/// or be its lost reply confirmed by the lookup.
+fn unexpected(answer: &Answer, key: &str, decision: Option<&str>, repeat: bool) -> Result<Read, String> {
+    let wrong = |what: &str| Err(format!("{key}: {what}: {answer:?}"));
     if answer.status != 200 {
         return wrong("HTTP status not 200");
     }
     let Some(result) = answer.message.as_ref().and_then(|m| m.get("result")) else {
         return wrong("no tools/call result");
     };
-    let said = &result["_meta"]["once/outcome"]["decision"];
+    let outcome = &result["_meta"]["once/outcome"];
+    let said = &outcome["decision"];
     match (decision, repeat) {
         (Some(_), true) if said != "replayed" => wrong("a repeat did not replay"),
+        (Some(_), false) if confirmed_by_read(outcome) => Ok(Read::LostAndRead),
         (Some(decision), false) if said != decision => wrong(&format!("not {decision}")),
         (None, _) if result["isError"] == true => wrong("the upstream's result is an error"),
         (None, _) if result["structuredContent"]["idempotency_key"] != key => {
             wrong("the upstream's result is for another key")
         }
-        _ => None,
+        _ => Ok(Read::Answered),
     }
 }
 
-fn report(what: &str, clients: usize, (elapsed, mut latencies): (Duration, Vec<Duration>)) -> f64 {
+/// A first call whose own reply did not come within the tool's timeout (a saturated machine: the
+/// clients, the gateway, the refund service and the database share two cores), and that once
+/// confirmed by reading the provider: the refund happened, once, and the answer says so. Which calls
+/// lose their reply is timing, never asserted; that each is confirmed, not sent again, is (the
+/// effect ledger's one refund per key).
+fn confirmed_by_read(outcome: &Value) -> bool {
+    outcome["decision"] == "replayed"
+        && outcome["via"] == "provider"
+        && outcome["confirmed_by"] == "provider"
+        && outcome["effect"] == "happened"
+}
+
+fn report(what: &str, clients: usize, (elapsed, mut latencies, lost): (Duration, Vec<Duration>, usize)) -> f64 {
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     let rate = CALLS as f64 / elapsed.as_secs_f64();
     println!(
         "gateway --listen load, {what}: {CALLS} calls from {clients} clients in {:.2} s: {rate:.0} calls/s, \
-         p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+         p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {lost} replies lost and confirmed by the lookup",
         elapsed.as_secs_f64(),
         at(0.50).as_secs_f64() * 1000.0,
         at(0.99).as_secs_f64() * 1000.0,

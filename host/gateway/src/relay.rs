@@ -275,7 +275,9 @@ pub async fn ask<R: ServiceRole>(
         .send_request_with_option(request, options)
         .await
         .map_err(error_of)?;
+    // Biased: an answer that has arrived wins over a cancellation that is also due.
     tokio::select! {
+        biased;
         answer = &mut handle.rx => match answer {
             Ok(answer) => answer.map_err(error_of),
             Err(_) => Err(error_of(ServiceError::TransportClosed)),

@@ -663,7 +663,10 @@ impl Upstream {
                 None => std::future::pending().await,
             }
         };
+        // Biased: an answer that has arrived is the outcome, even if the deadline or the client's cancellation
+        // is also ready by the time this runs (a busy machine polls it late); a random pick would call it lost.
         let (exchanged, stop) = tokio::select! {
+            biased;
             answer = &mut handle.rx => {
                 // Progress the upstream sent before its answer reaches the client before the answer does. A client
                 // that takes none (a wedged connection) holds the answer no longer than the call may take: the

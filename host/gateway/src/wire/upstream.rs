@@ -159,7 +159,9 @@ impl UpstreamWire {
                 None => std::future::pending().await,
             }
         };
+        // Biased: an answer that has arrived wins over a deadline that is also due (see `Upstream::exchange`).
         let given_up = tokio::select! {
+            biased;
             answer = answered => return answer.map_err(|_| Unanswered::Closed),
             _ = ct.cancelled() => Unanswered::Cancelled,
             _ = wait => Unanswered::TimedOut(timeout.unwrap_or_default()),
