@@ -324,6 +324,7 @@ def test_acall_cancels_a_dispatcher_past_its_deadline_and_the_attempt_is_unknown
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
+            await asyncio.sleep(0.2)  # tidying up after the cancellation: the call waits for it
             stopped.append(d.attempt)
             raise
         return Sent.success({"late": True})
@@ -348,3 +349,33 @@ def test_acall_cancels_a_dispatcher_past_its_deadline_and_the_attempt_is_unknown
 
     done = asyncio.run(o.acall("t", "k-2", "refund", {"order_id": 2}, answers_anyway, wait=0.0))
     assert isinstance(done.ending, Confirmed) and done.ending.value() == {"refund_id": "r-7"}, done
+
+
+def test_a_cancelled_acall_cancels_its_dispatcher_and_waits_for_it() -> None:
+    """The caller goes away mid-send: its dispatcher is cancelled with it, and has ended by the time the caller's
+    cancellation arrives (nothing of it runs on unseen); the attempt is left to reconciliation, never re-sent blind."""
+    o = Once.memory()
+    events: list[str] = []
+
+    async def slow(d: once.Dispatch) -> Sent:
+        events.append("sent")
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.2)
+            events.append("ended")
+            raise
+        return Sent.success({})
+
+    async def main() -> None:
+        call = asyncio.ensure_future(o.acall("t", "k-3", "refund", {"order_id": 3}, slow))
+        while "sent" not in events:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert events == ["sent", "ended"], events
+
+    asyncio.run(main())
+    view = o.inspect("t", "k-3")
+    assert view is not None and view.state is once.State.UNKNOWN, view

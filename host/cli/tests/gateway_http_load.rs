@@ -38,6 +38,8 @@ use refund::{EffectLedger, ORDER_ID};
 use serde_json::{Value, json};
 
 const CALLS: usize = 2_000;
+/// `timeout` of `refund_order` in the README's config (`run_on` checks it is still that).
+const TOOL_TIMEOUT: Duration = Duration::from_secs(2);
 const ACME: &str = "acme-token";
 const GLOBEX: &str = "globex-token";
 
@@ -79,7 +81,13 @@ fn load(
                     latencies.push(sent.elapsed());
                     match unexpected(&answer, &key, decision.as_deref(), repeat) {
                         Ok(Read::Answered) => {}
-                        Ok(Read::LostAndRead) => lost += 1,
+                        // Only the tool's timeout may lose a reply here: one lost sooner is a fault.
+                        Ok(Read::LostAndRead) if sent.elapsed() >= TOOL_TIMEOUT => lost += 1,
+                        Ok(Read::LostAndRead) => {
+                            return Err(format!(
+                                "{key}: its reply was lost before the tool's {TOOL_TIMEOUT:?} timeout: {answer:?}"
+                            ));
+                        }
                         Err(wrong) => return Err(wrong),
                     }
                 }
@@ -228,6 +236,10 @@ fn readme_rig(db: Option<String>) -> Rig {
 /// The whole run; `dbs`: two fresh ledgers (`None`: SQLite files). The bucket test gets its own
 /// refund service (an order refunds 500.00 at most) and so its own ledger (a ledger serves one upstream).
 fn run_on(ledger: &str, dbs: [Option<String>; 2]) {
+    assert!(
+        readme_tenant_config().contains("timeout = \"2s\""),
+        "TOOL_TIMEOUT is the README's"
+    );
     let [loads_db, bucket_db] = dbs;
     let rig = readme_rig(loads_db);
     let mut gw = rig.listen("none", 0);

@@ -38,8 +38,8 @@ pub trait Dispatcher: Send {
     /// the provider), unless this sender knows that nothing of it left ([`Sent::NotSent`]).
     fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
         Sent::Ambiguous(format!(
-            "no answer by the deadline ({} ms timeout): the sender was stopped, and what it sent may have reached \
-             the provider",
+            "no answer by the deadline the engine gave it (send-by plus its {} ms timeout): the sender was \
+             stopped, and what it sent may have reached the provider",
             d.timeout.as_millis()
         ))
     }

@@ -16,8 +16,8 @@
 //! [`Once::call`] is the call protocol's loop; the component decides every
 //! step. Cargo features, both off by default: `postgres` adds the PostgreSQL
 //! ledger (`storage::postgres`, `postgres://…` locations); `tokio` adds the
-//! same loop for async hosts ([`Once::call_async`], [`call_async`]), which
-//! stops the sender at its deadline.
+//! same loop for async hosts (`Once::call_async`, module `call_async`),
+//! which stops the sender at its deadline.
 #![warn(missing_docs)]
 
 mod bindings;

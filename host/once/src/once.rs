@@ -79,10 +79,11 @@ pub struct Dispatch<'a> {
     /// How long to wait for the provider's answer; no answer in time is [`Sent::Ambiguous`].
     pub timeout: Duration,
     /// The deadline the engine gives the answer: `send_by` plus the timeout (inside the lease, less the
-    /// clock skew), or for a DIRECT call the timeout from when it is handed over. [`Once::call_async`]
-    /// stops its sender here; a blocking dispatcher ([`Once::call`]) cannot be stopped from outside and
-    /// must return by then itself (one that runs on past it may outlive its lease). `None` only for a
-    /// timeout beyond the range of this host's clock.
+    /// clock skew), or for a DIRECT call the timeout from when it is handed over. `Once::call_async`
+    /// (feature `tokio`) stops its sender here, which may be later than the timeout from the first byte
+    /// (send-by leaves the slack of the lease); a blocking dispatcher ([`Once::call`]) cannot be stopped
+    /// from outside and must return by then itself (one that runs on past it may outlive its lease).
+    /// `None` only for a timeout beyond the range of this host's clock.
     pub answer_by: Option<Instant>,
 }
 

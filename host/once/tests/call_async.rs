@@ -51,10 +51,12 @@ impl Dispatcher for Provider {
     }
 }
 
-/// Sends, then never hears back; says when its future is dropped.
+/// Sends, then never hears back; says when its future is dropped. With the ledger's `clock`, it
+/// checks the deadlines it is handed: `send_by` and the answer's, on this host's clock, never late.
 struct Hangs {
     sends: Arc<AtomicU32>,
     stopped: Arc<AtomicBool>,
+    clock: Option<ManualClock>,
 }
 
 /// Marks its sender stopped when the sender's future is dropped.
@@ -68,7 +70,22 @@ impl Drop for Stopped {
 
 impl Dispatcher for Hangs {
     async fn dispatch(&mut self, d: &Dispatch<'_>) -> Sent {
-        assert!(d.answer_by.is_some(), "a granted dispatch has a deadline");
+        let (Some(send_before), Some(answer_by)) = (d.send_before, d.answer_by) else {
+            panic!("a granted dispatch has its deadlines: {d:?}")
+        };
+        assert_eq!(
+            answer_by - send_before,
+            d.timeout,
+            "the answer is due a timeout after send-by"
+        );
+        if let Some(clock) = &self.clock {
+            use once::Clock;
+            let left = Duration::from_millis(d.send_by - clock.now());
+            assert!(
+                send_before <= std::time::Instant::now() + left,
+                "send-by handed over late"
+            );
+        }
         self.sends.fetch_add(1, Ordering::SeqCst);
         let _stopped = Stopped(self.stopped.clone());
         std::future::pending::<()>().await;
@@ -144,6 +161,7 @@ async fn a_sender_past_its_deadline_is_stopped_and_the_reply_is_lost_not_failed(
         let mut hangs = Hangs {
             sends: sends.clone(),
             stopped: stopped.clone(),
+            clock: Some(clock.clone()),
         };
         // A loop that did not stop it would wait for ever: a minute is far past any deadline here.
         let began = std::time::Instant::now();
@@ -232,7 +250,11 @@ async fn a_dropped_call_is_a_lost_reply_that_settle_async_resolves_after_a_resta
         let once = build();
         let (s, d) = (sends.clone(), stopped.clone());
         let caller = tokio::spawn(async move {
-            let mut hangs = Hangs { sends: s, stopped: d };
+            let mut hangs = Hangs {
+                sends: s,
+                stopped: d,
+                clock: None,
+            };
             once.call_async(&call("refund-1", TOOL), &mut hangs).await
         });
         while sends.load(Ordering::SeqCst) == 0 {

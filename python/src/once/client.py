@@ -35,7 +35,7 @@ ASend = Callable[[Dispatch], Awaitable[Any]]
 Lookup = Callable[[str, str, str], Evidence]
 Escalate = Callable[[Escalation], bool]
 Args = Union[str, Mapping[str, Any], list[Any]]
-# One action of the protocol loop: ("guest", fn) | ("send", (dispatch, seconds to its deadline)) | ("sleep", seconds).
+# One action of the protocol loop: ("guest", fn) | ("send", (dispatch, its deadline on time.monotonic())) | ("sleep", seconds).
 Action = tuple[str, Any]
 
 
@@ -429,15 +429,18 @@ class Once:
             if kind == "dispatch":
                 grant, fence = step.dispatch, step.fence
                 assert grant is not None
+                # This host's clock first: a ledger clock that is a database query then makes the deadline early
+                # by the query's time, never late.
+                handed = time.monotonic()
                 now = self.now()
                 if now >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
-                    # With the deadline the guest gives its answer, in seconds from now: send-by plus the timeout,
-                    # inside the lease (acall stops an async dispatcher there).
-                    answer_in = (grant.send_by + grant.timeout_ms - now) / 1000
+                    # With the deadline the guest gives its answer, on this host's monotonic clock: send-by plus the
+                    # timeout, inside the lease (acall stops an async dispatcher there).
+                    answer_by = handed + (grant.send_by + grant.timeout_ms - now) / 1000
                     try:
-                        sent = _sent((yield ("send", (grant, answer_in))))
+                        sent = _sent((yield ("send", (grant, answer_by))))
                     except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
                         never_ran, sent = e.error, Sent.not_sent()
                     except BaseException as e:  # the request may have left: the effect may exist
@@ -474,7 +477,7 @@ class Once:
                 d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
                 try:
-                    return Called(direct=_sent((yield ("send", (d, timeout / 1000)))))
+                    return Called(direct=_sent((yield ("send", (d, time.monotonic() + timeout / 1000)))))
                 except _NeverRan as e:
                     raise e.error from None
 
@@ -518,10 +521,10 @@ class Once:
                 if kind == "guest":
                     value = await asyncio.to_thread(arg)
                 elif kind == "send":
-                    d, answer_in = arg
+                    d, answer_by = arg
                     value = send(d)
                     if inspect.isawaitable(value):
-                        value = await _within(value, answer_in, d)
+                        value = await _within(value, answer_by, d)
                 else:
                     await asyncio.sleep(arg)
             except BaseException as e:
@@ -615,24 +618,38 @@ class Once:
         self.ledger.close()
 
 
-async def _within(answer: Awaitable[Any], seconds: float, d: Dispatch) -> Any:
-    """Await an async dispatcher's answer until the deadline the guest gives it; past it the dispatcher is cancelled
-    and waited for, so none of its code runs on after the attempt is reported: cancelled, the attempt is ambiguous
-    (what it sent may have reached the provider); if it answered anyway, its answer is the outcome. A dispatcher
-    that ignores its cancellation holds the call until it ends."""
+async def _within(answer: Awaitable[Any], answer_by: float, d: Dispatch) -> Any:
+    """Await an async dispatcher's answer until `answer_by` (`time.monotonic()`), the deadline the guest gives it; past
+    it the dispatcher is cancelled and waited for, so none of its code runs on after the attempt is reported:
+    cancelled, the attempt is ambiguous (what it sent may have reached the provider); if it answered anyway, its
+    answer is the outcome. A dispatcher that ignores its cancellation holds the call until it ends. A caller that is
+    cancelled meanwhile cancels the dispatcher too, and its cancellation goes on once the dispatcher has ended."""
     task = asyncio.ensure_future(answer)
     try:
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, seconds))
-    except asyncio.CancelledError:  # the caller went away: so does its dispatcher, as an awaited one would
-        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, answer_by - time.monotonic()))
+    except asyncio.CancelledError:
+        await _stop(task)
         raise
     if not done:
-        task.cancel()
-        await asyncio.wait({task})
+        if await _stop(task):
+            raise asyncio.CancelledError()
         if task.cancelled():
-            return Sent.ambiguous(f"no answer by the deadline ({d.timeout_ms} ms timeout): the dispatcher was "
-                                  "cancelled, and what it sent may have reached the provider")
+            return Sent.ambiguous(f"no answer by the deadline the engine gave it (send-by plus its {d.timeout_ms} ms "
+                                  "timeout): the dispatcher was cancelled, and what it sent may have reached the provider")
     return task.result()
+
+
+async def _stop(task: asyncio.Future[Any]) -> bool:
+    """Cancel `task` and wait until it has ended, however often the waiting itself is cancelled; whether it was (the
+    caller's cancellation, raised once the task has ended)."""
+    task.cancel()
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _constant(value: _wit.Step) -> Callable[[], _wit.Step]:
