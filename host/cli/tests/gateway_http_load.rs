@@ -172,8 +172,10 @@ fn unexpected(answer: &Answer, key: &str, decision: Option<&str>, repeat: bool) 
 /// lose their reply is timing, never asserted; that each is confirmed, not sent again, is (the
 /// effect ledger's one refund per key).
 fn confirmed_by_read(outcome: &Value) -> bool {
+    // Via the provider when this call's own read found it; via the key when the gateway's background
+    // read confirmed the record first and the call replays the record.
     outcome["decision"] == "replayed"
-        && outcome["via"] == "provider"
+        && (outcome["via"] == "provider" || outcome["via"] == "key")
         && outcome["confirmed_by"] == "provider"
         && outcome["effect"] == "happened"
 }
