@@ -165,17 +165,22 @@ impl Once {
         self.step(move |once| once.resume_step(&scope, &key)).await
     }
 
-    /// Run one step of the component on the blocking pool, and read both clocks right after it.
+    /// Run one step of the component on the blocking pool, and read both clocks right after it when
+    /// the loop needs them (a grant to hand over, a wait to time): the ledger clock may be a database
+    /// query, not worth paying for a step that ends the call (its `now` is then 0, never read).
     async fn step(
         self: &Arc<Self>,
         f: impl FnOnce(&Once) -> Result<Step, OnceError> + Send + 'static,
     ) -> Result<Stepped, OnceError> {
-        // This host's clock first: a ledger clock that is a database query then makes `send_before`
-        // early by the query's time, never late.
         self.blocking(move |once| {
             let step = f(once)?;
+            // This host's clock first: `send_before` is then early by the query's time, never late.
             let at = Instant::now();
-            Ok((step, once.now(), at))
+            let now = match step {
+                Step::Dispatch(_) | Step::Wait(_) => once.now(),
+                Step::Done(_) | Step::Direct => 0,
+            };
+            Ok((step, now, at))
         })
         .await
     }
