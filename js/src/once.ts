@@ -146,9 +146,19 @@ export interface Dispatch {
   args: Json;
   /** The same, as the canonical JSON text the engine recorded. */
   argsJson: string;
-  /** How long the provider may take; no answer by then is reported ambiguous. */
+  /** How long the provider may take; no answer by `answerBy` is reported ambiguous. */
   timeoutMs: number;
-  /** Aborted when the timeout has passed. */
+  /**
+   * The last moment to start sending, on `performance.now()`: the engine's send-by, taken early, never
+   * late (undefined for a DIRECT call, which has none). The host checks it just before the send.
+   */
+  sendBefore?: number;
+  /**
+   * When the answer is due, on `performance.now()`: `sendBefore` plus the timeout, which ends inside the
+   * attempt's lease (for a DIRECT call, the timeout from hand-over). `signal` is aborted then.
+   */
+  answerBy: number;
+  /** Aborted at `answerBy`. */
   signal: AbortSignal;
 }
 
@@ -266,20 +276,22 @@ interface DirectCall {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
 /**
- * Run the sender with its timeout. Past it the sender's signal is aborted and this waits until the sender
- * has settled, so nothing of it runs on after the outcome is reported: stopped by the abort (or any throw),
- * the outcome is ambiguous (what it sent may still have reached the provider); if it answered anyway, its
- * answer is the outcome. A sender that ignores its signal holds the call until it settles.
+ * Run the sender until its answer is due (`answerBy`). Then the sender's signal is aborted and this waits
+ * until the sender has settled, so nothing of it runs on after the outcome is reported: stopped by the
+ * abort (or any throw), the outcome is ambiguous (what it sent may still have reached the provider); if it
+ * answered anyway, its answer is the outcome. A sender that ignores its signal holds the call until it
+ * settles.
  */
 async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
   const abort = new AbortController();
-  const timer = setTimeout(() => abort.abort(new Error(`no answer within ${d.timeoutMs} ms`)), d.timeoutMs);
+  const due = d.direct ? `within ${d.timeoutMs} ms` : `within ${d.timeoutMs} ms of send-by`;
+  const timer = setTimeout(() => abort.abort(new Error(`no answer ${due}`)), d.answerBy - performance.now());
   const answer = Promise.resolve().then(() => send({ ...d, signal: abort.signal }));
   try {
     return await answer;
   } catch (e) {
     const why = e instanceof Error ? e.message : String(e);
-    if (abort.signal.aborted) return sent.ambiguous(`no answer within ${d.timeoutMs} ms: the sender was aborted (${why})`);
+    if (abort.signal.aborted) return sent.ambiguous(`no answer ${due}: the sender was aborted (${why})`);
     return sent.ambiguous(`the sender threw: ${why}`);
   } finally {
     clearTimeout(timer);
@@ -562,8 +574,11 @@ export class Once {
       switch (step.tag) {
         case "dispatch": {
           const g: Grant = step.val;
+          // This host's clock before the ledger's: the deadlines on it err early, never late.
+          const handed = performance.now();
+          const left = Number(g.sendBy) - this.engine.ledgerNow();
           // Never send after send-by: the whole timeout must end inside the lease.
-          const result = this.engine.ledgerNow() >= Number(g.sendBy) ? sent.notSent() : await runSend(send, dispatchOf(g));
+          const result = left <= 0 ? sent.notSent() : await runSend(send, dispatchOf(g, handed + left));
           try {
             step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
           } catch (e) {
@@ -586,8 +601,9 @@ export class Once {
           if (!call) throw new ComponentError("a resumed operation answered direct");
           const timeoutMs = Number(this.plan(call.tool).policy.dispatchTimeoutMs);
           const args = JSON.parse(call.args) as Json;
+          const answerBy = performance.now() + timeoutMs;
           const s = await runSend(send, {
-            direct: true, scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs,
+            direct: true, scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs, answerBy,
           });
           return { kind: "direct", sent: s };
         }
@@ -700,7 +716,9 @@ export class Once {
   }
 }
 
-function dispatchOf(g: Grant): Omit<Dispatch, "signal"> {
+/** A grant as its dispatch, to be sent before `sendBefore` (`performance.now()`). */
+function dispatchOf(g: Grant, sendBefore: number): Omit<Dispatch, "signal"> {
+  const timeoutMs = Number(g.timeoutMs);
   return {
     direct: false,
     scope: g.scope,
@@ -710,7 +728,9 @@ function dispatchOf(g: Grant): Omit<Dispatch, "signal"> {
     providerKey: g.providerKey,
     args: JSON.parse(g.args) as Json,
     argsJson: g.args,
-    timeoutMs: Number(g.timeoutMs),
+    timeoutMs,
+    sendBefore,
+    answerBy: sendBefore + timeoutMs,
   };
 }
 

@@ -391,7 +391,7 @@ test("OpenAI Agents JS: in flight and blocked are shown to the model in once's w
 
 // The dispatch timeout reaches a wrapped tool through its framework's own abort signal: once waits for the
 // tool to settle before it records the outcome, so a tool that honours that signal must be told.
-test("adapters: a tool is aborted at the dispatch timeout through its framework's signal, which still works too", async (t) => {
+test("adapters: a tool is aborted at its deadline (send-by plus the dispatch timeout) through its framework's signal, which still works too", async (t) => {
   const once = await Once.memory();
   t.after(() => once.close());
   const policy = { dispatchTimeoutMs: 200 };
@@ -423,7 +423,7 @@ test("adapters: a tool is aborted at the dispatch timeout through its framework'
   const shown = await viaAgents.invoke(undefined, JSON.stringify({ order_id: 3 }), { toolCall: { callId: "fc_9" } });
   assert.match(String(shown), /^UnknownOutcomeError: /);
   assert.deepEqual(aborted, ["ai:1", "ai:2", "agents:3"]);
-  assert.match((await once.inspect("default", "ai-1")).body, /"unknown_reason":"Error: no answer within 200 ms"/);
+  assert.match((await once.inspect("default", "ai-1")).body, /"unknown_reason":"Error: no answer within 200 ms of send-by"/);
   assert.match((await once.inspect("default", "ai-2")).body, /"unknown_reason":"Error: the user stopped the run"/);
-  assert.match((await once.inspect("default", "agents-3")).body, /"unknown_reason":"Error: no answer within 200 ms"/);
+  assert.match((await once.inspect("default", "agents-3")).body, /"unknown_reason":"Error: no answer within 200 ms of send-by"/);
 });

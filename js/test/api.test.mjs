@@ -128,15 +128,26 @@ test("dispatch timeout: the signal is aborted and the call waits for the send to
   await once.setTool("refund_order", { policy: { dispatchTimeoutMs: 200 } });
   const call = (key, send) => once.call({ scope: "s", key, tool: "refund_order", args: { amount: 200 }, send });
   const log = [];
-  // Honours its signal: stopped by the abort, then the outcome (ambiguous) is recorded.
+  // Honours its signal: stopped by the abort at the deadline the guest gives (send-by plus the timeout,
+  // as the Rust and Python hosts stop theirs), then the outcome (ambiguous) is recorded.
+  const deadlines = {};
   const honours = await call("honours", (d) => new Promise((_, reject) => {
-    d.signal.addEventListener("abort", () => setTimeout(() => (log.push("honours stopped"), reject(d.signal.reason)), 30));
+    Object.assign(deadlines, { handed: performance.now(), sendBefore: d.sendBefore, answerBy: d.answerBy });
+    d.signal.addEventListener("abort", () => {
+      deadlines.aborted = performance.now();
+      setTimeout(() => (log.push("honours stopped"), reject(d.signal.reason)), 30);
+    });
   }));
   assert.equal(honours.account.ending.tag, "unknown");
-  assert.match((await once.inspect("s", "honours")).body, /no answer within 200 ms: the sender was aborted/);
+  assert.match((await once.inspect("s", "honours")).body, /no answer within 200 ms of send-by: the sender was aborted/);
+  assert.equal(deadlines.answerBy - deadlines.sendBefore, 200, "the answer is due a timeout after send-by");
+  // The default lease is the timeout plus a 200 ms margin: send-by is up to 200 ms after the hand-over.
+  assert.ok(deadlines.sendBefore > deadlines.handed && deadlines.sendBefore <= deadlines.handed + 200, JSON.stringify(deadlines));
+  // Timers may round to the millisecond.
+  assert.ok(deadlines.aborted >= deadlines.answerBy - 1, `aborted at its deadline, not before: ${JSON.stringify(deadlines)}`);
   // Ignores its signal and completes: the call waited for it, and the refund it made is confirmed.
   const ignores = await call("ignores", async (d) => {
-    await new Promise((r) => setTimeout(r, 350));
+    await new Promise((r) => setTimeout(r, 600)); // past its deadline: at most 400 ms
     log.push(`ignores answered, aborted=${d.signal.aborted}`);
     return sent.success({ refund_id: "late" });
   });

@@ -151,8 +151,9 @@ export function textForModel(error: OnceError): string {
 /**
  * A framework's per-call options with the dispatch's abort signal joined to the framework's own under
  * `field` (the AI SDK's `abortSignal`, @openai/agents' `signal`): a tool that honours its framework's
- * signal is then also stopped at the dispatch timeout, where once waits for it to settle before it
- * records the outcome. The framework's own signal still aborts it as before.
+ * signal is then also stopped when its answer is due (send-by plus the dispatch timeout), where once
+ * waits for it to settle before it records the outcome. The framework's own signal still aborts it as
+ * before.
  */
 export function withDispatchSignal(options: unknown, field: string, dispatch: { signal: AbortSignal }): Record<string, unknown> {
   const base = typeof options === "object" && options !== null ? (options as Record<string, unknown>) : {};
