@@ -283,6 +283,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)))
  * settles.
  */
 async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
+  // Send-by on this host's clock, just before the send: the ledger clock's read may have been slow.
+  if (d.sendBefore !== undefined && performance.now() >= d.sendBefore) return sent.notSent();
   const abort = new AbortController();
   const due = d.direct ? `within ${d.timeoutMs} ms` : `within ${d.timeoutMs} ms of send-by`;
   const timer = setTimeout(() => abort.abort(new Error(`no answer ${due}`)), d.answerBy - performance.now());
@@ -568,8 +570,8 @@ export class Once {
 
   /** The loop every host runs: send, report, sleep, resume, until the engine says done (or the wait would outlast `patience`). */
   private async drive(step: Step, call: DirectCall | undefined, patienceMs: number, send: Send): Promise<Called> {
-    const giveUpAt = this.engine.ledgerNow() + patienceMs;
-    const stopAt = Date.now() + patienceMs;
+    const stopAt = performance.now() + patienceMs;
+    let giveUpAt: number | undefined; // `stopAt` on the ledger clock, read at the first wait
     for (;;) {
       switch (step.tag) {
         case "dispatch": {
@@ -590,8 +592,10 @@ export class Once {
         }
         case "wait": {
           const w = step.val;
-          if (Number(w.next) > giveUpAt || Date.now() >= stopAt) return { kind: "done", account: w.meanwhile };
-          await sleep(Math.min(Number(w.next) - this.engine.ledgerNow(), stopAt - Date.now()));
+          const now = this.engine.ledgerNow();
+          giveUpAt ??= now + (stopAt - performance.now());
+          if (Number(w.next) > giveUpAt || performance.now() >= stopAt) return { kind: "done", account: w.meanwhile };
+          await sleep(Math.min(Number(w.next) - now, stopAt - performance.now()));
           step = await this.engine.call<Step>("resume", w.scope, w.key);
           break;
         }

@@ -121,6 +121,31 @@ test("build: jco's debug log reads JCO_DEBUG once, at load, and still turns on w
   assert.match(loud.stdout, /\[.*\(\)\]/, "jco's debug lines, e.g. [clearCurrentTask()] args");
 });
 
+// Send-by is checked on this host's clock too, just before the send (as the Rust and Python hosts do): a ledger
+// clock read that stalls past send-by (the default lease leaves 200 ms between the grant and send-by; the read
+// takes 300 ms, as a slow query could) leaves the attempt not sent, never sent late.
+test("a ledger clock read that stalls past send-by sends nothing", async (t) => {
+  const once = await Once.memory();
+  t.after(() => once.close());
+  await once.setTool("refund_order", { policy: { dispatchTimeoutMs: 1000 } });
+  assert.equal(Number(once.plan("refund_order").policy.leaseMs), 1200);
+  const engine = once.engine;
+  const ledgerNow = engine.ledgerNow.bind(engine);
+  engine.ledgerNow = () => {
+    const read = ledgerNow();
+    const until = performance.now() + 300;
+    while (performance.now() < until); // a read that holds the thread, as a synchronous query would
+    return read;
+  };
+  const sends = [];
+  const called = await once.call({
+    scope: "s", key: "stalled", tool: "refund_order", args: { amount: 1 }, waitMs: 0,
+    send: (d) => (sends.push(d.key), sent.success({ refund_id: "r-1" })),
+  });
+  assert.equal(called.account.ending.tag, "not-sent", JSON.stringify(called.account.ending));
+  assert.deepEqual(sends, []);
+});
+
 // The host stops its sender at the deadline the guest gives, and records nothing while the send still runs.
 test("dispatch timeout: the signal is aborted and the call waits for the send to settle; its own answer counts", async (t) => {
   const once = await Once.memory();

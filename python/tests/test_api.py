@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -349,6 +350,35 @@ def test_acall_cancels_a_dispatcher_past_its_deadline_and_the_attempt_is_unknown
 
     done = asyncio.run(o.acall("t", "k-2", "refund", {"order_id": 2}, answers_anyway, wait=0.0))
     assert isinstance(done.ending, Confirmed) and done.ending.value() == {"refund_id": "r-7"}, done
+
+
+def test_a_ledger_clock_that_stalls_past_send_by_sends_nothing() -> None:
+    """Send-by is checked on this host's monotonic clock too, just before the send, by call and acall: a ledger clock
+    read that stalls past send-by (a slow database query; the default lease leaves 200 ms between the grant and
+    send-by, the read takes 300 ms) leaves the attempt not sent, never sent late (as the Rust host does)."""
+    o = Once.memory(policies={"refund": Policy(dispatch_timeout_ms=1000)})
+    assert o.plan("refund").policy["lease-ms"] == 1200
+    ledger_now = o.now
+
+    def stalls() -> int:
+        read = ledger_now()
+        time.sleep(0.3)
+        return read
+
+    o.now = stalls  # type: ignore[method-assign]
+    sends: list[str] = []
+
+    def send(d: once.Dispatch) -> Sent:
+        sends.append(d.key)
+        return Sent.success({"refund_id": "r-1"})
+
+    async def asend(d: once.Dispatch) -> Sent:
+        return send(d)
+
+    for called in (o.call("t", "k-sync", "refund", {"order_id": 1}, send, wait=0.0),
+                   asyncio.run(o.acall("t", "k-async", "refund", {"order_id": 2}, asend, wait=0.0))):
+        assert isinstance(called.ending, once.NotSent) and called.ending.attempts == 1, called
+    assert sends == []
 
 
 def test_a_cancelled_acall_cancels_its_dispatcher_and_waits_for_it() -> None:

@@ -122,11 +122,13 @@ impl Once {
         loop {
             (step, now, at) = match step {
                 Step::Dispatch(grant) => {
-                    // Never send after send-by: the whole timeout must end inside the lease.
-                    let sent = if now >= grant.send_by {
+                    let dispatch = Dispatch::of(&grant, now, at);
+                    // Never send after send-by: the whole timeout must end inside the lease. Checked
+                    // here, after the step's await: a busy runtime may have woken this task late.
+                    let sent = if dispatch.too_late(now) {
                         Sent::NotSent
                     } else {
-                        stop_at_deadline(sender, &Dispatch::of(&grant, now, at)).await
+                        stop_at_deadline(sender, &dispatch).await
                     };
                     let (reported, outcome) = (grant.clone(), sent.clone());
                     match self.step(move |once| once.report(&reported, &outcome)).await {
@@ -197,12 +199,8 @@ impl Once {
     }
 }
 
-/// Send `d`, unless its send-by has passed since it was granted (a busy runtime may wake this late),
-/// and stop the sender at its deadline.
+/// Send `d`, and stop the sender at its deadline.
 async fn stop_at_deadline(sender: &mut impl Dispatcher, d: &Dispatch<'_>) -> Sent {
-    if d.send_before.is_some_and(|end| Instant::now() >= end) {
-        return Sent::NotSent;
-    }
     let Some(answer_by) = d.answer_by else {
         return sender.dispatch(d).await;
     };

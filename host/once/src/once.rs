@@ -107,6 +107,13 @@ impl<'a> Dispatch<'a> {
         }
     }
 
+    /// Whether it may no longer be sent: `send_by` has come on the ledger clock as read at `now`, or
+    /// `send_before` has on this host's, which also counts the time that read took (a database query)
+    /// and any wait since (a busy runtime waking the loop late). Checked just before the hand-over.
+    pub(crate) fn too_late(&self, now: u64) -> bool {
+        now >= self.send_by || self.send_before.is_some_and(|end| Instant::now() >= end)
+    }
+
     /// A DIRECT call of `call`, sent as it came, with the tool's dispatch timeout.
     pub(crate) fn direct(call: &'a Call, timeout: Duration) -> Dispatch<'a> {
         let handed = Instant::now();
@@ -672,11 +679,12 @@ impl Once {
                     // `send_before` early by the query's time, never late.
                     let at = Instant::now();
                     let now = self.now();
+                    let dispatch = Dispatch::of(&grant, now, at);
                     // Never send after send-by: the whole timeout must end inside the lease.
-                    let sent = if now >= grant.send_by {
+                    let sent = if dispatch.too_late(now) {
                         Sent::NotSent
                     } else {
-                        send(&Dispatch::of(&grant, now, at))
+                        send(&dispatch)
                     };
                     match self.report(&grant, &sent) {
                         Ok(next) => next,

@@ -321,3 +321,62 @@ async fn a_caller_that_goes_away_is_let_go_at_the_next_wait_and_keeps_its_attemp
     }
     assert_eq!(retried.confirmed().map(|c| c.attempt), Some(Some(2)), "{retried:?}");
 }
+
+/// A ledger clock whose every read stalls (a slow database query) and then answers the time it read
+/// before the stall: the ledger clock alone says the send window is still open.
+struct Stalls {
+    clock: ManualClock,
+    stall: Duration,
+}
+
+impl once::Clock for Stalls {
+    fn now(&self) -> u64 {
+        let read = once::Clock::now(&self.clock);
+        std::thread::sleep(self.stall);
+        read
+    }
+}
+
+/// Send-by is checked on this host's clock too, just before the hand-over, by both loops: a ledger
+/// clock read that stalls past send-by (here the default lease leaves 200 ms between the grant and
+/// send-by; each read takes 300 ms) leaves the attempt not sent, never sent late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_clock_that_stalls_past_send_by_sends_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Arc::new(
+        Once::builder(sqlite(&dir.path().join("once.db")))
+            .clock(Stalls {
+                clock: ManualClock::new(1_000_000),
+                stall: Duration::from_millis(300),
+            })
+            .wait_up_to(Duration::ZERO)
+            .policy(
+                TOOL,
+                once::types::PolicyInput {
+                    dispatch_timeout_ms: Some(1_000),
+                    ..policy_input()
+                },
+            )
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(
+        once.plan(TOOL).policy.lease_ms,
+        1_200,
+        "send-by is 200 ms after the grant"
+    );
+    let sends = Arc::new(AtomicU32::new(0));
+    let mut provider = Provider::new(&sends, Duration::ZERO, Sent::Success(RECEIPT.into()));
+    let not_sent = |called: &Called| matches!(called.ending(), Some(Ending::NotSent(n)) if n.attempts == 1);
+    let by_async = once.call_async(&call("async", TOOL), &mut provider).await.unwrap();
+    assert!(not_sent(&by_async), "{by_async:?}");
+    let blocking = once.clone();
+    let by_blocking = tokio::task::spawn_blocking(move || {
+        blocking.call("t1", Some("blocking"), TOOL, ARGS, |_| Sent::Success(RECEIPT.into()))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(not_sent(&by_blocking), "{by_blocking:?}");
+    assert_eq!(sends.load(Ordering::SeqCst), 0);
+}

@@ -35,7 +35,8 @@ ASend = Callable[[Dispatch], Awaitable[Any]]
 Lookup = Callable[[str, str, str], Evidence]
 Escalate = Callable[[Escalation], bool]
 Args = Union[str, Mapping[str, Any], list[Any]]
-# One action of the protocol loop: ("guest", fn) | ("send", (dispatch, its deadline on time.monotonic())) | ("sleep", seconds).
+# One action of the protocol loop: ("guest", fn) | ("send", (dispatch, send-by and the answer's deadline on
+# time.monotonic(); no send-by for a DIRECT call)) | ("sleep", seconds).
 Action = tuple[str, Any]
 
 
@@ -436,11 +437,13 @@ class Once:
                 if now >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
-                    # With the deadline the guest gives its answer, on this host's monotonic clock: send-by plus the
-                    # timeout, inside the lease (acall stops an async dispatcher there).
-                    answer_by = handed + (grant.send_by + grant.timeout_ms - now) / 1000
+                    # Send-by and the deadline the guest gives its answer (send-by plus the timeout, inside the
+                    # lease), on this host's monotonic clock: the runner checks send-by again just before the send,
+                    # and acall stops an async dispatcher at the deadline.
+                    send_before = handed + (grant.send_by - now) / 1000
+                    answer_by = send_before + grant.timeout_ms / 1000
                     try:
-                        sent = _sent((yield ("send", (grant, answer_by))))
+                        sent = _sent((yield ("send", (grant, send_before, answer_by))))
                     except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
                         never_ran, sent = e.error, Sent.not_sent()
                     except BaseException as e:  # the request may have left: the effect may exist
@@ -477,7 +480,7 @@ class Once:
                 d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
                              send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
                 try:
-                    return Called(direct=_sent((yield ("send", (d, time.monotonic() + timeout / 1000)))))
+                    return Called(direct=_sent((yield ("send", (d, None, time.monotonic() + timeout / 1000)))))
                 except _NeverRan as e:
                     raise e.error from None
 
@@ -495,7 +498,8 @@ class Once:
                 if kind == "guest":
                     value = arg()
                 elif kind == "send":
-                    value = send(arg[0])
+                    d, send_before, _ = arg
+                    value = Sent.not_sent() if _too_late(send_before) else send(d)
                     if inspect.isawaitable(value):
                         # An async dispatcher given to a blocking call: its coroutine never ran, so nothing
                         # was sent (recording the coroutine as its answer would confirm what did not happen).
@@ -521,8 +525,9 @@ class Once:
                 if kind == "guest":
                     value = await asyncio.to_thread(arg)
                 elif kind == "send":
-                    d, answer_by = arg
-                    value = send(d)
+                    d, send_before, answer_by = arg
+                    # Checked here, after the event loop got round to it: it may have run late.
+                    value = Sent.not_sent() if _too_late(send_before) else send(d)
                     if inspect.isawaitable(value):
                         value = await _within(value, answer_by, d)
                 else:
@@ -616,6 +621,12 @@ class Once:
     def close(self) -> None:
         """Release the ledger's connections."""
         self.ledger.close()
+
+
+def _too_late(send_before: Optional[float]) -> bool:
+    """Whether send-by (on `time.monotonic()`; None for a DIRECT call) has come since the grant was handed over: the
+    ledger clock's read may have been a slow database query, or the caller's thread or event loop may have run late."""
+    return send_before is not None and time.monotonic() >= send_before
 
 
 async def _within(answer: Awaitable[Any], answer_by: float, d: Dispatch) -> Any:
