@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -355,12 +356,16 @@ def test_acall_cancels_a_dispatcher_past_its_deadline_and_the_attempt_is_unknown
 def test_a_ledger_clock_that_stalls_past_send_by_sends_nothing() -> None:
     """Send-by is checked on this host's monotonic clock too, just before the send, by call and acall: a ledger clock
     read that stalls past send-by (a slow database query; the default lease leaves 200 ms between the grant and
-    send-by, the read takes 300 ms) leaves the attempt not sent, never sent late (as the Rust host does)."""
+    send-by, the read takes 300 ms) leaves the attempt not sent, never sent late (as the Rust host does). Under acall
+    the ledger clock is read in the worker thread that runs the guest, never on the event loop."""
     o = Once.memory(policies={"refund": Policy(dispatch_timeout_ms=1000)})
     assert o.plan("refund").policy["lease-ms"] == 1200
     ledger_now = o.now
 
+    read_on: list[int] = []
+
     def stalls() -> int:
+        read_on.append(threading.get_ident())
         read = ledger_now()
         time.sleep(0.3)
         return read
@@ -375,8 +380,12 @@ def test_a_ledger_clock_that_stalls_past_send_by_sends_nothing() -> None:
     async def asend(d: once.Dispatch) -> Sent:
         return send(d)
 
-    for called in (o.call("t", "k-sync", "refund", {"order_id": 1}, send, wait=0.0),
-                   asyncio.run(o.acall("t", "k-async", "refund", {"order_id": 2}, asend, wait=0.0))):
+    by_call = o.call("t", "k-sync", "refund", {"order_id": 1}, send, wait=0.0)
+    assert read_on and set(read_on) == {threading.get_ident()}
+    read_on.clear()
+    by_acall = asyncio.run(o.acall("t", "k-async", "refund", {"order_id": 2}, asend, wait=0.0))
+    assert read_on and threading.get_ident() not in read_on, "the event loop's thread read the ledger clock"
+    for called in (by_call, by_acall):
         assert isinstance(called.ending, once.NotSent) and called.ending.attempts == 1, called
     assert sends == []
 

@@ -37,8 +37,9 @@ pub trait Dispatcher: Send {
     /// What a dispatch of `d` stopped at its deadline did: [`Sent::Ambiguous`] (it may have reached
     /// the provider), unless this sender knows that nothing of it left ([`Sent::NotSent`]).
     fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
+        let deadline = if d.direct { "its" } else { "send-by plus its" };
         Sent::Ambiguous(format!(
-            "no answer by the deadline the engine gave it (send-by plus its {} ms timeout): the sender was \
+            "no answer by the deadline the engine gave it ({deadline} {} ms timeout): the sender was \
              stopped, and what it sent may have reached the provider",
             d.timeout.as_millis()
         ))

@@ -10,6 +10,7 @@ send, sleep) that `call` runs inline and `acall` runs on an event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import logging
@@ -416,11 +417,24 @@ class Once:
         """The ledger's clock (ms)."""
         return self.ledger.now()
 
+    def _clocked(self, step: Callable[[], _wit.Step]) -> Callable[[], tuple[_wit.Step, float, int]]:
+        """`step`, then this host's monotonic clock and the ledger's when the loop needs them (a grant to hand over, a
+        wait to time), read where the step runs: under acall a worker thread, as the ledger clock may be a database
+        query. This host's clock first: deadlines on it are then early by the query's time, never late."""
+        def run() -> tuple[_wit.Step, float, int]:
+            stepped = step()
+            if stepped.kind in ("dispatch", "wait"):
+                handed = time.monotonic()
+                return stepped, handed, self.now()
+            return stepped, 0.0, 0
+
+        return run
+
     def _loop(self, first: Callable[[], _wit.Step], call: Optional[tuple[str, str, str]],
               patience: float) -> Generator[Action, Any, Called]:
         """The protocol: the guest says what to do next; this only does it. `call` (scope, tool, args) is the
         call as it came, sent as it is if the guest routes it DIRECT; none for an operation from the ledger."""
-        step: _wit.Step = yield ("guest", first)
+        step, handed, now = yield ("guest", self._clocked(first))
         deadline = time.monotonic() + patience
         give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
         raised: Optional[BaseException] = None
@@ -430,10 +444,6 @@ class Once:
             if kind == "dispatch":
                 grant, fence = step.dispatch, step.fence
                 assert grant is not None
-                # This host's clock first: a ledger clock that is a database query then makes the deadline early
-                # by the query's time, never late.
-                handed = time.monotonic()
-                now = self.now()
                 if now >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
@@ -451,7 +461,8 @@ class Once:
                         sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
                 outcome = _wit.outcome_text(sent)
                 try:
-                    step = yield ("guest", lambda g=grant, f=fence, o=outcome: self._step("report", g.scope, g.key, f, o))
+                    step, handed, now = yield ("guest", self._clocked(
+                        functools.partial(self._step, "report", grant.scope, grant.key, fence, outcome)))
                 except errors.OnceError as e:
                     if sent.kind == "success":
                         return Called(unreported=Unrecorded(sent.text), report_error=str(e))
@@ -461,14 +472,13 @@ class Once:
                 if raised is not None and not isinstance(raised, Exception):
                     raise raised
             elif kind == "wait":
-                now = self.now()
                 if give_up_at is None:
                     give_up_at = now + int((deadline - time.monotonic()) * 1000)
                 if step.next > give_up_at or time.monotonic() >= deadline:
                     return Called(account=step.account, raised=raised)
                 pause = max(0.0, (step.next - now) / 1000)
                 yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
-                step = yield ("guest", lambda s=step: self._step("resume", s.scope, s.key))
+                step, handed, now = yield ("guest", self._clocked(functools.partial(self._step, "resume", step.scope, step.key)))
             elif kind == "done":
                 return Called(account=step.account, raised=raised)
             else:  # direct: a read-only tool, sent as it came, nothing recorded
