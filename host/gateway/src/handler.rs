@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use once::types::{Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
@@ -455,7 +455,6 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
     {
         params.meta = Some(reply::meta_of(field, d.provider_key).into());
     }
-    let send_by = d.send_by;
     // The client's cancellation concerns the attempt it was waiting on: a dispatch the engine grants
     // later in the same call (an owed one) is the engine's, sent like the worker's.
     let mut link = if capture.sent {
@@ -477,12 +476,10 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
-    // The ledger's clock is read here, not inside the send: it may be a database query (PostgreSQL's
-    // clock), and a blocking client cannot run inside the future `block_on` polls below. What is left
-    // until `send_by` becomes a deadline on this host's monotonic clock, which cannot drift
-    // measurably within one dispatch's wait (none past the clock's range: a DIRECT call's `u64::MAX`).
-    let left = Duration::from_millis(send_by.saturating_sub(once.now()));
-    let send_before = Instant::now().checked_add(left);
+    // Send-by on this host's monotonic clock, as the loop took it when it handed the dispatch over (read
+    // before the ledger's clock, so early, never late; none for a DIRECT call): checked again once the
+    // upstream is ready, which may take a connection or a process start.
+    let send_before = d.send_before;
     let may_send = || send_before.is_none_or(|end| Instant::now() < end);
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
