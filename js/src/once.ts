@@ -283,7 +283,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)))
  * settles.
  */
 async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
-  // Send-by on this host's clock, just before the send: the ledger clock's read may have been slow.
+  // Send-by on this host's clock, just before the send, as every host checks it: here `ledgerNow` is local
+  // arithmetic and nothing is awaited since, so this is the guard should either change.
   if (d.sendBefore !== undefined && performance.now() >= d.sendBefore) return sent.notSent();
   const abort = new AbortController();
   const due = d.direct ? `within ${d.timeoutMs} ms` : `within ${d.timeoutMs} ms of send-by`;
@@ -571,7 +572,8 @@ export class Once {
   /** The loop every host runs: send, report, sleep, resume, until the engine says done (or the wait would outlast `patience`). */
   private async drive(step: Step, call: DirectCall | undefined, patienceMs: number, send: Send): Promise<Called> {
     const stopAt = performance.now() + patienceMs;
-    let giveUpAt: number | undefined; // `stopAt` on the ledger clock, read at the first wait
+    // `stopAt` on the ledger clock, taken at the first wait: a call that sends and ends reads no clock first.
+    let giveUpAt: number | undefined;
     for (;;) {
       switch (step.tag) {
         case "dispatch": {

@@ -417,24 +417,18 @@ class Once:
         """The ledger's clock (ms)."""
         return self.ledger.now()
 
-    def _clocked(self, step: Callable[[], _wit.Step]) -> Callable[[], tuple[_wit.Step, float, int]]:
-        """`step`, then this host's monotonic clock and the ledger's when the loop needs them (a grant to hand over, a
-        wait to time), read where the step runs: under acall a worker thread, as the ledger clock may be a database
-        query. This host's clock first: deadlines on it are then early by the query's time, never late."""
-        def run() -> tuple[_wit.Step, float, int]:
-            stepped = step()
-            if stepped.kind in ("dispatch", "wait"):
-                handed = time.monotonic()
-                return stepped, handed, self.now()
-            return stepped, 0.0, 0
-
-        return run
+    def _clocks(self) -> tuple[float, int]:
+        """This host's monotonic clock, then the ledger's: deadlines on the first are then early by the second's read
+        (a database query), never late. The loop reads them as a guest action, so under acall in a worker thread,
+        never on the event loop."""
+        handed = time.monotonic()
+        return handed, self.now()
 
     def _loop(self, first: Callable[[], _wit.Step], call: Optional[tuple[str, str, str]],
               patience: float) -> Generator[Action, Any, Called]:
         """The protocol: the guest says what to do next; this only does it. `call` (scope, tool, args) is the
         call as it came, sent as it is if the guest routes it DIRECT; none for an operation from the ledger."""
-        step, handed, now = yield ("guest", self._clocked(first))
+        step: _wit.Step = yield ("guest", first)
         deadline = time.monotonic() + patience
         give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
         raised: Optional[BaseException] = None
@@ -444,6 +438,7 @@ class Once:
             if kind == "dispatch":
                 grant, fence = step.dispatch, step.fence
                 assert grant is not None
+                handed, now = yield ("guest", self._clocks)
                 if now >= grant.send_by:
                     sent = Sent.not_sent()
                 else:
@@ -461,8 +456,7 @@ class Once:
                         sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
                 outcome = _wit.outcome_text(sent)
                 try:
-                    step, handed, now = yield ("guest", self._clocked(
-                        functools.partial(self._step, "report", grant.scope, grant.key, fence, outcome)))
+                    step = yield ("guest", functools.partial(self._step, "report", grant.scope, grant.key, fence, outcome))
                 except errors.OnceError as e:
                     if sent.kind == "success":
                         return Called(unreported=Unrecorded(sent.text), report_error=str(e))
@@ -472,13 +466,14 @@ class Once:
                 if raised is not None and not isinstance(raised, Exception):
                     raise raised
             elif kind == "wait":
+                _, now = yield ("guest", self._clocks)
                 if give_up_at is None:
                     give_up_at = now + int((deadline - time.monotonic()) * 1000)
                 if step.next > give_up_at or time.monotonic() >= deadline:
                     return Called(account=step.account, raised=raised)
                 pause = max(0.0, (step.next - now) / 1000)
                 yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
-                step, handed, now = yield ("guest", self._clocked(functools.partial(self._step, "resume", step.scope, step.key)))
+                step = yield ("guest", functools.partial(self._step, "resume", step.scope, step.key))
             elif kind == "done":
                 return Called(account=step.account, raised=raised)
             else:  # direct: a read-only tool, sent as it came, nothing recorded
