@@ -284,7 +284,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)))
  */
 async function runSend(send: Send, d: Omit<Dispatch, "signal">): Promise<Sent> {
   // Send-by on this host's clock, just before the send, as every host checks it: here `ledgerNow` is local
-  // arithmetic and nothing is awaited since, so this is the guard should either change.
+  // arithmetic and nothing is awaited since, so this guards against either changing.
   if (d.sendBefore !== undefined && performance.now() >= d.sendBefore) return sent.notSent();
   const abort = new AbortController();
   const due = d.direct ? `within ${d.timeoutMs} ms` : `within ${d.timeoutMs} ms of send-by`;

@@ -130,6 +130,33 @@ async fn never_retry_gets_one_refund_under_late_reply() {
     assert_exactly_one_refund(&rig);
 }
 
+/// The gateway waits for a protected dispatch's answer until the engine's deadline, send-by plus the
+/// timeout (inside the lease), as every host stops its sender there, not for the timeout from the send:
+/// a reply after the timeout but before that deadline is the call's own answer, not a lost reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_after_the_timeout_but_before_the_engines_deadline_is_the_answer() {
+    // A 6 s timeout: the default lease adds a sixth, so send-by is about 1 s after the grant and the answer
+    // is due about 7 s after it. The reply comes 6.5 s after the upstream got the call: 0.5 s either side.
+    let config = config_with_sweep("3s", "")
+        .replace(r#"timeout = "1s""#, r#"timeout = "6s""#)
+        .replace(r#"max_in_flight = "1500ms""#, r#"max_in_flight = "8s""#);
+    let rig = Rig::new(&config);
+    let mut command = rig.gateway_command("late_reply");
+    command.args(["--late-reply-ms", "6500"]);
+    let session = rig.connect_command(command, 0).await;
+    let result = session.refund(200.0, None).await;
+    let status = session.close().await;
+    assert!(status.success(), "gateway exit {status}\n{}", rig.logs());
+    assert_eq!(
+        outcome(&result)["decision"],
+        "executed",
+        "{}\n{}",
+        text(&result),
+        rig.logs()
+    );
+    assert_exactly_one_refund(&rig);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_retry_gets_one_refund_under_stale_read() {
     // The background reconciler stays out of the way, so the call's own reads are the ones in the trail (a

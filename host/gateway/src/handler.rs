@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 
 use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode};
 use crate::reply::{self, Capture, Context};
-use crate::upstream::{Link, Reply, Upstream};
+use crate::upstream::{Due, Link, Reply, Upstream};
 
 /// What the handler, the provider lookup and the worker share.
 pub struct Shared {
@@ -322,11 +322,11 @@ impl Provider for LookupProvider {
         // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
         // before it, never after, in the domain the engine compares it with.
         let sent_at = shared.ledger_now();
-        let reply = shared.handle.block_on(
-            shared
-                .upstream
-                .call_to_end(params, lookup.timeout, || true, &Link::own()),
-        );
+        let reply = shared.handle.block_on(shared.upstream.call_to_end(
+            params,
+            Due::After(lookup.timeout),
+            &Link::own(),
+        ));
         let answer = match reply {
             Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
                 Some(answer) => answer,
@@ -476,11 +476,18 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
-    // Send-by on this host's monotonic clock, as the loop took it when it handed the dispatch over (read
-    // before the ledger's clock, so early, never late; none for a DIRECT call): checked again once the
-    // upstream is ready, which may take a connection or a process start.
-    let send_before = d.send_before;
-    let may_send = || send_before.is_none_or(|end| Instant::now() < end);
+    // A protected dispatch keeps to the engine's deadlines, on this host's monotonic clock as the loop
+    // took them at the hand-over (read before the ledger's clock, so early, never late): send-by is
+    // checked again once the upstream is ready (a connection or a process start may come first), and
+    // the answer is waited for until send-by plus the timeout, inside the lease, as every host waits.
+    let due = if d.direct {
+        Due::After(d.timeout)
+    } else {
+        Due::Engine {
+            send_before: d.send_before,
+            answer_by: d.answer_by,
+        }
+    };
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if !d.direct || capture.runs_tasks {
@@ -500,16 +507,14 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         };
         let reply = shared
             .handle
-            .block_on(shared.upstream.run_to_end(params, d.timeout, may_send, &link, created));
+            .block_on(shared.upstream.run_to_end(params, due, &link, created));
         // Answered: the task (if any) ended with this answer, and has nothing more to say.
         if !d.direct && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
             shared.tasks().remove(&of);
         }
         reply
     } else {
-        shared
-            .handle
-            .block_on(shared.upstream.call(params, d.timeout, may_send, &link))
+        shared.handle.block_on(shared.upstream.call(params, due, &link))
     };
     if !d.direct {
         capture.key = Some(d.key.to_string());

@@ -82,6 +82,40 @@ pub const ENVELOPE_KEYS: [&str; 4] = [
     "io.modelcontextprotocol/logLevel",
 ];
 
+/// When a `tools/call` may still be sent, and how long its answer is waited for.
+#[derive(Debug, Clone, Copy)]
+pub enum Due {
+    /// A protected dispatch: the engine's deadlines on this host's monotonic clock
+    /// ([`once::Dispatch::send_before`] and [`once::Dispatch::answer_by`]), so that the whole wait ends
+    /// inside the attempt's lease however long the upstream took to be ready (none: beyond the
+    /// clock's range).
+    Engine {
+        send_before: Option<Instant>,
+        answer_by: Option<Instant>,
+    },
+    /// A call that holds no lease (a DIRECT call, a lookup): sent whenever the upstream is ready, and
+    /// answered within this timeout from the send.
+    After(Duration),
+}
+
+impl Due {
+    /// Whether it may still be sent.
+    fn may_send(&self) -> bool {
+        match self {
+            Due::Engine { send_before, .. } => send_before.is_none_or(|end| Instant::now() < end),
+            Due::After(_) => true,
+        }
+    }
+
+    /// How long the answer may still take, for a call sent at `sent` (none: no limit).
+    fn left(&self, sent: Instant) -> Option<Duration> {
+        match self {
+            Due::Engine { answer_by, .. } => answer_by.map(|by| by.saturating_duration_since(Instant::now())),
+            Due::After(timeout) => Some(timeout.saturating_sub(sent.elapsed())),
+        }
+    }
+}
+
 /// What one upstream call came to, before anyone classifies it.
 #[derive(Debug)]
 pub enum Reply {
@@ -702,26 +736,21 @@ impl Upstream {
         }
     }
 
-    /// Send one `tools/call`, unless `may_send` says it is too late by the time the upstream is up.
-    /// The client's progress is relayed; its cancellation, when it comes first, stops the wait and
-    /// is passed on, and the call is then answered as lost (it was sent: it may have acted).
-    pub async fn call(
-        &self,
-        params: CallToolRequestParams,
-        timeout: Duration,
-        may_send: impl FnOnce() -> bool,
-        link: &Link,
-    ) -> Reply {
+    /// Send one `tools/call`, unless it is too late by the time the upstream is up, and wait for its
+    /// answer until it is `due`. The client's progress is relayed; its cancellation, when it comes
+    /// first, stops the wait and is passed on, and the call is then answered as lost (it was sent: it
+    /// may have acted).
+    pub async fn call(&self, params: CallToolRequestParams, due: Due, link: &Link) -> Reply {
         let peers = match self.peer().await {
             Ok(found) => found,
             Err(e) => return Reply::NotSent(e),
         };
         let generation = peers.generation;
-        if !may_send() {
+        if !due.may_send() {
             return Reply::NotSent("the lease ran out before the upstream was ready".to_string());
         }
         let request = ClientRequest::CallToolRequest(Request::new(params));
-        let exchanged = match self.exchange(&peers, request, link, Some(timeout)).await {
+        let exchanged = match self.exchange(&peers, request, link, due.left(Instant::now())).await {
             Ok(exchanged) => exchanged,
             // The request never entered the connection.
             Err(e) => {
@@ -773,16 +802,10 @@ impl Upstream {
 
     /// Send one `tools/call` whose answer must be its result (a protected dispatch, a lookup, a call over
     /// HTTP), as [`Upstream::call`] does; for a tool the upstream runs only as a task (`taskSupport:
-    /// "required"`), as a task of the gateway's own whose result is waited for within `timeout`. For a
+    /// "required"`), as a task of the gateway's own whose result is waited for until it is `due`. For a
     /// protected call the intent was recorded before the task is created, and the task's result is the outcome.
-    pub async fn call_to_end(
-        &self,
-        params: CallToolRequestParams,
-        timeout: Duration,
-        may_send: impl FnOnce() -> bool,
-        link: &Link,
-    ) -> Reply {
-        self.run_to_end(params, timeout, may_send, link, |_| {}).await
+    pub async fn call_to_end(&self, params: CallToolRequestParams, due: Due, link: &Link) -> Reply {
+        self.run_to_end(params, due, link, |_| {}).await
     }
 
     /// [`Upstream::call_to_end`], telling `created` the id of the upstream's task as soon as it exists,
@@ -792,8 +815,7 @@ impl Upstream {
     pub async fn run_to_end(
         &self,
         mut params: CallToolRequestParams,
-        timeout: Duration,
-        may_send: impl FnOnce() -> bool,
+        due: Due,
         link: &Link,
         created: impl FnOnce(&str),
     ) -> Reply {
@@ -802,28 +824,26 @@ impl Upstream {
                 .tool(&params.name)
                 .is_some_and(|t| crate::tasks::task_support(&t) == Some("required"));
         if !as_task {
-            return self.call(params, timeout, may_send, link).await;
+            return self.call(params, due, link).await;
         }
         let started = Instant::now();
         params
             .meta
             .get_or_insert_with(RequestMetaObject::new)
             .insert(crate::wire::OWN_TASK_META.to_string(), serde_json::json!({}));
-        match self.call(params, timeout, may_send, link).await {
-            Reply::Task(handle) => {
-                self.task_outcome(&handle, timeout.saturating_sub(started.elapsed()), link, created)
-                    .await
-            }
+        match self.call(params, due, link).await {
+            Reply::Task(handle) => self.task_outcome(&handle, due.left(started), link, created).await,
             other => other,
         }
     }
 
-    /// The outcome of the task `handle` names: its result, waited for within `timeout` (or the client's
-    /// cancellation). Anything but a tool result may follow an effect: lost, never failed.
+    /// The outcome of the task `handle` names: its result, waited for within `timeout` (none: no limit;
+    /// or until the client's cancellation). Anything but a tool result may follow an effect: lost, never
+    /// failed.
     async fn task_outcome(
         &self,
         handle: &CallToolResult,
-        timeout: Duration,
+        timeout: Option<Duration>,
         link: &Link,
         created: impl FnOnce(&str),
     ) -> Reply {
@@ -834,7 +854,7 @@ impl Upstream {
         created(id);
         let params = serde_json::json!({ "taskId": id });
         match self
-            .raw_request("tasks/result", Some(params.clone()), &link.ct, Some(timeout))
+            .raw_request("tasks/result", Some(params.clone()), &link.ct, timeout)
             .await
         {
             Ok(Answer::Result(result)) => match serde_json::from_value::<CallToolResult>(result) {
