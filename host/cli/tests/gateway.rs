@@ -135,14 +135,12 @@ async fn never_retry_gets_one_refund_under_late_reply() {
 /// a reply after the timeout but before that deadline is the call's own answer, not a lost reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_after_the_timeout_but_before_the_engines_deadline_is_the_answer() {
-    // A 6 s timeout: the default lease adds a sixth, so send-by is about 1 s after the grant and the answer
-    // is due about 7 s after it. The reply comes 6.5 s after the upstream got the call: 0.5 s either side.
-    let config = config_with_sweep("3s", "")
-        .replace(r#"timeout = "1s""#, r#"timeout = "6s""#)
-        .replace(r#"max_in_flight = "1500ms""#, r#"max_in_flight = "8s""#);
+    // A 2 s timeout in a 5 s lease: send-by is 3 s after the grant, and the answer is due 5 s after it. The
+    // reply comes 2.6 s after the refund commits: past the timeout, and well before the deadline.
+    let config = config_with_sweep("3s", "").replace(r#"timeout = "1s""#, "timeout = \"2s\"\nlease = \"5s\"");
     let rig = Rig::new(&config);
     let mut command = rig.gateway_command("late_reply");
-    command.args(["--late-reply-ms", "6500"]);
+    command.args(["--late-reply-ms", "2600"]);
     let session = rig.connect_command(command, 0).await;
     let result = session.refund(200.0, None).await;
     let status = session.close().await;

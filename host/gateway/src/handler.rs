@@ -486,6 +486,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         Due::Engine {
             send_before: d.send_before,
             answer_by: d.answer_by,
+            timeout: d.timeout,
         }
     };
     let reply = if link.ct.is_cancelled() {

@@ -82,16 +82,17 @@ pub const ENVELOPE_KEYS: [&str; 4] = [
     "io.modelcontextprotocol/logLevel",
 ];
 
-/// When a `tools/call` may still be sent, and how long its answer is waited for.
+/// When a `tools/call` may still be sent, and until when its answer is waited for.
 #[derive(Debug, Clone, Copy)]
 pub enum Due {
     /// A protected dispatch: the engine's deadlines on this host's monotonic clock
-    /// ([`once::Dispatch::send_before`] and [`once::Dispatch::answer_by`]), so that the whole wait ends
-    /// inside the attempt's lease however long the upstream took to be ready (none: beyond the
-    /// clock's range).
+    /// ([`once::Dispatch::send_before`] and [`once::Dispatch::answer_by`]), so that the wait ends with
+    /// the attempt's lease (less the declared clock skew) however long the upstream took to be ready;
+    /// `timeout` from the send only if the deadline is beyond the clock's range.
     Engine {
         send_before: Option<Instant>,
         answer_by: Option<Instant>,
+        timeout: Duration,
     },
     /// A call that holds no lease (a DIRECT call, a lookup): sent whenever the upstream is ready, and
     /// answered within this timeout from the send.
@@ -107,11 +108,30 @@ impl Due {
         }
     }
 
-    /// How long the answer may still take, for a call sent at `sent` (none: no limit).
+    /// When the answer to a request sent at `sent` is due (none: beyond the clock's range).
+    fn deadline(&self, sent: Instant) -> Option<Instant> {
+        match *self {
+            Due::Engine {
+                answer_by: Some(by), ..
+            } => Some(by),
+            Due::Engine { timeout, .. } | Due::After(timeout) => sent.checked_add(timeout),
+        }
+    }
+
+    /// How long the answer to a request sent at `sent` may still take (none: no limit).
     fn left(&self, sent: Instant) -> Option<Duration> {
+        self.deadline(sent)
+            .map(|by| by.saturating_duration_since(Instant::now()))
+    }
+
+    /// What a call whose answer did not come in time is told.
+    fn missed(&self) -> String {
         match self {
-            Due::Engine { answer_by, .. } => answer_by.map(|by| by.saturating_duration_since(Instant::now())),
-            Due::After(timeout) => Some(timeout.saturating_sub(sent.elapsed())),
+            Due::Engine { timeout, .. } => format!(
+                "no reply by the engine's deadline (send-by plus the {} ms timeout)",
+                timeout.as_millis()
+            ),
+            Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
         }
     }
 }
@@ -653,20 +673,20 @@ impl Upstream {
             Exchanged::Answered(answer) => answer.map_err(relay::error_of),
             Exchanged::Closed => Err(relay::error_of(ServiceError::TransportClosed)),
             Exchanged::Cancelled => Err(ErrorData::internal_error("cancelled by the client", None)),
-            Exchanged::TimedOut(_) => Err(ErrorData::internal_error("the upstream did not answer in time", None)),
+            Exchanged::TimedOut => Err(ErrorData::internal_error("the upstream did not answer in time", None)),
         }
     }
 
     /// Send `request` on the connection and with the `_meta` that `link` calls for ([`Peers::route`]),
-    /// relay its progress, and wait for the answer, the client's cancellation or `timeout`, whichever
-    /// comes first; the upstream is told to stop when the gateway stops waiting. An error: the request
-    /// never entered the connection.
+    /// relay its progress, and wait for the answer, the client's cancellation or the answer's deadline
+    /// (`due`, taken once the request is sent; none: no limit), whichever comes first; the upstream is
+    /// told to stop when the gateway stops waiting. An error: the request never entered the connection.
     async fn exchange(
         &self,
         peers: &Peers,
         request: ClientRequest,
         link: &Link,
-        timeout: Option<Duration>,
+        due: Option<Due>,
     ) -> Result<Exchanged, ServiceError> {
         let (connected, meta) = peers.route(link);
         // The SDK gives the request a progress token of its own; the relay maps it back to the client's. The
@@ -690,7 +710,9 @@ impl Upstream {
             None => PeerRequestOptions::no_options(),
         };
         let mut handle = connected.peer.send_request_with_option(request, options).await?;
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let deadline = due
+            .and_then(|due| due.deadline(Instant::now()))
+            .map(tokio::time::Instant::from_std);
         let wait = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -716,7 +738,7 @@ impl Upstream {
                 (answer.map_or(Exchanged::Closed, Exchanged::Answered), None)
             }
             _ = link.ct.cancelled() => (Exchanged::Cancelled, Some("cancelled by the gateway's client")),
-            _ = wait => (Exchanged::TimedOut(timeout.unwrap_or_default()), Some("request timeout")),
+            _ = wait => (Exchanged::TimedOut, Some("request timeout")),
         };
         if let Some(reason) = stop {
             let _ = handle.cancel(Some(reason.to_string())).await;
@@ -750,7 +772,7 @@ impl Upstream {
             return Reply::NotSent("the lease ran out before the upstream was ready".to_string());
         }
         let request = ClientRequest::CallToolRequest(Request::new(params));
-        let exchanged = match self.exchange(&peers, request, link, due.left(Instant::now())).await {
+        let exchanged = match self.exchange(&peers, request, link, Some(due)).await {
             Ok(exchanged) => exchanged,
             // The request never entered the connection.
             Err(e) => {
@@ -759,7 +781,7 @@ impl Upstream {
             }
         };
         match exchanged {
-            Exchanged::TimedOut(t) => Reply::Lost(format!("no reply within {} ms", t.as_millis())),
+            Exchanged::TimedOut => Reply::Lost(due.missed()),
             Exchanged::Cancelled => Reply::Lost(
                 "the client cancelled the call after it was sent, so its answer was not awaited".to_string(),
             ),
@@ -930,8 +952,8 @@ enum Exchanged {
     Closed,
     /// The client cancelled first.
     Cancelled,
-    /// No answer within this long.
-    TimedOut(Duration),
+    /// No answer by its deadline.
+    TimedOut,
 }
 
 #[cfg(test)]
