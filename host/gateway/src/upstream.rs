@@ -90,8 +90,11 @@ pub enum Due {
     /// the attempt's lease (less the declared clock skew) however long the upstream took to be ready;
     /// `timeout` from the send only if the deadline is beyond the clock's range.
     Engine {
+        /// Send nothing at or after this (none: no limit).
         send_before: Option<Instant>,
+        /// Wait for the answer until this.
         answer_by: Option<Instant>,
+        /// The tool's dispatch timeout: named when the answer misses its deadline.
         timeout: Duration,
     },
     /// A call that holds no lease (a DIRECT call, a lookup): sent whenever the upstream is ready, and
