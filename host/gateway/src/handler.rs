@@ -1,4 +1,4 @@
-//! `tools/call` run through the engine's call protocol (`Once::call`: it
+//! `tools/call` run through the engine's call protocol (`Once::call_async`: it
 //! says when to send, what to wait for and how the call ended), and the
 //! provider lookup over the upstream. The MCP methods the client calls are
 //! [`crate::server`]; the background worker is [`crate::worker`]; what the
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use once::types::{Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
-use once::{Called, Clock, Dispatch, Once, OnceError, Provider, Sent};
+use once::{Called, Clock, Dispatch, Dispatcher, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject, LoggingLevel,
@@ -123,9 +123,7 @@ impl Shared {
     /// other's calls with each other's receipts; replicas of one upstream share an owner, so they share
     /// its scopes. A session's scope is its own and needs no binding. One ledger write per scope per process.
     pub fn admit_scope(&self, once: &Once, scope: &str) -> Result<(), String> {
-        if self.config.scope == ScopeMode::Session
-            || self.admitted.lock().unwrap_or_else(|p| p.into_inner()).contains(scope)
-        {
+        if self.admitted(scope) {
             return Ok(());
         }
         let holder = once
@@ -151,6 +149,12 @@ impl Shared {
         }
         admitted.insert(scope.to_string());
         Ok(())
+    }
+
+    /// Whether this gateway serves `scope` without asking the ledger ([`Shared::admit_scope`]).
+    fn admitted(&self, scope: &str) -> bool {
+        self.config.scope == ScopeMode::Session
+            || self.admitted.lock().unwrap_or_else(|p| p.into_inner()).contains(scope)
     }
 
     /// Count a call in flight until the guard drops.
@@ -212,6 +216,12 @@ impl Shared {
         Ok(())
     }
 
+    /// Whether the engine's view of `tool` is the upstream's definition now ([`Shared::keep_configured`]).
+    fn is_configured(&self, tool: &str) -> bool {
+        let current = self.upstream.tool(tool).as_ref().map(descriptor_of);
+        self.configured.lock().unwrap_or_else(|p| p.into_inner()).get(tool) == Some(&current)
+    }
+
     /// Stamp read positions with the ledger's clock from now on.
     pub fn set_ledger_clock(&self, clock: Arc<dyn Clock>) {
         let _ = self.ledger_clock.set(clock);
@@ -269,6 +279,13 @@ impl Shared {
             self.track(scope, key);
         }
     }
+}
+
+/// Run `f` on tokio's blocking pool: the engine and the ledger are synchronous.
+async fn off_loop<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Result<R, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("the gateway's worker failed: {e}"))
 }
 
 /// The tool's definition as the engine routes and pins it.
@@ -442,8 +459,50 @@ fn classify(reply: &Reply, on_tool_error: OnToolError) -> Sent {
     }
 }
 
+/// What sends the engine's grants to the upstream, for [`Once::call_async`]: [`dispatch`] with the call's
+/// capture (the client's link, and what the upstream answered).
+pub struct Sender<'a> {
+    /// The gateway's shared state.
+    pub shared: &'a Shared,
+    /// The engine.
+    pub once: &'a Once,
+    /// What the call's dispatches answered, for its reply.
+    pub capture: &'a mut Capture,
+}
+
+impl Dispatcher for Sender<'_> {
+    fn dispatch(&mut self, d: &Dispatch<'_>) -> impl Future<Output = Sent> + Send {
+        dispatch(self.shared, self.once, d, self.capture)
+    }
+
+    /// The dispatch ran into the engine's deadline before it could say so itself (the two are the same
+    /// instant: see [`Due::Engine`]): what it sent may have acted.
+    fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
+        let why = due_of(d).missed();
+        let tool = self.shared.config.upstream_tool(d.tool);
+        answered(d, Reply::Lost(why), tool.on_tool_error, self.capture)
+    }
+}
+
+/// The deadlines of a dispatch as the engine's `d` gives them. A protected dispatch keeps to the engine's,
+/// on this host's monotonic clock as the loop took them at the hand-over (read before the ledger's clock,
+/// so early, never late): send-by is checked again once the upstream is ready (a connection or a process
+/// start may come first), and the answer is waited for until send-by plus the timeout, inside the lease,
+/// as every host waits. A direct call has its timeout from the send.
+fn due_of(d: &Dispatch<'_>) -> Due {
+    if d.direct {
+        Due::After(d.timeout)
+    } else {
+        Due::Engine {
+            send_before: d.send_before,
+            answer_by: d.answer_by,
+            timeout: d.timeout,
+        }
+    }
+}
+
 /// Send one granted attempt (or a direct call) to the upstream, as the engine's `d` says.
-pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
+pub async fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Capture) -> Sent {
     let tool = shared.config.upstream_tool(d.tool);
     let arguments: JsonObject = match serde_json::from_str(d.args) {
         Ok(Value::Object(map)) => map,
@@ -476,19 +535,7 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
-    // A protected dispatch keeps to the engine's deadlines, on this host's monotonic clock as the loop
-    // took them at the hand-over (read before the ledger's clock, so early, never late): send-by is
-    // checked again once the upstream is ready (a connection or a process start may come first), and
-    // the answer is waited for until send-by plus the timeout, inside the lease, as every host waits.
-    let due = if d.direct {
-        Due::After(d.timeout)
-    } else {
-        Due::Engine {
-            send_before: d.send_before,
-            answer_by: d.answer_by,
-            timeout: d.timeout,
-        }
-    };
+    let due = due_of(d);
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
     } else if !d.direct || capture.runs_tasks {
@@ -506,21 +553,24 @@ pub fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &mut Ca
                 shared.tasks().insert(of.clone(), run);
             }
         };
-        let reply = shared
-            .handle
-            .block_on(shared.upstream.run_to_end(params, due, &link, created));
+        let reply = shared.upstream.run_to_end(params, due, &link, created).await;
         // Answered: the task (if any) ended with this answer, and has nothing more to say.
         if !d.direct && matches!(reply, Reply::Result(_) | Reply::Error(_)) {
             shared.tasks().remove(&of);
         }
         reply
     } else {
-        shared.handle.block_on(shared.upstream.call(params, due, &link))
+        shared.upstream.call(params, due, &link).await
     };
+    answered(d, reply, tool.on_tool_error, capture)
+}
+
+/// What the upstream's `reply` to `d` means for the engine, kept in the call's capture and logged.
+fn answered(d: &Dispatch<'_>, reply: Reply, on_tool_error: OnToolError, capture: &mut Capture) -> Sent {
     if !d.direct {
         capture.key = Some(d.key.to_string());
     }
-    let sent = classify(&reply, tool.on_tool_error);
+    let sent = classify(&reply, on_tool_error);
     capture.sent |= sent != Sent::NotSent;
     // Why an attempt went unanswered or never left: what an operator needs to tell the two apart.
     let why = match &reply {
@@ -603,9 +653,39 @@ impl Gateway {
         plan.route == Route::Direct && plan.blocked.is_none()
     }
 
+    /// [`Shared::seal`], read from the ledger on the blocking pool the first time.
+    async fn seal(&self) -> Result<&crate::rounds::Seal, String> {
+        if let Some(seal) = self.shared.seal.get() {
+            return Ok(seal);
+        }
+        let (shared, once) = (self.shared.clone(), self.once.clone());
+        off_loop(move || shared.seal(&once).map(|_| ())).await??;
+        self.shared.seal(&self.once)
+    }
+
+    /// [`Shared::admit_scope`], whose first ledger write for a scope is made on the blocking pool.
+    async fn admit_scope(&self, scope: &str) -> Result<(), String> {
+        if self.shared.admitted(scope) {
+            return Ok(());
+        }
+        let (shared, once, scope) = (self.shared.clone(), self.once.clone(), scope.to_string());
+        off_loop(move || shared.admit_scope(&once, &scope)).await?
+    }
+
+    /// [`Shared::keep_configured`], configuring the engine on the blocking pool when it must.
+    async fn keep_configured(&self, tool: &str) -> Result<(), OnceError> {
+        if self.shared.is_configured(tool) {
+            return Ok(());
+        }
+        let (shared, once, tool) = (self.shared.clone(), self.once.clone(), tool.to_string());
+        off_loop(move || shared.keep_configured(&once, &tool))
+            .await
+            .map_err(OnceError::Component)?
+    }
+
     /// A client that cancelled a protected call gets no answer to it; if it still reads log messages,
     /// it is told what once's record says (never "rejected" for a call that was sent: it may have acted).
-    fn tell_cancelled(&self, result: &CallToolResult) {
+    async fn tell_cancelled(&self, result: &CallToolResult) {
         let logging = self
             .shared
             .upstream
@@ -625,9 +705,7 @@ impl Gateway {
         let notification = ServerNotification::LoggingMessageNotification(Notification::new(
             LoggingMessageNotificationParam::new(LoggingLevel::Warning, data).with_logger("once"),
         ));
-        self.shared
-            .handle
-            .block_on(self.shared.upstream.relay().tell(notification));
+        self.shared.upstream.relay().tell(notification).await;
     }
 
     /// The call's scope, or why the call is refused (a scope from `_meta` that is missing). A tenant from
@@ -653,10 +731,11 @@ impl Gateway {
         }
     }
 
-    /// One `tools/call`, on a blocking thread (the engine and the ledger are synchronous). When the upstream
-    /// asks the client something first (`crate::rounds`), a client on 2026-07-28 gets the question; one on
-    /// an older revision is asked by the gateway over stdio, and its answers go in a round of the gateway's.
-    pub(crate) fn call(
+    /// One `tools/call`, on the engine's async loop ([`Once::call_async`]: its steps, and the ledger's
+    /// I/O, on the blocking pool). When the upstream asks the client something first (`crate::rounds`), a
+    /// client on 2026-07-28 gets the question; one on an older revision is asked by the gateway over stdio,
+    /// and its answers go in a round of the gateway's.
+    pub(crate) async fn call(
         &self,
         mut request: CallToolRequestParams,
         meta: JsonObject,
@@ -673,10 +752,7 @@ impl Gateway {
         // A client's answers must answer a question relayed for this very call: refused before anything else.
         let mut answers = crate::rounds::Answers::take(&mut request);
         if let Some(given) = answers.take() {
-            let seal = self
-                .shared
-                .seal(&self.once)
-                .map_err(|e| ErrorData::internal_error(e, None))?;
+            let seal = self.seal().await.map_err(|e| ErrorData::internal_error(e, None))?;
             match seal.open(&call, given.request_state()) {
                 Ok(state) => answers = Some(given.with_state(state)),
                 Err(why) => {
@@ -688,21 +764,20 @@ impl Gateway {
             }
         }
         for _ in 0..crate::rounds::MAX_ROUNDS {
-            let answered = self.call_round(
-                request.clone(),
-                answers.take(),
-                meta.clone(),
-                link.clone(),
-                tenant.clone(),
-            )?;
+            let answered = self
+                .call_round(
+                    request.clone(),
+                    answers.take(),
+                    meta.clone(),
+                    link.clone(),
+                    tenant.clone(),
+                )
+                .await?;
             let CallToolResponse::InputRequired(mut asked) = answered else {
                 return Ok(answered);
             };
             if stateless {
-                let seal = self
-                    .shared
-                    .seal(&self.once)
-                    .map_err(|e| ErrorData::internal_error(e, None))?;
+                let seal = self.seal().await.map_err(|e| ErrorData::internal_error(e, None))?;
                 asked.request_state = Some(seal.seal(&call, asked.request_state.as_deref()));
                 return Ok(CallToolResponse::InputRequired(asked));
             }
@@ -711,11 +786,7 @@ impl Gateway {
                 return Ok(reply::input_not_carried(&tool, why).into());
             };
             // Asked and answered here: the state never left the gateway, so it needs no seal.
-            match self
-                .shared
-                .handle
-                .block_on(crate::rounds::ask(client, &asked, &link.ct))
-            {
+            match crate::rounds::ask(client, &asked, &link.ct).await {
                 Ok(given) => answers = Some(given),
                 Err(why) => return Ok(reply::input_not_carried(&tool, &why).into()),
             }
@@ -745,7 +816,7 @@ impl Gateway {
 
     /// One round of a `tools/call`: the engine's call, and what the upstream answered its dispatch; `answers`
     /// (opened, or asked by the gateway) go with the attempt the client waits on.
-    fn call_round(
+    async fn call_round(
         &self,
         request: CallToolRequestParams,
         answers: Option<crate::rounds::Answers>,
@@ -789,15 +860,15 @@ impl Gateway {
         if let Some(why) = refused {
             return Ok(reply::engine_error(&OnceError::Component(why), &cx).into());
         }
-        if let Err(why) = shared.admit_scope(once, &scope) {
+        if let Err(why) = self.admit_scope(&scope).await {
             return Ok(reply::engine_error(&OnceError::Component(why), &cx).into());
         }
         // Up before the claim: the lease then covers only claim to send, never a restart.
-        if let Err(e) = shared.handle.block_on(shared.upstream.ready()) {
+        if let Err(e) = shared.upstream.ready().await {
             let e = OnceError::Component(format!("the upstream is not available: {e}"));
             return Ok(reply::engine_error(&e, &cx).into());
         }
-        if let Err(e) = shared.keep_configured(once, &tool) {
+        if let Err(e) = self.keep_configured(&tool).await {
             let e = OnceError::Component(shared.config.refused(&e));
             return Ok(reply::engine_error(&e, &cx).into());
         }
@@ -859,11 +930,15 @@ impl Gateway {
         // A client that hung up stops its call at the next wait (after a not-sent attempt, the back-off):
         // the key keeps its other attempts for the client's retry.
         let cancelled = capture.link.ct.clone();
-        let called = once.call_while(
-            &call,
-            || !cancelled.is_cancelled(),
-            |d| dispatch(shared, once, d, &mut capture),
-        );
+        let mut sender = Sender {
+            shared,
+            once,
+            capture: &mut capture,
+        };
+        let called = self
+            .once
+            .call_async_while(&call, &|| !cancelled.is_cancelled(), &mut sender)
+            .await;
         cx.capture = capture;
         match called {
             Ok(called) => {
@@ -900,7 +975,7 @@ impl Gateway {
                 if cx.capture.link.ct.is_cancelled()
                     && let Ok(result) = &rendered
                 {
-                    self.tell_cancelled(result);
+                    self.tell_cancelled(result).await;
                 }
                 rendered.map(CallToolResponse::from)
             }

@@ -15,7 +15,7 @@
 //! Everything but `tools/call` passes through in both directions (prompts,
 //! resources, completions, logging, progress, sampling, elicitation, roots,
 //! list changes; see docs/gateway.md). Every `tools/call` runs the engine's
-//! call protocol (`Once::call`) with the tool's policy (from `once.toml`,
+//! call protocol (`Once::call_async`, in a task of its own) with the tool's policy (from `once.toml`,
 //! filled in and checked by the engine, which also routes by the tool's
 //! annotations): DIRECT calls are forwarded, PROTECT calls are claimed in the
 //! ledger before they are sent, BLOCK calls are answered and never sent. A
@@ -116,7 +116,9 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
         .or_else(|| config.db.as_ref().map(|p| p.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "once.db".to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        // Four (two before the calls were async): with two, the clients' and the upstream's I/O lost the
+        // CPU to the engine's steps at 128 calls on two cores (BENCHMARKS.md, "the async gateway loop").
+        .worker_threads(4)
         .enable_all()
         .build()
         .map_err(|e| GatewayError::Runtime(format!("starting the async runtime: {e}")))?;
@@ -259,9 +261,12 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     let builder = Once::open(db).map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
     shared.set_ledger_clock(builder.ledger_clock());
     let descriptors = shared.descriptors();
+    // Every call runs in a task of its own (`server`), so its steps may hold the task's worker: one thread
+    // hand-off fewer per step than the blocking pool's, which tells on a busy machine (BENCHMARKS.md).
     let builder = builder
         .provider(LookupProvider(shared.clone()))
-        .owner(shared.owner.clone());
+        .owner(shared.owner.clone())
+        .steps_in_place(true);
     let once = shared
         .config
         .apply(builder, &descriptors)

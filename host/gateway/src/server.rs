@@ -323,11 +323,13 @@ impl ServerHandler for Gateway {
         let tenant = tenant(&context);
         let stateless = crate::shaped::is_stateless_revision(context.protocol_version().as_ref());
         let tool = request.name.to_string();
-        // Counted until the engine is done, even if the client goes away first: shutdown waits for it.
+        // Counted until the engine is done, even if the client goes away first: shutdown waits for it. A
+        // task of its own, since the server drops this handler's future when the client cancels, and a sent
+        // attempt must still be reported.
         let in_flight = self.shared().in_flight();
-        let response = tokio::task::spawn_blocking(move || {
+        let response = tokio::spawn(async move {
             let _in_flight = in_flight;
-            this.call(request, meta, link, tenant)
+            this.call(request, meta, link, tenant).await
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("the gateway's worker failed: {e}"), None))??;

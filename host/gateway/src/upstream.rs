@@ -51,7 +51,7 @@ use rmcp::model::{
     ErrorCode, ErrorData, Implementation, InputRequiredResult, ProgressToken, ProtocolVersion, Request,
     RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
-use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, PeerRequestOptions, RunningService};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, PeerRequestOptions, RequestHandle, RunningService};
 use rmcp::{RoleClient, RoleServer, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::process::{Child, Command};
@@ -128,13 +128,60 @@ impl Due {
     }
 
     /// What a call whose answer did not come in time is told.
-    fn missed(&self) -> String {
+    pub(crate) fn missed(&self) -> String {
         match self {
             Due::Engine { timeout, .. } => format!(
                 "no reply by the engine's deadline (send-by plus the {} ms timeout)",
                 timeout.as_millis()
             ),
             Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
+        }
+    }
+}
+
+/// A request sent to the upstream and not answered yet. Dropped before its answer (the wait given up, or the
+/// wait's own future dropped: the engine's loop stops a dispatch at its deadline), it tells the upstream to
+/// stop, from a task of its own, so that no caller waits for the notification to go out.
+struct Awaited {
+    handle: Option<RequestHandle<RoleClient>>,
+    /// Why the upstream is told to stop.
+    reason: &'static str,
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let reason = self.reason.to_string();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = handle.cancel(Some(reason)).await;
+            });
+        }
+    }
+}
+
+/// An upstream's task the gateway waits on. Dropped before the task's end was heard of, it asks the upstream
+/// to cancel the task, from a task of its own: the attempt's deadline has come, and its report must not
+/// wait for the upstream's acknowledgement.
+struct RunningTask {
+    /// The connection's wire and the `tasks/cancel` params; none once the task's end was heard of.
+    stop: Option<(Arc<UpstreamWire>, Value)>,
+}
+
+impl Drop for RunningTask {
+    fn drop(&mut self) {
+        let Some((wire, params)) = self.stop.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let never = CancellationToken::new();
+                let _ = wire
+                    .request("tasks/cancel", Some(params), &never, Some(TASK_CANCEL_WAIT))
+                    .await;
+            });
         }
     }
 }
@@ -713,6 +760,12 @@ impl Upstream {
             None => PeerRequestOptions::no_options(),
         };
         let mut handle = connected.peer.send_request_with_option(request, options).await?;
+        let (_, unused) = tokio::sync::oneshot::channel();
+        let mut answered = std::mem::replace(&mut handle.rx, unused);
+        let mut awaited = Awaited {
+            handle: Some(handle),
+            reason: "request timeout",
+        };
         let deadline = due
             .and_then(|due| due.deadline(Instant::now()))
             .map(tokio::time::Instant::from_std);
@@ -726,7 +779,8 @@ impl Upstream {
         // is also ready by the time this runs (a busy machine polls it late); a random pick would call it lost.
         let (exchanged, stop) = tokio::select! {
             biased;
-            answer = &mut handle.rx => {
+            answer = &mut answered => {
+                awaited.handle = None;
                 // Progress the upstream sent before its answer reaches the client before the answer does. A client
                 // that takes none (a wedged connection) holds the answer no longer than the call may take: the
                 // answer is the call's outcome, which the engine records, whoever hears of it.
@@ -744,7 +798,7 @@ impl Upstream {
             _ = wait => (Exchanged::TimedOut, Some("request timeout")),
         };
         if let Some(reason) = stop {
-            let _ = handle.cancel(Some(reason.to_string())).await;
+            awaited.reason = reason;
         }
         Ok(exchanged)
     }
@@ -878,10 +932,20 @@ impl Upstream {
         };
         created(id);
         let params = serde_json::json!({ "taskId": id });
-        match self
+        // Stopped, as a call that is given up is told to stop, however the wait ends without the task's
+        // end (given up, or this future dropped at the engine's deadline); whether it acted is not known,
+        // and the upstream may go on (`tasks/cancel` is a request, which it may refuse or be slow to honour).
+        let wire = self.conn.lock().await.as_ref().and_then(|c| c.wire.clone());
+        let mut running = RunningTask {
+            stop: wire.map(|wire| (wire, params.clone())),
+        };
+        let answer = self
             .raw_request("tasks/result", Some(params.clone()), &link.ct, timeout)
-            .await
-        {
+            .await;
+        if answer.is_ok() {
+            running.stop = None;
+        }
+        match answer {
             Ok(Answer::Result(result)) => match serde_json::from_value::<CallToolResult>(result) {
                 Ok(result) => Reply::Result(result),
                 Err(e) => Reply::Lost(format!(
@@ -892,17 +956,9 @@ impl Upstream {
                 "the upstream's task {id} ended without a result (it may have acted first): {}",
                 error.get("message").and_then(Value::as_str).unwrap_or("no message")
             )),
-            Err(why) => {
-                // Stop it, as a call that is given up is told to stop; whether it acted is not known, and
-                // the upstream may go on (`tasks/cancel` is a request, which it may refuse or be slow to honour).
-                let stop = CancellationToken::new();
-                let _ = self
-                    .raw_request("tasks/cancel", Some(params), &stop, Some(TASK_CANCEL_WAIT))
-                    .await;
-                Reply::Lost(format!(
-                    "the upstream's task {id} did not finish: {why}; it was asked to stop"
-                ))
-            }
+            Err(why) => Reply::Lost(format!(
+                "the upstream's task {id} did not finish: {why}; it was asked to stop"
+            )),
         }
     }
 

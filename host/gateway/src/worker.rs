@@ -10,7 +10,7 @@ use once::types::{Error, Repeat};
 use once::{Called, Once, OnceError};
 use tokio::task::JoinHandle;
 
-use crate::handler::{Shared, called_name, dispatch};
+use crate::handler::{Sender, Shared, called_name};
 use crate::reply::Capture;
 
 /// Owed dispatches one round sends at most.
@@ -20,8 +20,7 @@ const ROUND_LIMIT: u32 = 200;
 pub(crate) fn spawn(shared: Arc<Shared>, once: Arc<Once>) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            let (s, o) = (shared.clone(), once.clone());
-            let _ = tokio::task::spawn_blocking(move || settle_round(&s, &o)).await;
+            settle_round(&shared, &once).await;
             tokio::time::sleep(shared.config.sweep_interval).await;
         }
     })
@@ -42,8 +41,14 @@ pub(crate) async fn drain(shared: &Shared) {
 /// One round of background work: the engine's sweep with every owed dispatch it
 /// grants sent; then each operation this gateway answered as unsettled, asked
 /// once more (without waiting) until the engine says a repeat would no longer wait.
-pub fn settle_round(shared: &Shared, once: &Once) {
-    match once.settle(ROUND_LIMIT, |d| dispatch(shared, once, d, &mut Capture::default())) {
+pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
+    let mut capture = Capture::default();
+    let mut sender = Sender {
+        shared,
+        once,
+        capture: &mut capture,
+    };
+    match once.settle_async(ROUND_LIMIT, &mut sender).await {
         Ok(settled) => {
             for called in &settled.sent {
                 tracing::info!(target: "once::gateway", outcome = called_name(called), "owed dispatch");
@@ -52,9 +57,13 @@ pub fn settle_round(shared: &Shared, once: &Once) {
         Err(e) => tracing::warn!(target: "once::gateway", "sweep: {e}"),
     }
     for (scope, key) in shared.pending() {
-        let called = once.resume_within(&scope, &key, Duration::ZERO, |d| {
-            dispatch(shared, once, d, &mut Capture::default())
-        });
+        let mut capture = Capture::default();
+        let mut sender = Sender {
+            shared,
+            once,
+            capture: &mut capture,
+        };
+        let called = once.resume_async(&scope, &key, Duration::ZERO, &mut sender).await;
         match called {
             Ok(Called::Done(account)) if account.repeat != Repeat::Waits => shared.settled(scope, key),
             // No record under this key: the call was refused before anything was recorded (a

@@ -380,3 +380,73 @@ async fn a_ledger_clock_that_stalls_past_send_by_sends_nothing() {
     assert!(not_sent(&by_blocking), "{by_blocking:?}");
     assert_eq!(sends.load(Ordering::SeqCst), 0);
 }
+
+/// The ledger's clock, noting the thread of its last read: the engine reads it inside each step.
+#[derive(Clone, Default)]
+struct Noting(Arc<Mutex<Option<std::thread::ThreadId>>>);
+
+impl once::Clock for Noting {
+    fn now(&self) -> u64 {
+        *self.0.lock().unwrap() = Some(std::thread::current().id());
+        once::Clock::now(&once::SystemClock::default())
+    }
+}
+
+/// Sends, noting whether the step before it ran on the sending thread.
+struct SameThread(Noting, Vec<bool>);
+
+impl Dispatcher for SameThread {
+    async fn dispatch(&mut self, _: &Dispatch<'_>) -> Sent {
+        let step = *(self.0).0.lock().unwrap();
+        self.1.push(step == Some(std::thread::current().id()));
+        Sent::Success(RECEIPT.into())
+    }
+}
+
+/// A call in a task of its own, with the engine's steps on the blocking pool (the default) or in place
+/// (`Builder::steps_in_place`): the same answer either way, and in place, the step that grants the
+/// dispatch ran on the thread that sends it. A current-thread runtime, which cannot hand its worker
+/// over, keeps the steps on the pool and does not fail.
+#[test]
+fn steps_run_in_place_only_when_asked_and_only_where_the_runtime_can_hand_its_worker_over() {
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (runtime, in_place, expect_same_thread) in
+        [(&multi, false, false), (&multi, true, true), (&single, true, false)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Noting::default();
+        let once = Arc::new(
+            Once::builder(sqlite(&dir.path().join("once.db")))
+                .clock(clock.clone())
+                .steps_in_place(in_place)
+                .build()
+                .unwrap(),
+        );
+        let (first, again, same) = runtime.block_on(async {
+            tokio::spawn(async move {
+                let mut sender = SameThread(clock, Vec::new());
+                let first = once.call_async(&call("refund-1", TOOL), &mut sender).await.unwrap();
+                let again = once.call_async(&call("refund-1", TOOL), &mut sender).await.unwrap();
+                (first, again, sender.1)
+            })
+            .await
+            .unwrap()
+        });
+        let what = format!("in place: {in_place}, on {:?}", runtime.handle().runtime_flavor());
+        assert_eq!(first.receipt(), Some(RECEIPT), "{what}: {first:?}");
+        assert!(again.confirmed().is_some_and(|c| c.replayed), "{what}: {again:?}");
+        assert_eq!(
+            same,
+            [expect_same_thread],
+            "{what}: one send, its step on the sending thread or not"
+        );
+    }
+}

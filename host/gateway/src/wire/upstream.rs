@@ -153,6 +153,10 @@ impl UpstreamWire {
             self.state().own.remove(&key);
             return Err(Unanswered::Closed);
         }
+        let mut sent = Sent {
+            wire: self,
+            id: Some((id, key)),
+        };
         let wait = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
@@ -162,16 +166,17 @@ impl UpstreamWire {
         // Biased: an answer that has arrived wins over a deadline that is also due (see `Upstream::exchange`).
         let given_up = tokio::select! {
             biased;
-            answer = answered => return answer.map_err(|_| Unanswered::Closed),
+            answer = answered => {
+                sent.id = None;
+                return answer.map_err(|_| Unanswered::Closed);
+            }
             _ = ct.cancelled() => Unanswered::Cancelled,
             _ = wait => Unanswered::TimedOut(timeout.unwrap_or_default()),
         };
-        self.state().own.remove(&key);
-        let cancel = json!({
-            "jsonrpc": "2.0", "method": "notifications/cancelled",
-            "params": {"requestId": id, "reason": given_up.to_string()},
-        });
-        let _ = self.to_upstream.send(Some(line_of(&cancel))).await;
+        if let Some((id, key)) = sent.id.take() {
+            self.state().own.remove(&key);
+            let _ = self.to_upstream.send(Some(cancelled(&id, &given_up.to_string()))).await;
+        }
         Err(given_up)
     }
 
@@ -338,6 +343,35 @@ fn untuck_task(message: &mut Value) -> Option<bool> {
 fn status_task(line: &[u8]) -> Option<String> {
     let message: Value = serde_json::from_slice(line).ok()?;
     message.pointer("/params/taskId")?.as_str().map(str::to_string)
+}
+
+/// The notification that tells the upstream to stop this layer's request `id`.
+fn cancelled(id: &str, reason: &str) -> Line {
+    line_of(&json!({
+        "jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": reason},
+    }))
+}
+
+/// A request of this layer's waiting for its answer. Its future dropped first (the engine's loop stops a
+/// dispatch at its deadline), the upstream is told to stop it, as when the wait is given up.
+struct Sent<'a> {
+    wire: &'a UpstreamWire,
+    /// The request's id and its key in `own`; none once answered or given up.
+    id: Option<(String, String)>,
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        if let Some((id, key)) = self.id.take() {
+            self.wire.state().own.remove(&key);
+            // A drop cannot wait: a full queue (a wedged upstream) loses the notification, only a request.
+            let _ = self
+                .wire
+                .to_upstream
+                .try_send(Some(cancelled(&id, "the gateway stopped waiting for the answer")));
+        }
+    }
 }
 
 impl Rewrite for UpstreamWire {
