@@ -5,7 +5,7 @@
 //! model is shown is [`crate::reply`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -475,12 +475,18 @@ impl Dispatcher for Sender<'_> {
         dispatch(self.shared, self.once, d, self.capture)
     }
 
-    /// The dispatch ran into the engine's deadline before it could say so itself (the two are the same
-    /// instant: see [`Due::Engine`]): what it sent may have acted.
+    /// The engine's loop stopped the dispatch at its deadline before the dispatch said what happened (for
+    /// a protected one the two deadlines are the same instant, [`Due::Engine`]; a DIRECT call's comes from
+    /// the hand-over, before its send): lost if it was handed to the connection, since it may have acted;
+    /// not sent if it never was (the upstream was still starting, or its connection busy).
     fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
-        let why = due_of(d).missed();
+        let reply = if self.capture.handed.load(Ordering::SeqCst) {
+            Reply::Lost(due_of(d).missed())
+        } else {
+            Reply::NotSent("the engine's deadline came before the upstream could take the call".to_string())
+        };
         let tool = self.shared.config.upstream_tool(d.tool);
-        answered(d, Reply::Lost(why), tool.on_tool_error, self.capture)
+        answered(d, reply, tool.on_tool_error, self.capture)
     }
 }
 
@@ -488,7 +494,8 @@ impl Dispatcher for Sender<'_> {
 /// on this host's monotonic clock as the loop took them at the hand-over (read before the ledger's clock,
 /// so early, never late): send-by is checked again once the upstream is ready (a connection or a process
 /// start may come first), and the answer is waited for until send-by plus the timeout, inside the lease,
-/// as every host waits. A direct call has its timeout from the send.
+/// as every host waits. A direct call has its timeout from the send (and the engine's loop stops it a
+/// timeout after the hand-over, a moment earlier: [`Sender::stopped`]).
 fn due_of(d: &Dispatch<'_>) -> Due {
     if d.direct {
         Due::After(d.timeout)
@@ -535,6 +542,8 @@ pub async fn dispatch(shared: &Shared, once: &Once, d: &Dispatch<'_>, capture: &
         link.meta = link.meta.as_ref().and_then(crate::upstream::envelope_of);
         link.own = true;
     }
+    capture.handed = Arc::new(AtomicBool::new(false));
+    link.handed = Some(capture.handed.clone());
     let due = due_of(d);
     let reply = if link.ct.is_cancelled() {
         Reply::NotSent("the client cancelled the call before it was sent".to_string())
@@ -1025,11 +1034,9 @@ mod tests {
         path
     }
 
-    /// A linearizable lookup's read position ("sent") is stamped on the ledger's clock,
-    /// which is what the engine compares it with, never the gateway host's wall clock.
-    #[test]
-    fn a_sent_read_position_is_on_the_ledger_clock() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A gateway's shared state over `refund-mcp` (its effects in `dir`), with `refund_order` protected and
+    /// read by `find_refund_by_key`, on a runtime of its own.
+    fn started(dir: &Path) -> (tokio::runtime::Runtime, Arc<Shared>) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -1038,7 +1045,7 @@ mod tests {
         let command = vec![
             refund_mcp().display().to_string(),
             "--db".to_string(),
-            dir.path().join("effects.db").display().to_string(),
+            dir.join("effects.db").display().to_string(),
         ];
         let relay = Arc::new(crate::relay::Relay::default());
         let upstream = runtime
@@ -1054,6 +1061,15 @@ mod tests {
         )
         .unwrap();
         let shared = Arc::new(Shared::new(config, upstream, runtime.handle().clone()));
+        (runtime, shared)
+    }
+
+    /// A linearizable lookup's read position ("sent") is stamped on the ledger's clock,
+    /// which is what the engine compares it with, never the gateway host's wall clock.
+    #[test]
+    fn a_sent_read_position_is_on_the_ledger_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runtime, shared) = started(dir.path());
         // A ledger clock a day behind this host's.
         let behind = SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1063,6 +1079,62 @@ mod tests {
         shared.set_ledger_clock(Arc::new(ManualClock::new(behind)));
         let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-nothing", r#"{"order_id":1234}"#);
         assert_eq!(evidence, Evidence::Absent(behind));
+        runtime.block_on(shared.upstream.shutdown());
+    }
+
+    /// The engine's loop stops a dispatch at its deadline wherever it is. Stopped before the request was
+    /// handed to the upstream's connection (waiting for the upstream), nothing left: not sent, and the call
+    /// counts nothing as sent. Stopped after, the request may have acted: lost (ambiguous), never failed.
+    /// The flag is set by the send itself, and only when a send happens.
+    #[test]
+    fn a_dispatch_stopped_at_its_deadline_is_not_sent_until_handed_to_the_connection_and_lost_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runtime, shared) = started(dir.path());
+        let once = Once::builder(once::storage::memory::MemoryStorage::new())
+            .build()
+            .unwrap();
+        let now = std::time::Instant::now();
+        let d = Dispatch {
+            direct: false,
+            scope: "t1",
+            key: "k-1",
+            tool: "refund_order",
+            attempt: 1,
+            provider_key: "once-k-1",
+            args: r#"{"order_id":1234,"amount":5,"idempotency_key":"once-k-1"}"#,
+            send_by: u64::MAX,
+            send_before: Some(now + std::time::Duration::from_secs(30)),
+            timeout: std::time::Duration::from_secs(30),
+            answer_by: Some(now + std::time::Duration::from_secs(60)),
+        };
+        let stopped = |handed: bool| {
+            let mut capture = Capture::default();
+            capture.handed.store(handed, Ordering::SeqCst);
+            let mut sender = Sender {
+                shared: &shared,
+                once: &once,
+                capture: &mut capture,
+            };
+            let sent = sender.stopped(&d);
+            (sent, capture.sent, capture.key)
+        };
+        assert_eq!(stopped(false), (Sent::NotSent, false, Some("k-1".to_string())));
+        let (lost, sent, _) = stopped(true);
+        assert!(
+            matches!(lost, Sent::Ambiguous(ref why) if why.contains("engine's deadline")),
+            "{lost:?}"
+        );
+        assert!(sent, "a request handed to the connection counts as sent");
+        // A client that cancelled first: nothing is handed over. A send: handed over, and answered.
+        let mut capture = Capture::default();
+        capture.link.ct.cancel();
+        let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
+        assert_eq!(sent, Sent::NotSent);
+        assert!(!capture.handed.load(Ordering::SeqCst));
+        let mut capture = Capture::default();
+        let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
+        assert!(matches!(sent, Sent::Success(_)), "{sent:?}");
+        assert!(capture.handed.load(Ordering::SeqCst));
         runtime.block_on(shared.upstream.shutdown());
     }
 }

@@ -261,12 +261,9 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     let builder = Once::open(db).map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
     shared.set_ledger_clock(builder.ledger_clock());
     let descriptors = shared.descriptors();
-    // Every call runs in a task of its own (`server`), so its steps may hold the task's worker: one thread
-    // hand-off fewer per step than the blocking pool's, which tells on a busy machine (BENCHMARKS.md).
     let builder = builder
         .provider(LookupProvider(shared.clone()))
-        .owner(shared.owner.clone())
-        .steps_in_place(true);
+        .owner(shared.owner.clone());
     let once = shared
         .config
         .apply(builder, &descriptors)

@@ -9,6 +9,9 @@ use once::types::{
     Account, BlockReason, Blocked, Confirmation, ConfirmedInfo, Effect, Ending, RecordSummary, RejectedInfo, Repeat,
     ReplayVia, UnknownInfo,
 };
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
 use once::{Called, OnceError};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorData, MetaObject};
 use serde_json::{Value, json};
@@ -27,6 +30,8 @@ pub struct Capture {
     pub key: Option<String>,
     /// Whether any dispatch left the gateway (a reply that was not `NotSent`).
     pub sent: bool,
+    /// Whether the current dispatch was handed to the upstream's connection ([`Link::handed`]).
+    pub handed: Arc<AtomicBool>,
     /// The client's progress token and cancellation (none for the background worker's dispatches).
     pub link: Link,
     /// The client cannot follow a task (it came over HTTP, where the gateway declares none): a DIRECT call

@@ -43,6 +43,7 @@
 //! nothing one client sends changes what another's request is sent with.
 
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,8 @@ use crate::relay::{self, Followers, Following, Relay, RelayHandler};
 use crate::remote::{self, UpstreamUrl};
 use crate::wire::upstream::{Answer, UpstreamWire};
 
+/// How long before its deadline an answer in hand stops waiting for its progress to reach the client.
+const ANSWER_MARGIN: Duration = Duration::from_millis(50);
 /// How long the gateway waits for an upstream to acknowledge `tasks/cancel` of a task it gave up on.
 const TASK_CANCEL_WAIT: Duration = Duration::from_secs(2);
 /// How long starting the upstream (spawn + initialize + tools/list) may take.
@@ -154,11 +157,16 @@ impl Drop for Awaited {
             return;
         };
         let reason = self.reason.to_string();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = handle.cancel(Some(reason)).await;
-            });
-        }
+        detach(async move {
+            let _ = handle.cancel(Some(reason)).await;
+        });
+    }
+}
+
+/// Run `work` in a task of its own, on the runtime this runs on (none: at shutdown, it is not run).
+fn detach(work: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
     }
 }
 
@@ -175,14 +183,12 @@ impl Drop for RunningTask {
         let Some((wire, params)) = self.stop.take() else {
             return;
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let never = CancellationToken::new();
-                let _ = wire
-                    .request("tasks/cancel", Some(params), &never, Some(TASK_CANCEL_WAIT))
-                    .await;
-            });
-        }
+        detach(async move {
+            let never = CancellationToken::new();
+            let _ = wire
+                .request("tasks/cancel", Some(params), &never, Some(TASK_CANCEL_WAIT))
+                .await;
+        });
     }
 }
 
@@ -304,6 +310,9 @@ pub struct Link {
     /// revision the upstream speaks, never with a client's `_meta`; its envelope is the gateway's, or, for
     /// the attempt a 2026-07-28 client waits on, that client's ([`envelope_of`], all `meta` then holds).
     pub own: bool,
+    /// Set once the request is handed to the connection: from then on it may reach the upstream, and a
+    /// wait given up is a lost reply, never "not sent".
+    pub handed: Option<Arc<AtomicBool>>,
 }
 
 impl Link {
@@ -317,6 +326,7 @@ impl Link {
             ct,
             client: None,
             own: false,
+            handed: None,
         }
     }
 
@@ -759,12 +769,15 @@ impl Upstream {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
         };
+        if let Some(handed) = &link.handed {
+            handed.store(true, Ordering::SeqCst);
+        }
         let mut handle = connected.peer.send_request_with_option(request, options).await?;
         let (_, unused) = tokio::sync::oneshot::channel();
         let mut answered = std::mem::replace(&mut handle.rx, unused);
         let mut awaited = Awaited {
             handle: Some(handle),
-            reason: "request timeout",
+            reason: "the gateway stopped waiting for the answer",
         };
         let deadline = due
             .and_then(|due| due.deadline(Instant::now()))
@@ -786,8 +799,11 @@ impl Upstream {
                 // answer is the call's outcome, which the engine records, whoever hears of it.
                 if let Some(progress) = progress.take() {
                     match deadline {
+                        // Handed back a little before the deadline: the engine's loop stops the dispatch at
+                        // the same instant, and must find the answer already here.
                         Some(d) => {
-                            let _ = tokio::time::timeout_at(d, progress.settle()).await;
+                            let by = d.checked_sub(ANSWER_MARGIN).unwrap_or(d);
+                            let _ = tokio::time::timeout_at(by, progress.settle()).await;
                         }
                         None => progress.settle().await,
                     }
@@ -800,6 +816,7 @@ impl Upstream {
         if let Some(reason) = stop {
             awaited.reason = reason;
         }
+        drop(awaited);
         Ok(exchanged)
     }
 

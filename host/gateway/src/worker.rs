@@ -16,24 +16,29 @@ use crate::reply::Capture;
 /// Owed dispatches one round sends at most.
 const ROUND_LIMIT: u32 = 200;
 
-/// Run [`settle_round`] every `sweep_interval`, until the task is aborted.
+/// Run [`settle_round`] every `sweep_interval`, until the task is aborted. Each round is a task of its
+/// own: a round that panics is logged and the next one comes, and aborting the loop never cuts a round
+/// short (it ends with the runtime).
 pub(crate) fn spawn(shared: Arc<Shared>, once: Arc<Once>) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            settle_round(&shared, &once).await;
+            let (s, o) = (shared.clone(), once.clone());
+            if let Err(e) = tokio::spawn(async move { settle_round(&s, &o).await }).await {
+                tracing::warn!(target: "once::gateway", "a settle round failed: {e}");
+            }
             tokio::time::sleep(shared.config.sweep_interval).await;
         }
     })
 }
 
-/// The client is gone; operations it left unsettled are still ours to finish:
-/// wait (at most `shutdown_grace`) while the worker settles them.
+/// The client is gone; calls still running and operations it left unsettled are still ours to finish:
+/// wait (at most `shutdown_grace`) while the calls end and the worker settles what they left.
 pub(crate) async fn drain(shared: &Shared) {
     let grace = Instant::now() + shared.config.shutdown_grace;
-    while shared.has_pending() && Instant::now() < grace {
+    while (shared.calls_in_flight() > 0 || shared.has_pending()) && Instant::now() < grace {
         tokio::time::sleep(shared.config.sweep_interval).await;
     }
-    if shared.has_pending() {
+    if shared.has_pending() || shared.calls_in_flight() > 0 {
         tracing::warn!(target: "once::gateway", "exiting with unsettled operations; the next gateway or `once sweep` continues them");
     }
 }
@@ -42,6 +47,12 @@ pub(crate) async fn drain(shared: &Shared) {
 /// grants sent; then each operation this gateway answered as unsettled, asked
 /// once more (without waiting) until the engine says a repeat would no longer wait.
 pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
+    // Up before anything is granted, as for a client's call: a lease then covers only grant to send,
+    // never a restart of the upstream. Down, the round goes on (leases expire, escalations are due), and
+    // what it grants is not sent.
+    if let Err(e) = shared.upstream.ready().await {
+        tracing::debug!(target: "once::gateway", "settle round: the upstream is not available: {e}");
+    }
     let mut capture = Capture::default();
     let mut sender = Sender {
         shared,

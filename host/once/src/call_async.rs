@@ -3,9 +3,7 @@
 //! The same loop as [`Once::call`]'s, in the same shape: start, send each
 //! grant and report it, sleep through each wait, stop at the account. What
 //! differs is only where the time goes. Each step of the component (and the
-//! ledger I/O inside it) runs on tokio's blocking pool (or on the task's
-//! worker thread, handed over to the pool for the step:
-//! [`Builder::steps_in_place`](crate::Builder::steps_in_place)), so no async worker
+//! ledger I/O inside it) runs on tokio's blocking pool, so no async worker
 //! thread is held by a database or an fsync; the send and the waits are
 //! awaited, so a call that waits for its provider holds no thread at all.
 //! And the sender is stopped at the deadline the engine gives its answer
@@ -190,19 +188,11 @@ impl Once {
         .await
     }
 
-    /// Run `f` on tokio's blocking pool, or in place ([`crate::Builder::steps_in_place`]): the component
-    /// and the ledger are synchronous.
+    /// Run `f` on tokio's blocking pool: the component and the ledger are synchronous.
     async fn blocking<R: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&Once) -> Result<R, OnceError> + Send + 'static,
     ) -> Result<R, OnceError> {
-        let multi_thread = || {
-            tokio::runtime::Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-        };
-        if self.steps_in_place && multi_thread() {
-            return tokio::task::block_in_place(|| f(self));
-        }
         let once = self.clone();
         tokio::task::spawn_blocking(move || f(&once))
             .await

@@ -258,7 +258,6 @@ pub struct Builder {
     wait: Duration,
     runtime: Option<Arc<Runtime>>,
     limits: GuestLimits,
-    steps_in_place: bool,
 }
 
 impl Builder {
@@ -342,17 +341,6 @@ impl Builder {
         self.wait = wait;
         self
     }
-    /// Run each step of the async loops ([`Once::call_async`] and its siblings) on the task's own
-    /// worker thread, which tokio hands over to the blocking pool while the step runs
-    /// (`tokio::task::block_in_place`), rather than on a blocking-pool thread of its own (the default):
-    /// one thread hand-off fewer per step, which a CPU-bound host feels (`once gateway`, BENCHMARKS.md).
-    /// Only for a host that runs each call in a task of its own: the other futures of the same task (a
-    /// `join!`, a `select!`, another call's sender and its deadline) are paused while a step runs. On a
-    /// current-thread runtime, which cannot hand a worker over, steps stay on the blocking pool.
-    pub fn steps_in_place(mut self, on: bool) -> Self {
-        self.steps_in_place = on;
-        self
-    }
     /// Use this runtime instead of the process-wide one.
     pub fn runtime(mut self, runtime: Arc<Runtime>) -> Self {
         self.runtime = Some(runtime);
@@ -420,7 +408,6 @@ impl Builder {
             }),
             wait: self.wait,
             limits: self.limits,
-            steps_in_place: self.steps_in_place,
         };
         let configured = once.reconfigure(configuration)?;
         // Configuring reads no row; everything after may. A ledger holding
@@ -449,9 +436,6 @@ pub struct Once {
     config: RwLock<Config>,
     pub(crate) wait: Duration,
     limits: GuestLimits,
-    /// Whether the async loops run their steps in place ([`Builder::steps_in_place`]).
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) steps_in_place: bool,
 }
 
 impl Once {
@@ -483,7 +467,6 @@ impl Once {
             wait: Duration::from_secs(10),
             runtime: None,
             limits: GuestLimits::DEFAULT,
-            steps_in_place: false,
         }
     }
 

@@ -149,14 +149,17 @@ impl UpstreamWire {
         if let Some(params) = params {
             request["params"] = params;
         }
-        if self.to_upstream.send(Some(line_of(&request))).await.is_err() {
-            self.state().own.remove(&key);
-            return Err(Unanswered::Closed);
-        }
-        let mut sent = Sent {
+        // Guarded from here: the send may wait for room in the queue, and its future may be dropped there.
+        let mut pending = Pending {
             wire: self,
             id: Some((id, key)),
         };
+        if self.to_upstream.send(Some(line_of(&request))).await.is_err() {
+            if let Some((_, key)) = pending.id.take() {
+                self.state().own.remove(&key);
+            }
+            return Err(Unanswered::Closed);
+        }
         let wait = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
@@ -167,13 +170,13 @@ impl UpstreamWire {
         let given_up = tokio::select! {
             biased;
             answer = answered => {
-                sent.id = None;
+                pending.id = None;
                 return answer.map_err(|_| Unanswered::Closed);
             }
             _ = ct.cancelled() => Unanswered::Cancelled,
             _ = wait => Unanswered::TimedOut(timeout.unwrap_or_default()),
         };
-        if let Some((id, key)) = sent.id.take() {
+        if let Some((id, key)) = pending.id.take() {
             self.state().own.remove(&key);
             let _ = self.to_upstream.send(Some(cancelled(&id, &given_up.to_string()))).await;
         }
@@ -355,13 +358,13 @@ fn cancelled(id: &str, reason: &str) -> Line {
 
 /// A request of this layer's waiting for its answer. Its future dropped first (the engine's loop stops a
 /// dispatch at its deadline), the upstream is told to stop it, as when the wait is given up.
-struct Sent<'a> {
+struct Pending<'a> {
     wire: &'a UpstreamWire,
     /// The request's id and its key in `own`; none once answered or given up.
     id: Option<(String, String)>,
 }
 
-impl Drop for Sent<'_> {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some((id, key)) = self.id.take() {
             self.wire.state().own.remove(&key);
