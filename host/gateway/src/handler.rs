@@ -1037,26 +1037,35 @@ mod tests {
     /// A gateway's shared state over `refund-mcp` (its effects in `dir`), with `refund_order` protected and
     /// read by `find_refund_by_key`, on a runtime of its own.
     fn started(dir: &Path) -> (tokio::runtime::Runtime, Arc<Shared>) {
+        started_with(dir, &[], "")
+    }
+
+    /// [`started`], with more arguments for `refund-mcp` and more settings for `refund_order`.
+    fn started_with(dir: &Path, flags: &[&str], settings: &str) -> (tokio::runtime::Runtime, Arc<Shared>) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        let command = vec![
+        let mut command = vec![
             refund_mcp().display().to_string(),
             "--db".to_string(),
             dir.join("effects.db").display().to_string(),
         ];
+        command.extend(flags.iter().map(|f| f.to_string()));
         let relay = Arc::new(crate::relay::Relay::default());
         let upstream = runtime
             .block_on(Upstream::start(crate::upstream::Target::Command(command), relay))
             .unwrap();
         let config = Config::parse(
-            r#"
-            [tools.refund_order]
-            provider_key = "argument:idempotency_key"
-            lookup = { tool = "find_refund_by_key", args = { idempotency_key = "{key}" }, found = "/found", read_position = "sent" }
-            "#,
+            &format!(
+                r#"
+                [tools.refund_order]
+                provider_key = "argument:idempotency_key"
+                lookup = {{ tool = "find_refund_by_key", args = {{ idempotency_key = "{{key}}" }}, found = "/found", read_position = "sent" }}
+                {settings}
+                "#
+            ),
             "test.toml",
         )
         .unwrap();
@@ -1135,6 +1144,38 @@ mod tests {
         let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
         assert!(matches!(sent, Sent::Success(_)), "{sent:?}");
         assert!(capture.handed.load(Ordering::SeqCst));
+        runtime.block_on(shared.upstream.shutdown());
+    }
+
+    /// A DIRECT call is stopped by the engine's loop a timeout after the hand-over, before the gateway's own
+    /// wait (a timeout from the send) ends: sent, it is ambiguous, never "not sent", since its answer may
+    /// yet come. The first refund's reply comes 1.5 s late; the tool is DIRECT with a 300 ms timeout.
+    #[test]
+    fn a_direct_call_stopped_after_its_send_is_ambiguous_never_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runtime, shared) = started_with(
+            dir.path(),
+            &["--fault", "late_reply", "--late-reply-ms", "1500"],
+            r#"route = "direct"
+                timeout = "300ms""#,
+        );
+        let builder = Once::builder(once::storage::memory::MemoryStorage::new());
+        let once = Arc::new(shared.config.apply(builder, &shared.descriptors()).build().unwrap());
+        let call = Once::call_of("t1", None, "refund_order", r#"{"order_id":1234,"amount":5}"#);
+        let mut capture = Capture::default();
+        let called = runtime.block_on(once.call_async(
+            &call,
+            &mut Sender {
+                shared: &shared,
+                once: &once,
+                capture: &mut capture,
+            },
+        ));
+        assert!(
+            matches!(called, Ok(Called::Direct(Sent::Ambiguous(ref why))) if why.contains("300 ms")),
+            "{called:?}"
+        );
+        assert!(capture.sent && capture.handed.load(Ordering::SeqCst));
         runtime.block_on(shared.upstream.shutdown());
     }
 }

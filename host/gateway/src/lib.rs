@@ -116,8 +116,8 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
         .or_else(|| config.db.as_ref().map(|p| p.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "once.db".to_string());
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        // Four (two before the calls were async): with two, the clients' and the upstream's I/O lost the
-        // CPU to the engine's steps at 128 calls on two cores (BENCHMARKS.md, "the async gateway loop").
+        // Four (two before the calls were async): with two, the async gateway measured lower at 128 clients
+        // on two cores (BENCHMARKS.md, "the async gateway loop"); why was not measured.
         .worker_threads(4)
         .enable_all()
         .build()

@@ -49,7 +49,7 @@ pub(crate) async fn drain(shared: &Shared) {
 pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
     // Up before anything is granted, as for a client's call: a lease then covers only grant to send,
     // never a restart of the upstream. Down, the round goes on (leases expire, escalations are due), and
-    // what it grants is not sent.
+    // each grant tries to start it again, and is not sent unless it is up before the grant's send-by.
     if let Err(e) = shared.upstream.ready().await {
         tracing::debug!(target: "once::gateway", "settle round: the upstream is not available: {e}");
     }
