@@ -18,16 +18,18 @@
 //! a JSON-RPC error means the outcome is unknown (timeout, 5xx, broken exchange).
 
 use std::fs::OpenOptions;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam, ContentBlock, ErrorData,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -66,6 +68,14 @@ impl McpOptions {
 pub fn fault_marker(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_os_string();
     name.push(".fault-fired");
+    PathBuf::from(name)
+}
+
+/// The file beside the ledger at `db` where the server appends every `notifications/cancelled` it receives,
+/// one line each (the request id, a tab, the reason): what a test reads to see that a caller told it to stop.
+pub fn cancellations(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_os_string();
+    name.push(".cancelled");
     PathBuf::from(name)
 }
 
@@ -136,6 +146,7 @@ fn start(options: McpOptions) -> Result<Running, Error> {
         client: Client::new(base_url, options.http_timeout),
         fault: options.fault,
         marker,
+        cancellations: cancellations(&options.db),
         late_reply: options.late_reply,
     };
     Ok(Running {
@@ -151,6 +162,7 @@ struct RefundMcp {
     client: Client,
     fault: Fault,
     marker: PathBuf,
+    cancellations: PathBuf,
     late_reply: Duration,
 }
 
@@ -340,6 +352,24 @@ impl ServerHandler for RefundMcp {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("refund-mcp", env!("CARGO_PKG_VERSION")))
             .with_instructions("Refunds on order 1234 ($500.00). refund_order moves money; the other two only read.")
+    }
+
+    async fn on_cancelled(&self, notification: CancelledNotificationParam, _context: NotificationContext<RoleServer>) {
+        let id = notification
+            .request_id
+            .map_or_else(|| "-".to_string(), |id| id.to_string());
+        let line = format!("{id}\t{}\n", notification.reason.unwrap_or_default().replace('\n', " "));
+        let logged = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.cancellations)
+            .and_then(|mut file| file.write_all(line.as_bytes()));
+        if let Err(e) = logged {
+            eprintln!(
+                "refund-mcp: cannot log a cancellation to {}: {e}",
+                self.cancellations.display()
+            );
+        }
     }
 
     async fn list_tools(

@@ -475,9 +475,9 @@ impl Dispatcher for Sender<'_> {
         dispatch(self.shared, self.once, d, self.capture)
     }
 
-    /// The engine's loop stopped the dispatch at its deadline before the dispatch said what happened (for
-    /// a protected one the two deadlines are the same instant, [`Due::Engine`]; a DIRECT call's comes from
-    /// the hand-over, before its send): lost if it was handed to the connection, since it may have acted;
+    /// The engine's loop stopped the dispatch at its deadline before the dispatch said what happened (the
+    /// same instant the gateway's own wait ends, [`due_of`]): lost if it was handed to the connection, since
+    /// it may have acted;
     /// not sent if it never was (the upstream was still starting, or its connection busy).
     fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
         let reply = if self.capture.handed.load(Ordering::SeqCst) {
@@ -494,11 +494,15 @@ impl Dispatcher for Sender<'_> {
 /// on this host's monotonic clock as the loop took them at the hand-over (read before the ledger's clock,
 /// so early, never late): send-by is checked again once the upstream is ready (a connection or a process
 /// start may come first), and the answer is waited for until send-by plus the timeout, inside the lease,
-/// as every host waits. A direct call has its timeout from the send (and the engine's loop stops it a
-/// timeout after the hand-over, a moment earlier: [`Sender::stopped`]).
+/// as every host waits. A direct call is waited for until the engine's loop stops it, its timeout after
+/// the hand-over (the send follows at once unless a restart holds the connection), so an answer in hand
+/// stops waiting for its progress before the loop's deadline, not the send's.
 fn due_of(d: &Dispatch<'_>) -> Due {
     if d.direct {
-        Due::After(d.timeout)
+        Due::Direct {
+            answer_by: d.answer_by,
+            timeout: d.timeout,
+        }
     } else {
         Due::Engine {
             send_before: d.send_before,
@@ -1147,6 +1151,45 @@ mod tests {
         runtime.block_on(shared.upstream.shutdown());
     }
 
+    /// Once shut down, the upstream is never started again: a settle round or a call still running then
+    /// gets no process (which nothing would stop), and a dispatch it makes is not sent, never lost.
+    #[test]
+    fn a_shut_down_upstream_is_never_started_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runtime, shared) = started(dir.path());
+        let once = Once::builder(once::storage::memory::MemoryStorage::new())
+            .build()
+            .unwrap();
+        runtime.block_on(shared.upstream.shutdown());
+        let ready = runtime.block_on(shared.upstream.ready());
+        assert!(
+            ready.as_ref().is_err_and(|why| why.contains("shutting down")),
+            "{ready:?}"
+        );
+        let d = Dispatch {
+            direct: false,
+            scope: "t1",
+            key: "k-1",
+            tool: "refund_order",
+            attempt: 1,
+            provider_key: "once-k-1",
+            args: r#"{"order_id":1234,"amount":5,"idempotency_key":"once-k-1"}"#,
+            send_by: u64::MAX,
+            send_before: None,
+            timeout: std::time::Duration::from_secs(30),
+            answer_by: None,
+        };
+        let mut capture = Capture::default();
+        let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
+        assert_eq!(sent, Sent::NotSent);
+        assert!(!capture.sent && !capture.handed.load(Ordering::SeqCst));
+        let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-k-1", d.args);
+        assert!(
+            matches!(evidence, Evidence::Unknown(ref why) if why.contains("shutting down")),
+            "{evidence:?}"
+        );
+    }
+
     /// A DIRECT call is stopped by the engine's loop a timeout after the hand-over, before the gateway's own
     /// wait (a timeout from the send) ends: sent, it is ambiguous, never "not sent", since its answer may
     /// yet come. The first refund's reply comes 1.5 s late; the tool is DIRECT with a 300 ms timeout.
@@ -1176,6 +1219,19 @@ mod tests {
             "{called:?}"
         );
         assert!(capture.sent && capture.handed.load(Ordering::SeqCst));
+        // And the upstream is told to stop (refund-mcp logs each `notifications/cancelled` beside its ledger).
+        let log = dir.path().join("effects.db.cancelled");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let told = loop {
+            let told = std::fs::read_to_string(&log).unwrap_or_default();
+            if !told.is_empty() || std::time::Instant::now() > until {
+                break told;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let lines: Vec<&str> = told.lines().collect();
+        assert_eq!(lines.len(), 1, "one cancellation, of the one call sent: {told:?}");
+        assert!(!lines[0].starts_with("-\t"), "it names the request: {told:?}");
         runtime.block_on(shared.upstream.shutdown());
     }
 }

@@ -122,6 +122,8 @@ pub(crate) async fn serve(
             shared.calls_in_flight()
         );
     }
+    // What the calls left unsettled, within what is left of the same grace.
+    crate::worker::drain_until(&shared, grace).await;
     Ok(())
 }
 

@@ -224,10 +224,8 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
     if let Some(listen) = &args.listen {
         // One upstream for every client, started with no client capabilities (see `Gateway::initialize`).
         let worker = worker::spawn(shared.clone(), once.clone());
+        // It drains the worker itself, within the grace its shutdown began.
         let served = http::serve(listen, shared.clone(), once.clone(), gateway.over_http()).await;
-        if served.is_ok() {
-            worker::drain(&shared).await;
-        }
         worker.abort();
         shared.upstream.shutdown().await;
         return served;

@@ -100,8 +100,16 @@ pub enum Due {
         /// The tool's dispatch timeout: named when the answer misses its deadline.
         timeout: Duration,
     },
-    /// A call that holds no lease (a DIRECT call, a lookup): sent whenever the upstream is ready, and
-    /// answered within this timeout from the send.
+    /// A DIRECT call: sent whenever the upstream is ready, and answered by the engine's `answer_by` (its
+    /// timeout from the hand-over, when the engine's loop stops it), else within `timeout` from the send.
+    Direct {
+        /// When the engine's loop stops the call (none: beyond the clock's range).
+        answer_by: Option<Instant>,
+        /// The tool's timeout: named when the answer misses its deadline.
+        timeout: Duration,
+    },
+    /// A call of the gateway's own that holds no lease (a lookup): sent whenever the upstream is ready,
+    /// and answered within this timeout from the send.
     After(Duration),
 }
 
@@ -110,7 +118,7 @@ impl Due {
     fn may_send(&self) -> bool {
         match self {
             Due::Engine { send_before, .. } => send_before.is_none_or(|end| Instant::now() < end),
-            Due::After(_) => true,
+            Due::Direct { .. } | Due::After(_) => true,
         }
     }
 
@@ -119,8 +127,13 @@ impl Due {
         match *self {
             Due::Engine {
                 answer_by: Some(by), ..
+            }
+            | Due::Direct {
+                answer_by: Some(by), ..
             } => Some(by),
-            Due::Engine { timeout, .. } | Due::After(timeout) => sent.checked_add(timeout),
+            Due::Engine { timeout, .. } | Due::Direct { timeout, .. } | Due::After(timeout) => {
+                sent.checked_add(timeout)
+            }
         }
     }
 
@@ -137,7 +150,7 @@ impl Due {
                 "no reply by the engine's deadline (send-by plus the {} ms timeout)",
                 timeout.as_millis()
             ),
-            Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
+            Due::Direct { timeout, .. } | Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
         }
     }
 }
@@ -437,6 +450,9 @@ pub struct Upstream {
     /// Whether the connection of the last start speaks 2026-07-28 beside the older revision (a URL upstream's):
     /// said in the log when it changes.
     modern: std::sync::atomic::AtomicBool,
+    /// Set by [`Upstream::shutdown`]: the process is never started again, so work still running at
+    /// shutdown (a settle round, a late call) cannot leave a child behind the gateway.
+    stopped: AtomicBool,
 }
 
 fn client_config(capabilities: ClientCapabilities) -> ClientConfig {
@@ -462,6 +478,7 @@ impl Upstream {
             info: RwLock::new(None),
             tasks: RwLock::new(None),
             modern: std::sync::atomic::AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
         };
         upstream.peer().await?;
         Ok(upstream)
@@ -537,6 +554,13 @@ impl Upstream {
     /// or when the one there declared other client capabilities than the client now has.
     async fn peer(&self) -> Result<Peers, String> {
         let mut conn = self.conn.lock().await;
+        // Read under the lock `shutdown` takes, so no start can slip in after it.
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(format!(
+                "the gateway is shutting down and has stopped the upstream ({})",
+                self.shown()
+            ));
+        }
         let wanted = self.wanted();
         if let Some(c) = conn.as_ref()
             && !c.service.service.is_transport_closed()
@@ -1011,9 +1035,11 @@ impl Upstream {
         }
     }
 
-    /// Stop the process.
+    /// Stop the process for good: nothing starts it again (a call or read after this is not sent).
     pub async fn shutdown(&self) {
-        if let Some(conn) = self.conn.lock().await.take() {
+        let mut conn = self.conn.lock().await;
+        self.stopped.store(true, Ordering::Release);
+        if let Some(conn) = conn.take() {
             conn.close(Duration::from_secs(2)).await;
         }
     }

@@ -34,7 +34,11 @@ pub(crate) fn spawn(shared: Arc<Shared>, once: Arc<Once>) -> JoinHandle<()> {
 /// The client is gone; calls still running and operations it left unsettled are still ours to finish:
 /// wait (at most `shutdown_grace`) while the calls end and the worker settles what they left.
 pub(crate) async fn drain(shared: &Shared) {
-    let grace = Instant::now() + shared.config.shutdown_grace;
+    drain_until(shared, Instant::now() + shared.config.shutdown_grace).await;
+}
+
+/// [`drain`] within a grace that began earlier (HTTP's, at the signal: one `shutdown_grace` in all).
+pub(crate) async fn drain_until(shared: &Shared, grace: Instant) {
     while (shared.calls_in_flight() > 0 || shared.has_pending()) && Instant::now() < grace {
         tokio::time::sleep(shared.config.sweep_interval).await;
     }
@@ -47,10 +51,14 @@ pub(crate) async fn drain(shared: &Shared) {
 /// grants sent; then each operation this gateway answered as unsettled, asked
 /// once more (without waiting) until the engine says a repeat would no longer wait.
 pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
-    // Up before anything is granted, as for a client's call: a lease then covers only grant to send,
-    // never a restart of the upstream. Down, the round goes on (leases expire, escalations are due), and
-    // each grant tries to start it again, and is not sent unless it is up before the grant's send-by.
-    if let Err(e) = shared.upstream.ready().await {
+    // With operations of its own to settle, up before anything is granted, as for a client's call: a
+    // lease then covers only grant to send, never a restart of the upstream. An idle gateway leaves a
+    // dead upstream down (a client's call or a grant starts it), rather than restarting it every round.
+    // Down, the round goes on (leases expire, escalations are due), and each grant tries to start it
+    // again, and is not sent unless it is up before the grant's send-by.
+    if shared.has_pending()
+        && let Err(e) = shared.upstream.ready().await
+    {
         tracing::debug!(target: "once::gateway", "settle round: the upstream is not available: {e}");
     }
     let mut capture = Capture::default();
