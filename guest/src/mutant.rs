@@ -39,11 +39,14 @@ pub enum Mutant {
     /// A grant whose commit took its send window is handed out as committed:
     /// its host finds `send-by` past and spends an attempt on "not sent".
     NoLeaseRenewal,
+    /// Another owner's record that owes a dispatch is answered "effect: none" and
+    /// "refused": its caller is told to mint a new key while that owner sends it.
+    OtherOwnersOwedSaysNone,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -57,6 +60,7 @@ impl Mutant {
         Mutant::AdoptStartsOver,
         Mutant::NotSentRetriesAtOnce,
         Mutant::NoLeaseRenewal,
+        Mutant::OtherOwnersOwedSaysNone,
     ];
 }
 

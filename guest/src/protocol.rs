@@ -201,9 +201,11 @@ impl<'a> CallRef<'a> {
             }
             Decision::Blocked(b) if b.reason == BlockReason::AttemptBudget => self.spent(h, b)?,
             // A superseded record may still hold an attempt whose effect can arrive (its absence
-            // forced, or proven only by a claim): its answer reads the record.
-            Decision::Blocked(b) if b.reason == BlockReason::Superseded => {
-                let rec = crate::store::load(h, self.scope, self.key_str()).ok().flatten();
+            // forced, or proven only by a claim), and another owner's may owe a dispatch that owner
+            // will send: their answers read the record.
+            // A record that cannot be read is no answer (its effect is not known): the ledger's error.
+            Decision::Blocked(b) if matches!(b.reason, BlockReason::Superseded | BlockReason::OtherOwner) => {
+                let rec = crate::store::load(h, self.scope, self.key_str()).map_err(|e| Error::Storage(e.message()))?;
                 self.done(Ending::Blocked(b), rec.as_ref().map(|l| &l.rec))
             }
             Decision::Blocked(b) => self.done(Ending::Blocked(b), None),
@@ -272,7 +274,7 @@ impl<'a> CallRef<'a> {
 
     /// The facts a caller is shown: did it happen, and what the same call again would do.
     fn account(&self, ending: Ending, rec: Option<&OpRecord>) -> Account {
-        let (mut effect, repeat) = match &ending {
+        let (mut effect, mut repeat) = match &ending {
             Ending::Confirmed(_) => (Effect::Happened, Repeat::Replays),
             Ending::Unrecorded(_) => (Effect::Happened, Repeat::Waits),
             Ending::Rejected(_) if rec.is_some_and(OpRecord::budget_left) => (Effect::None, Repeat::Retries),
@@ -301,6 +303,15 @@ impl<'a> CallRef<'a> {
             // A pruned key: its tombstone keeps whether the effect happened.
             Ending::Blocked(b) if b.reason == BlockReason::Expired => {
                 effect = self.known.unwrap_or(effect);
+            }
+            // Another owner owes this dispatch and sends it: the effect is coming, not absent, and
+            // its outcome is this call's answer (a new key would be a second operation).
+            Ending::Blocked(b)
+                if b.reason == BlockReason::OtherOwner
+                    && rec.is_some_and(|r| r.state == State::Absent && r.budget_left())
+                    && !mutant::on(Mutant::OtherOwnersOwedSaysNone) =>
+            {
+                (effect, repeat) = (Effect::Unknown, Repeat::Waits);
             }
             _ => {}
         }

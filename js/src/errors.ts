@@ -112,7 +112,7 @@ export class OutcomeError extends OnceError {
 export class RejectedError extends OutcomeError {
   override name = "RejectedError";
 }
-/** Nothing was sent, and no attempt is left. */
+/** The latest attempt was not sent: final once no attempt is left, else (`account.repeat` "retries") the same call sends the next. */
 export class NotSentError extends OutcomeError {
   override name = "NotSentError";
 }
@@ -120,7 +120,7 @@ export class NotSentError extends OutcomeError {
 export class UnknownOutcomeError extends OutcomeError {
   override name = "UnknownOutcomeError";
 }
-/** Another attempt still holds the operation; its outcome will be the answer. */
+/** An attempt still holds the operation; its outcome will be the answer. */
 export class InFlightError extends OutcomeError {
   override name = "InFlightError";
 }
@@ -141,9 +141,18 @@ export function outcomeError(a: Account): OutcomeError | undefined {
     case "unrecorded":
       return undefined;
     case "rejected":
-      return new RejectedError(`${where(a)}: the provider refused and did nothing (attempt ${e.val.attempt}): ${e.val.error}`, a);
+      return new RejectedError(
+        `${where(a)}: the provider refused and did nothing (attempt ${e.val.attempt}): ${e.val.error}${unsettled(a)}`,
+        a,
+      );
     case "not-sent":
-      return new NotSentError(`${where(a)}: nothing was sent in ${e.val.attempts} attempt(s), and no attempt is left`, a);
+      // Final only once the budget is spent; while attempts are left (a retry's back-off) the same call goes on.
+      return new NotSentError(
+        a.repeat === "retries"
+          ? `${where(a)}: attempt ${e.val.attempts} was not sent; the same call again (the same key) sends the next attempt, and a new key would make a second operation${unsettled(a)}`
+          : `${where(a)}: nothing was sent in ${e.val.attempts} attempt(s), and no attempt is left${unsettled(a)}`,
+        a,
+      );
     case "unknown":
       return new UnknownOutcomeError(
         `${where(a)}: the effect may or may not have happened (${e.val.reason}); nothing is sent until it is known` +
@@ -151,13 +160,25 @@ export function outcomeError(a: Account): OutcomeError | undefined {
         a,
       );
     case "in-flight":
-      return new InFlightError(`${where(a)}: another attempt holds the operation until ${e.val.leaseUntil}`, a);
+      return new InFlightError(`${where(a)}: an attempt holds the operation until ${e.val.leaseUntil}`, a);
     case "conflict":
       return new ConflictError(
         `${where(a)}: the key already names another call (${e.val.tool}, fingerprint ${e.val.fingerprint}); nothing was sent`,
         a,
       );
     case "blocked":
-      return new BlockedError(`${where(a)}: blocked (${e.val.reason}): ${e.val.detail}`, a);
+      return new BlockedError(
+        `${where(a)}: blocked (${e.val.reason}): ${e.val.detail}` +
+          (a.repeat === "waits" ? "; the same call again waits for its outcome" : "") +
+          unsettled(a),
+        a,
+      );
   }
+}
+
+/** What a refusal adds when the engine does not know the operation had no effect: not "use a new key". */
+function unsettled(a: Account): string {
+  return a.effect === "unknown"
+    ? "; whether the operation has an effect is not known yet, so do not repeat it under a new key until it is settled"
+    : "";
 }

@@ -94,7 +94,7 @@ function scriptedModel(policy: Policy, protectedAgent: boolean): MockLanguageMod
       const last = results.at(-1);
       if (!last) return refund();
       const refused = (t: string) => /^rejected|refused|not sent|nothing was sent|blocked|conflict/.test(t);
-      const unknownNow = (t: string) => /may or may not|another attempt holds/.test(t);
+      const unknownNow = (t: string) => /may or may not|an attempt holds/.test(t);
       if (last.tool === "get_order") {
         if (last.error) return say("unknown");
         if ((JSON.parse(last.text) as { refunded: number }).refunded >= AMOUNT) return say("refunded");

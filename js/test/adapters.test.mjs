@@ -369,7 +369,7 @@ test("OpenAI Agents JS: in flight and blocked are shown to the model in once's w
   });
   await holding;
   const cases = [
-    { tool: protectedTool(once, { ...base, name: "refund_order" }), shown: /^InFlightError: refund_order \(scope "default", key "refund-order-1234"\): another attempt holds the operation until \d+/ },
+    { tool: protectedTool(once, { ...base, name: "refund_order" }), shown: /^InFlightError: refund_order \(scope "default", key "refund-order-1234"\): an attempt holds the operation until \d+/ },
     { tool: protectedTool(once, { ...base, name: "refund_order_blocked", policy: { route: "block" } }), shown: /^BlockedError: refund_order_blocked \(scope "default", key "[^"]*"\): blocked \(route-blocked\)/ },
   ];
   for (const { tool, shown } of cases) {

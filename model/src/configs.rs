@@ -300,6 +300,28 @@ pub fn small() -> Vec<Config> {
     c.depth = 10;
     all.push(c);
 
+    // From an owed dispatch of owner "a" whose attempt was not sent (a back-off, attempts left),
+    // a caller on host "b" asks for the same operation: "a" sends it, so b's answer must not say
+    // "no effect, use a new key".
+    let mut c = base("another owner's owed dispatch");
+    c.policy.attempt_budget = 3;
+    c.hosts = vec![HostSpec { owner: "a", skew: 0 }, HostSpec { owner: "b", skew: 0 }];
+    c.callers = vec![(0, 0, 1), (1, 0, 1)];
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Send(0),
+        Action::Report(0, Said::Ambiguous),
+        Action::Tick,
+        Action::Tick,
+        Action::Tick,
+        Action::Tick,
+        Action::Sweep(0, Read::Now),
+        Action::Report(2, Said::NotSent),
+    ];
+    c.budget.ticks = 4;
+    c.depth = 8;
+    all.push(c);
+
     // Two scopes naming the same key: two operations.
     let mut c = base("two scopes");
     c.ops = vec![op("s", "k0", "3.00"), op("t", "k0", "3.00")];

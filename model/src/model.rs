@@ -1,7 +1,7 @@
 //! The model: its actions, each one atomic step of the engine or the world,
 //! and the properties every reachable state must have.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use once_guest::engine::{self, BeginRequest};
 use once_guest::mutant;
@@ -98,6 +98,10 @@ pub enum Action {
     /// Time jumps to the next moment anything can change.
     Tick,
 }
+
+/// What a host's sweep may change only on its own owner's records: state, reads, attempts, the next
+/// read, the receipt and the owner itself (its escalation is any owner's to deliver).
+type Work = (State, u32, usize, Option<u64>, Option<String>, String);
 
 /// The engine and its world, as a stateright model of one configuration.
 pub struct OnceModel {
@@ -280,6 +284,41 @@ impl OnceModel {
         if rec_owner.as_ref() != Some(owner) {
             let why = format!("host owner {owner:?} was granted {scope}/{key}, owned by {rec_owner:?}");
             world.violate(why);
+        }
+    }
+
+    /// What a host's background work could change of the records other owners hold ([`Work`]), by
+    /// (scope, key). Escalation is left out: deadlines escalate whoever owns a record.
+    fn others_work(world: &World, host: usize) -> BTreeMap<(String, String), Work> {
+        let owner = &world.owners[host];
+        world
+            .ledger
+            .rows
+            .values()
+            .filter(|row| row.table == Table::Operation)
+            .filter_map(|row| decode(row).ok())
+            .filter(|l| &l.rec.owner != owner)
+            .map(|l| {
+                let r = l.rec;
+                let work = (r.state, r.checks, r.attempts.len(), r.next_check, r.receipt, r.owner);
+                ((r.scope, r.key), work)
+            })
+            .collect()
+    }
+
+    /// A host's sweep expires, reads and dispatches only its own owner's records.
+    fn check_sweep_kept_to_its_own(&self, world: &mut World, host: usize, before: BTreeMap<(String, String), Work>) {
+        // Taken over by this owner, it is gone from the other owners' records: a change too.
+        let after = Self::others_work(world, host);
+        for (id, was) in before {
+            let now = after.get(&id);
+            if now != Some(&was) {
+                let why = format!(
+                    "the sweep of host owner {:?} changed {}/{} of another owner: {was:?} to {now:?}",
+                    world.owners[host], id.0, id.1
+                );
+                world.violate(why);
+            }
         }
     }
 
@@ -513,7 +552,9 @@ impl OnceModel {
             Action::Refuse(r) => w.requests[r].fate = Fate::Refused,
             Action::Sweep(host, read) => {
                 w.budget.sweeps -= 1;
+                let others = Self::others_work(&w, host);
                 let result = self.with_host(&mut w, host, read, None, |h| protocol::sweep(h, SCAN_LIMIT, true));
+                self.check_sweep_kept_to_its_own(&mut w, host, others);
                 if let Ok(result) = result {
                     for grant in result.dispatches {
                         self.check_back_off(&mut w, host, &grant);

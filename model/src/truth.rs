@@ -2,7 +2,7 @@
 //! true"): the facts an [`Account`] states are checked against the
 //! provider's effects and the requests still in the network.
 
-use once_guest::types::{Account, BlockReason, Effect, Ending, Table};
+use once_guest::types::{Account, BlockReason, Effect, Ending, Repeat, State, Table};
 
 use crate::world::World;
 
@@ -17,6 +17,16 @@ fn provider_keys(world: &World, scope: &str, key: &str) -> Vec<String> {
         Some(loaded) => vec![loaded.rec.provider_key],
         None => world.provider_keys_of(scope, key).into_iter().collect(),
     }
+}
+
+/// Whether the record of (scope, key) owes a dispatch that will be sent: proven absent, with an
+/// attempt left (with none, nothing will send it, and the operation ended without an effect).
+fn owed(world: &World, scope: &str, key: &str) -> bool {
+    world
+        .ledger
+        .row(Table::Operation, scope, key)
+        .and_then(|row| once_guest::store::decode(row).ok())
+        .is_some_and(|loaded| loaded.rec.state == State::Absent && loaded.rec.budget_left())
 }
 
 /// Whether `account` is true of `world`; the reason when it is not.
@@ -47,6 +57,13 @@ pub fn check_account(world: &World, account: &Account) -> Result<(), String> {
                 "{scope}/{key}: {said} says no effect; a request that can still commit is in the network"
             ));
         }
+        // Refused with no effect tells the caller to mint a new key: false while a dispatch of this
+        // operation is owed, since whoever owes it sends it (two effects).
+        Effect::None if account.repeat == Repeat::Refused && owed(world, scope, key) => {
+            return Err(format!(
+                "{scope}/{key}: {said} says no effect and refuses the same call; a dispatch of it is owed"
+            ));
+        }
         _ => {}
     }
     let receipt = match &account.ending {
@@ -62,15 +79,32 @@ pub fn check_account(world: &World, account: &Account) -> Result<(), String> {
             "{scope}/{key}: {said} shows receipt {receipt}, which is no effect of this operation ({effects:?})"
         ));
     }
-    if matches!(account.ending, Ending::NotSent(_)) {
-        let sent = world.requests.iter().any(|r| keys.contains(&r.provider_key));
-        if sent {
+    if let Ending::NotSent(info) = &account.ending {
+        // Final (no attempt left): no attempt was sent. A retry's interim answer (attempts left):
+        // its latest attempt was not sent; an earlier one may have been.
+        if account.repeat != Repeat::Retries {
+            if world.requests.iter().any(|r| keys.contains(&r.provider_key)) {
+                return Err(format!(
+                    "{scope}/{key}: {said} says nothing was sent; a request left a host"
+                ));
+            }
+        } else if let Some(fence) = attempt_fence(world, scope, key, info.attempts)
+            && world.requests.iter().any(|r| r.fence == fence)
+        {
             return Err(format!(
-                "{scope}/{key}: {said} says nothing was sent; a request left a host"
+                "{scope}/{key}: {said} says attempt {} was not sent; a request of it left a host",
+                info.attempts
             ));
         }
     }
     Ok(())
+}
+
+/// The fence of attempt `n` of the record of (scope, key).
+fn attempt_fence(world: &World, scope: &str, key: &str, n: u32) -> Option<String> {
+    let row = world.ledger.row(Table::Operation, scope, key)?;
+    let rec = once_guest::store::decode(row).ok()?.rec;
+    rec.attempts.into_iter().find(|a| a.n == n).map(|a| a.fence)
 }
 
 /// A short description of an answer, for traces.

@@ -67,6 +67,11 @@ fn renamed_and_adopted() {
 }
 
 #[test]
+fn another_owners_owed_dispatch() {
+    holds("another owner's owed dispatch");
+}
+
+#[test]
 fn two_hosts() {
     holds("two hosts");
 }
@@ -113,6 +118,7 @@ fn every_configuration_has_a_test() {
         "forced absence",
         "pending possible duplicate",
         "stale holder",
+        "another owner's owed dispatch",
         "two scopes",
     ];
     for config in configs::small() {

@@ -52,6 +52,15 @@ fn a_sweep_that_takes_another_owners_record() {
 }
 
 #[test]
+fn another_owners_owed_dispatch_answered_none() {
+    caught(
+        Mutant::OtherOwnersOwedSaysNone,
+        "another owner's owed dispatch",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
 fn a_reservation_applied_twice() {
     caught(Mutant::DoubleReservation, "quota pair", PROPERTIES[0]);
 }
@@ -97,5 +106,5 @@ fn a_grant_handed_out_after_its_send_window() {
 
 #[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 13, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 14, "a new mutant needs a test above");
 }

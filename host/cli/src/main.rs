@@ -76,7 +76,7 @@ enum Command {
     },
 }
 
-/// `once gateway [--config once.toml] [--db PATH] [--check-config] [--listen ADDR] (-- <upstream command…> | --upstream-url URL)`
+/// `once gateway [--config once.toml] [--db PATH] [--check-config] [--listen ADDR [--public]] (-- <upstream command…> | --upstream-url URL)`
 #[derive(clap::Args)]
 struct GatewayArgs {
     /// The gateway's configuration (TOML, e.g. examples/refund/once.toml); without it, annotations and derived keys.
@@ -92,6 +92,10 @@ struct GatewayArgs {
     /// at /mcp, with /healthz and /metrics, instead of stdio.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Allow --listen on an address other than loopback with no [http] tenants (something in front of the
+    /// gateway authenticates every caller).
+    #[arg(long, requires = "listen")]
+    public: bool,
     /// The upstream MCP server's command and arguments, after `--`.
     #[arg(last = true, value_name = "UPSTREAM")]
     upstream: Vec<String>,
@@ -108,6 +112,7 @@ impl From<GatewayArgs> for once_gateway::Options {
             check_config: args.check_config,
             upstream: args.upstream,
             listen: args.listen,
+            public: args.public,
             upstream_url: args.upstream_url,
         }
     }
@@ -149,8 +154,15 @@ impl From<OnceError> for Failure {
 }
 
 fn main() -> ExitCode {
+    // Warnings by default: the gateway's start warnings (a session scope, keyless calls identified by every
+    // argument, orphaned records) and its exit with operations unsettled are for the user who never sets
+    // ONCE_LOG.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .with_env_var("ONCE_LOG")
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("ONCE_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

@@ -496,6 +496,25 @@ fn run_to_exit(rig: &Rig, mut cmd: Command) -> std::process::Output {
     std::process::Output { status, stdout, stderr }
 }
 
+/// As shipped (no ONCE_LOG), a gateway's warnings at start reach its stderr; its per-call lines do not.
+#[test]
+fn start_warnings_are_shown_with_no_log_setting() {
+    let rig = Rig::new(&format!("scope = \"session\"\n{}", fast_config("")));
+    // No client: the gateway warns as it starts, then exits when nothing initializes on stdin.
+    let out = rig
+        .gateway_command_with(&[], "none")
+        .env_remove("ONCE_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("scope = \"session\": each connection is its own scope"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(" INFO "), "{stderr}");
+}
+
 #[test]
 fn check_config_prints_each_tool_route() {
     let rig = Rig::with_config_file(EXAMPLE_CONFIG);

@@ -33,6 +33,44 @@ fn tenants_config() -> String {
     ))
 }
 
+/// As shipped (no `[http] tenants`), the gateway listens only on loopback: another address is refused at
+/// start, saying why and what to do, before any upstream starts. Tenants named by bearer tokens, or
+/// `--public` (something in front authenticates every caller), let it listen there.
+#[test]
+fn an_open_gateway_listens_only_on_loopback() {
+    for config in [
+        fast_config(""),
+        fast_config("[http]\ntenant_header = \"x-once-tenant\"\n"),
+    ] {
+        let rig = Rig::new(&config);
+        let out = rig
+            .gateway_command_with(&["--listen", "0.0.0.0:0"], "none")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--listen 0.0.0.0:0 is not a loopback address") && stderr.contains("--public"),
+            "{stderr}"
+        );
+        assert!(!rig.effects_db().exists(), "no upstream was started: {stderr}");
+    }
+    let rig = Rig::new(&tenants_config());
+    let mut listening = rig.spawn_listening(rig.gateway_command_with(&["--listen", "0.0.0.0:0"], "none"), 0);
+    assert!(listening.terminate().success(), "{}", rig.logs());
+    let rig = Rig::new(&fast_config(""));
+    let mut listening = rig.spawn_listening(
+        rig.gateway_command_with(&["--listen", "0.0.0.0:0", "--public"], "none"),
+        0,
+    );
+    assert!(listening.terminate().success(), "{}", rig.logs());
+    // A loopback name is loopback once bound.
+    let rig = Rig::new(&fast_config(""));
+    let mut listening = rig.spawn_listening(rig.gateway_command_with(&["--listen", "localhost:0"], "none"), 0);
+    assert!(listening.terminate().success(), "{}", rig.logs());
+}
+
 fn refund(amount: f64) -> Value {
     json!({"order_id": ORDER_ID, "amount": amount})
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use once::types::{Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
+use once::types::{BlockReason, Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
 use once::{Called, Clock, Dispatch, Dispatcher, Once, OnceError, Provider, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
@@ -211,7 +211,18 @@ impl Shared {
         if configured.get(tool) == Some(&current) {
             return Ok(());
         }
-        once.set_tool(tool, self.config.policy(tool), current.clone())?;
+        // Only a tool the engine had a plan for (listed, or named in the config) can lose its route.
+        let before = configured.contains_key(tool).then(|| once.plan(tool).route);
+        let after = once.set_tool(tool, self.config.policy(tool), current.clone())?.route;
+        // A route taken from the upstream's annotations follows its new definition; one that stops
+        // protecting a tool is said, since nothing else shows it (`pin` makes it a block instead).
+        if before == Some(Route::Protect) && after == Route::Direct {
+            tracing::warn!(
+                target: "once::gateway",
+                "{tool}: its new definition from the upstream routes it DIRECT (it was protected): its calls are \
+                 no longer recorded or deduplicated; set its route in the config, or pin it"
+            );
+        }
         configured.insert(tool.to_string(), current);
         Ok(())
     }
@@ -266,10 +277,15 @@ impl Shared {
     }
 
     /// Keep `called` for the drain before exit while the same call again would wait for it and
-    /// this gateway can still settle it: an unknown no read can settle is the operator's.
+    /// this gateway can still settle it: an unknown no read can settle is the operator's, and a
+    /// dispatch another owner owes is that owner's to send.
     fn track_unsettled(&self, scope: &str, called: &Called, capture: &Capture) {
         let key = match called {
-            Called::Done(account) if account.repeat == Repeat::Waits && !account.awaits_operator => {
+            Called::Done(account)
+                if account.repeat == Repeat::Waits
+                    && !account.awaits_operator
+                    && !matches!(&account.ending, Ending::Blocked(b) if b.reason == BlockReason::OtherOwner) =>
+            {
                 account.key.as_deref()
             }
             Called::Unreported { .. } => capture.key.as_deref(),
@@ -1148,6 +1164,49 @@ mod tests {
         let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
         assert!(matches!(sent, Sent::Success(_)), "{sent:?}");
         assert!(capture.handed.load(Ordering::SeqCst));
+        runtime.block_on(shared.upstream.shutdown());
+    }
+
+    /// A tool routed by the upstream's annotations follows its new definition; one that stops being
+    /// protected (the upstream re-lists it read-only) is said in the log, which nothing else would show.
+    #[test]
+    fn a_protected_tool_that_the_upstream_turns_read_only_is_said() {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (runtime, shared) = started(dir.path());
+        let builder = Once::builder(once::storage::memory::MemoryStorage::new());
+        let once = shared.config.apply(builder, &shared.descriptors()).build().unwrap();
+        shared.configured_with(&shared.descriptors());
+        assert_eq!(once.plan("refund_order").route, Route::Protect);
+        let mut tools = shared.upstream.tools();
+        for tool in tools.iter_mut().filter(|t| t.name == "refund_order") {
+            tool.annotations = Some(rmcp::model::ToolAnnotations::new().read_only(true));
+        }
+        shared.upstream.relay().set_tools(tools);
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            shared.keep_configured(&once, "refund_order").unwrap();
+            // Unchanged since: nothing more is said.
+            shared.keep_configured(&once, "refund_order").unwrap();
+        });
+        assert_eq!(once.plan("refund_order").route, Route::Direct);
+        let said = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(said.matches("routes it DIRECT (it was protected)").count(), 1, "{said}");
         runtime.block_on(shared.upstream.shutdown());
     }
 

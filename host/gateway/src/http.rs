@@ -55,6 +55,7 @@ struct Front {
 /// Serve `gateway` on `listen` until SIGTERM, then shut down gracefully.
 pub(crate) async fn serve(
     listen: &str,
+    public: bool,
     shared: Arc<Shared>,
     once: Arc<Once>,
     gateway: Gateway,
@@ -65,6 +66,10 @@ pub(crate) async fn serve(
     let addr = listener
         .local_addr()
         .map_err(|e| GatewayError::Runtime(format!("listening on {listen}: {e}")))?;
+    // Checked again on the address bound: a name (`localhost`) resolves where the system says.
+    if let Some(refused) = crate::open_beyond_loopback(listen, &addr, public, &shared.config) {
+        return Err(refused);
+    }
     // Two stops: `stopping` closes the listener at the signal; `abandon` cuts rmcp's open streams only
     // when the grace is over (cutting them earlier would lose the answers of calls that finish in time).
     let (stopping, abandon) = (CancellationToken::new(), CancellationToken::new());
@@ -81,6 +86,7 @@ pub(crate) async fn serve(
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .with_state(front.clone());
+    let mut stop = Stop::listen();
     // Printed on stdout, which HTTP mode does not otherwise use: a supervisor (or a test) that asked for port 0
     // learns the port here.
     println!("once gateway: listening on http://{addr}{MCP_PATH}");
@@ -97,7 +103,7 @@ pub(crate) async fn serve(
         stopping.clone(),
     ));
     tokio::select! {
-        _ = terminated() => {}
+        _ = stop.received() => {}
         ended = &mut server => {
             return Err(GatewayError::Runtime(format!("the HTTP server stopped: {}", match ended {
                 Ok(()) => "without a signal".to_string(),
@@ -118,8 +124,9 @@ pub(crate) async fn serve(
         server.abort();
         tracing::warn!(
             target: "once::gateway",
-            "shutdown_grace ended with {} call(s) in flight; their records settle through the next gateway or `once sweep`",
-            shared.calls_in_flight()
+            "shutdown_grace ended with {} call(s) in flight: {}",
+            shared.calls_in_flight(),
+            crate::worker::who_continues(&shared)
         );
     }
     // What the calls left unsettled, within what is left of the same grace.
@@ -353,21 +360,40 @@ fn process_counters(front: &Front) -> String {
     out
 }
 
-/// SIGTERM, or Ctrl-C.
-async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(target: "once::gateway", "cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await
+/// SIGTERM or SIGINT (Ctrl-C), listened for from before the gateway names its address: a supervisor that
+/// stops it as soon as it is up gets a shutdown with its drain, never the signal's default (an exit).
+struct Stop {
+    term: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Stop {
+    fn listen() -> Stop {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .map_err(|e| tracing::warn!(target: "once::gateway", "cannot listen for {name}: {e}"))
+                .ok()
+        };
+        Stop {
+            term: listen(SignalKind::terminate(), "SIGTERM"),
+            interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    /// The first of them.
+    async fn received(&mut self) {
+        async fn one(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
+        tokio::select! {
+            _ = one(&mut self.term) => {}
+            _ = one(&mut self.interrupt) => {}
+        }
     }
 }

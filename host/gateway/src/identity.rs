@@ -68,6 +68,19 @@ const SESSION_VARIABLES: [&str; 44] = [
     "RUST_BACKTRACE",
 ];
 
+/// Variables under a session prefix that name where a server keeps its account's configuration and data
+/// (the XDG base directories): they count. `SSH_AUTH_SOCK` does not: its path is new with every login
+/// (and every boot, on macOS), which would make each restart another upstream, and it names a socket,
+/// not the keys its agent holds.
+const ACCOUNT_VARIABLES: [&str; 6] = [
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_DIRS",
+    "XDG_DATA_DIRS",
+];
+
 /// Prefixes of such variables (and of once's own settings, which configure the gateway, not the upstream).
 const SESSION_PREFIXES: [&str; 14] = [
     "SSH_",
@@ -89,7 +102,8 @@ const SESSION_PREFIXES: [&str; 14] = [
 /// Whether an inherited variable names the upstream's account or configuration (it counts) or only the
 /// session the gateway runs in (it does not).
 fn counts(name: &str) -> bool {
-    !SESSION_VARIABLES.contains(&name) && !SESSION_PREFIXES.iter().any(|p| name.starts_with(p))
+    ACCOUNT_VARIABLES.contains(&name)
+        || (!SESSION_VARIABLES.contains(&name) && !SESSION_PREFIXES.iter().any(|p| name.starts_with(p)))
 }
 
 /// The upstream's identity: SHA-256, in hex, of what names it. For a command: its arguments, the
@@ -191,13 +205,25 @@ mod tests {
             "SHLVL",
             "TERM",
             "SSH_TTY",
+            "SSH_CONNECTION",
+            "SSH_AUTH_SOCK",
             "XDG_SESSION_ID",
+            "XDG_RUNTIME_DIR",
+            "XDG_ACTIVATION_TOKEN",
             "ONCE_LOG",
             "TERM_PROGRAM",
         ] {
             assert!(!counts(name), "{name}");
         }
-        for name in ["STRIPE_API_KEY", "HOME", "PATH", "DATABASE_URL"] {
+        // Where a server keeps its account's configuration counts, whatever its prefix.
+        for name in [
+            "STRIPE_API_KEY",
+            "HOME",
+            "PATH",
+            "DATABASE_URL",
+            "XDG_CONFIG_HOME",
+            "XDG_DATA_HOME",
+        ] {
             assert!(counts(name), "{name}");
         }
     }

@@ -83,6 +83,9 @@ pub struct Options {
     pub upstream: Vec<String>,
     /// Serve MCP over Streamable HTTP on this address (`127.0.0.1:8080`) instead of stdio.
     pub listen: Option<String>,
+    /// Listen on an address other than loopback although the gateway names no tenant by a credential
+    /// (no `[http] tenants`): whoever reaches it calls every tool in the file's scope.
+    pub public: bool,
     /// The upstream MCP server's URL (Streamable HTTP), instead of a command; wins over the config's `upstream_url`.
     pub upstream_url: Option<String>,
 }
@@ -99,6 +102,11 @@ pub fn run(args: Options) -> Result<(), GatewayError> {
              would be a new operation; use a fixed scope or [http] tenants",
             config.source
         )));
+    }
+    if let Some(listen) = &args.listen
+        && let Some(refused) = open_beyond_loopback(listen, &loopback_or_not(listen), args.public, &config)
+    {
+        return Err(refused);
     }
     let Some(target) = target(&config, &args)? else {
         if args.check_config {
@@ -225,7 +233,7 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
         // One upstream for every client, started with no client capabilities (see `Gateway::initialize`).
         let worker = worker::spawn(shared.clone(), once.clone());
         // It drains the worker itself, within the grace its shutdown began.
-        let served = http::serve(listen, shared.clone(), once.clone(), gateway.over_http()).await;
+        let served = http::serve(listen, args.public, shared.clone(), once.clone(), gateway.over_http()).await;
         worker.abort();
         shared.upstream.shutdown().await;
         return served;
@@ -251,6 +259,47 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
     worker.abort();
     shared.upstream.shutdown().await;
     Ok(())
+}
+
+/// The address `listen` names, as far as it can be told before binding: an address as written, a loopback
+/// one for `localhost:PORT` (checked again once bound), else the unspecified address (not loopback).
+fn loopback_or_not(listen: &str) -> std::net::SocketAddr {
+    use std::net::{Ipv4Addr, SocketAddr};
+    listen.parse::<SocketAddr>().unwrap_or_else(|_| {
+        let local = listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"));
+        let ip = if local {
+            Ipv4Addr::LOCALHOST
+        } else {
+            Ipv4Addr::UNSPECIFIED
+        };
+        SocketAddr::from((ip, 0))
+    })
+}
+
+/// The refusal of an HTTP gateway at `addr` (what `listen` names) that anyone who reaches it could call:
+/// not on loopback, no tenant named by a bearer token, and no `--public`.
+pub(crate) fn open_beyond_loopback(
+    listen: &str,
+    addr: &std::net::SocketAddr,
+    public: bool,
+    config: &Config,
+) -> Option<GatewayError> {
+    if public || addr.ip().is_loopback() || matches!(config.http.tenancy, Tenancy::Tokens(_)) {
+        return None;
+    }
+    Some(GatewayError::Config(format!(
+        "--listen {listen} is not a loopback address, and {} names no tenant by a bearer token ([http] \
+         tenants): anyone who can reach it would call its tools, replay others' results and spend their \
+         quota{}; add tenants, listen on 127.0.0.1, or pass --public if something in front of it \
+         authenticates every caller",
+        config.source,
+        match config.http.tenancy {
+            Tenancy::Header(_) => ", choosing any tenant by the tenant header",
+            _ => "",
+        }
+    )))
 }
 
 /// The engine over the ledger, with the lookup provider, `[defaults]` and

@@ -199,11 +199,16 @@ fn protected(a: &Account, cx: &Context<'_>) -> CallToolResult {
         Ending::InFlight(i) => {
             let mut info = cx.account_info("in-flight", a);
             info["lease_until"] = json!(i.lease_until);
+            // The holder may be this call itself: its outcome came back and could not be recorded yet.
+            let who = if cx.capture.sent {
+                "was sent, and the outcome of its attempt in flight is not recorded yet"
+            } else {
+                "is being sent by another call right now and its outcome is not known yet. Nothing was sent for \
+                 this call"
+            };
             made(
                 format!(
-                    "IN PROGRESS: {tool} (operation {key}) is being sent by another call right now and its outcome \
-                     is not known yet. Nothing was sent for this call. {} returns that outcome; it will not be \
-                     sent twice.",
+                    "IN PROGRESS: {tool} (operation {key}) {who}. {} returns that outcome; it will not be sent twice.",
                     cx.again(key)
                 ),
                 info,
@@ -216,16 +221,22 @@ fn protected(a: &Account, cx: &Context<'_>) -> CallToolResult {
         Ending::NotSent(n) => {
             let mut info = cx.account_info("not-sent", a);
             info["attempts"] = json!(n.attempts);
-            made(
-                format!(
+            // Only a spent budget is final; while attempts are left (a retry's back-off) the same call goes on.
+            let text = match a.repeat {
+                Repeat::Retries => format!(
+                    "NOT SENT YET: {tool} (operation {key}): attempt {} did not reach the upstream. {} sends it as \
+                     the next attempt of this same operation; a new operation key would make it a second one.",
+                    n.attempts,
+                    cx.again(key)
+                ),
+                _ => format!(
                     "NOT SENT: {tool} (operation {key}) did not happen: none of its {} attempts reached the \
                      upstream, and it has none left. {} is refused; a new call needs a new operation key.",
                     n.attempts,
                     cx.again(key)
                 ),
-                info,
-                true,
-            )
+            };
+            made(format!("{text}{}", unsettled(a)), info, true)
         }
         Ending::Unrecorded(u) => happened_unrecorded(&u.response, key, &cx.account_info("unrecorded", a), cx),
     }
@@ -326,12 +337,17 @@ fn rejected(a: &Account, r: &RejectedInfo, cx: &Context<'_>) -> CallToolResult {
             "{} tries it again as the next attempt of this operation.",
             cx.again(key)
         ),
+        // A corrected call is a new operation only once nothing of this one can still happen.
+        _ if a.effect == Effect::Unknown => format!("{} will be refused again.", cx.again(key)),
         _ => format!(
             "{} will be refused again; a corrected call is a new operation.",
             cx.again(key)
         ),
     };
-    let text = format!("Rejected: the upstream refused {tool} (operation {key}) and did nothing. {next}");
+    let text = format!(
+        "Rejected: the upstream refused {tool} (operation {key}) and did nothing. {next}{}",
+        unsettled(a)
+    );
     match &cx.capture.last {
         Some(Reply::Result(result)) => prefixed(result.clone(), text, &info, cx),
         Some(Reply::Error(e)) => made(format!("{text} The upstream said: {}", e.message), info, true),
@@ -346,9 +362,18 @@ fn rejected(a: &Account, r: &RejectedInfo, cx: &Context<'_>) -> CallToolResult {
 /// The effect happened and once could not record it yet.
 fn happened_unrecorded(response: &str, key: &str, info: &Value, cx: &Context<'_>) -> CallToolResult {
     let tool = cx.tool;
+    // Without a lookup, nothing reads the provider: the record turns unknown and an operator settles it.
+    let settles = match cx.lookup {
+        Some(read) => format!("once reconciles it by reading {read}"),
+        None => format!(
+            "no lookup is configured for {tool}, so an operator records it (once ledger resolve {key} --scope {} \
+             --confirmed RECEIPT --note WHY), and until then calling it again answers that its outcome is unknown",
+            cx.scope
+        ),
+    };
     let text = format!(
         "Note: {tool} (operation {key}) did happen (below), but once could not record it yet. Do not call it again \
-         to make sure: once reconciles it from the provider."
+         to make sure: {settles}."
     );
     match &cx.capture.last {
         Some(Reply::Result(r)) => prefixed(r.clone(), text, info, cx),
@@ -449,14 +474,41 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
         BlockReason::Storage => "once could not durably record the intent, so nothing was sent".to_string(),
         BlockReason::Failed => format!("operation {key} was refused before; a corrected call is a new operation"),
         BlockReason::OtherOwner => format!(
-            "operation {key} belongs to another gateway or host on this ledger, which sends it; this one never does"
+            "operation {key} belongs to another gateway or host on this ledger (its owner is named below); this \
+             one never sends it"
         ),
     };
+    // What the same call again does, when it is not simply refused (a stored outcome, one still coming).
+    let next = match a.repeat {
+        Repeat::Waits if b.reason == BlockReason::OtherOwner => format!(
+            " {} gets its outcome once that one has sent it; a new operation key would make it a second one.",
+            cx.again(key)
+        ),
+        _ => String::new(),
+    };
     made(
-        format!("BLOCKED: {tool} was not sent: {why} ({}: {}).", b.reason, b.detail),
+        format!(
+            "BLOCKED: {tool} was not sent: {why} ({}: {}).{next}{}",
+            b.reason,
+            b.detail,
+            unsettled(a)
+        ),
         info,
         true,
     )
+}
+
+/// What a refusal or a not-sent answer adds when the engine does not know that the operation had no effect
+/// (an earlier attempt's may still arrive, or another host is sending it): nothing that claims "did nothing"
+/// covers it, so the advice to use a new key does not either.
+fn unsettled(a: &Account) -> &'static str {
+    match a.effect {
+        Effect::Unknown => {
+            " Whether this operation has an effect is not known yet (an earlier attempt, or another host, may \
+             still make it): do not make it again under a new operation key until it is settled."
+        }
+        Effect::None | Effect::Happened => "",
+    }
 }
 
 /// What a client on a revision before MCP 2026-07-28 is told when the upstream asked for input before it
@@ -514,8 +566,14 @@ pub fn engine_error(e: &OnceError, cx: &Context<'_>) -> CallToolResult {
             true,
         );
     }
+    // This call sent nothing, but an earlier one under the same key may have: the same key stays safe.
     made(
-        format!("ERROR: once could not process this {tool} call ({e}); nothing was sent."),
+        format!(
+            "ERROR: once could not process this {tool} call ({e}); nothing was sent by this call. Once that is \
+             mended, calling it again the same way (the same operation key, or for a call without one the same \
+             arguments) is safe: it is never sent twice, and it answers what an earlier call of it did; a new \
+             key would make it another operation."
+        ),
         info,
         true,
     )
@@ -530,7 +588,146 @@ pub fn meta_of(field: &str, value: &str) -> MetaObject {
 
 #[cfg(test)]
 mod tests {
-    use super::utc;
+    use super::*;
+    use once::types::{InFlightInfo, KeySource, NotSentInfo};
+
+    fn account(ending: Ending, effect: Effect, repeat: Repeat) -> Account {
+        Account {
+            scope: "t1".into(),
+            key: Some("k-1".into()),
+            key_source: Some(KeySource::Application),
+            tool: "refund_order".into(),
+            ending,
+            effect,
+            repeat,
+            awaits_operator: false,
+        }
+    }
+
+    /// The text a model reads for `a`, with `capture` as the dispatcher left it.
+    fn said(a: &Account, capture: Capture, lookup: Option<&str>) -> String {
+        let cx = Context {
+            tool: "refund_order",
+            scope: "t1",
+            lookup,
+            key_meta: "once/key",
+            keyed: true,
+            effect_fields: None,
+            output_schema: false,
+            capture,
+        };
+        let result = render(Called::Done(a.clone()), &cx).unwrap();
+        result
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// "Use a new key" is said only where the engine says the same call is refused and nothing can have an
+    /// effect: a retry's interim not-sent answer goes on under the same key, and an operation whose effect is
+    /// unknown (another host owes its dispatch, an earlier attempt may still land) is never to be repeated
+    /// under a new one.
+    #[test]
+    fn no_answer_advises_a_new_key_while_the_operation_goes_on_or_may_have_happened() {
+        let interim = account(
+            Ending::NotSent(NotSentInfo { attempts: 2 }),
+            Effect::None,
+            Repeat::Retries,
+        );
+        let text = said(&interim, Capture::default(), None);
+        assert!(text.starts_with("NOT SENT YET") && text.contains("attempt 2"), "{text}");
+        assert!(
+            !text.contains("needs a new operation key") && !text.contains("none left"),
+            "{text}"
+        );
+
+        let spent = account(
+            Ending::NotSent(NotSentInfo { attempts: 3 }),
+            Effect::None,
+            Repeat::Refused,
+        );
+        let text = said(&spent, Capture::default(), None);
+        assert!(
+            text.contains("none left") && text.contains("needs a new operation key"),
+            "{text}"
+        );
+
+        let blocked = Blocked {
+            reason: BlockReason::OtherOwner,
+            detail: "k-1 is absent and dispatched by owner \"a\"".into(),
+            receipt: None,
+        };
+        let owed = account(Ending::Blocked(blocked), Effect::Unknown, Repeat::Waits);
+        let text = said(&owed, Capture::default(), None);
+        assert!(
+            text.contains("gets its outcome") && text.contains("not known yet"),
+            "{text}"
+        );
+        assert!(
+            text.contains("do not make it again under a new operation key"),
+            "{text}"
+        );
+
+        let rejected = account(
+            Ending::Rejected(RejectedInfo {
+                error: "{\"error\":\"closed\"}".into(),
+                attempt: 2,
+            }),
+            Effect::Unknown,
+            Repeat::Refused,
+        );
+        let text = said(&rejected, Capture::default(), None);
+        assert!(
+            text.contains("do not make it again under a new operation key"),
+            "{text}"
+        );
+    }
+
+    /// A call that sent an attempt (its outcome not recorded yet) is not told that another call sends it and
+    /// nothing was sent for it; an unrecorded success without a lookup is not promised a
+    /// reconciliation that nothing will make.
+    #[test]
+    fn a_call_is_told_what_it_did_itself() {
+        let held = account(
+            Ending::InFlight(InFlightInfo { lease_until: 1 }),
+            Effect::Unknown,
+            Repeat::Waits,
+        );
+        let text = said(
+            &held,
+            Capture {
+                sent: true,
+                ..Capture::default()
+            },
+            None,
+        );
+        assert!(
+            text.contains("was sent, and the outcome of its attempt in flight") && !text.contains("Nothing was sent"),
+            "{text}"
+        );
+        let text = said(&held, Capture::default(), None);
+        assert!(
+            text.contains("another call") && text.contains("Nothing was sent"),
+            "{text}"
+        );
+
+        let unrecorded = account(
+            Ending::Unrecorded(once::types::UnrecordedInfo {
+                response: "{\"refund_id\":\"r-1\"}".into(),
+            }),
+            Effect::Happened,
+            Repeat::Waits,
+        );
+        let text = said(&unrecorded, Capture::default(), None);
+        assert!(
+            text.contains("an operator records it") && !text.contains("reconciles"),
+            "{text}"
+        );
+        let text = said(&unrecorded, Capture::default(), Some("find_refund_by_key"));
+        assert!(text.contains("reconciles it by reading find_refund_by_key"), "{text}");
+    }
 
     #[test]
     fn utc_times() {

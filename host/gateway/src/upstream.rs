@@ -150,7 +150,11 @@ impl Due {
                 "no reply by the engine's deadline (send-by plus the {} ms timeout)",
                 timeout.as_millis()
             ),
-            Due::Direct { timeout, .. } | Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
+            Due::Direct { timeout, .. } => format!(
+                "no reply within {} ms of being handed to the upstream",
+                timeout.as_millis()
+            ),
+            Due::After(timeout) => format!("no reply within {} ms", timeout.as_millis()),
         }
     }
 }

@@ -43,22 +43,35 @@ pub(crate) async fn drain_until(shared: &Shared, grace: Instant) {
         tokio::time::sleep(shared.config.sweep_interval).await;
     }
     if shared.has_pending() || shared.calls_in_flight() > 0 {
-        tracing::warn!(target: "once::gateway", "exiting with unsettled operations; the next gateway or `once sweep` continues them");
+        tracing::warn!(
+            target: "once::gateway",
+            "exiting with unsettled operations: {}",
+            who_continues(shared)
+        );
     }
+}
+
+/// Who settles what a gateway leaves unsettled when it exits: the next gateway of its owner, which reads and
+/// sends; `once sweep` has no upstream to read or send through, so it only expires leases and escalates.
+pub(crate) fn who_continues(shared: &Shared) -> String {
+    format!(
+        "the next gateway with owner '{owner}' on this ledger continues them (`once sweep --owner '{owner}'` \
+         with its --db only expires their leases and escalates what is past its deadline)",
+        owner = shared.owner
+    )
 }
 
 /// One round of background work: the engine's sweep with every owed dispatch it
 /// grants sent; then each operation this gateway answered as unsettled, asked
 /// once more (without waiting) until the engine says a repeat would no longer wait.
 pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
-    // With operations of its own to settle, up before anything is granted, as for a client's call: a
-    // lease then covers only grant to send, never a restart of the upstream. An idle gateway leaves a
-    // dead upstream down (a client's call or a grant starts it), rather than restarting it every round.
-    // Down, the round goes on (leases expire, escalations are due), and each grant tries to start it
-    // again, and is not sent unless it is up before the grant's send-by.
-    if shared.has_pending()
-        && let Err(e) = shared.upstream.ready().await
-    {
+    // Up before anything is granted, as for a client's call: a lease then covers only grant to send,
+    // never a restart of the upstream (which would spend the attempt as not sent). So a dead upstream
+    // is started again by the next round (restarts are paced), even with nothing of this process's
+    // own pending: the sweep may grant owed dispatches an earlier process of this owner left. Down,
+    // the round goes on (leases expire, escalations are due), and each grant tries to start it again,
+    // and is not sent unless it is up before the grant's send-by.
+    if let Err(e) = shared.upstream.ready().await {
         tracing::debug!(target: "once::gateway", "settle round: the upstream is not available: {e}");
     }
     let mut capture = Capture::default();

@@ -339,7 +339,9 @@ class Rejected:
 
 @dataclass(frozen=True)
 class NotSent:
-    """Nothing was sent by any attempt, and no attempt is left."""
+    """The latest attempt was not sent: final when the account's repeat is `refused` (no attempt
+    was sent, none is left); a retry's interim answer when it is `retries` (the same call sends
+    the next attempt; an earlier one may have been sent, and `effect` says what is known of it)."""
 
     attempts: int
 
