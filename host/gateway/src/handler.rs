@@ -1093,6 +1093,26 @@ mod tests {
         (runtime, shared)
     }
 
+    /// Attempt 1 of a 5.00 refund of order 1234 (operation t1/k-1), with the loop's deadlines given.
+    fn refund_grant(
+        send_before: Option<std::time::Instant>,
+        answer_by: Option<std::time::Instant>,
+    ) -> Dispatch<'static> {
+        Dispatch {
+            direct: false,
+            scope: "t1",
+            key: "k-1",
+            tool: "refund_order",
+            attempt: 1,
+            provider_key: "once-k-1",
+            args: r#"{"order_id":1234,"amount":5,"idempotency_key":"once-k-1"}"#,
+            send_by: u64::MAX,
+            send_before,
+            timeout: std::time::Duration::from_secs(30),
+            answer_by,
+        }
+    }
+
     /// A linearizable lookup's read position ("sent") is stamped on the ledger's clock,
     /// which is what the engine compares it with, never the gateway host's wall clock.
     #[test]
@@ -1123,19 +1143,10 @@ mod tests {
             .build()
             .unwrap();
         let now = std::time::Instant::now();
-        let d = Dispatch {
-            direct: false,
-            scope: "t1",
-            key: "k-1",
-            tool: "refund_order",
-            attempt: 1,
-            provider_key: "once-k-1",
-            args: r#"{"order_id":1234,"amount":5,"idempotency_key":"once-k-1"}"#,
-            send_by: u64::MAX,
-            send_before: Some(now + std::time::Duration::from_secs(30)),
-            timeout: std::time::Duration::from_secs(30),
-            answer_by: Some(now + std::time::Duration::from_secs(60)),
-        };
+        let d = refund_grant(
+            Some(now + std::time::Duration::from_secs(30)),
+            Some(now + std::time::Duration::from_secs(60)),
+        );
         let stopped = |handed: bool| {
             let mut capture = Capture::default();
             capture.handed.store(handed, Ordering::SeqCst);
@@ -1225,19 +1236,7 @@ mod tests {
             ready.as_ref().is_err_and(|why| why.contains("shutting down")),
             "{ready:?}"
         );
-        let d = Dispatch {
-            direct: false,
-            scope: "t1",
-            key: "k-1",
-            tool: "refund_order",
-            attempt: 1,
-            provider_key: "once-k-1",
-            args: r#"{"order_id":1234,"amount":5,"idempotency_key":"once-k-1"}"#,
-            send_by: u64::MAX,
-            send_before: None,
-            timeout: std::time::Duration::from_secs(30),
-            answer_by: None,
-        };
+        let d = refund_grant(None, None);
         let mut capture = Capture::default();
         let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
         assert_eq!(sent, Sent::NotSent);
