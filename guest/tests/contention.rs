@@ -7,20 +7,21 @@ mod common;
 use std::cell::Cell;
 
 use common::*;
-use once_guest::engine::begin;
+use once_guest::engine::{adopt, begin, sweep};
 use once_guest::host::{CommitError, Host};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{AuditEvent, Batch, BlockReason, Escalation, Evidence, Row, Settings, State, Stored, Table};
 
 /// `MemoryHost` whose next `lose` commits lose their race (as if another writer had just
-/// committed), whose clock moves `tick` ms at every reading after the first `frozen_reads`, and
-/// which counts its clock readings and commits.
+/// committed: `rival`, if any, is that write), whose clock moves `tick` ms at every reading after the
+/// first `frozen_reads`, and which counts its clock readings and commits.
 struct Busy {
     mem: MemoryHost,
     lose: Cell<u32>,
     tick: u64,
     reads: Cell<u32>,
     commits: Cell<u32>,
+    rival: Option<fn(&MemoryHost)>,
 }
 
 impl Busy {
@@ -32,6 +33,7 @@ impl Busy {
             tick,
             reads: Cell::new(0),
             commits: Cell::new(0),
+            rival: None,
         }
     }
 }
@@ -52,6 +54,9 @@ impl Host for Busy {
         self.commits.set(self.commits.get() + 1);
         if self.lose.get() > 0 {
             self.lose.set(self.lose.get() - 1);
+            if let Some(rival) = self.rival {
+                rival(&self.mem);
+            }
             return Err(CommitError::Conflict);
         }
         self.mem.commit(batch)
@@ -137,4 +142,27 @@ fn the_window_costs_an_uncontended_call_no_clock_reading() {
 /// A refund under a quota: every claim writes the bucket, so no blind claim.
 fn quota_refund(key: &str) -> once_guest::engine::BeginRequest {
     pay(key, "10.00", &quota_policy("1000.00"))
+}
+
+/// A sweep that loses its race to an adoption (the record is another owner's now) leaves the record
+/// alone: its read came before the race, and nothing after it reads or writes that owner's record.
+#[test]
+fn a_sweep_that_loses_its_race_to_an_adoption_leaves_the_adopted_record_alone() {
+    let mut h = Busy::new(0, 0);
+    let mut readable = policy();
+    readable.lookup = true;
+    unknown_record(&h.mem, "k", readable);
+    h.mem.advance(MAX_IN_FLIGHT + SECOND);
+    let read_before = h.mem.lookups().len();
+    // The sweep's first write loses to an operator moving owner "default"'s records to "b".
+    h.lose.set(1);
+    h.rival = Some(|mem| {
+        let moved = adopt(mem, "default", "b", "moved by an operator", 10).unwrap();
+        assert_eq!(moved.adopted, 1);
+    });
+    sweep(&h, 10).unwrap();
+    assert_eq!(h.mem.lookups().len(), read_before + 1, "one read, before the race");
+    let v = view(&h.mem, "k");
+    assert_eq!((v.owner.as_str(), v.state), ("b", State::Unknown));
+    assert_eq!(kinds(&v).last(), Some(&"adopted"), "{:?}", kinds(&v));
 }

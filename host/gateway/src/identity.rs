@@ -69,17 +69,11 @@ const SESSION_VARIABLES: [&str; 44] = [
 ];
 
 /// Variables under a session prefix that name where a server keeps its account's configuration and data
-/// (the XDG base directories): they count. `SSH_AUTH_SOCK` does not: its path is new with every login
-/// (and every boot, on macOS), which would make each restart another upstream, and it names a socket,
-/// not the keys its agent holds.
-const ACCOUNT_VARIABLES: [&str; 6] = [
-    "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME",
-    "XDG_STATE_HOME",
-    "XDG_CACHE_HOME",
-    "XDG_CONFIG_DIRS",
-    "XDG_DATA_DIRS",
-];
+/// (the user's XDG base directories): they count. Not the search paths (`XDG_CONFIG_DIRS`,
+/// `XDG_DATA_DIRS`), which desktop sessions and sandboxed hosts rewrite, nor `SSH_AUTH_SOCK`: its path
+/// is new with every login (and every boot, on macOS), which would make each restart another
+/// upstream, and it names a socket, not the keys its agent holds.
+const ACCOUNT_VARIABLES: [&str; 3] = ["XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"];
 
 /// Prefixes of such variables (and of once's own settings, which configure the gateway, not the upstream).
 const SESSION_PREFIXES: [&str; 14] = [
@@ -210,6 +204,7 @@ mod tests {
             "XDG_SESSION_ID",
             "XDG_RUNTIME_DIR",
             "XDG_ACTIVATION_TOKEN",
+            "XDG_DATA_DIRS",
             "ONCE_LOG",
             "TERM_PROGRAM",
         ] {
