@@ -206,11 +206,10 @@ impl Shared {
     /// whose definition the upstream changed (a restart with a new version), is
     /// configured again, so routing by annotations and pinning see what is sent.
     pub fn keep_configured(&self, once: &Once, tool: &str) -> Result<(), OnceError> {
-        let current = self.upstream.tool(tool).as_ref().map(descriptor_of);
         let mut configured = self.configured.lock().unwrap_or_else(|p| p.into_inner());
-        if configured.get(tool) == Some(&current) {
+        let Some(current) = self.changed(&configured, tool) else {
             return Ok(());
-        }
+        };
         // Only a tool the engine had a plan for (listed, or named in the config) can lose its route.
         let before = configured.contains_key(tool).then(|| once.plan(tool).route);
         let after = once.set_tool(tool, self.config.policy(tool), current.clone())?.route;
@@ -229,8 +228,19 @@ impl Shared {
 
     /// Whether the engine's view of `tool` is the upstream's definition now ([`Shared::keep_configured`]).
     fn is_configured(&self, tool: &str) -> bool {
+        let configured = self.configured.lock().unwrap_or_else(|p| p.into_inner());
+        self.changed(&configured, tool).is_none()
+    }
+
+    /// The upstream's definition of `tool` now (none: it lists no such tool), when the engine was
+    /// configured with another; `None` when the engine's view is current.
+    fn changed(
+        &self,
+        configured: &HashMap<String, Option<ToolDescriptor>>,
+        tool: &str,
+    ) -> Option<Option<ToolDescriptor>> {
         let current = self.upstream.tool(tool).as_ref().map(descriptor_of);
-        self.configured.lock().unwrap_or_else(|p| p.into_inner()).get(tool) == Some(&current)
+        (configured.get(tool) != Some(&current)).then_some(current)
     }
 
     /// Stamp read positions with the ledger's clock from now on.

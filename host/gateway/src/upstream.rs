@@ -844,7 +844,6 @@ impl Upstream {
         if let Some(reason) = stop {
             awaited.reason = reason;
         }
-        drop(awaited);
         Ok(exchanged)
     }
 
