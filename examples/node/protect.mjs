@@ -50,7 +50,7 @@ const { engine, driver } = instantiate((path) => new WebAssembly.Module(readFile
   "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) } }); // the ledger's provider-key secret is made of these
 const policy = { keyArgument: "idempotency_key", dispatchTimeoutMs: 10000n }; // as the user wrote it; the rest unset
 engine.configure({ settings: engine.defaultSettings(), defaults: {}, tools: [{ tool: "refund_order", policy }],
-  ledgerEncoding: "typed" }); // or throws, as every export does with the engine's error as `.payload`
+  ledgerEncoding: "typed", reads: "import" }); // or throws, as every export does with the engine's error as `.payload`
 function protect(scope, key, tool, args, send, patienceMs = 3000n) { // the whole protocol, and no rule of the engine
   let step = driver.start({ scope, keys: [["api", key]], tool, args: JSON.stringify(args), acknowledgeConfirmed: false });
   for (const giveUp = now() + patienceMs; step.tag === "dispatch" || step.tag === "wait"; ) {

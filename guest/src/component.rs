@@ -90,8 +90,25 @@ fn json_ledger() -> bool {
         .is_some_and(|c| c.ledger_encoding == LedgerEncoding::Json)
 }
 
+/// The reads of the protocol export running now (see [`crate::reads`]).
+struct ProtocolReads(crate::reads::Reads);
+
+// SAFETY: as for `Slot`: the component has no threads.
+unsafe impl Sync for ProtocolReads {}
+
+static READS: ProtocolReads = ProtocolReads(crate::reads::Reads::new());
+
 /// The host as seen from inside the component: the WIT imports, and the configured settings.
-struct Imports;
+/// `protocol`: it serves the call protocol (`driver`, `protocol`), whose provider reads are
+/// steps when the configuration says so; every other export reads through `provider.lookup`.
+struct Imports {
+    protocol: bool,
+}
+
+/// The host of the engine's and the single transitions' exports.
+const IMPORTS: Imports = Imports { protocol: false };
+/// The host of the call protocol's exports.
+const PROTOCOL: Imports = Imports { protocol: true };
 
 impl Host for Imports {
     fn now(&self) -> u64 {
@@ -140,6 +157,14 @@ impl Host for Imports {
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
         provider::lookup(tool, provider_key, args)
     }
+    fn reads(&self) -> Option<&crate::reads::Reads> {
+        let steps = CONFIG
+            .0
+            .borrow()
+            .as_ref()
+            .is_some_and(|c| c.reads == ProviderReads::Steps);
+        (self.protocol && steps).then_some(&READS.0)
+    }
     fn escalate(&self, escalation: &Escalation) -> bool {
         operator::escalate(escalation)
     }
@@ -169,37 +194,40 @@ impl engine_export::Guest for Component {
         Ok(configured)
     }
     fn queue(filter: QueueFilter, limit: u32) -> Result<OperatorQueue, Error> {
-        with_config(|_| engine::queue(&Imports, &filter, limit))
+        with_config(|_| engine::queue(&IMPORTS, &filter, limit))
     }
     fn inspect(scope: String, key: String) -> Result<Option<RecordView>, Error> {
-        with_config(|_| engine::inspect(&Imports, &scope, &key))
+        with_config(|_| engine::inspect(&IMPORTS, &scope, &key))
     }
     fn resolve(scope: String, key: String, resolution: Resolution, note: String, force: bool) -> Result<State, Error> {
-        with_config(|_| engine::resolve(&Imports, &scope, &key, resolution, &note, force))
+        with_config(|_| engine::resolve(&IMPORTS, &scope, &key, resolution, &note, force))
     }
     fn prune(limit: u32) -> Result<PruneReport, Error> {
-        with_config(|_| engine::prune(&Imports, limit))
+        with_config(|_| engine::prune(&IMPORTS, limit))
     }
     fn adopt(from_owner: String, to_owner: String, note: String, limit: u32) -> Result<AdoptReport, Error> {
-        with_config(|_| engine::adopt(&Imports, &from_owner, &to_owner, &note, limit))
+        with_config(|_| engine::adopt(&IMPORTS, &from_owner, &to_owner, &note, limit))
     }
     fn canonicalize(json: Vec<u8>) -> Result<String, JsonError> {
-        engine::canonicalize(&Imports, &json)
+        engine::canonicalize(&IMPORTS, &json)
     }
     fn fingerprint(tool: String, args: String) -> Result<String, JsonError> {
-        engine::fingerprint(&Imports, &tool, &args)
+        engine::fingerprint(&IMPORTS, &tool, &args)
     }
 }
 
 impl driver::Guest for Component {
     fn start(call: Call) -> Result<Step, Error> {
-        with_config(|config| protocol::start(&Imports, config, call))
+        with_config(|config| protocol::start(&PROTOCOL, config, call))
     }
     fn report(scope: String, key: String, fence: String, outcome: Outcome) -> Result<Step, Error> {
-        with_config(|_| protocol::report(&Imports, &scope, &key, &fence, outcome))
+        with_config(|_| protocol::report(&PROTOCOL, &scope, &key, &fence, outcome))
     }
     fn resume(scope: String, key: String) -> Result<Step, Error> {
-        with_config(|_| protocol::resume(&Imports, &scope, &key))
+        with_config(|_| protocol::resume(&PROTOCOL, &scope, &key))
+    }
+    fn read_back(call: Option<Call>, reading: Reading, evidence: Evidence) -> Result<Step, Error> {
+        with_config(|config| protocol::read_back(&PROTOCOL, call.map(|c| config.request(c)), reading, evidence))
     }
 }
 
@@ -207,34 +235,40 @@ impl driver::Guest for Component {
 impl protocol_export::Guest for Component {
     fn start(call: String) -> String {
         wire::step(&with_config(|config| {
-            protocol::start(&Imports, config, wire::call(&call)?)
+            protocol::start(&PROTOCOL, config, wire::call(&call)?)
         }))
     }
     fn report(scope: String, key: String, fence: String, outcome: String) -> String {
         wire::step(&with_config(|_| {
-            protocol::report(&Imports, &scope, &key, &fence, wire::outcome(&outcome)?)
+            protocol::report(&PROTOCOL, &scope, &key, &fence, wire::outcome(&outcome)?)
         }))
     }
     fn resume(scope: String, key: String) -> String {
-        wire::step(&with_config(|_| protocol::resume(&Imports, &scope, &key)))
+        wire::step(&with_config(|_| protocol::resume(&PROTOCOL, &scope, &key)))
+    }
+    fn read_back(call: String, reading: String, evidence: String) -> String {
+        wire::step(&with_config(|config| {
+            let call = wire::optional_call(&call)?.map(|c| config.request(c));
+            protocol::read_back(&PROTOCOL, call, wire::reading(&reading)?, wire::evidence(&evidence)?)
+        }))
     }
     fn sweep(limit: u32, dispatch: bool) -> Result<SweepResult, Error> {
-        with_config(|_| protocol::sweep(&Imports, limit, dispatch))
+        with_config(|_| protocol::sweep(&PROTOCOL, limit, dispatch))
     }
 }
 
 impl transitions::Guest for Component {
     fn begin(call: Call) -> Result<Decision, Error> {
-        with_config(|config| engine::begin(&Imports, config.request(call)))
+        with_config(|config| engine::begin(&IMPORTS, config.request(call)))
     }
     fn finish(scope: String, key: String, fence: String, outcome: Outcome) -> Result<FinishAck, Error> {
-        with_config(|_| engine::finish(&Imports, &scope, &key, &fence, outcome))
+        with_config(|_| engine::finish(&IMPORTS, &scope, &key, &fence, outcome))
     }
     fn reconcile(scope: String, key: String) -> Result<Decision, Error> {
-        with_config(|_| engine::reconcile(&Imports, &scope, &key))
+        with_config(|_| engine::reconcile(&IMPORTS, &scope, &key))
     }
     fn await_holder(scope: String, key: String) -> Result<Awaited, Error> {
-        with_config(|_| engine::await_holder(&Imports, &scope, &key))
+        with_config(|_| engine::await_holder(&IMPORTS, &scope, &key))
     }
 }
 

@@ -11,7 +11,8 @@ use crate::engine::BeginRequest;
 use crate::input::check_new_name;
 use crate::policy::{Policy, Routing, resolve, route, unset};
 use crate::types::{
-    Call, Configuration, Configured, Error, LedgerEncoding, PolicyInput, Settings, ToolDescriptor, ToolPlan,
+    Call, Configuration, Configured, Error, LedgerEncoding, PolicyInput, ProviderReads, Settings, ToolDescriptor,
+    ToolPlan,
 };
 
 /// The engine's default settings: 1 MiB JSON inputs, nesting depth 128,
@@ -33,6 +34,8 @@ pub struct Config {
     pub settings: Settings,
     /// Which imports answer the ledger's `get` and `commit`.
     pub ledger_encoding: LedgerEncoding,
+    /// How the protocol reads the provider ([`crate::reads`]).
+    pub reads: ProviderReads,
     default_policy: Policy,
     tools: BTreeMap<String, (Policy, Option<ToolDescriptor>)>,
 }
@@ -45,6 +48,7 @@ impl Config {
             defaults,
             tools,
             ledger_encoding,
+            reads,
         } = configuration;
         check_settings(&settings)?;
         let empty = unset();
@@ -80,6 +84,7 @@ impl Config {
             Config {
                 settings,
                 ledger_encoding,
+                reads,
                 default_policy,
                 tools: registry,
             },

@@ -3,6 +3,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
+use crate::reads::Reads;
 use crate::secret::SecretCache;
 use crate::store::RecordCache;
 use crate::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
@@ -39,8 +40,13 @@ pub trait Host {
     ) -> Result<Vec<Row>, String>;
     /// The audit trail of one operation.
     fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, String>;
-    /// The provider's authoritative read.
+    /// The provider's authoritative read (the `provider.lookup` import).
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
+    /// With configuration `reads: steps`, where a protocol export's provider reads stop its
+    /// decision ([`crate::reads`]); none (the default): the engine calls [`Host::lookup`] and waits.
+    fn reads(&self) -> Option<&Reads> {
+        None
+    }
     /// Deliver an escalation; true when acknowledged.
     fn escalate(&self, escalation: &Escalation) -> bool;
     /// Whether this host, as configured now, can read the provider for

@@ -29,6 +29,7 @@ pub mod mutant;
 pub mod payload;
 pub mod policy;
 pub mod protocol;
+pub mod reads;
 pub mod record;
 pub mod secret;
 pub mod store;

@@ -42,11 +42,14 @@ pub enum Mutant {
     /// Another owner's record that owes a dispatch is answered "effect: none" and
     /// "refused": its caller is told to mint a new key while that owner sends it.
     OtherOwnersOwedSaysNone,
+    /// A read brought back by `read-back` is taken as of the moment it was brought back, not
+    /// its own read position: an absence read before a late commit proves nothing of it.
+    ReadBackTakenAsNow,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -61,6 +64,7 @@ impl Mutant {
         Mutant::NotSentRetriesAtOnce,
         Mutant::NoLeaseRenewal,
         Mutant::OtherOwnersOwedSaysNone,
+        Mutant::ReadBackTakenAsNow,
     ];
 }
 

@@ -17,9 +17,9 @@ use crate::host::Host;
 use crate::mutant::{self, Mutant};
 use crate::record::OpRecord;
 use crate::types::{
-    Account, Awaited, BlockReason, Blocked, Call, Confirmation, Decision, Effect, Ending, Error, FinishAck,
-    InFlightInfo, KeySource, NotSentInfo, Outcome, Repeat, State, Step, SweepResult, UnrecordedInfo, WaitReason,
-    Waiting,
+    Account, Awaited, BlockReason, Blocked, Call, Confirmation, Decision, Effect, Ending, Error, Evidence, FinishAck,
+    InFlightInfo, KeySource, NotSentInfo, Outcome, Reading, Repeat, State, Step, SweepResult, UnrecordedInfo,
+    WaitReason, Waiting,
 };
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -34,6 +34,51 @@ pub fn start(h: &impl Host, config: &Config, call: Call) -> Result<Step, Error> 
 
 /// [`start`] with the policy already attached (native tests, tools).
 pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error> {
+    stepped(h, None, || started(h, request))
+}
+
+/// The `read-back` export: go on after a `read` step with what the read found. `request`: the
+/// call `start` was deciding (none after `report` or `resume`). The decision is made again from
+/// the ledger as it is now, and takes `evidence` where it needs the same read ([`crate::reads`]).
+pub fn read_back(
+    h: &impl Host,
+    request: Option<BeginRequest>,
+    reading: Reading,
+    evidence: Evidence,
+) -> Result<Step, Error> {
+    if h.reads().is_none() {
+        return Err(Error::InvalidRequest(
+            "read-back: this instance reads the provider through its provider.lookup import \
+             (configuration reads: import), so no step asked for a read"
+                .into(),
+        ));
+    }
+    let (scope, key) = (reading.scope.clone(), reading.key.clone());
+    stepped(h, Some((reading, evidence)), || match request {
+        Some(request) => started(h, request),
+        None => resumed(h, &scope, &key),
+    })
+}
+
+/// Run one protocol export: with reads as steps, a decision that stopped for a provider read
+/// (it wrote nothing on the read's strength, and its own answer is void) is answered `read`.
+fn stepped(
+    h: &impl Host,
+    brought: Option<(Reading, Evidence)>,
+    export: impl FnOnce() -> Result<Step, Error>,
+) -> Result<Step, Error> {
+    let Some(reads) = h.reads() else {
+        return export();
+    };
+    reads.arm(brought);
+    let answer = export();
+    match reads.needed() {
+        Some(reading) => Ok(Step::Read(reading)),
+        None => answer,
+    }
+}
+
+fn started(h: &impl Host, request: BeginRequest) -> Result<Step, Error> {
     let (scope, tool) = (request.scope.clone(), request.tool.clone());
     let begun = begin_keyed(h, request)?;
     let call = CallRef {
@@ -48,6 +93,10 @@ pub fn start_request(h: &impl Host, request: BeginRequest) -> Result<Step, Error
 
 /// The `report` export: what the provider answered to a dispatched grant.
 pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<Step, Error> {
+    stepped(h, None, || reported(h, scope, key, fence, outcome))
+}
+
+fn reported(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outcome) -> Result<Step, Error> {
     // A success is recorded whatever its response's form (`finish` stores one that is
     // not strict I-JSON as it came, flagged): the effect happened.
     let (ack, rec) = finish_with_record(h, scope, key, fence, outcome.clone())?;
@@ -79,7 +128,7 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
         // Nothing sent: the next attempt backs off.
         (Outcome::NotSent, _) if let Some(wait) = rec.as_ref().and_then(|r| call.back_off(h, r)) => Ok(wait),
         // A lost reply, nothing sent, or a rejection after the record moved on: the record says what is next.
-        _ => resume(h, scope, key),
+        _ => resumed(h, scope, key),
     }
 }
 
@@ -88,6 +137,10 @@ pub fn report(h: &impl Host, scope: &str, key: &str, fence: &str, outcome: Outco
 /// starts an attempt while a holder's lease is live; an unknown record's
 /// provider is read only when its next read is due.
 pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
+    stepped(h, None, || resumed(h, scope, key))
+}
+
+fn resumed(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
     let loaded = load_awaited(h, scope, key)?;
     // The attempt after one that was not sent is granted when its back-off is over, not earlier.
     if let Some(wait) = CallRef::of(h, scope, key, Some(&loaded.rec)).back_off(h, &loaded.rec) {
@@ -109,8 +162,19 @@ pub fn resume(h: &impl Host, scope: &str, key: &str) -> Result<Step, Error> {
 /// comes back as a grant to send and report; without it (an operator's
 /// sweep, which cannot send) owed dispatches are only listed, so no attempt
 /// is spent on them.
+///
+/// With reads as steps ([`crate::reads`]) it reads no provider: the due reads are listed
+/// (`reads`), and a host that reads resumes each.
 pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, Error> {
-    let report = engine::sweep(h, limit)?;
+    if let Some(reads) = h.reads() {
+        reads.arm(None);
+    }
+    let report = engine::sweep(h, limit);
+    if let Some(reads) = h.reads() {
+        // Each deferred read is listed in the report; none is this export's answer.
+        reads.needed();
+    }
+    let report = report?;
     let mut result = SweepResult {
         expired: report.expired,
         reconciled: report.reconciled,
@@ -118,6 +182,7 @@ pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, E
         escalated: report.escalated,
         owed: Vec::new(),
         dispatches: Vec::new(),
+        reads: report.reads,
     };
     for (scope, key) in report.owed {
         if !dispatch {
@@ -132,7 +197,13 @@ pub fn sweep(h: &impl Host, limit: u32, dispatch: bool) -> Result<SweepResult, E
             continue;
         }
         // Someone else may take it first; then it is theirs to send.
-        match reconcile(h, &scope, &key) {
+        let decided = reconcile(h, &scope, &key);
+        // It became unknown meanwhile, and its read is the host's (reads as steps).
+        if h.reads().and_then(|reads| reads.needed()).is_some() {
+            result.reads.push((scope, key));
+            continue;
+        }
+        match decided {
             Ok(Decision::Execute(grant)) => result.dispatches.push(grant),
             Ok(_) | Err(Error::NotFound) => {}
             Err(e) => return Err(e),

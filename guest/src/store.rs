@@ -29,6 +29,9 @@ pub enum LedgerError {
     Conflict,
     /// The store failed (or a row is unreadable).
     Storage(String),
+    /// The decision needs a provider read that is the host's next step
+    /// ([`crate::reads`]): it stopped before writing anything on its strength.
+    ReadDeferred,
 }
 
 impl From<CommitError> for LedgerError {
@@ -46,6 +49,7 @@ impl LedgerError {
         match self {
             LedgerError::Conflict => "the record kept changing under concurrent writers".to_string(),
             LedgerError::Storage(s) => s.clone(),
+            LedgerError::ReadDeferred => "the decision waits for a provider read (a `read` step)".to_string(),
         }
     }
 }

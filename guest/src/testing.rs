@@ -29,6 +29,7 @@ pub struct MemoryHost {
     records: crate::store::RecordCache,
     entropy: RefCell<Vec<u8>>,
     secret: crate::secret::SecretCache,
+    reads: Option<crate::reads::Reads>,
 }
 
 /// The bytes a [`MemoryHost`]'s `entropy` gives unless told otherwise: fixed,
@@ -82,7 +83,14 @@ impl MemoryHost {
             secret: crate::secret::SecretCache::new(),
             fail_reads: Cell::new(false),
             lookup_configured: Cell::new(false),
+            reads: None,
         }
+    }
+    /// This host with the protocol's provider reads as steps of their own (configuration
+    /// `reads: steps`): the protocol answers `read` where it would call `lookup`.
+    pub fn with_read_steps(mut self) -> Self {
+        self.reads = Some(crate::reads::Reads::new());
+        self
     }
     /// Move the clock forward.
     pub fn advance(&self, ms: u64) {
@@ -300,5 +308,8 @@ impl Host for MemoryHost {
     }
     fn secret_cache(&self) -> Option<&crate::secret::SecretCache> {
         Some(&self.secret)
+    }
+    fn reads(&self) -> Option<&crate::reads::Reads> {
+        self.reads.as_ref()
     }
 }

@@ -7,7 +7,9 @@
 
 use crate::host::CommitError;
 use crate::json_out::{Writer, confirmation, effect, key_source, repeat, replay_via, state, table};
-use crate::types::{Account, Batch, Call, Committed, Ending, Error, Got, Grant, Outcome, Step, Stored};
+use crate::types::{
+    Account, Batch, Call, Committed, Ending, Error, Evidence, Got, Grant, Outcome, Reading, Step, Stored,
+};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -15,6 +17,24 @@ use alloc::vec::Vec;
 /// A `call` from its JSON form.
 pub fn call(text: &str) -> Result<Call, Error> {
     serde_json::from_str(text).map_err(|e| Error::InvalidRequest(format!("call: not the JSON form of a call: {e}")))
+}
+
+/// An `option<call>` from its JSON form (`null`: none).
+pub fn optional_call(text: &str) -> Result<Option<Call>, Error> {
+    serde_json::from_str(text)
+        .map_err(|e| Error::InvalidRequest(format!("call: not the JSON form of an option<call>: {e}")))
+}
+
+/// A `reading` from its JSON form.
+pub fn reading(text: &str) -> Result<Reading, Error> {
+    serde_json::from_str(text)
+        .map_err(|e| Error::InvalidRequest(format!("reading: not the JSON form of a reading: {e}")))
+}
+
+/// An `evidence` from its JSON form.
+pub fn evidence(text: &str) -> Result<Evidence, Error> {
+    serde_json::from_str(text)
+        .map_err(|e| Error::InvalidRequest(format!("evidence: not the JSON form of an evidence: {e}")))
 }
 
 /// An `outcome` from its JSON form.

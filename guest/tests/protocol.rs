@@ -12,8 +12,8 @@ use once_guest::protocol::{report, resume, start, start_request, sweep};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
     Account, BlockReason, Call, Configuration, Confirmation, Effect, Ending, Error, Evidence, Grant, IdentityMode,
-    KeySource, LedgerEncoding, Outcome, PolicyInput, QuotaInput, Repeat, ReplayVia, Route, State, Step, ToolConfig,
-    WaitReason, Waiting,
+    KeySource, LedgerEncoding, Outcome, PolicyInput, ProviderReads, QuotaInput, Repeat, ReplayVia, Route, State, Step,
+    ToolConfig, WaitReason, Waiting,
 };
 
 fn call(key: &str) -> once_guest::engine::BeginRequest {
@@ -543,6 +543,7 @@ fn configuration(tools: Vec<ToolConfig>) -> Configuration {
         defaults: unset(),
         tools,
         ledger_encoding: LedgerEncoding::Typed,
+        reads: ProviderReads::Import,
     }
 }
 

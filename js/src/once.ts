@@ -429,7 +429,7 @@ export class Once {
       if (!options.lookup && defaults.lookup === undefined) defaults.lookup = false;
       const tools = Object.entries(options.tools ?? {}).map(([tool, t]) => once!.toolConfig(tool, t));
       // The ledger answers get and commit in WIT types (jco lifts a batch as fast as its JSON form).
-      await once.configure({ settings, defaults, tools, ledgerEncoding: "typed" });
+      await once.configure({ settings, defaults, tools, ledgerEncoding: "typed", reads: "import" });
       // Configuring reads no row; everything after may. A ledger holding bodies of a later format than this
       // engine's is refused here, not misread by the first sweep, and a ledger without one gets it.
       await once.claimBodyFormat(once.configured.bodyFormat);

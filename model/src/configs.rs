@@ -53,6 +53,10 @@ pub struct Config {
     pub callers: Vec<(usize, usize, u8)>,
     /// How provider reads may see the provider.
     pub reads: Vec<Read>,
+    /// Whether the protocol's provider reads are steps of their own (configuration `reads:
+    /// steps`, the Rust host's and the gateway's), which other steps may interleave with; else
+    /// they happen inside the step that needs them (`reads: import`, the Python and Node hosts').
+    pub read_steps: bool,
     /// Faults and steps to inject.
     pub budget: Budget,
     /// Whether `report` may also claim "ambiguous" when it knows better (a lost reply).
@@ -108,6 +112,7 @@ fn base(name: &'static str) -> Config {
         hosts: one_host(),
         callers: vec![(0, 0, 2)],
         reads: vec![Read::Now],
+        read_steps: true,
         budget: Budget {
             ticks: 6,
             crashes: 0,
@@ -151,6 +156,13 @@ pub fn small() -> Vec<Config> {
     // Reads that lag or cannot tell, and a provider that claims keys.
     let mut c = base("lagging reads");
     c.reads = vec![Read::Now, Read::Lagging, Read::CannotTell];
+    c.budget.ticks = 8;
+    all.push(c);
+
+    // The same, read as the Python and Node hosts read: inside the step that needs the read.
+    let mut c = base("lagging reads inside the steps");
+    c.reads = vec![Read::Now, Read::Lagging, Read::CannotTell];
+    c.read_steps = false;
     c.budget.ticks = 8;
     all.push(c);
 
@@ -311,15 +323,35 @@ pub fn small() -> Vec<Config> {
         Action::Start(0, Read::Now),
         Action::Send(0),
         Action::Report(0, Said::Ambiguous),
+        Action::Read(0, Read::Now),
+        Action::ReadBack(0),
         Action::Tick,
         Action::Tick,
         Action::Tick,
         Action::Tick,
         Action::Sweep(0, Read::Now),
+        Action::Read(2, Read::Now),
+        Action::ReadBack(2),
         Action::Report(2, Said::NotSent),
     ];
     c.budget.ticks = 4;
     c.depth = 8;
+    all.push(c);
+
+    // From a lost reply whose first read found nothing yet: reads made and brought back with other
+    // steps between (a late commit, time passing, a second caller's reads, the sweep's).
+    let mut c = base("reads beside a lost reply");
+    c.policy.attempt_budget = 3;
+    c.callers = vec![(0, 0, 1), (0, 0, 1)];
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Send(0),
+        Action::Report(0, Said::Ambiguous),
+        Action::Read(0, Read::Now),
+        Action::ReadBack(0),
+    ];
+    c.budget.ticks = 5;
+    c.budget.sweeps = 2;
     all.push(c);
 
     // Two scopes naming the same key: two operations.

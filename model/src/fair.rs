@@ -1,6 +1,6 @@
 //! Liveness, checked from every state: under a fair schedule (the sink
-//! recovers, no more faults, every holder sends and hears back, waiting
-//! callers stop waiting, every host sweeps after each time jump)
+//! recovers, no more faults, every holder sends and hears back, every read
+//! is made and brought back, waiting callers stop waiting, every host sweeps after each time jump)
 //! every operation ends confirmed, failed or superseded, or escalated and
 //! acknowledged by the sink.
 //!
@@ -28,13 +28,7 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
     w.budget.ticks = u8::MAX;
     w.budget.crashes = 0;
     for _ in 0..ROUNDS {
-        // A waiting caller may stop waiting at any time: the background work must settle the operation.
-        for agent in w.agents.iter_mut() {
-            if matches!(agent.pos, Pos::Waiting { .. }) {
-                agent.pos = Pos::Idle;
-            }
-        }
-        w.agents.retain(|a| a.op.is_some() || a.pos != Pos::Idle);
+        w = stop_waiting(model, w);
         if unsettled(&w).is_none() && w.agents.iter().all(|a| a.pos == Pos::Idle) {
             return Ok(());
         }
@@ -47,7 +41,10 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
         for host in 0..model.config.hosts.len() {
             w = apply(model, w, Action::Sweep(host, Read::Now));
         }
-        let quiet = w.agents.iter().all(|a| !matches!(a.pos, Pos::Holding(_)));
+        let quiet = w
+            .agents
+            .iter()
+            .all(|a| !matches!(a.pos, Pos::Holding(_) | Pos::Reading { .. }));
         if quiet && (unsettled(&w).is_some() || w.agents.iter().any(|a| a.pos != Pos::Idle)) {
             match model.next_threshold(&w) {
                 Some(_) => w = apply(model, w, Action::Tick),
@@ -60,11 +57,47 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
             return Err(format!("on the fair schedule: {why}"));
         }
     }
+    for agent in w.agents.iter_mut() {
+        if matches!(agent.pos, Pos::Waiting { .. }) {
+            agent.pos = Pos::Idle;
+        }
+    }
+    w.agents.retain(|a| a.op.is_some() || a.pos != Pos::Idle);
     match unsettled(&w) {
         None if w.agents.iter().all(|a| a.pos == Pos::Idle) => Ok(()),
         None => Err("a caller is still waiting after the fair schedule".into()),
         Some(why) => Err(why),
     }
+}
+
+/// Every read asked for is made and brought back; then a waiting caller stops waiting (it may at
+/// any time: the background work must settle the operation).
+fn stop_waiting(model: &OnceModel, mut w: World) -> World {
+    let mut i = 0;
+    while i < w.agents.len() {
+        w = read(model, w, i);
+        i += 1;
+    }
+    for agent in w.agents.iter_mut() {
+        if matches!(agent.pos, Pos::Waiting { .. }) {
+            agent.pos = Pos::Idle;
+        }
+    }
+    w.agents.retain(|a| a.op.is_some() || a.pos != Pos::Idle);
+    w
+}
+
+/// Agent `i`'s read, if it was asked for one, made at once and brought back (a few times, if the
+/// record moved on meanwhile).
+fn read(model: &OnceModel, mut w: World, i: usize) -> World {
+    for _ in 0..4 {
+        match w.agents.get(i).map(|a| &a.pos) {
+            Some(Pos::Reading { found: None, .. }) => w = apply(model, w, Action::Read(i, Read::Now)),
+            Some(Pos::Reading { found: Some(_), .. }) => w = apply(model, w, Action::ReadBack(i)),
+            _ => break,
+        }
+    }
+    w
 }
 
 fn apply(model: &OnceModel, w: World, action: Action) -> World {
@@ -73,6 +106,7 @@ fn apply(model: &OnceModel, w: World, action: Action) -> World {
 
 /// One agent's fair move.
 fn advance(model: &OnceModel, mut w: World, i: usize) -> World {
+    w = read(model, w, i);
     let Some(agent) = w.agents.get(i).cloned() else {
         return w;
     };

@@ -9,6 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 
 use once_guest::host::{CommitError, Host};
+use once_guest::reads::Reads;
 use once_guest::store::RecordCache;
 use once_guest::testing::Ledger;
 use once_guest::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
@@ -43,11 +44,14 @@ pub struct ModelHost<'w> {
     acked: RefCell<BTreeSet<String>>,
     touched: RefCell<BTreeSet<String>>,
     cache: RecordCache,
+    /// With reads as steps, where the protocol's reads stop ([`once_guest::reads`]).
+    reads: Option<Reads>,
 }
 
 impl<'w> ModelHost<'w> {
-    /// Host `host`'s view of `world`, reading the provider as `read` says.
-    pub fn new(world: &'w World, settings: Settings, clock: Time, read: Read) -> Self {
+    /// Host `host`'s view of `world`, reading the provider as `read` says: inside the protocol's
+    /// steps, or (`steps`) as steps of their own.
+    pub fn new(world: &'w World, settings: Settings, clock: Time, read: Read, steps: bool) -> Self {
         ModelHost {
             world,
             ledger: RefCell::new(world.ledger.clone()),
@@ -60,6 +64,7 @@ impl<'w> ModelHost<'w> {
             acked: RefCell::new(world.acked.clone()),
             touched: RefCell::new(BTreeSet::new()),
             cache: RecordCache::new(),
+            reads: steps.then(Reads::new),
         }
     }
 
@@ -181,5 +186,9 @@ impl Host for ModelHost<'_> {
 
     fn record_cache(&self) -> Option<&RecordCache> {
         Some(&self.cache)
+    }
+
+    fn reads(&self) -> Option<&Reads> {
+        self.reads.as_ref()
     }
 }

@@ -17,6 +17,7 @@ use crate::configs::{Config, SKEW_MS};
 use crate::host::{ModelHost, Read};
 use crate::truth::{check_account, describe};
 use crate::world::{Agent, Budget, Fate, Held, Pos, Request, Time, World};
+use once_guest::host::Host;
 
 /// The tool every configuration protects.
 pub const TOOL: &str = "refund";
@@ -63,6 +64,10 @@ pub enum Action {
     Resume(usize, Read),
     /// A waiting caller stops waiting.
     GiveUp(usize),
+    /// A caller told to read the provider reads it, as the read says it sees the provider.
+    Read(usize, Read),
+    /// A caller that has read brings back what it found (`read-back`).
+    ReadBack(usize),
     /// The provider commits a request (a duplicate of a claimed key is answered, not applied).
     Commit(usize),
     /// The provider refuses a request.
@@ -159,7 +164,7 @@ impl OnceModel {
         let settings = self.settings(world, host);
         let clock = self.clock(world, host);
         let snapshot = world.clone();
-        let h = ModelHost::new(&snapshot, settings, clock, read);
+        let h = ModelHost::new(&snapshot, settings, clock, read, self.config.read_steps);
         let out = mutant::with(self.config.mutant, || f(&h));
         let (ledger, fault, acked, touched, slow_commit) = h.finish();
         world.ledger = ledger;
@@ -179,9 +184,20 @@ impl OnceModel {
         out
     }
 
-    /// Put agent `i` where `step` says, checking what it was told.
-    fn take_step(&self, world: &mut World, i: usize, step: Result<Step, Error>) {
+    /// Put agent `i` where `step` says, checking what it was told. `starting`: the step answers
+    /// the agent's `start` (a read it asks for is brought back with the call).
+    fn take_step(&self, world: &mut World, i: usize, step: Result<Step, Error>, starting: bool) {
         let pos = match step {
+            Ok(Step::Read(reading)) => {
+                if !self.config.read_steps {
+                    world.violate("a read step was asked for by a host that reads inside its steps".into());
+                }
+                Pos::Reading {
+                    reading,
+                    starting,
+                    found: None,
+                }
+            }
             Ok(Step::Dispatch(grant)) => {
                 self.check_grant(world, i, &grant.scope, &grant.key);
                 // The engine renews a grant whose commit took the window; in this model (steps
@@ -447,7 +463,7 @@ impl OnceModel {
             match &agent.pos {
                 Pos::Holding(h) => at.extend([h.send_by, h.lease_until]),
                 Pos::Waiting { next, .. } => at.push(*next),
-                Pos::Idle => {}
+                Pos::Idle | Pos::Reading { .. } => {}
             }
         }
         let max_in_flight = self.config.policy.max_in_flight_ms;
@@ -482,7 +498,7 @@ impl OnceModel {
                 let scope = req.scope.clone();
                 let host = w.agents[i].host;
                 let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::start_request(h, req));
-                self.take_step(&mut w, i, step);
+                self.take_step(&mut w, i, step, true);
             }
             Action::Send(i) => {
                 let Pos::Holding(held) = &w.agents[i].pos else {
@@ -524,7 +540,7 @@ impl OnceModel {
                 if let Ok(Step::Dispatch(grant)) = &step {
                     self.check_back_off(&mut w, host, grant);
                 }
-                self.take_step(&mut w, i, step);
+                self.take_step(&mut w, i, step, false);
             }
             Action::Resume(i, read) => {
                 let Pos::Waiting { scope, key, .. } = w.agents[i].pos.clone() else {
@@ -535,9 +551,49 @@ impl OnceModel {
                 if let Ok(Step::Dispatch(grant)) = &step {
                     self.check_back_off(&mut w, host, grant);
                 }
-                self.take_step(&mut w, i, step);
+                self.take_step(&mut w, i, step, false);
             }
             Action::GiveUp(i) => w.agents[i].pos = Pos::Idle,
+            Action::Read(i, read) => {
+                let Pos::Reading {
+                    reading,
+                    starting,
+                    found: None,
+                } = w.agents[i].pos.clone()
+                else {
+                    return None;
+                };
+                let host = w.agents[i].host;
+                let h = ModelHost::new(&w, self.settings(&w, host), self.clock(&w, host), read, true);
+                let found = h.lookup(&reading.tool, &reading.provider_key, &reading.args);
+                w.agents[i].pos = Pos::Reading {
+                    reading,
+                    starting,
+                    found: Some(found),
+                };
+            }
+            Action::ReadBack(i) => {
+                let Pos::Reading {
+                    reading,
+                    starting,
+                    found: Some(found),
+                } = w.agents[i].pos.clone()
+                else {
+                    return None;
+                };
+                let agent = &w.agents[i];
+                let (host, request) = (agent.host, agent.op.filter(|_| starting).map(|op| self.request(op)));
+                let scope = reading.scope.clone();
+                let step = self.with_host(&mut w, host, Read::Now, Some(&scope), |h| {
+                    protocol::read_back(h, request, reading, found)
+                });
+                // A read brought back for a `start` goes on as that start (a caller's new call, which
+                // a not-sent attempt's back-off does not hold: only the loop's own retries wait).
+                if let (Ok(Step::Dispatch(grant)), false) = (&step, starting) {
+                    self.check_back_off(&mut w, host, grant);
+                }
+                self.take_step(&mut w, i, step, starting);
+            }
             Action::Commit(r) => {
                 let pk = w.requests[r].provider_key.clone();
                 let original = w.effects(&pk).into_iter().next();
@@ -558,14 +614,17 @@ impl OnceModel {
                 if let Ok(result) = result {
                     for grant in result.dispatches {
                         self.check_back_off(&mut w, host, &grant);
-                        w.agents.push(Agent {
-                            host,
-                            op: None,
-                            starts_left: 0,
-                            pos: Pos::Idle,
+                        let i = Self::courier(&mut w, host);
+                        self.take_step(&mut w, i, Ok(Step::Dispatch(grant)), false);
+                    }
+                    // Each due read the sweep listed is resumed at once, as a settling host does:
+                    // its first step is the read.
+                    for (scope, key) in result.reads {
+                        let step = self.with_host(&mut w, host, Read::Now, Some(&scope), |h| {
+                            protocol::resume(h, &scope, &key)
                         });
-                        let i = w.agents.len() - 1;
-                        self.take_step(&mut w, i, Ok(Step::Dispatch(grant)));
+                        let i = Self::courier(&mut w, host);
+                        self.take_step(&mut w, i, step, false);
                     }
                 }
             }
@@ -646,6 +705,17 @@ impl OnceModel {
         let mut same = w.clone();
         same.budget = world.budget;
         if same == *world { None } else { Some(w) }
+    }
+
+    /// A new agent of `host` that carries one operation of its background work to its end.
+    fn courier(world: &mut World, host: usize) -> usize {
+        world.agents.push(Agent {
+            host,
+            op: None,
+            starts_left: 0,
+            pos: Pos::Idle,
+        });
+        world.agents.len() - 1
     }
 
     fn record_provider_key(&self, world: &World, scope: &str, key: &str) -> Option<String> {
@@ -753,13 +823,16 @@ impl OnceModel {
         if world.violation.is_some() {
             return;
         }
+        // Reads made inside a step see the provider as each read kind does; a step that only asks
+        // for a read is the same step whichever way that read will see it.
         let reads = &self.config.reads;
+        let in_steps: &[Read] = if self.config.read_steps { &[Read::Now] } else { reads };
         for (i, agent) in world.agents.iter().enumerate() {
             let clock = self.clock(world, agent.host);
             match &agent.pos {
                 Pos::Idle if agent.starts_left > 0 && agent.op.is_some() => {
                     if self.config.policy.verify_first {
-                        actions.extend(reads.iter().map(|r| Action::Start(i, *r)));
+                        actions.extend(in_steps.iter().map(|r| Action::Start(i, *r)));
                     } else {
                         actions.push(Action::Start(i, Read::Now));
                     }
@@ -773,9 +846,11 @@ impl OnceModel {
                 }
                 Pos::Waiting { next, .. } => {
                     if clock >= *next {
-                        actions.extend(reads.iter().map(|r| Action::Resume(i, *r)));
+                        actions.extend(in_steps.iter().map(|r| Action::Resume(i, *r)));
                     }
                 }
+                Pos::Reading { found: None, .. } => actions.extend(reads.iter().map(|r| Action::Read(i, *r))),
+                Pos::Reading { found: Some(_), .. } => actions.push(Action::ReadBack(i)),
             }
         }
         for (r, request) in world.requests.iter().enumerate() {
@@ -787,7 +862,7 @@ impl OnceModel {
         let b = &world.budget;
         for host in 0..self.config.hosts.len() {
             if b.sweeps > 0 {
-                actions.extend(reads.iter().map(|r| Action::Sweep(host, *r)));
+                actions.extend(in_steps.iter().map(|r| Action::Sweep(host, *r)));
             }
             if b.crashes > 0 && world.agents.iter().any(|a| a.host == host && a.pos != Pos::Idle) {
                 actions.push(Action::Crash(host));

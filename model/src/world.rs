@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use once_guest::testing::Ledger;
+use once_guest::types::{Evidence, Reading};
 
 /// A time on the world's true clock (ms). Hosts read it with their skew.
 pub type Time = u64;
@@ -101,6 +102,17 @@ pub enum Pos {
         key: String,
         /// When to resume (host clock).
         next: Time,
+    },
+    /// Told to read the provider (a `read` step): it reads ([`crate::model::Action::Read`]),
+    /// then brings back what it found ([`crate::model::Action::ReadBack`]), and other steps
+    /// may run between the two.
+    Reading {
+        /// What the engine asked.
+        reading: Reading,
+        /// Whether `start` asked (its call is brought back with the evidence).
+        starting: bool,
+        /// What the read found, once it was made.
+        found: Option<Evidence>,
     },
 }
 

@@ -97,6 +97,16 @@ fn stale_holder() {
 }
 
 #[test]
+fn reads_beside_a_lost_reply() {
+    holds("reads beside a lost reply");
+}
+
+#[test]
+fn lagging_reads_inside_the_steps() {
+    holds("lagging reads inside the steps");
+}
+
+#[test]
 fn two_scopes() {
     holds("two scopes");
 }
@@ -107,6 +117,7 @@ fn every_configuration_has_a_test() {
         "one key, two callers",
         "slow ledger",
         "lagging reads",
+        "lagging reads inside the steps",
         "provider claims the key",
         "supersede",
         "quota pair",
@@ -119,6 +130,7 @@ fn every_configuration_has_a_test() {
         "pending possible duplicate",
         "stale holder",
         "another owner's owed dispatch",
+        "reads beside a lost reply",
         "two scopes",
     ];
     for config in configs::small() {

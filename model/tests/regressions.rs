@@ -68,8 +68,12 @@ fn a_claim_is_no_proof_of_no_effect() {
             Resume(1, Now),
             Send(1),
             Report(1, Said::Ambiguous),
+            Read(1, Now),
+            ReadBack(1),
             Tick,
             Resume(1, Now),
+            Read(1, Now),
+            ReadBack(1),
         ],
     );
 }
@@ -85,6 +89,8 @@ fn a_pruned_confirmed_key_says_it_happened() {
             Send(0),
             Commit(0),
             Report(0, Said::Ambiguous),
+            Read(0, Now),
+            ReadBack(0),
             Tick,
             Tick,
             Tick,

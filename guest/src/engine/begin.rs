@@ -142,6 +142,8 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
             Ok(decision) => return keyed(decision),
             Err(LedgerError::Conflict) => continue,
             Err(LedgerError::Storage(e)) => return keyed(blocked(BlockReason::Storage, e)),
+            // Nothing was written: the protocol answers the `read` step instead (`crate::reads`).
+            Err(e @ LedgerError::ReadDeferred) => return keyed(blocked(BlockReason::Unverified, e.message())),
         }
     }
     keyed(blocked(BlockReason::Storage, LedgerError::Conflict.message()))
@@ -205,7 +207,8 @@ impl Claim<'_> {
                 ));
             }
             if req.policy.verify_first
-                && let Evidence::Confirmed(receipt) = h.lookup(&req.tool, &provider_key, &args)
+                && let (_, Evidence::Confirmed(receipt)) =
+                    crate::reads::read(h, &req.scope, &self.key, &req.tool, &provider_key, &args)?
             {
                 let receipt = crate::input::provider_receipt(receipt, &h.settings());
                 return Ok(replay(receipt.text, h.now()));
@@ -246,8 +249,10 @@ impl Claim<'_> {
             tx.assert_absent(Table::Tombstone, &req.scope, &self.key);
         }
         if req.policy.verify_first {
-            let lookup_started = h.now();
-            match h.lookup(&req.tool, &provider_key, &args) {
+            // `lookup_started`: when the read was asked for (a read step's, brought back with it).
+            let (lookup_started, evidence) =
+                crate::reads::read(h, &req.scope, &self.key, &req.tool, &provider_key, &args)?;
+            match evidence {
                 Evidence::Confirmed(receipt) => {
                     // Found is found, whatever the receipt's form (a flawed one is stored flagged).
                     let receipt = crate::input::provider_receipt(receipt, &h.settings());

@@ -50,7 +50,9 @@ pub fn finish_with_record(
                 match previous_success(h, loaded, fence, receipt.clone()) {
                     Ok((ack, rec)) => return Ok((ack, Some(rec))),
                     Err(LedgerError::Conflict) => continue,
-                    Err(LedgerError::Storage(_)) => return Ok((FinishAck::Unrecorded, Some(read))),
+                    Err(LedgerError::Storage(_) | LedgerError::ReadDeferred) => {
+                        return Ok((FinishAck::Unrecorded, Some(read)));
+                    }
                 }
             }
             return Err(Error::FenceMismatch);
@@ -58,7 +60,8 @@ pub fn finish_with_record(
         match apply(h, loaded, fence, outcome.clone()) {
             Ok((ack, rec)) => return Ok((ack, Some(rec))),
             Err(LedgerError::Conflict) => continue,
-            Err(LedgerError::Storage(_)) => return Ok((FinishAck::Unrecorded, Some(read))),
+            // (`finish` reads no provider: nothing is deferred.)
+            Err(LedgerError::Storage(_) | LedgerError::ReadDeferred) => return Ok((FinishAck::Unrecorded, Some(read))),
         }
     }
     Ok((FinishAck::Unrecorded, None))

@@ -27,6 +27,9 @@ pub struct SweepReport {
     /// Every owed dispatch of this owner with an attempt left (scope, key),
     /// proven now or earlier: `reconcile` grants each.
     pub owed: Vec<(alloc::string::String, alloc::string::String)>,
+    /// With reads as steps ([`crate::reads`]): this owner's unknown records whose read is due,
+    /// not read (scope, key).
+    pub reads: Vec<(alloc::string::String, alloc::string::String)>,
 }
 
 /// The `sweep` of the background work: expire leases, read the provider for
@@ -170,7 +173,7 @@ fn sweep_row(h: &impl Host, row: &Row, mut loaded: Loaded, report: &mut SweepRep
                 Ok(_) => break,
                 Err(e) => return Err(Error::Storage(e.message())),
             },
-            Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
+            Err(e) => return Err(Error::Storage(e.message())),
         }
     }
     Ok(())
@@ -190,12 +193,18 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
         && provider_readable(h, &loaded.rec)
         && loaded.rec.next_check.is_none_or(|t| t <= now)
     {
-        let (after, read) = read_provider(h, loaded)?;
-        loaded = after;
-        report.reconciled += 1;
-        match read {
-            Read::Confirmed => report.confirmed += 1,
-            Read::Absent | Read::Unknown => {}
+        match read_provider(h, loaded.clone()) {
+            Ok((after, read)) => {
+                loaded = after;
+                report.reconciled += 1;
+                if let Read::Confirmed = read {
+                    report.confirmed += 1;
+                }
+            }
+            // With reads as steps a sweep reads nothing: it lists the due read, and the host's
+            // `resume` of it is a `read` step.
+            Err(LedgerError::ReadDeferred) => report.reads.push((loaded.rec.scope.clone(), loaded.rec.key.clone())),
+            Err(e) => return Err(e),
         }
     }
     let (_, delivered) = escalation::escalate_if_due(h, loaded, now)?;
@@ -241,7 +250,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
             Ok(()) => report.pruned += 1,
             // Changed meanwhile: the next prune looks again.
             Err(LedgerError::Conflict) => {}
-            Err(LedgerError::Storage(e)) => return Err(Error::Storage(e)),
+            Err(e) => return Err(Error::Storage(e.message())),
         }
     }
     for table in [Table::Tombstone, Table::Quota] {
@@ -261,6 +270,6 @@ fn remove(h: &impl Host, row: &Row) -> Result<bool, Error> {
     match tx.commit(h) {
         Ok(()) => Ok(true),
         Err(LedgerError::Conflict) => Ok(false),
-        Err(LedgerError::Storage(e)) => Err(Error::Storage(e)),
+        Err(e) => Err(Error::Storage(e.message())),
     }
 }

@@ -213,7 +213,7 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
     // Read once, a record stays readable: its next reads are scheduled and its
     // answers name them, whichever host (with or without a lookup) loads it next.
     rec.policy.lookup = true;
-    let evidence = h.lookup(&rec.tool, &rec.provider_key, &rec.args);
+    let (_, evidence) = crate::reads::read(h, &rec.scope, &rec.key, &rec.tool, &rec.provider_key, &rec.args)?;
     let now = now_for(h, Some(&rec));
     let backoff = now.saturating_add(backoff(&rec));
     let (event, read) = match evidence {

@@ -197,16 +197,19 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Ledger { db, command } => ledger::run(&open(&db)?, command),
         Command::Sweep { db, owner, limit } => {
-            // This CLI has no provider lookup: it expires leases and escalates, and reads nothing.
+            // This CLI has no provider lookup: it expires leases and escalates, and reads nothing
+            // (the owner's gateway makes the due reads and sends the owed dispatches).
             let report = Once::open(&db.db)?.owner(owner).build()?.sweep(limit)?;
             println!(
-                "expired {}  reconciled {}  confirmed {}  owed {}  escalated {}",
+                "expired {}  due reads {}  owed {}  escalated {}",
                 report.expired,
-                report.reconciled,
-                report.confirmed,
+                report.reads.len(),
                 report.owed.len(),
                 report.escalated
             );
+            for (scope, key) in report.reads {
+                println!("due read: {scope} {key}");
+            }
             for (scope, key) in report.owed {
                 println!("owed dispatch: {scope} {key}");
             }

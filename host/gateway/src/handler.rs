@@ -9,15 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use once::types::{BlockReason, Call, Ending, Evidence, Repeat, Route, ToolDescriptor};
-use once::{Called, Clock, Dispatch, Dispatcher, Once, OnceError, Provider, Sent};
+use once::types::{BlockReason, Call, Ending, Evidence, Reading, Repeat, Route, ToolDescriptor};
+use once::{Called, Clock, Dispatch, Dispatcher, Once, OnceError, Sent};
 #[allow(deprecated)] // logging: deprecated by a newer protocol revision, used by clients on the older ones
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject, LoggingLevel,
     LoggingMessageNotificationParam, Notification, ServerNotification, Tool,
 };
 use serde_json::Value;
-use tokio::runtime::Handle;
 
 use crate::config::{ACKNOWLEDGE_META, Config, OnToolError, ProviderKey, SUPERSEDES_META, ScopeMode};
 use crate::reply::{self, Capture, Context};
@@ -29,8 +28,6 @@ pub struct Shared {
     pub config: Config,
     /// The upstream server.
     pub upstream: Upstream,
-    /// The runtime the upstream lives on, for the engine's synchronous callbacks.
-    pub handle: Handle,
     /// The ledger's clock (the database's for PostgreSQL): read positions are stamped in it.
     ledger_clock: OnceLock<Arc<dyn Clock>>,
     /// The definition the engine was configured with for each tool, to notice one that changed.
@@ -79,7 +76,7 @@ impl Drop for InFlight {
 
 impl Shared {
     /// Shared state over a started upstream.
-    pub fn new(config: Config, upstream: Upstream, handle: Handle) -> Shared {
+    pub fn new(config: Config, upstream: Upstream) -> Shared {
         let owner = config.owner.clone().unwrap_or_else(|| {
             let target = upstream.target();
             crate::identity::default_owner(target, &crate::identity::identity(target))
@@ -87,7 +84,6 @@ impl Shared {
         Shared {
             config,
             upstream,
-            handle,
             ledger_clock: OnceLock::new(),
             configured: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
@@ -343,58 +339,58 @@ fn first_text(result: &CallToolResult) -> String {
         .map_or_else(|| "(no text)".to_string(), |t| t.text.clone())
 }
 
-/// Reconciliation's authoritative read: the configured lookup tool on the upstream.
-pub struct LookupProvider(pub Arc<Shared>);
-
-impl Provider for LookupProvider {
-    fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence {
-        let shared = &self.0;
-        if let Some(evidence) = task_evidence(shared, tool, provider_key, args) {
-            return evidence;
-        }
-        let Some(lookup) = shared.config.upstream_tool(tool).lookup.clone() else {
-            return Evidence::Unknown(format!("no lookup is configured for {tool}"));
-        };
-        let call_args = match serde_json::from_str::<Value>(args).map(|a| lookup.render(provider_key, &a)) {
-            Ok(Ok(Value::Object(map))) => map,
-            Ok(Ok(_)) => return Evidence::Unknown(format!("the {} arguments are not an object", lookup.tool)),
-            Ok(Err(e)) => return Evidence::Unknown(format!("cannot build the {} arguments: {e}", lookup.tool)),
-            Err(e) => return Evidence::Unknown(format!("the stored args are not JSON: {e}")),
-        };
-        let params = CallToolRequestParams::new(lookup.tool.clone()).with_arguments(call_args);
-        // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
-        // before it, never after, in the domain the engine compares it with.
-        let sent_at = shared.ledger_now();
-        let reply = shared.handle.block_on(shared.upstream.call_to_end(
-            params,
-            Due::After(lookup.timeout),
-            &Link::own(),
-        ));
-        let answer = match reply {
-            Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
-                Some(answer) => answer,
-                None => return Evidence::Unknown(format!("{} answered no JSON", lookup.tool)),
-            },
-            Reply::Result(r) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, first_text(&r))),
-            Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
-            Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
-            Reply::Task(_) => return Evidence::Unknown(format!("{} answered with a task", lookup.tool)),
-            Reply::InputRequired(_) => return Evidence::Unknown(format!("{} asked for input", lookup.tool)),
-        };
-        match lookup.evidence(&answer, sent_at) {
-            Evidence::Confirmed(receipt) => {
-                // Stored as a tool result, so a replay shows it like any other; a tool with an output schema
-                // gets it as text only, since the lookup's shape need not match that schema.
-                let value: Value = serde_json::from_str(&receipt).unwrap_or(Value::Null);
-                let mut result = CallToolResult::success(vec![ContentBlock::text(receipt)]);
-                let schema = shared.upstream.tool(tool).and_then(|t| t.output_schema);
-                if schema.is_none() {
-                    result.structured_content = Some(value);
-                }
-                Evidence::Confirmed(serde_json::to_string(&result).unwrap_or_default())
+/// The engine's authoritative read (a `read` step: verify-first, reconciliation): the configured lookup
+/// tool on the upstream, awaited like a dispatch, so no thread waits for the upstream's answer.
+pub async fn read_upstream(shared: &Shared, reading: &Reading) -> Evidence {
+    let (tool, provider_key, args) = (
+        reading.tool.as_str(),
+        reading.provider_key.as_str(),
+        reading.args.as_str(),
+    );
+    if let Some(evidence) = task_evidence(shared, tool, provider_key, args).await {
+        return evidence;
+    }
+    let Some(lookup) = shared.config.upstream_tool(tool).lookup.clone() else {
+        return Evidence::Unknown(format!("no lookup is configured for {tool}"));
+    };
+    let call_args = match serde_json::from_str::<Value>(args).map(|a| lookup.render(provider_key, &a)) {
+        Ok(Ok(Value::Object(map))) => map,
+        Ok(Ok(_)) => return Evidence::Unknown(format!("the {} arguments are not an object", lookup.tool)),
+        Ok(Err(e)) => return Evidence::Unknown(format!("cannot build the {} arguments: {e}", lookup.tool)),
+        Err(e) => return Evidence::Unknown(format!("the stored args are not JSON: {e}")),
+    };
+    let params = CallToolRequestParams::new(lookup.tool.clone()).with_arguments(call_args);
+    // Taken before sending, on the ledger's clock: every commit the answer reflects is at or
+    // before it, never after, in the domain the engine compares it with.
+    let sent_at = shared.ledger_now();
+    let reply = shared
+        .upstream
+        .call_to_end(params, Due::After(lookup.timeout), &Link::own())
+        .await;
+    let answer = match reply {
+        Reply::Result(r) if r.is_error != Some(true) => match payload(&r) {
+            Some(answer) => answer,
+            None => return Evidence::Unknown(format!("{} answered no JSON", lookup.tool)),
+        },
+        Reply::Result(r) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, first_text(&r))),
+        Reply::Error(e) => return Evidence::Unknown(format!("{} failed: {}", lookup.tool, e.message)),
+        Reply::Lost(why) | Reply::NotSent(why) => return Evidence::Unknown(format!("{}: {why}", lookup.tool)),
+        Reply::Task(_) => return Evidence::Unknown(format!("{} answered with a task", lookup.tool)),
+        Reply::InputRequired(_) => return Evidence::Unknown(format!("{} asked for input", lookup.tool)),
+    };
+    match lookup.evidence(&answer, sent_at) {
+        Evidence::Confirmed(receipt) => {
+            // Stored as a tool result, so a replay shows it like any other; a tool with an output schema
+            // gets it as text only, since the lookup's shape need not match that schema.
+            let value: Value = serde_json::from_str(&receipt).unwrap_or(Value::Null);
+            let mut result = CallToolResult::success(vec![ContentBlock::text(receipt)]);
+            let schema = shared.upstream.tool(tool).and_then(|t| t.output_schema);
+            if schema.is_none() {
+                result.structured_content = Some(value);
             }
-            other => other,
+            Evidence::Confirmed(serde_json::to_string(&result).unwrap_or_default())
         }
+        other => other,
     }
 }
 
@@ -407,7 +403,7 @@ const TASK_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// time before it ends, however long after the dispatch (`tasks/cancel` is only a request). A completed
 /// task's result is the outcome. A task that ended otherwise (failed, cancelled, an error result, or gone
 /// from the upstream) is treated as a request sent at its end: UNKNOWN until `max_in_flight` after it.
-fn task_evidence(shared: &Shared, tool: &str, provider_key: &str, args: &str) -> Option<Evidence> {
+async fn task_evidence(shared: &Shared, tool: &str, provider_key: &str, args: &str) -> Option<Evidence> {
     let of = (tool.to_string(), provider_key.to_string(), args.to_string());
     let run = shared.tasks().get(&of).cloned()?;
     let id = &run.id;
@@ -427,7 +423,7 @@ fn task_evidence(shared: &Shared, tool: &str, provider_key: &str, args: &str) ->
         shared.tasks().remove(&of);
         return None;
     }
-    let state = shared.handle.block_on(shared.upstream.task_state(id, TASK_READ_WAIT));
+    let state = shared.upstream.task_state(id, TASK_READ_WAIT).await;
     let now = shared.ledger_now();
     let end = |how: &str| {
         if let Some(run) = shared.tasks().get_mut(&of) {
@@ -499,6 +495,10 @@ pub struct Sender<'a> {
 impl Dispatcher for Sender<'_> {
     fn dispatch(&mut self, d: &Dispatch<'_>) -> impl Future<Output = Sent> + Send {
         dispatch(self.shared, self.once, d, self.capture)
+    }
+
+    async fn read(&mut self, r: &Reading) -> Option<Evidence> {
+        Some(read_upstream(self.shared, r).await)
     }
 
     /// The engine's loop stopped the dispatch at its deadline before the dispatch said what happened (the
@@ -1099,11 +1099,23 @@ mod tests {
             "test.toml",
         )
         .unwrap();
-        let shared = Arc::new(Shared::new(config, upstream, runtime.handle().clone()));
+        let shared = Arc::new(Shared::new(config, upstream));
         (runtime, shared)
     }
 
     /// Attempt 1 of a 5.00 refund of order 1234 (operation t1/k-1), with the loop's deadlines given.
+    /// A `read` step for `refund_order`'s effect under `provider_key`.
+    fn reading(tool: &str, provider_key: &str, args: &str) -> Reading {
+        Reading {
+            scope: "s".into(),
+            key: "k".into(),
+            tool: tool.into(),
+            provider_key: provider_key.into(),
+            args: args.into(),
+            asked_at: 0,
+        }
+    }
+
     fn refund_grant(
         send_before: Option<std::time::Instant>,
         answer_by: Option<std::time::Instant>,
@@ -1136,7 +1148,10 @@ mod tests {
             .as_millis() as u64
             - 86_400_000;
         shared.set_ledger_clock(Arc::new(ManualClock::new(behind)));
-        let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-nothing", r#"{"order_id":1234}"#);
+        let evidence = runtime.block_on(read_upstream(
+            &shared,
+            &reading("refund_order", "once-nothing", r#"{"order_id":1234}"#),
+        ));
         assert_eq!(evidence, Evidence::Absent(behind));
         runtime.block_on(shared.upstream.shutdown());
     }
@@ -1251,7 +1266,7 @@ mod tests {
         let sent = runtime.block_on(dispatch(&shared, &once, &d, &mut capture));
         assert_eq!(sent, Sent::NotSent);
         assert!(!capture.sent && !capture.handed.load(Ordering::SeqCst));
-        let evidence = LookupProvider(shared.clone()).lookup("refund_order", "once-k-1", d.args);
+        let evidence = runtime.block_on(read_upstream(&shared, &reading("refund_order", "once-k-1", d.args)));
         assert!(
             matches!(evidence, Evidence::Unknown(ref why) if why.contains("shutting down")),
             "{evidence:?}"

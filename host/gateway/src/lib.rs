@@ -65,7 +65,7 @@ pub use self::access::AccessConfigError;
 use self::access::Tenancy;
 use self::config::{Config, ScopeMode};
 pub use self::error::GatewayError;
-use self::handler::{Gateway, LookupProvider, Shared};
+use self::handler::{Gateway, Shared};
 use self::relay::Relay;
 use self::remote::UpstreamUrl;
 use self::upstream::{Target, Upstream};
@@ -167,7 +167,7 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
         upstream.shutdown().await;
         return Err(GatewayError::Config(e));
     }
-    let shared = Arc::new(Shared::new(config, upstream, tokio::runtime::Handle::current()));
+    let shared = Arc::new(Shared::new(config, upstream));
     let opened = {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || open(&shared, &db))
@@ -302,15 +302,14 @@ pub(crate) fn open_beyond_loopback(
     )))
 }
 
-/// The engine over the ledger, with the lookup provider, `[defaults]` and
+/// The engine over the ledger, with `[defaults]` and
 /// every tool's policy checked by the engine now, not at the first call.
 fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     let builder = Once::open(db).map_err(|e| GatewayError::Runtime(format!("ledger {db}: {e}")))?;
     shared.set_ledger_clock(builder.ledger_clock());
     let descriptors = shared.descriptors();
-    let builder = builder
-        .provider(LookupProvider(shared.clone()))
-        .owner(shared.owner.clone());
+    // No `Provider`: every read is a `read` step the gateway's sender awaits ([`handler::read_upstream`]).
+    let builder = builder.owner(shared.owner.clone());
     let once = shared
         .config
         .apply(builder, &descriptors)

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::once::{Called, Dispatch, Once, OnceError, Patience, Sent, Settled, direct_call, report_failed, trace_step};
-use crate::types::{Call, Step};
+use crate::types::{Call, Evidence, Reading, Step};
 
 /// Sends what the engine grants, for [`Once::call_async`]: the async counterpart of the closure
 /// [`Once::call`] takes.
@@ -33,6 +33,15 @@ pub trait Dispatcher: Send {
     /// there, and the attempt is what [`Dispatcher::stopped`] says. A sender that must wait before
     /// its first byte (a connection, a server starting) checks `d.send_before` just before it.
     fn dispatch(&mut self, d: &Dispatch<'_>) -> impl Future<Output = Sent> + Send;
+
+    /// Read the provider for a `read` step: what it found about `r`'s provider key. `None` (the
+    /// default): the [`Provider`](crate::Provider) the [`Once`] was built with answers, on tokio's
+    /// blocking pool. A sender that reads through I/O it awaits (a gateway's upstream) answers
+    /// here, and no thread waits for the provider.
+    fn read(&mut self, r: &Reading) -> impl Future<Output = Option<Evidence>> + Send {
+        let _ = r;
+        async { None }
+    }
 
     /// What a dispatch of `d` stopped at its deadline did: [`Sent::Ambiguous`] (it may have reached
     /// the provider), unless this sender knows that nothing of it left ([`Sent::NotSent`]).
@@ -107,7 +116,19 @@ impl Once {
                 );
             }
         }
-        Ok(Settled { sweep, sent })
+        let mut read = Vec::with_capacity(sweep.reads.len());
+        for (scope, key) in &sweep.reads {
+            let stepped = self.resume_stepped(scope, key).await?;
+            let mut counted = Counted {
+                sender: &mut *sender,
+                dispatched: false,
+            };
+            let called = self
+                .drive_async(stepped, None, Duration::ZERO, &|| true, &mut counted)
+                .await?;
+            if counted.dispatched { &mut sent } else { &mut read }.push(called);
+        }
+        Ok(Settled { sweep, sent, read })
     }
 
     /// [`Once::call_with`]'s loop, awaiting where that one blocks.
@@ -151,6 +172,18 @@ impl Once {
                     }
                     self.resume_stepped(&wait.scope, &wait.key).await?
                 }
+                Step::Read(reading) => {
+                    let evidence = match sender.read(&reading).await {
+                        Some(evidence) => evidence,
+                        None => {
+                            let asked = reading.clone();
+                            self.blocking(move |once| Ok(once.lookup(&asked))).await?
+                        }
+                    };
+                    let call = call.cloned();
+                    self.step(move |once| once.read_back(call.as_ref(), &reading, &evidence))
+                        .await?
+                }
                 Step::Done(account) => return Ok(Called::Done(account)),
                 Step::Direct => {
                     let call = direct_call(call)?;
@@ -181,7 +214,7 @@ impl Once {
             let at = Instant::now();
             let now = match step {
                 Step::Dispatch(_) | Step::Wait(_) => once.now(),
-                Step::Done(_) | Step::Direct => 0,
+                Step::Read(_) | Step::Done(_) | Step::Direct => 0,
             };
             Ok((step, now, at))
         })
@@ -197,6 +230,27 @@ impl Once {
         tokio::task::spawn_blocking(move || f(&once))
             .await
             .map_err(|e| OnceError::Component(format!("a step of the call did not finish: {e}")))?
+    }
+}
+
+/// A sender that notes whether it was asked to send ([`Once::settle_async`]'s reads).
+struct Counted<'s, D> {
+    sender: &'s mut D,
+    dispatched: bool,
+}
+
+impl<D: Dispatcher> Dispatcher for Counted<'_, D> {
+    fn dispatch(&mut self, d: &Dispatch<'_>) -> impl Future<Output = Sent> + Send {
+        self.dispatched = true;
+        self.sender.dispatch(d)
+    }
+
+    fn read(&mut self, r: &Reading) -> impl Future<Output = Option<Evidence>> + Send {
+        self.sender.read(r)
+    }
+
+    fn stopped(&mut self, d: &Dispatch<'_>) -> Sent {
+        self.sender.stopped(d)
     }
 }
 

@@ -387,7 +387,7 @@ impl operator::Host for Imports {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bindings::types::{Call, Configuration, Outcome, Step};
+    use crate::bindings::types::{Call, Configuration, Outcome, ProviderReads, Step};
     use crate::runtime::{Instance, Runtime};
     use crate::storage::memory::MemoryStorage;
 
@@ -409,6 +409,7 @@ mod tests {
             defaults,
             tools: Vec::new(),
             ledger_encoding: encoding,
+            reads: ProviderReads::Steps,
         }
     }
 
@@ -464,6 +465,51 @@ mod tests {
         let json = configuration(&mut instance, LedgerEncoding::Json);
         instance.configure(&json, 3).unwrap().unwrap();
         protect(&mut instance, &storage, "after-switch");
+    }
+
+    /// A verify-first call's read, typed (`driver`) and as JSON text (`protocol`): the same `read`
+    /// step, and the same grant once the read is brought back, byte for byte in serde's form.
+    #[test]
+    fn a_read_step_and_its_read_back_are_the_same_in_both_encodings() {
+        let run = |json: bool| -> (serde_json::Value, serde_json::Value) {
+            let storage = Arc::new(MemoryStorage::new());
+            let mut state = host(storage);
+            state.clock = Arc::new(crate::ManualClock::new(1_800_000_000_000));
+            let mut instance = Runtime::shared().unwrap().instantiate(state).unwrap();
+            let mut configuration = configuration(&mut instance, LedgerEncoding::Typed);
+            configuration.defaults.lookup = Some(true);
+            configuration.defaults.verify_first = Some(true);
+            instance.configure(&configuration, 1).unwrap().unwrap();
+            let call = Call {
+                scope: "s".into(),
+                keys: vec![("api".into(), "k".into())],
+                tool: "refund".into(),
+                args: "{\"amount\":\"5.00\"}".into(),
+                supersedes: None,
+                acknowledge_confirmed: false,
+            };
+            let absent = Evidence::Absent(1_800_000_000_000);
+            if json {
+                let call_text = serde_json::to_string(&call).unwrap();
+                let read: serde_json::Value = serde_json::from_str(&instance.start_json(&call_text).unwrap()).unwrap();
+                let reading = serde_json::to_string(&read["Ok"]["Read"]).unwrap();
+                let evidence = serde_json::to_string(&absent).unwrap();
+                let granted = instance.read_back_json(&call_text, &reading, &evidence).unwrap();
+                (read, serde_json::from_str(&granted).unwrap())
+            } else {
+                let read = instance.start(&call).unwrap();
+                let Ok(Step::Read(reading)) = &read else {
+                    panic!("{read:?}")
+                };
+                let granted = instance.read_back(Some(&call), reading, &absent).unwrap();
+                assert!(matches!(granted, Ok(Step::Dispatch(_))), "{granted:?}");
+                (
+                    serde_json::to_value(&read).unwrap(),
+                    serde_json::to_value(&granted).unwrap(),
+                )
+            }
+        };
+        assert_eq!(run(true), run(false));
     }
 
     fn imports(storage: Arc<MemoryStorage>, encoding: Option<LedgerEncoding>) -> Imports {

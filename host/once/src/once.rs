@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::bindings::types::{
-    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Grant, JsonError,
-    LedgerEncoding, Outcome, PolicyInput, Settings, Step, SweepResult, ToolConfig, ToolDescriptor, ToolPlan,
-    ToolPolicy, Waiting,
+    Account, Blocked, Call, Configuration, Configured, ConfirmedInfo, Effect, Ending, Error, Evidence, Grant,
+    JsonError, LedgerEncoding, Outcome, PolicyInput, ProviderReads, Reading, Settings, Step, SweepResult, ToolConfig,
+    ToolDescriptor, ToolPlan, ToolPolicy, Waiting,
 };
 use crate::io::{Clock, Entropy, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock, SystemEntropy};
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
@@ -239,8 +239,12 @@ pub struct Settled {
     /// just before it was sent (unless another host took it first).
     /// `dispatches` is empty.
     pub sweep: SweepResult,
-    /// Each owed dispatch sent, and how it ended.
+    /// Each owed dispatch sent, and how it ended: those the sweep listed, and those a due
+    /// read of this round proved owed.
     pub sent: Vec<Called>,
+    /// Each other due read the sweep listed (`sweep.reads`), made, and what the engine then
+    /// answered (the effect found, or still unknown): nothing was sent for it.
+    pub read: Vec<Called>,
 }
 
 /// Builds a [`Once`].
@@ -396,6 +400,9 @@ impl Builder {
             tools: self.tools,
             // Static bindings: the ledger answers in WIT types, no codec.
             ledger_encoding: LedgerEncoding::Typed,
+            // A read is I/O this host does between steps: the async loop awaits it, holding no
+            // thread, and no step of the component waits inside for the provider.
+            reads: ProviderReads::Steps,
         };
         let once = Once {
             runtime,
@@ -645,6 +652,9 @@ impl Once {
     /// each owed dispatch granted just before it is sent with `send`, and
     /// reported. (Granting a round's dispatches together let the later ones'
     /// send-by pass while earlier ones were sent: "not sent", an attempt spent.)
+    ///
+    /// The sweep reads no provider: each due read it lists is resumed here, read with the
+    /// [`Provider`], and followed like any call (an absence it proves is then sent).
     pub fn settle(&self, limit: u32, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Settled, OnceError> {
         let sweep = self.with_instance(|i| i.sweep(limit, false))??;
         let mut sent = Vec::with_capacity(sweep.owed.len());
@@ -655,7 +665,18 @@ impl Once {
                 sent.push(self.drive(step, None, Duration::ZERO, &|| true, &mut send)?);
             }
         }
-        Ok(Settled { sweep, sent })
+        let mut read = Vec::with_capacity(sweep.reads.len());
+        for (scope, key) in &sweep.reads {
+            let step = self.resume_step(scope, key)?;
+            let mut dispatched = false;
+            let mut counted = |d: &Dispatch<'_>| {
+                dispatched = true;
+                send(d)
+            };
+            let called = self.drive(step, None, Duration::ZERO, &|| true, &mut counted)?;
+            if dispatched { &mut sent } else { &mut read }.push(called);
+        }
+        Ok(Settled { sweep, sent, read })
     }
 
     /// How often a wait asks whether its caller is still there.
@@ -714,6 +735,10 @@ impl Once {
                     }
                     self.resume_step(&wait.scope, &wait.key)?
                 }
+                Step::Read(reading) => {
+                    let evidence = self.lookup(&reading);
+                    self.read_back(call, &reading, &evidence)?
+                }
                 Step::Done(account) => return Ok(Called::Done(account)),
                 Step::Direct => {
                     let call = direct_call(call)?;
@@ -722,6 +747,25 @@ impl Once {
                 }
             };
         }
+    }
+
+    /// A `read` step's read, through the [`Provider`] this `Once` was built with.
+    pub(crate) fn lookup(&self, reading: &Reading) -> Evidence {
+        self.host
+            .provider
+            .lookup(&reading.tool, &reading.provider_key, &reading.args)
+    }
+
+    /// Go on after a `read` step with what the read found (`call`: the call being started).
+    pub(crate) fn read_back(
+        &self,
+        call: Option<&Call>,
+        reading: &Reading,
+        evidence: &Evidence,
+    ) -> Result<Step, OnceError> {
+        let step = self.with_instance(|i| i.read_back(call, reading, evidence))??;
+        trace_step("read-back", &reading.scope, &reading.tool, &step);
+        Ok(step)
     }
 
     /// The dispatch timeout of `tool`, for its DIRECT calls.
@@ -833,6 +877,7 @@ pub(crate) fn storage_error(e: StorageError) -> OnceError {
 pub(crate) fn trace_step(export: &str, scope: &str, tool: &str, step: &Step) {
     let (step_name, key, attempt) = match step {
         Step::Dispatch(g) => ("dispatch", g.key.as_str(), Some(g.attempt)),
+        Step::Read(r) => ("read", r.key.as_str(), None),
         Step::Wait(w) => ("wait", w.key.as_str(), None),
         Step::Done(a) => (a.ending.name(), a.key.as_deref().unwrap_or_default(), None),
         Step::Direct => ("direct", "", None),

@@ -12,8 +12,10 @@ use crate::once::{Once, OnceError, storage_error};
 use crate::storage::Stats;
 
 impl Once {
-    /// An operator's sweep (it sends nothing): expire leases, read due
-    /// unknowns, escalate; owed dispatches are listed, not granted.
+    /// An operator's sweep (it sends nothing): expire leases and escalate.
+    /// It reads no provider either (a read is a step this host follows with
+    /// a sender): due reads are listed (`reads`) and owed dispatches listed,
+    /// not granted. [`Once::settle`] makes the reads and sends what they prove owed.
     pub fn sweep(&self, limit: u32) -> Result<SweepResult, OnceError> {
         Ok(self.with_instance(|i| i.sweep(limit, false))??)
     }

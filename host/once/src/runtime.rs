@@ -22,8 +22,9 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 
 use crate::bindings::types::{
-    AdoptReport, Awaited, Call, Configuration, Configured, Decision, Error, FinishAck, JsonError, OperatorQueue,
-    Outcome, PruneReport, QueueFilter, RecordView, Resolution, Settings, State, Step, SweepResult,
+    AdoptReport, Awaited, Call, Configuration, Configured, Decision, Error, Evidence, FinishAck, JsonError,
+    OperatorQueue, Outcome, PruneReport, QueueFilter, Reading, RecordView, Resolution, Settings, State, Step,
+    SweepResult,
 };
 use crate::bindings::{Once as OnceWorld, OncePre};
 use crate::io::{HostState, Imports};
@@ -216,7 +217,7 @@ impl Runtime {
         })
     }
 
-    /// The names of the interfaces the component imports (`once:core/ledger@0.5.0`, …).
+    /// The names of the interfaces the component imports (`once:core/ledger@0.6.0`, …).
     pub fn imports(&self) -> Vec<String> {
         let ty = self.component.component_type();
         ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()
@@ -354,6 +355,23 @@ impl Instance {
     /// `driver.resume`.
     pub fn resume(&mut self, scope: &str, key: &str) -> Answer<Step> {
         self.call(|w, s| w.once_core_driver().call_resume(s, scope, key))
+    }
+
+    /// `driver.read-back`.
+    pub fn read_back(&mut self, call: Option<&Call>, reading: &Reading, evidence: &Evidence) -> Answer<Step> {
+        self.call(|w, s| w.once_core_driver().call_read_back(s, call, reading, evidence))
+    }
+
+    /// `protocol.start`, the JSON encoding (tests hold it to `driver`'s).
+    #[cfg(test)]
+    pub(crate) fn start_json(&mut self, call: &str) -> Result<String, OnceError> {
+        self.call(|w, s| w.once_core_protocol().call_start(s, call))
+    }
+
+    /// `protocol.read-back`, the JSON encoding (tests hold it to `driver`'s).
+    #[cfg(test)]
+    pub(crate) fn read_back_json(&mut self, call: &str, reading: &str, evidence: &str) -> Result<String, OnceError> {
+        self.call(|w, s| w.once_core_protocol().call_read_back(s, call, reading, evidence))
     }
 
     /// The `sweep` export.

@@ -33,9 +33,9 @@ use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
     Account, AuditEvent, Awaited, Batch, BlockReason, Blocked, Call, Configuration, Configured, Confirmation,
     ConfirmedInfo, Decision, Effect, Ending, Error, Escalation, Evidence, FinishAck, Grant, IdentityMode, InFlightInfo,
-    JsonError, JsonErrorKind, KeySource, LedgerEncoding, Outcome, PolicyInput, PruneReport, QuotaInput, RecordSummary,
-    RecordView, RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step, SweepResult, Table,
-    Timestamp, ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
+    JsonError, JsonErrorKind, KeySource, LedgerEncoding, Outcome, PolicyInput, ProviderReads, PruneReport, QuotaInput,
+    RecordSummary, RecordView, RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step,
+    SweepResult, Table, Timestamp, ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
 };
 use serde_json::{Map, Value, json};
 
@@ -630,6 +630,10 @@ fn render_step(s: &Step) -> Value {
             "scope": w.scope, "key": w.key, "next": w.next, "until": w.until,
             "reason": wait_reason_name(w.reason), "meanwhile": render_account(&w.meanwhile),
         }}),
+        Step::Read(r) => json!({"read": {
+            "scope": r.scope, "key": r.key, "tool": r.tool, "provider-key": r.provider_key, "args": r.args,
+            "asked-at": r.asked_at,
+        }}),
         Step::Done(a) => json!({ "done": render_account(a) }),
         Step::Direct => json!("direct"),
     }
@@ -865,6 +869,8 @@ fn parse_configuration(v: &Value, ledger_encoding: LedgerEncoding) -> Res<Config
             })
             .collect::<Res<_>>()?,
         ledger_encoding,
+        // As every runner: the transcripts hold the reads made inside the steps.
+        reads: ProviderReads::Import,
     })
 }
 

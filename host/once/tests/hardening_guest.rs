@@ -17,7 +17,9 @@ use once::io::HostState;
 use once::runtime::{Instance, Runtime};
 use once::storage::Storage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::types::{Configuration, Decision, FinishAck, LedgerEncoding, Outcome, QuotaInput, State, Table, ToolConfig};
+use once::types::{
+    Configuration, Decision, FinishAck, LedgerEncoding, Outcome, ProviderReads, QuotaInput, State, Table, ToolConfig,
+};
 use once::{GuestLimit, GuestLimits, Once, OnceError};
 
 const TARGET: &str = "wasm32-wasip2";
@@ -247,6 +249,7 @@ fn configuration() -> Configuration {
             descriptor: None,
         }],
         ledger_encoding: LedgerEncoding::Typed,
+        reads: ProviderReads::Import,
     }
 }
 

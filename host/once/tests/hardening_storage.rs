@@ -327,10 +327,13 @@ fn a_write_lock_held_by_another_process_fails_closed() {
 
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
-    // The lease ends; sweep expires it into unknown and reconciles: confirmed.
+    // The lease ends; a settling round expires it into unknown and reads it: confirmed, nothing sent.
     let policy = once.policy("pay");
     clock.advance(policy.lease_ms + 1);
-    once.sweep(100).unwrap();
+    let settled = once
+        .settle(100, |d| panic!("a found effect is sent again: {}", d.key))
+        .unwrap();
+    assert_eq!((settled.sweep.reads.len(), settled.read.len()), (1, 1));
     let view = once.inspect("s", "pending").unwrap().unwrap();
     assert_eq!(view.state, State::Confirmed, "{:?}", view.audit);
     assert_eq!(view.receipt.as_deref(), Some(RECEIPT));

@@ -52,6 +52,37 @@ fn no_rust_host_loop_decides_by_record_state() {
     }
 }
 
+/// The async loop and the gateway's handler and worker wait for nothing inside a step: the provider
+/// read is a `read` step they await (configuration `reads: steps`), so no step of the component holds a
+/// thread while the upstream answers, and nothing calls `block_on` inside tokio's blocking pool.
+#[test]
+fn no_async_host_waits_inside_a_step() {
+    for file in [
+        "host/once/src/call_async.rs",
+        "host/gateway/src/handler.rs",
+        "host/gateway/src/worker.rs",
+    ] {
+        let text = read(file);
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            for tell in ["block_on(", "impl Provider for", "blocking_recv("] {
+                assert!(
+                    !line.contains(tell),
+                    "{file}:{}: an async host waits inside a step ({tell:?}): {}",
+                    n + 1,
+                    line.trim()
+                );
+            }
+        }
+    }
+    let gateway = read("host/gateway/src/lib.rs");
+    assert!(
+        !gateway.contains(".provider("),
+        "the gateway reads its upstream as steps: it hands the engine no synchronous provider"
+    );
+}
+
 /// The body of the top-level function a Python or JavaScript file opens
 /// with `opener`: its first line and every indented line after it.
 fn body(text: &str, opener: &str) -> String {

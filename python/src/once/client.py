@@ -246,6 +246,8 @@ class Once:
                    for t, (p, d) in self._tools.items()],
             # wasmtime-py converts a typed value node by node: the ledger answers as JSON text.
             ledger_encoding="json",
+            # The provider is a synchronous callback here: the guest calls it inside the step.
+            reads="import",
         )
 
     def _reconfigure(self, instance: Instance) -> None:

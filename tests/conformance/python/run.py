@@ -38,7 +38,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "0.5.0"
+VERSION = "0.6.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
@@ -641,6 +641,7 @@ def configuration_record(c, encoding):
         "tools": [record_from({"tool": t["tool"], "policy": policy_record(t["policy"]),
                                "descriptor": descriptor_record(t["descriptor"])}) for t in c["tools"]],
         "ledger-encoding": encoding,
+        "reads": "import",
     })
 
 

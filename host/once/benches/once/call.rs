@@ -13,8 +13,8 @@ use once_guest::config::{Config, default_settings};
 use once_guest::host::{CommitError, Host};
 use once_guest::store::RecordCache;
 use once_guest::types::{
-    AuditEvent, Batch, Call, Configuration, Escalation, Evidence, LedgerEncoding, Outcome, PolicyInput, Row, Settings,
-    State, Step, Stored, Table,
+    AuditEvent, Batch, Call, Configuration, Escalation, Evidence, LedgerEncoding, Outcome, PolicyInput, ProviderReads,
+    Row, Settings, State, Step, Stored, Table,
 };
 
 /// The native core's ledger: the host's `MemoryStorage` semantics (ordered
@@ -155,6 +155,7 @@ pub fn bench(c: &mut Criterion) {
         },
         tools: Vec::new(),
         ledger_encoding: LedgerEncoding::Typed,
+        reads: ProviderReads::Steps,
     })
     .expect("the default configuration");
     let mut next = 0u64;

@@ -246,6 +246,9 @@ impl exports::once::core::driver::Guest for Hostile {
     fn resume(_: String, _: String) -> Result<Step, Error> {
         Err(refused())
     }
+    fn read_back(_: Option<Call>, _: Reading, _: Evidence) -> Result<Step, Error> {
+        Err(refused())
+    }
 }
 
 impl exports::once::core::protocol::Guest for Hostile {
@@ -256,6 +259,9 @@ impl exports::once::core::protocol::Guest for Hostile {
         REFUSED.to_string()
     }
     fn resume(_: String, _: String) -> String {
+        REFUSED.to_string()
+    }
+    fn read_back(_: String, _: String, _: String) -> String {
         REFUSED.to_string()
     }
     fn sweep(_: u32, _: bool) -> Result<SweepResult, Error> {

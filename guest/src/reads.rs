@@ -1,0 +1,110 @@
+//! The provider read as a protocol step (configuration `reads: steps`).
+//!
+//! Some decisions need the provider's authoritative read: verify-first before
+//! a key's first dispatch, and reconciling an unknown outcome. With
+//! `reads: import` the engine calls the host's `provider.lookup` there and
+//! waits inside the step. A host whose read is I/O it awaits (a gateway
+//! reading its upstream) cannot answer a synchronous import without blocking
+//! a thread on it, so with `reads: steps` the decision stops where it would
+//! read, before anything is written on the strength of the read, and the
+//! step is `read(reading)`. The host reads on its own time and calls
+//! `read-back`, which decides again from the ledger as it is then: where
+//! that decision needs the same read (the same scope, key, tool, provider key
+//! and args), it takes the evidence the host brought instead of stopping
+//! again. A record that moved on meanwhile is decided as it stands, and the
+//! evidence is not used.
+//!
+//! Evidence brought later than it was read is still true of its moment: a
+//! confirmed effect stays confirmed, and an absence is absence as of its read
+//! position, which the engine compares with the record's latest dispatch
+//! whenever it uses it. A verify-first read must cover the moment the guest
+//! asked (`asked-at`), which travels with the reading.
+
+use alloc::string::String;
+use core::cell::RefCell;
+
+use crate::host::Host;
+use crate::mutant::{self, Mutant};
+use crate::store::LedgerError;
+use crate::types::{Evidence, Reading};
+
+/// The reads of one protocol export: the evidence `read-back` brought, and
+/// the read a stopped decision needs.
+#[derive(Debug, Default)]
+pub struct Reads {
+    brought: RefCell<Option<(Reading, Evidence)>>,
+    needed: RefCell<Option<Reading>>,
+}
+
+impl Reads {
+    /// No evidence, nothing needed.
+    pub const fn new() -> Reads {
+        Reads {
+            brought: RefCell::new(None),
+            needed: RefCell::new(None),
+        }
+    }
+
+    /// Before an export: the evidence a `read-back` brought (none for every other export).
+    pub fn arm(&self, brought: Option<(Reading, Evidence)>) {
+        *self.brought.borrow_mut() = brought;
+        *self.needed.borrow_mut() = None;
+    }
+
+    /// After an export: the read its decision stopped at, if it did (and nothing brought is kept).
+    pub fn needed(&self) -> Option<Reading> {
+        self.brought.borrow_mut().take();
+        self.needed.borrow_mut().take()
+    }
+
+    /// The evidence brought for `reading`, used once, with the time its read was asked for; else
+    /// `reading` is needed and the decision stops ([`LedgerError::ReadDeferred`]).
+    fn take(&self, reading: Reading) -> Result<(u64, Evidence), LedgerError> {
+        let mut brought = self.brought.borrow_mut();
+        if let Some((asked, _)) = brought.as_ref()
+            && same_read(asked, &reading)
+            && let Some((asked, evidence)) = brought.take()
+        {
+            return Ok((asked.asked_at, evidence));
+        }
+        *self.needed.borrow_mut() = Some(reading);
+        Err(LedgerError::ReadDeferred)
+    }
+}
+
+/// Whether two readings ask the provider the same question (when they were asked aside).
+fn same_read(a: &Reading, b: &Reading) -> bool {
+    a.scope == b.scope && a.key == b.key && a.tool == b.tool && a.provider_key == b.provider_key && a.args == b.args
+}
+
+/// The provider's authoritative read for a decision: what it found, and when it was asked for
+/// (ledger clock). Through the `provider.lookup` import, or (with [`Host::reads`]) the evidence
+/// `read-back` brought for it; without that, the decision stops here with
+/// [`LedgerError::ReadDeferred`] and writes nothing more.
+pub fn read(
+    h: &impl Host,
+    scope: &str,
+    key: &str,
+    tool: &str,
+    provider_key: &str,
+    args: &str,
+) -> Result<(u64, Evidence), LedgerError> {
+    let asked_at = h.now();
+    let Some(reads) = h.reads() else {
+        return Ok((asked_at, h.lookup(tool, provider_key, args)));
+    };
+    let found = reads.take(Reading {
+        scope: String::from(scope),
+        key: String::from(key),
+        tool: String::from(tool),
+        provider_key: String::from(provider_key),
+        args: String::from(args),
+        asked_at,
+    });
+    match found {
+        Ok((asked, Evidence::Absent(_))) if mutant::on(Mutant::ReadBackTakenAsNow) => {
+            Ok((asked, Evidence::Absent(h.now())))
+        }
+        found => found,
+    }
+}
