@@ -61,8 +61,10 @@ impl Reads {
     /// `reading` is needed and the decision stops ([`LedgerError::ReadDeferred`]).
     fn take(&self, reading: Reading) -> Result<(u64, Evidence), LedgerError> {
         let mut brought = self.brought.borrow_mut();
+        // A reading asked for later than now is none this guest asked for.
         if let Some((asked, _)) = brought.as_ref()
             && same_read(asked, &reading)
+            && asked.asked_at <= reading.asked_at
             && let Some((asked, evidence)) = brought.take()
         {
             return Ok((asked.asked_at, evidence));

@@ -51,7 +51,7 @@ async function engine(store) {
     "once:core/operator": { escalate: () => true },
     "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) },
   });
-  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "typed" });
+  x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "typed", reads: "import" });
   return x;
 }
 

@@ -145,6 +145,15 @@ pub fn small() -> Vec<Config> {
     c.budget.ticks = 4;
     all.push(c);
 
+    // The same, read as the Python and Node hosts read: inside the step that needs the read.
+    let mut c = base("one key, two callers inside the steps");
+    c.callers = vec![(0, 0, 1), (0, 0, 1)];
+    c.read_steps = false;
+    c.budget.crashes = 1;
+    c.budget.commit_faults = 1;
+    c.budget.ticks = 4;
+    all.push(c);
+
     // A loaded ledger: a grant's commit takes its whole send window (renewed before it is handed out),
     // beside a lost reply and a second caller.
     let mut c = base("slow ledger");

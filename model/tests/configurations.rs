@@ -107,6 +107,11 @@ fn lagging_reads_inside_the_steps() {
 }
 
 #[test]
+fn one_key_two_callers_inside_the_steps() {
+    holds("one key, two callers inside the steps");
+}
+
+#[test]
 fn two_scopes() {
     holds("two scopes");
 }
@@ -115,6 +120,7 @@ fn two_scopes() {
 fn every_configuration_has_a_test() {
     let tested = [
         "one key, two callers",
+        "one key, two callers inside the steps",
         "slow ledger",
         "lagging reads",
         "lagging reads inside the steps",

@@ -44,6 +44,15 @@ fn absence_proven_before_max_in_flight() {
 }
 
 #[test]
+fn absence_proven_before_max_in_flight_inside_the_steps() {
+    caught(
+        Mutant::SkipMaxInFlight,
+        "one key, two callers inside the steps",
+        PROPERTIES[1],
+    );
+}
+
+#[test]
 fn a_read_brought_back_taken_as_of_then() {
     caught(Mutant::ReadBackTakenAsNow, "reads beside a lost reply", PROPERTIES[0]);
 }

@@ -309,7 +309,7 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     shared.set_ledger_clock(builder.ledger_clock());
     let descriptors = shared.descriptors();
     // No `Provider`: every read is a `read` step the gateway's sender awaits ([`handler::read_upstream`]).
-    let builder = builder.owner(shared.owner.clone());
+    let builder = builder.reads_in_dispatcher().owner(shared.owner.clone());
     let once = shared
         .config
         .apply(builder, &descriptors)

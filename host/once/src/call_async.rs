@@ -23,7 +23,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::once::{Called, Dispatch, Once, OnceError, Patience, Sent, Settled, direct_call, report_failed, trace_step};
+use crate::once::{
+    Called, Dispatch, Once, OnceError, Patience, ReadsInARow, Sent, Settled, direct_call, report_failed, trace_step,
+};
 use crate::types::{Call, Evidence, Reading, Step};
 
 /// Sends what the engine grants, for [`Once::call_async`]: the async counterpart of the closure
@@ -37,7 +39,9 @@ pub trait Dispatcher: Send {
     /// Read the provider for a `read` step: what it found about `r`'s provider key. `None` (the
     /// default): the [`Provider`](crate::Provider) the [`Once`] was built with answers, on tokio's
     /// blocking pool. A sender that reads through I/O it awaits (a gateway's upstream) answers
-    /// here, and no thread waits for the provider.
+    /// here, and no thread waits for the provider; its `Once` is built with
+    /// [`Builder::reads_in_dispatcher`](crate::Builder::reads_in_dispatcher) in place of a
+    /// `Provider`, so its tools keep their lookup.
     fn read(&mut self, r: &Reading) -> impl Future<Output = Option<Evidence>> + Send {
         let _ = r;
         async { None }
@@ -141,7 +145,9 @@ impl Once {
         sender: &mut impl Dispatcher,
     ) -> Result<Called, OnceError> {
         let patience = Patience::new(now, patience);
+        let mut reads = ReadsInARow::after(call);
         loop {
+            reads.follow(&step)?;
             (step, now, at) = match step {
                 Step::Dispatch(grant) => {
                     let dispatch = Dispatch::of(&grant, now, at);
@@ -180,7 +186,7 @@ impl Once {
                             self.blocking(move |once| Ok(once.lookup(&asked))).await?
                         }
                     };
-                    let call = call.cloned();
+                    let call = reads.starting().cloned();
                     self.step(move |once| once.read_back(call.as_ref(), &reading, &evidence))
                         .await?
                 }

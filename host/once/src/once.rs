@@ -252,6 +252,7 @@ pub struct Builder {
     storage: Arc<dyn Storage>,
     clock: Arc<dyn Clock>,
     provider: Option<Arc<dyn Provider>>,
+    reads_in_dispatcher: bool,
     operator: Arc<dyn Operator>,
     entropy: Arc<dyn Entropy>,
     settings: Option<Settings>,
@@ -283,6 +284,15 @@ impl Builder {
     /// explicitly in the policy, for a host that leaves reading to another).
     pub fn provider(mut self, provider: impl Provider + 'static) -> Self {
         self.provider = Some(Arc::new(provider));
+        self
+    }
+    /// The provider is read by the async `Dispatcher`'s `read` (the `tokio` feature), not by a
+    /// [`Provider`]: tools keep a lookup by default, as with [`Builder::provider`]
+    /// (without either, tools default to none). For a host that reads through
+    /// I/O it awaits and calls only `Once::call_async` and its siblings; a
+    /// blocking call on such a handle reads nothing (every read is unknown).
+    pub fn reads_in_dispatcher(mut self) -> Self {
+        self.reads_in_dispatcher = true;
         self
     }
     /// The escalation sink (default: the log).
@@ -384,7 +394,7 @@ impl Builder {
         }
         let mut defaults = self.defaults;
         // A fact of this host: without a provider, no tool can be read.
-        if self.provider.is_none() && defaults.lookup.is_none() {
+        if self.provider.is_none() && !self.reads_in_dispatcher && defaults.lookup.is_none() {
             defaults.lookup = Some(false);
         }
         let host = HostState {
@@ -464,6 +474,7 @@ impl Once {
             storage,
             clock,
             provider: None,
+            reads_in_dispatcher: false,
             operator: Arc::new(LogOperator),
             entropy: Arc::new(SystemEntropy),
             settings: None,
@@ -682,7 +693,7 @@ impl Once {
     /// How often a wait asks whether its caller is still there.
     pub(crate) const KEEP_GOING_POLL: Duration = Duration::from_millis(50);
 
-    /// The loop every host runs: send, report, sleep, resume, until the
+    /// The loop every host runs: send, report, read, sleep, resume, until the
     /// engine says done (or the wait would outlast `patience`).
     fn drive(
         &self,
@@ -693,7 +704,9 @@ impl Once {
         send: &mut dyn FnMut(&Dispatch<'_>) -> Sent,
     ) -> Result<Called, OnceError> {
         let patience = Patience::new(self.now(), patience);
+        let mut reads = ReadsInARow::after(call);
         loop {
+            reads.follow(&step)?;
             step = match step {
                 Step::Dispatch(grant) => {
                     // This host's clock first: a ledger clock that is a database query then makes
@@ -737,7 +750,7 @@ impl Once {
                 }
                 Step::Read(reading) => {
                     let evidence = self.lookup(&reading);
-                    self.read_back(call, &reading, &evidence)?
+                    self.read_back(reads.starting(), &reading, &evidence)?
                 }
                 Step::Done(account) => return Ok(Called::Done(account)),
                 Step::Direct => {
@@ -872,6 +885,55 @@ fn plan_of(configured: &Configured, tool: &str) -> ToolPlan {
 /// A storage failure as the engine reports one (`Error::Storage`).
 pub(crate) fn storage_error(e: StorageError) -> OnceError {
     OnceError::Engine(Error::Storage(e.0))
+}
+
+/// How many `read` steps in a row a loop follows before it takes the guest for broken: each is
+/// answered by the record as it is then, so more than a few in a row means the ledger keeps changing
+/// under the read, or the guest and host disagree on what a read is.
+const MAX_READS_IN_A_ROW: u32 = 8;
+
+/// What a call loop brings back with a `read` step's evidence ([`Once::drive`], the async loop): the
+/// call only while the read answers its `start` (after a report or a wait the guest goes on from the
+/// record, as `resume` does), and how many reads came in a row.
+pub(crate) struct ReadsInARow<'c> {
+    starting: Option<&'c Call>,
+    in_a_row: u32,
+}
+
+impl<'c> ReadsInARow<'c> {
+    /// A loop's reads; `call`: the call whose `start` answered its first step (none for a resume).
+    pub(crate) fn after(call: Option<&'c Call>) -> Self {
+        ReadsInARow {
+            starting: call,
+            in_a_row: 0,
+        }
+    }
+
+    /// Before the loop follows `step`: a step other than `read` ends the start (a grant, a wait)
+    /// and the run of reads; one read too many is an error.
+    pub(crate) fn follow(&mut self, step: &Step) -> Result<(), OnceError> {
+        match step {
+            Step::Read(reading) => {
+                self.in_a_row += 1;
+                if self.in_a_row > MAX_READS_IN_A_ROW {
+                    return Err(OnceError::Component(format!(
+                        "the engine asked for {} reads of {}/{} in a row: the record keeps changing under them",
+                        self.in_a_row, reading.scope, reading.key
+                    )));
+                }
+            }
+            _ => {
+                self.starting = None;
+                self.in_a_row = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// The call to bring back with this read: the one being started, if the read answers its start.
+    pub(crate) fn starting(&self) -> Option<&'c Call> {
+        self.starting
+    }
 }
 
 pub(crate) fn trace_step(export: &str, scope: &str, tool: &str, step: &Step) {

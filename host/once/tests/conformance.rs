@@ -677,6 +677,7 @@ fn render_sweep(r: &SweepResult) -> Value {
         "expired": r.expired, "reconciled": r.reconciled, "confirmed": r.confirmed, "escalated": r.escalated,
         "owed": r.owed.iter().map(|(s, k)| json!([s, k])).collect::<Vec<_>>(),
         "dispatches": r.dispatches.iter().map(render_grant).collect::<Vec<_>>(),
+        "reads": r.reads.iter().map(|(s, k)| json!([s, k])).collect::<Vec<_>>(),
     })
 }
 

@@ -574,8 +574,8 @@ function imports(run) {
   };
   const answer = (outcome) => (outcome === null ? "applied" : outcome === "conflict" ? "conflict" : outcome);
   const ifaces = {
-    "once:core/types@0.6.0": {},
-    "once:core/ledger-json@0.6.0": {
+    "once:core/types@1.0.0": {},
+    "once:core/ledger-json@1.0.0": {
       get(table, scope, key) {
         const why = wrong("json");
         if (why) return failedText(why);
@@ -597,7 +597,7 @@ function imports(run) {
         return outcome === "applied" ? '"Applied"' : outcome === "conflict" ? '"Conflict"' : failedText(outcome);
       },
     },
-    "once:core/ledger@0.6.0": {
+    "once:core/ledger@1.0.0": {
       get(table, scope, key) {
         const why = wrong("typed");
         if (why) return failed(why);
@@ -625,23 +625,23 @@ function imports(run) {
         return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@0.6.0": {
+    "once:core/clock@1.0.0": {
       now: () => BigInt(run.now),
     },
-    "once:core/provider@0.6.0": {
+    "once:core/provider@1.0.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@0.6.0": {
+    "once:core/operator@1.0.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
       },
     },
     // Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
-    "once:core/entropy@0.6.0": {
+    "once:core/entropy@1.0.0": {
       fill: (n) => Uint8Array.from({ length: n }, (_, i) => ENTROPY[i % ENTROPY.length]),
     },
   };

@@ -38,7 +38,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "0.6.0"
+VERSION = "1.0.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
