@@ -11,34 +11,13 @@ use once_guest::policy::unset;
 use once_guest::protocol::{report, resume, start, start_request, sweep};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    Account, BlockReason, Call, Configuration, Confirmation, Effect, Ending, Error, Evidence, Grant, IdentityMode,
-    KeySource, LedgerEncoding, Outcome, PolicyInput, ProviderReads, QuotaInput, Repeat, ReplayVia, Route, State, Step,
-    ToolConfig, WaitReason, Waiting,
+    BlockReason, Call, Configuration, Confirmation, Effect, Ending, Error, Evidence, Grant, IdentityMode, KeySource,
+    LedgerEncoding, Outcome, PolicyInput, ProviderReads, QuotaInput, Repeat, ReplayVia, Route, State, Step, ToolConfig,
+    WaitReason,
 };
 
 fn call(key: &str) -> once_guest::engine::BeginRequest {
     refund(key, ARGS)
-}
-
-fn dispatch(step: Step) -> Grant {
-    match step {
-        Step::Dispatch(g) => g,
-        other => panic!("expected dispatch, got {other:?}"),
-    }
-}
-
-fn done(step: Step) -> Account {
-    match step {
-        Step::Done(a) => a,
-        other => panic!("expected done, got {other:?}"),
-    }
-}
-
-fn wait(step: Step) -> Waiting {
-    match step {
-        Step::Wait(w) => w,
-        other => panic!("expected wait, got {other:?}"),
-    }
 }
 
 fn sent(h: &impl Host, g: &Grant, outcome: Outcome) -> Step {

@@ -17,23 +17,9 @@ fn stepping() -> MemoryHost {
     MemoryHost::new().with_read_steps()
 }
 
-fn read_of(step: Step) -> Reading {
-    match step {
-        Step::Read(r) => r,
-        other => panic!("expected read, got {other:?}"),
-    }
-}
-
-fn grant_of(step: Step) -> Grant {
-    match step {
-        Step::Dispatch(g) => g,
-        other => panic!("expected dispatch, got {other:?}"),
-    }
-}
-
 /// A grant sent and its reply lost: the step after it.
 fn lost(h: &MemoryHost, key: &str) -> (Grant, Step) {
-    let g = grant_of(start_request(h, refund(key, ARGS)).unwrap());
+    let g = dispatch(start_request(h, refund(key, ARGS)).unwrap());
     h.advance(SECOND);
     let step = report(
         h,
@@ -50,7 +36,7 @@ fn lost(h: &MemoryHost, key: &str) -> (Grant, Step) {
 fn a_lost_reply_s_read_is_the_host_s_step_and_what_it_found_is_brought_back() {
     let h = stepping();
     let (g, step) = lost(&h, "k");
-    let r = read_of(step);
+    let r = read_step(step);
     assert_eq!(
         (
             r.scope.as_str(),
@@ -87,7 +73,7 @@ fn a_lost_reply_s_read_is_the_host_s_step_and_what_it_found_is_brought_back() {
 fn an_absence_brought_back_counts_from_its_own_read_position_not_from_when_it_came_back() {
     let h = stepping();
     let (_, step) = lost(&h, "k");
-    let r = read_of(step);
+    let r = read_step(step);
     let read_at = h.now();
     // The read found nothing; it comes back after max_in_flight, when an earlier request may have committed.
     h.advance(MAX_IN_FLIGHT + SECOND);
@@ -102,9 +88,9 @@ fn an_absence_brought_back_counts_from_its_own_read_position_not_from_when_it_ca
 fn a_record_that_moved_on_while_the_host_read_is_answered_as_it_stands() {
     let h = stepping();
     let (_, step) = lost(&h, "k");
-    let first = read_of(step);
+    let first = read_step(step);
     // Another caller reads and finds the effect first.
-    let other = read_of(resume(&h, "s", "k").unwrap());
+    let other = read_step(resume(&h, "s", "k").unwrap());
     read_back(&h, None, other, Evidence::Confirmed(RECEIPT.into())).unwrap();
     // The first read, made earlier, found nothing: the record is confirmed, and stays so.
     let h_now = h.now();
@@ -119,9 +105,9 @@ fn a_record_that_moved_on_while_the_host_read_is_answered_as_it_stands() {
 fn evidence_of_another_read_is_not_used() {
     let h = stepping();
     let (_, step) = lost(&h, "k");
-    let mut r = read_of(step);
+    let mut r = read_step(step);
     r.provider_key = "once-someone-else".into();
-    let again = read_of(read_back(&h, None, r, Evidence::Confirmed(RECEIPT.into())).unwrap());
+    let again = read_step(read_back(&h, None, r, Evidence::Confirmed(RECEIPT.into())).unwrap());
     assert_ne!(
         again.provider_key, "once-someone-else",
         "the record's own read is asked for again"
@@ -135,7 +121,7 @@ fn verify_first_asks_before_any_record_and_the_start_goes_on_with_the_call() {
     let mut p = policy();
     p.verify_first = true;
     let call = with_policy(refund("k", ARGS), p);
-    let r = read_of(start_request(&h, call.clone()).unwrap());
+    let r = read_step(start_request(&h, call.clone()).unwrap());
     assert!(h.row(Table::Operation, "s", "k").is_none(), "no record before the read");
 
     // A read position before the guest asked proves nothing.
@@ -147,9 +133,9 @@ fn verify_first_asks_before_any_record_and_the_start_goes_on_with_the_call() {
     );
     assert!(h.row(Table::Operation, "s", "k").is_none());
 
-    let r = read_of(start_request(&h, call.clone()).unwrap());
+    let r = read_step(start_request(&h, call.clone()).unwrap());
     h.advance(SECOND);
-    let g = grant_of(read_back(&h, Some(call), r.clone(), Evidence::Absent(h.now())).unwrap());
+    let g = dispatch(read_back(&h, Some(call), r.clone(), Evidence::Absent(h.now())).unwrap());
     assert_eq!((g.attempt, g.provider_key.as_str()), (1, r.provider_key.as_str()));
     assert!(h.lookups().is_empty());
 }
@@ -158,7 +144,7 @@ fn verify_first_asks_before_any_record_and_the_start_goes_on_with_the_call() {
 fn a_sweep_lists_due_reads_and_reads_nothing() {
     let h = stepping();
     let (_, step) = lost(&h, "k");
-    read_of(step);
+    read_step(step);
     // Past max_in_flight and the declared skew after the dispatch: an absence read now proves it.
     h.advance(MAX_IN_FLIGHT + SECOND);
     let swept = sweep(&h, 10, true).unwrap();
@@ -167,8 +153,8 @@ fn a_sweep_lists_due_reads_and_reads_nothing() {
     assert!(swept.dispatches.is_empty());
     assert!(h.lookups().is_empty());
     // The host resumes it: its first step is the read.
-    let r = read_of(resume(&h, "s", "k").unwrap());
-    let g = grant_of(read_back(&h, None, r, Evidence::Absent(h.now())).unwrap());
+    let r = read_step(resume(&h, "s", "k").unwrap());
+    let g = dispatch(read_back(&h, None, r, Evidence::Absent(h.now())).unwrap());
     assert_eq!(g.attempt, 2);
 }
 

@@ -9,7 +9,8 @@ use once_guest::policy::Quota;
 use once_guest::policy::default_policy;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
-    BlockReason, Blocked, ConfirmedInfo, Decision, FinishAck, Grant, Outcome, RecordView, State, Table, UnknownInfo,
+    Account, BlockReason, Blocked, ConfirmedInfo, Decision, FinishAck, Grant, Outcome, Reading, RecordView, State,
+    Step, Table, UnknownInfo, Waiting,
 };
 
 // ---------------------------------------------------------------- constants
@@ -30,6 +31,38 @@ pub const RECEIPT: &str = r#"{"refund_id":"r-1","status":"done"}"#;
 pub const RECEIPT2: &str = r#"{"refund_id":"r-2","status":"done"}"#;
 
 // ---------------------------------------------------------------- helpers
+
+/// The grant a protocol step hands out.
+pub fn dispatch(step: Step) -> Grant {
+    match step {
+        Step::Dispatch(g) => g,
+        other => panic!("expected dispatch, got {other:?}"),
+    }
+}
+
+/// The account a protocol step ends with.
+pub fn done(step: Step) -> Account {
+    match step {
+        Step::Done(a) => a,
+        other => panic!("expected done, got {other:?}"),
+    }
+}
+
+/// The wait a protocol step asks for.
+pub fn wait(step: Step) -> Waiting {
+    match step {
+        Step::Wait(w) => w,
+        other => panic!("expected wait, got {other:?}"),
+    }
+}
+
+/// The provider read a protocol step asks for (`reads: steps`).
+pub fn read_step(step: Step) -> Reading {
+    match step {
+        Step::Read(r) => r,
+        other => panic!("expected read, got {other:?}"),
+    }
+}
 
 pub fn policy() -> Policy {
     default_policy()
