@@ -57,17 +57,19 @@ impl Reads {
         self.needed.borrow_mut().take()
     }
 
-    /// The evidence brought for `reading`, used once, with the time its read was asked for; else
-    /// `reading` is needed and the decision stops ([`LedgerError::ReadDeferred`]).
+    /// The evidence brought for `reading`, with the time its read was asked for; else `reading`
+    /// is needed and the decision stops ([`LedgerError::ReadDeferred`]). The evidence serves the
+    /// whole export: a decision made again after a lost compare-and-swap (a busy quota bucket)
+    /// takes it again, as true of its read position as the first time, rather than asking the
+    /// host for another read per race.
     fn take(&self, reading: Reading) -> Result<(u64, Evidence), LedgerError> {
-        let mut brought = self.brought.borrow_mut();
+        let brought = self.brought.borrow();
         // A reading asked for later than now is none this guest asked for.
-        if let Some((asked, _)) = brought.as_ref()
+        if let Some((asked, evidence)) = brought.as_ref()
             && same_read(asked, &reading)
             && asked.asked_at <= reading.asked_at
-            && let Some((asked, evidence)) = brought.take()
         {
-            return Ok((asked.asked_at, evidence));
+            return Ok((asked.asked_at, evidence.clone()));
         }
         *self.needed.borrow_mut() = Some(reading);
         Err(LedgerError::ReadDeferred)
@@ -108,5 +110,47 @@ pub fn read(
             Ok((asked, Evidence::Absent(h.now())))
         }
         found => found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(asked_at: u64) -> Reading {
+        Reading {
+            scope: "s".into(),
+            key: "k".into(),
+            tool: "refund".into(),
+            provider_key: "pk".into(),
+            args: "{}".into(),
+            asked_at,
+        }
+    }
+
+    #[test]
+    fn brought_evidence_serves_every_decision_of_its_export_and_no_later_one() {
+        let reads = Reads::new();
+        reads.arm(Some((reading(10), Evidence::Absent(12))));
+        // A decision made again after a lost race asks again: the same evidence.
+        for _ in 0..3 {
+            assert_eq!(reads.take(reading(20)), Ok((10, Evidence::Absent(12))));
+        }
+        assert_eq!(reads.needed(), None);
+        // The next export brought nothing: the read is needed.
+        reads.arm(None);
+        assert_eq!(reads.take(reading(30)), Err(LedgerError::ReadDeferred));
+        assert_eq!(reads.needed(), Some(reading(30)));
+    }
+
+    #[test]
+    fn evidence_asked_for_later_than_now_or_for_another_read_is_not_used() {
+        let reads = Reads::new();
+        reads.arm(Some((reading(50), Evidence::Absent(50))));
+        assert_eq!(reads.take(reading(40)), Err(LedgerError::ReadDeferred));
+        let mut other = reading(60);
+        other.provider_key = "another".into();
+        assert_eq!(reads.take(other.clone()), Err(LedgerError::ReadDeferred));
+        assert_eq!(reads.needed(), Some(other));
     }
 }

@@ -39,9 +39,9 @@ pub trait Dispatcher: Send {
     /// Read the provider for a `read` step: what it found about `r`'s provider key. `None` (the
     /// default): the [`Provider`](crate::Provider) the [`Once`] was built with answers, on tokio's
     /// blocking pool. A sender that reads through I/O it awaits (a gateway's upstream) answers
-    /// here, and no thread waits for the provider; its `Once` is built with
+    /// here, and no thread waits for the provider. Such a host builds its `Once` with
     /// [`Builder::reads_in_dispatcher`](crate::Builder::reads_in_dispatcher) in place of a
-    /// `Provider`, so its tools keep their lookup.
+    /// `Provider` (else tools without an explicit `lookup` have none).
     fn read(&mut self, r: &Reading) -> impl Future<Output = Option<Evidence>> + Send {
         let _ = r;
         async { None }
@@ -183,7 +183,7 @@ impl Once {
                         Some(evidence) => evidence,
                         None => {
                             let asked = reading.clone();
-                            self.blocking(move |once| Ok(once.lookup(&asked))).await?
+                            self.blocking(move |once| once.lookup(&asked)).await?
                         }
                     };
                     let call = reads.starting().cloned();

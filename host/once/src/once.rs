@@ -290,7 +290,8 @@ impl Builder {
     /// [`Provider`]: tools keep a lookup by default, as with [`Builder::provider`]
     /// (without either, tools default to none). For a host that reads through
     /// I/O it awaits and calls only `Once::call_async` and its siblings; a
-    /// blocking call on such a handle reads nothing (every read is unknown).
+    /// blocking call that comes to a read on such a handle is refused
+    /// (`invalid-request`), and nothing is recorded of a read it did not make.
     pub fn reads_in_dispatcher(mut self) -> Self {
         self.reads_in_dispatcher = true;
         self
@@ -397,6 +398,8 @@ impl Builder {
         if self.provider.is_none() && !self.reads_in_dispatcher && defaults.lookup.is_none() {
             defaults.lookup = Some(false);
         }
+        // A handle whose Dispatcher reads has no read of its own for a blocking loop to make.
+        let reads_only_in_dispatcher = self.reads_in_dispatcher && self.provider.is_none();
         let host = HostState {
             storage: self.storage,
             clock: self.clock,
@@ -425,6 +428,7 @@ impl Builder {
             }),
             wait: self.wait,
             limits: self.limits,
+            reads_only_in_dispatcher,
         };
         let configured = once.reconfigure(configuration)?;
         // Configuring reads no row; everything after may. A ledger holding
@@ -453,6 +457,10 @@ pub struct Once {
     config: RwLock<Config>,
     pub(crate) wait: Duration,
     limits: GuestLimits,
+    /// Built with [`Builder::reads_in_dispatcher`] and no [`Provider`]: a `read` step outside an
+    /// async loop whose `Dispatcher` reads is refused, never answered "unknown" (which the engine
+    /// would record as an inconclusive read and schedule the next one later).
+    reads_only_in_dispatcher: bool,
 }
 
 impl Once {
@@ -749,7 +757,7 @@ impl Once {
                     self.resume_step(&wait.scope, &wait.key)?
                 }
                 Step::Read(reading) => {
-                    let evidence = self.lookup(&reading);
+                    let evidence = self.lookup(&reading)?;
                     self.read_back(reads.starting(), &reading, &evidence)?
                 }
                 Step::Done(account) => return Ok(Called::Done(account)),
@@ -763,10 +771,18 @@ impl Once {
     }
 
     /// A `read` step's read, through the [`Provider`] this `Once` was built with.
-    pub(crate) fn lookup(&self, reading: &Reading) -> Evidence {
-        self.host
+    pub(crate) fn lookup(&self, reading: &Reading) -> Result<Evidence, OnceError> {
+        if self.reads_only_in_dispatcher {
+            return Err(OnceError::Engine(Error::InvalidRequest(format!(
+                "{}/{}: this handle reads the provider in its async Dispatcher (Builder::reads_in_dispatcher) \
+                 and has no Provider: drive it with call_async, resume_async or settle_async",
+                reading.scope, reading.key
+            ))));
+        }
+        Ok(self
+            .host
             .provider
-            .lookup(&reading.tool, &reading.provider_key, &reading.args)
+            .lookup(&reading.tool, &reading.provider_key, &reading.args))
     }
 
     /// Go on after a `read` step with what the read found (`call`: the call being started).
@@ -915,11 +931,13 @@ impl<'c> ReadsInARow<'c> {
         match step {
             Step::Read(reading) => {
                 self.in_a_row += 1;
+                // The engine's own word for a record that keeps changing under its decisions: the
+                // ledger is busy, nothing is known of the effect, and the same key is safe to try again.
                 if self.in_a_row > MAX_READS_IN_A_ROW {
-                    return Err(OnceError::Component(format!(
-                        "the engine asked for {} reads of {}/{} in a row: the record keeps changing under them",
-                        self.in_a_row, reading.scope, reading.key
-                    )));
+                    return Err(OnceError::Engine(Error::Storage(format!(
+                        "{}/{}: the record kept changing under {} provider reads in a row",
+                        reading.scope, reading.key, MAX_READS_IN_A_ROW
+                    ))));
                 }
             }
             _ => {
