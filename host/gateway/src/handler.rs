@@ -1103,8 +1103,7 @@ mod tests {
         (runtime, shared)
     }
 
-    /// Attempt 1 of a 5.00 refund of order 1234 (operation t1/k-1), with the loop's deadlines given.
-    /// A `read` step for `refund_order`'s effect under `provider_key`.
+    /// A `read` step for `tool`'s effect under `provider_key`.
     fn reading(tool: &str, provider_key: &str, args: &str) -> Reading {
         Reading {
             scope: "s".into(),
@@ -1116,6 +1115,7 @@ mod tests {
         }
     }
 
+    /// Attempt 1 of a 5.00 refund of order 1234 (operation t1/k-1), with the loop's deadlines given.
     fn refund_grant(
         send_before: Option<std::time::Instant>,
         answer_by: Option<std::time::Instant>,
