@@ -12,6 +12,7 @@ use crate::bindings::types::{
     State, Stored, Table, Timestamp, Trail,
 };
 use crate::storage::{self, Flush, Storage};
+use crate::turns::{self, RowId, Took, Turn, Turns};
 
 /// The ledger's clock: milliseconds since the epoch, never running backwards.
 pub trait Clock: Send + Sync {
@@ -215,6 +216,18 @@ impl HostState {
 /// as `wit/once.wit` requires: a guest that called them (a bug) is refused,
 /// never answered from the store.
 pub(crate) struct Imports {
+    /// The quota row this export holds the turn of (`crate::turns`), until it
+    /// writes the row or returns. First, so it is handed on before the store
+    /// it names can be dropped with `host`.
+    pub(crate) turn: Option<Turn>,
+    /// The engine read the clock before it waited for [`Imports::turn`]: its
+    /// commit of the row is answered `conflict` once, unapplied, so the engine
+    /// decides again (holding the turn, it reads the row at once) with the
+    /// clock as it is now. Otherwise a lease, a fence and a quota window would
+    /// date from before the wait.
+    decide_again: bool,
+    /// A quota row this export waited [`turns::MAX_WAIT`] for in vain: it reads it without a turn from then on.
+    gave_up: Option<RowId>,
     /// The host's I/O.
     pub(crate) host: HostState,
     /// Set by an accepted `configure`; none before (no export reads the ledger then).
@@ -222,6 +235,75 @@ pub(crate) struct Imports {
 }
 
 impl Imports {
+    /// What an instance's imports answer from, before `configure`.
+    pub(crate) fn new(host: HostState) -> Imports {
+        Imports {
+            turn: None,
+            decide_again: false,
+            gave_up: None,
+            host,
+            encoding: None,
+        }
+    }
+
+    /// Before a read: a quota bucket's waits for its turn (`crate::turns`).
+    /// An export holds one turn at most, so it hands the one it holds on
+    /// before it waits for another. The ledger's provider-key secret is kept
+    /// in the quota table under the empty scope, which no bucket has
+    /// (guest/src/secret.rs): every new instance reads it, and it takes no
+    /// turn.
+    fn take_turn(&mut self, table: Table, scope: &str, key: &str) {
+        if !matches!(table, Table::Quota)
+            || scope.is_empty()
+            || self.turn.as_ref().is_some_and(|t| t.row().is(scope, key))
+            || self.gave_up.as_ref().is_some_and(|r| r.is(scope, key))
+        {
+            return;
+        }
+        self.turn = None;
+        self.decide_again = false;
+        let store = Arc::as_ptr(&self.host.storage) as *const () as usize;
+        let row = RowId::new(store, scope, key);
+        match Turns::shared().take(row.clone(), turns::MAX_WAIT) {
+            Took::AtOnce(turn) => self.turn = Some(turn),
+            Took::AfterWaiting(turn) => {
+                self.turn = Some(turn);
+                self.decide_again = true;
+            }
+            Took::No => self.gave_up = Some(row),
+        }
+    }
+
+    /// A commit. A batch that writes the held row hands its turn on, unless
+    /// it lost its compare-and-swap (to another process: the engine reads the
+    /// row again at once, and keeps its place); the first such batch after a
+    /// wait is not applied (see [`Imports::decide_again`]).
+    fn commit_batch(&mut self, batch: &Batch) -> Committed {
+        let writes_held = self.turn.as_ref().is_some_and(|turn| {
+            batch
+                .puts
+                .iter()
+                .any(|p| matches!(p.table, Table::Quota) && turn.row().is(&p.scope, &p.key))
+        });
+        // A deferrable batch (a count, an attempt's own success) is committed as it comes: some are
+        // not decided again after a conflict. None writes a bucket today.
+        if writes_held && !batch.deferrable && std::mem::take(&mut self.decide_again) {
+            return Committed::Conflict;
+        }
+        let committed = self.host.commit_batch(batch);
+        if writes_held && !matches!(committed, Committed::Conflict) {
+            self.turn = None;
+        }
+        committed
+    }
+
+    /// At the end of every export: its turn, if it still holds one, goes on.
+    pub(crate) fn end_export(&mut self) {
+        self.turn = None;
+        self.decide_again = false;
+        self.gave_up = None;
+    }
+
     /// Why `import` (`ledger.get`, `ledger-json.commit`, …) of `encoding` is refused, if that is not
     /// the encoding this instance was configured with.
     fn refused(&self, import: &str, encoding: LedgerEncoding) -> Option<Failure> {
@@ -246,14 +328,17 @@ impl ledger::Host for Imports {
     fn get(&mut self, table: Table, scope: String, key: String) -> Got {
         match self.refused("ledger.get", LedgerEncoding::Typed) {
             Some(f) => Got::Failed(f),
-            None => self.host.get_row(table, &scope, &key),
+            None => {
+                self.take_turn(table, &scope, &key);
+                self.host.get_row(table, &scope, &key)
+            }
         }
     }
 
     fn commit(&mut self, batch: Batch) -> Committed {
         match self.refused("ledger.commit", LedgerEncoding::Typed) {
             Some(f) => Committed::Failed(f),
-            None => self.host.commit_batch(&batch),
+            None => self.commit_batch(&batch),
         }
     }
 
@@ -290,7 +375,10 @@ impl ledger_json::Host for Imports {
     fn get(&mut self, table: Table, scope: String, key: String) -> String {
         match self.refused("ledger-json.get", LedgerEncoding::Json) {
             Some(f) => json(&Got::Failed(f)),
-            None => json(&self.host.get_row(table, &scope, &key)),
+            None => {
+                self.take_turn(table, &scope, &key);
+                json(&self.host.get_row(table, &scope, &key))
+            }
         }
     }
 
@@ -299,7 +387,7 @@ impl ledger_json::Host for Imports {
             return json(&Committed::Failed(f));
         }
         match batch_of(&batch, bodies) {
-            Ok(batch) => json(&self.host.commit_batch(&batch)),
+            Ok(batch) => json(&self.commit_batch(&batch)),
             Err(why) => json(&Committed::Failed(Failure { message: why })),
         }
     }
@@ -514,8 +602,8 @@ mod tests {
 
     fn imports(storage: Arc<MemoryStorage>, encoding: Option<LedgerEncoding>) -> Imports {
         Imports {
-            host: host(storage),
             encoding,
+            ..Imports::new(host(storage))
         }
     }
 
@@ -631,5 +719,108 @@ mod tests {
         assert!(matches!(ledger::Host::commit(&mut state, batch), Committed::Failed(_)));
         assert!(storage.get(Table::Operation, "s", "k").unwrap().is_none());
         assert!(storage.get(Table::Operation, "other", "k").unwrap().is_none());
+    }
+
+    /// A batch writing quota row (`scope`, b) over version `expected` (none: inserting it).
+    fn bucket(scope: &str, expected: Option<u64>) -> Batch {
+        let version = expected.map_or(1, |v| v + 1);
+        let row = Row {
+            table: Table::Quota,
+            scope: scope.into(),
+            key: "b".into(),
+            version,
+            state: None,
+            due_at: None,
+            owner: None,
+            body: "{}".into(),
+        };
+        Batch {
+            puts: vec![Put {
+                table: Table::Quota,
+                scope: scope.into(),
+                key: "b".into(),
+                expected,
+                row: Some(row),
+            }],
+            events: Vec::new(),
+            deferrable: false,
+        }
+    }
+
+    fn read(state: &mut Imports, table: Table, scope: &str, key: &str) {
+        let _ = ledger::Host::get(state, table, scope.into(), key.into());
+    }
+
+    /// A bucket's read takes its turn (`crate::turns`); a lost compare-and-swap keeps it; an applied
+    /// write of the row, a read of another bucket or the export's end hands it on. The ledger's
+    /// secret (quota table, empty scope) takes none.
+    #[test]
+    fn a_bucket_read_holds_its_turn_until_the_row_is_written_or_the_export_ends() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut state = imports(storage.clone(), Some(LedgerEncoding::Typed));
+        read(&mut state, Table::Quota, "", "once:provider-key-secret");
+        assert!(state.turn.is_none(), "the secret's row takes no turn");
+        read(&mut state, Table::Quota, "s", "b");
+        assert!(state.turn.as_ref().is_some_and(|t| t.row().is("s", "b")));
+        read(&mut state, Table::Operation, "s", "k");
+        assert!(state.turn.is_some(), "other rows' reads keep it");
+        assert!(matches!(
+            ledger::Host::commit(&mut state, bucket("s", Some(7))),
+            Committed::Conflict
+        ));
+        assert!(state.turn.is_some(), "a lost compare-and-swap keeps it");
+        assert!(matches!(
+            ledger::Host::commit(&mut state, bucket("s", None)),
+            Committed::Applied
+        ));
+        assert!(state.turn.is_none(), "the applied write hands it on");
+        read(&mut state, Table::Quota, "s", "b");
+        read(&mut state, Table::Quota, "t", "b");
+        assert!(
+            state.turn.as_ref().is_some_and(|t| t.row().is("t", "b")),
+            "one turn at a time"
+        );
+        state.end_export();
+        assert!(state.turn.is_none());
+        let store = Arc::as_ptr(&state.host.storage) as *const () as usize;
+        for scope in ["s", "t"] {
+            assert_eq!(
+                Turns::shared().waiting(&RowId::new(store, scope, "b")),
+                None,
+                "{scope}: freed"
+            );
+        }
+    }
+
+    /// An export that waited for its turn read the clock before it waited: its first write of the
+    /// row is answered `conflict` and not applied, so the engine decides again on the clock as it
+    /// is; the next write applies.
+    #[test]
+    fn a_write_after_waiting_for_the_turn_is_decided_again() {
+        let storage = Arc::new(MemoryStorage::new());
+        let mut holder = imports(storage.clone(), Some(LedgerEncoding::Typed));
+        read(&mut holder, Table::Quota, "s", "b");
+        let row = RowId::new(Arc::as_ptr(&holder.host.storage) as *const () as usize, "s", "b");
+        let waiter = {
+            let storage = storage.clone();
+            std::thread::spawn(move || {
+                let mut state = imports(storage.clone(), Some(LedgerEncoding::Typed));
+                read(&mut state, Table::Quota, "s", "b");
+                let first = ledger::Host::commit(&mut state, bucket("s", None));
+                let applied = storage.get(Table::Quota, "s", "b").unwrap().is_some();
+                let second = ledger::Host::commit(&mut state, bucket("s", None));
+                (first, applied, second)
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Turns::shared().waiting(&row) != Some(1) {
+            assert!(std::time::Instant::now() < deadline, "the second reader never queued");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        holder.end_export();
+        let (first, applied, second) = waiter.join().unwrap();
+        assert!(matches!(first, Committed::Conflict));
+        assert!(!applied, "the first write after the wait is not applied");
+        assert!(matches!(second, Committed::Applied));
     }
 }

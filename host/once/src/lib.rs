@@ -29,6 +29,7 @@ pub(crate) mod once;
 mod operators;
 pub mod runtime;
 pub mod storage;
+mod turns;
 
 pub use crate::bindings::types;
 #[cfg(feature = "tokio")]

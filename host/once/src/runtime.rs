@@ -254,10 +254,7 @@ impl Runtime {
     /// A fresh instance over the given host state, under `limits`.
     pub fn instantiate_limited(&self, state: HostState, limits: &GuestLimits) -> Result<Instance, OnceError> {
         let data = StoreData {
-            imports: Imports {
-                host: state,
-                encoding: None,
-            },
+            imports: Imports::new(state),
             memory: MemoryLimiter {
                 max_bytes: limits.memory_bytes,
                 granted: 0,
@@ -321,7 +318,14 @@ impl Instance {
         if self.metered {
             self.store.set_fuel(limits.fuel).map_err(|e| failure(&e, &limits))?;
         }
-        f(&self.world, &mut self.store).map_err(|e| failure(&e, &limits))
+        // A panic out of an import (a user's Provider, say) must not leave a turn held by an
+        // instance its owner may keep (`crate::turns`).
+        let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&self.world, &mut self.store)));
+        self.store.data_mut().imports.end_export();
+        match answer {
+            Ok(answer) => answer.map_err(|e| failure(&e, &limits)),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 
     /// The `default-settings` export.

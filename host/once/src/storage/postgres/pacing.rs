@@ -7,10 +7,14 @@
 //! hold every contender and let one win, and under enough callers on a slow
 //! machine one caller can lose every round until its contention window ends
 //! and it is refused (`blocked(storage)`: "the record kept changing under
-//! concurrent writers"), as the gateway's 128-client load test once saw. So
-//! a loser waits a random time up to what serving this process's contenders
-//! one by one takes (the commits in flight times a commit's recent duration,
-//! at most [`MAX_BACK_OFF`]), and the contenders come back spread out. The
+//! concurrent writers"), as the gateway's 128-client load test once saw.
+//! The calls through one `Once` take turns at a bucket (`crate::turns`)
+//! and do not race each other; what is left is the race with other
+//! processes and handles, and with a call that gave up waiting for its
+//! turn. So a loser that holds no turn waits a random time up to what
+//! serving the contenders one by one takes (the commits in flight times a
+//! commit's recent duration, at most [`MAX_BACK_OFF`]), and the contenders
+//! come back spread out. The
 //! wait shrinks with each loss in a row, so a caller that lost often is
 //! likely to come back before those that lost less.
 //!
@@ -117,13 +121,16 @@ impl Committing<'_> {
     }
 
     /// `batch` lost its version check. If it updates a quota bucket and is not
-    /// deferrable, wait before answering so the contenders come back spread out.
+    /// deferrable, wait before answering so the contenders come back spread out;
+    /// not when its caller holds the bucket's turn (`crate::turns`): its
+    /// process's contenders are parked behind it, and a sleep would only stall
+    /// them.
     pub(super) fn lost(mut self, batch: &Batch) {
         let bucket = batch
             .puts
             .iter()
             .any(|p| p.table == Table::Quota && p.expected.is_some());
-        if !bucket || batch.deferrable {
+        if !bucket || batch.deferrable || crate::turns::held_here() {
             return;
         }
         self.paced = true;

@@ -142,7 +142,13 @@ impl SqliteStorage {
     /// commit does not wait: a replay's blind insert of an existing key does
     /// so, and so does a lone batch behind a hot row's last winner (it comes
     /// back alone).
+    /// A caller that holds the row's turn (`crate::turns`) does not wait: its
+    /// process's contenders are parked behind it, and a sleep would only stall
+    /// them.
     fn back_off(&self, losers: usize) {
+        if crate::turns::held_here() {
+            return;
+        }
         self.backed_off.fetch_add(1, Ordering::Relaxed);
         let commit_time = self.lock_queue().commit_time;
         let window = commit_time.saturating_mul(losers as u32).min(MAX_BACK_OFF);

@@ -28,7 +28,10 @@
 //! caller never waits, and `Ok` still comes only after `COMMIT`. A batch
 //! that lost its version check returns [`CommitError::Conflict`] after a
 //! random back-off (see `group.rs`), so the losers of one hot row do not
-//! all come back into the next group at once. A small pool of reader connections lets reads see
+//! all come back into the next group at once (the calls through one
+//! `Once` take turns at a quota bucket before they read it, `crate::turns`,
+//! so a bucket's losers are mostly other processes' or handles' callers). A
+//! small pool of reader connections lets reads see
 //! the last commit without waiting for a writer's fsync. Several
 //! `SqliteStorage`s, in one or many processes, may open the same file;
 //! SQLite's file locks arbitrate between them.
