@@ -220,11 +220,12 @@ pub(crate) struct Imports {
     /// writes the row or returns. First, so it is handed on before the store
     /// it names can be dropped with `host`.
     pub(crate) turn: Option<Turn>,
-    /// The engine read the clock before it waited for [`Imports::turn`]: its
-    /// commit of the row is answered `conflict` once, unapplied, so the engine
-    /// decides again (holding the turn, it reads the row at once) with the
-    /// clock as it is now. Otherwise a lease, a fence and a quota window would
-    /// date from before the wait.
+    /// The engine read the clock before it waited for a turn in this export:
+    /// its next commit of the held row is answered `conflict` once, unapplied,
+    /// so the engine decides again (holding the turn, it reads the row at once)
+    /// with the clock as it is now. Otherwise a lease, a fence and a quota
+    /// window would date from before the wait. Kept when the export moves on
+    /// to another bucket (its decision still holds that clock).
     decide_again: bool,
     /// A quota row this export waited [`turns::MAX_WAIT`] for in vain: it reads it without a turn from then on.
     gave_up: Option<RowId>,
@@ -248,7 +249,9 @@ impl Imports {
 
     /// Before a read: a quota bucket's waits for its turn (`crate::turns`).
     /// An export holds one turn at most, so it hands the one it holds on
-    /// before it waits for another. The ledger's provider-key secret is kept
+    /// before it waits for another, and it holds none while a provider or an
+    /// operator sink answers (those imports hand it on; a later write of the
+    /// row is then checked by its compare-and-swap alone). The ledger's provider-key secret is kept
     /// in the quota table under the empty scope, which no bucket has
     /// (guest/src/secret.rs): every new instance reads it, and it takes no
     /// turn.
@@ -261,7 +264,6 @@ impl Imports {
             return;
         }
         self.turn = None;
-        self.decide_again = false;
         let store = Arc::as_ptr(&self.host.storage) as *const () as usize;
         let row = RowId::new(store, scope, key);
         match Turns::shared().take(row.clone(), turns::MAX_WAIT) {
@@ -275,9 +277,11 @@ impl Imports {
     }
 
     /// A commit. A batch that writes the held row hands its turn on, unless
-    /// it lost its compare-and-swap (to another process: the engine reads the
-    /// row again at once, and keeps its place); the first such batch after a
-    /// wait is not applied (see [`Imports::decide_again`]).
+    /// it lost its compare-and-swap (to a writer that takes no turns here:
+    /// another process or handle, a nested export, a caller that gave up
+    /// waiting; the engine reads the row again at once and keeps its place);
+    /// the first such batch after a wait is not applied (see
+    /// [`Imports::decide_again`]).
     fn commit_batch(&mut self, batch: &Batch) -> Committed {
         let writes_held = self.turn.as_ref().is_some_and(|turn| {
             batch
@@ -456,6 +460,8 @@ impl clock::Host for Imports {
 
 impl provider::Host for Imports {
     fn lookup(&mut self, tool: String, provider_key: String, args: String) -> Evidence {
+        // A provider may take its timeout to answer: the bucket's other callers do not wait behind it.
+        self.turn = None;
         self.host.provider.lookup(&tool, &provider_key, &args)
     }
 }
@@ -468,6 +474,8 @@ impl entropy::Host for Imports {
 
 impl operator::Host for Imports {
     fn escalate(&mut self, escalation: Escalation) -> bool {
+        // A user's sink may be slow, or call `Once` again: the bucket's other callers do not wait behind it.
+        self.turn = None;
         self.host.operator.escalate(&escalation)
     }
 }
@@ -780,6 +788,9 @@ mod tests {
             state.turn.as_ref().is_some_and(|t| t.row().is("t", "b")),
             "one turn at a time"
         );
+        let _ = provider::Host::lookup(&mut state, "refund".into(), "pk".into(), "{}".into());
+        assert!(state.turn.is_none(), "a provider's read hands it on");
+        read(&mut state, Table::Quota, "t", "b");
         state.end_export();
         assert!(state.turn.is_none());
         let store = Arc::as_ptr(&state.host.storage) as *const () as usize;
@@ -794,9 +805,15 @@ mod tests {
 
     /// An export that waited for its turn read the clock before it waited: its first write of the
     /// row is answered `conflict` and not applied, so the engine decides again on the clock as it
-    /// is; the next write applies.
+    /// is; the next write applies. So too when the decision moved on to another bucket after the
+    /// wait (`moves_on`): it still holds the clock it read before.
     #[test]
     fn a_write_after_waiting_for_the_turn_is_decided_again() {
+        waited_then_wrote(false);
+        waited_then_wrote(true);
+    }
+
+    fn waited_then_wrote(moves_on: bool) {
         let storage = Arc::new(MemoryStorage::new());
         let mut holder = imports(storage.clone(), Some(LedgerEncoding::Typed));
         read(&mut holder, Table::Quota, "s", "b");
@@ -806,9 +823,14 @@ mod tests {
             std::thread::spawn(move || {
                 let mut state = imports(storage.clone(), Some(LedgerEncoding::Typed));
                 read(&mut state, Table::Quota, "s", "b");
-                let first = ledger::Host::commit(&mut state, bucket("s", None));
-                let applied = storage.get(Table::Quota, "s", "b").unwrap().is_some();
-                let second = ledger::Host::commit(&mut state, bucket("s", None));
+                let written = if moves_on { "t" } else { "s" };
+                if moves_on {
+                    read(&mut state, Table::Quota, written, "b");
+                }
+                let first = ledger::Host::commit(&mut state, bucket(written, None));
+                let applied = storage.get(Table::Quota, written, "b").unwrap().is_some();
+                let second = ledger::Host::commit(&mut state, bucket(written, None));
+                state.end_export();
                 (first, applied, second)
             })
         };
@@ -819,8 +841,11 @@ mod tests {
         }
         holder.end_export();
         let (first, applied, second) = waiter.join().unwrap();
-        assert!(matches!(first, Committed::Conflict));
-        assert!(!applied, "the first write after the wait is not applied");
-        assert!(matches!(second, Committed::Applied));
+        assert!(matches!(first, Committed::Conflict), "moves on: {moves_on}");
+        assert!(
+            !applied,
+            "the first write after the wait is not applied (moves on: {moves_on})"
+        );
+        assert!(matches!(second, Committed::Applied), "moves on: {moves_on}");
     }
 }

@@ -16,23 +16,25 @@
 //! holds that row, and holds it until the export commits a batch that writes
 //! the row (a lost compare-and-swap keeps it: the engine reads again at once)
 //! or returns. An export holds at most one turn: it hands the one it holds on
-//! before it waits for another, so no caller waits while holding one. An
-//! export nested in another's import on the same thread (an operator sink or
-//! a provider that calls `Once` again) does not wait for the turn its own
-//! thread holds.
+//! before it waits for another. A thread that holds a turn never waits for
+//! one: an export nested in another's import on the same thread (an operator
+//! sink or a provider that calls `Once` again) reads without a turn. So no
+//! caller waits while holding one, and no two wait on each other.
 //!
 //! Turns order callers; they guard nothing. The compare-and-swap still decides
 //! every write, so a caller of another process (another gateway on the same
-//! ledger) or another handle races as before, and an export that waited
-//! [`MAX_WAIT`] for its turn (its holder stuck in a slow import) gives up on
-//! that row for the rest of the export and races too, rather than stall.
+//! ledger) or another handle races as before, and an export whose queue did
+//! not move for [`MAX_WAIT`] (its holder stuck) gives up on that row for the
+//! rest of the export and races too, rather than stall.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-/// The longest an export waits for its turn before it reads without one.
+/// The longest an export waits for its turn while the row's turn is not
+/// handed on (a long queue that moves is waited out) before it reads
+/// without one.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether an export on this thread holds a turn: a store then does not back
@@ -81,6 +83,9 @@ struct Queue {
     holder: ThreadId,
     /// Waiters in arrival order; the holder is not among them.
     waiting: VecDeque<Arc<Waiter>>,
+    /// How many times the turn was handed on: a waiter whose wait ran out
+    /// while this moved goes on waiting.
+    handed_on: u64,
 }
 
 /// One export waiting for its turn.
@@ -98,7 +103,7 @@ pub(crate) enum Took {
     /// The turn, after others held it: what the export read of the clock
     /// before it waited is that much older.
     AfterWaiting(Turn),
-    /// No turn: [`MAX_WAIT`] passed, or this thread holds it already.
+    /// No turn: the queue did not move for the wait, or this thread holds a turn already.
     No,
 }
 
@@ -131,11 +136,16 @@ impl Turns {
         self.rows.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wait for `row`'s turn, at most `max_wait`.
+    /// Wait for `row`'s turn, while its queue moves and at most `max_wait`
+    /// after it last moved.
     pub(crate) fn take(&'static self, row: RowId, max_wait: Duration) -> Took {
         let me = std::thread::current().id();
-        let waiter = {
+        let (waiter, mut seen) = {
             let mut rows = self.lock();
+            // An export nested in a holder's import: waiting could wait for its own thread.
+            if rows.values().any(|q| q.holder == me) {
+                return Took::No;
+            }
             match rows.get_mut(&row) {
                 None => {
                     // Nobody holds it: a row is in the map exactly while it is held.
@@ -144,12 +154,11 @@ impl Turns {
                         Queue {
                             holder: me,
                             waiting: VecDeque::new(),
+                            handed_on: 0,
                         },
                     );
                     return Took::AtOnce(Turn::new(self, row));
                 }
-                // An export nested in the holder's import: waiting would wait for itself.
-                Some(queue) if queue.holder == me => return Took::No,
                 Some(queue) => {
                     let waiter = Arc::new(Waiter {
                         thread: me,
@@ -157,38 +166,46 @@ impl Turns {
                         wake: Condvar::new(),
                     });
                     queue.waiting.push_back(waiter.clone());
-                    waiter
+                    (waiter, queue.handed_on)
                 }
             }
         };
-        let deadline = Instant::now() + max_wait;
-        let mut granted = waiter.granted.lock().unwrap_or_else(PoisonError::into_inner);
-        while !*granted {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
+        loop {
+            let deadline = Instant::now() + max_wait;
+            let mut granted = waiter.granted.lock().unwrap_or_else(PoisonError::into_inner);
+            while !*granted {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                granted = waiter
+                    .wake
+                    .wait_timeout(granted, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
-            granted = waiter
-                .wake
-                .wait_timeout(granted, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        if *granted {
-            return Took::AfterWaiting(Turn::new(self, row));
-        }
-        drop(granted);
-        // Timed out: leave the queue, unless the turn was handed over meanwhile (the holder
-        // grants under the map's lock, so looking again under it settles which came first).
-        let mut rows = self.lock();
-        if *waiter.granted.lock().unwrap_or_else(PoisonError::into_inner) {
-            drop(rows);
-            return Took::AfterWaiting(Turn::new(self, row));
-        }
-        if let Some(queue) = rows.get_mut(&row) {
+            if *granted {
+                return Took::AfterWaiting(Turn::new(self, row));
+            }
+            drop(granted);
+            // The wait ran out. Under the map's lock (the holder grants under it) look again:
+            // granted meanwhile, or the queue moved (wait on), or it did not (leave it).
+            let mut rows = self.lock();
+            if *waiter.granted.lock().unwrap_or_else(PoisonError::into_inner) {
+                drop(rows);
+                return Took::AfterWaiting(Turn::new(self, row));
+            }
+            let Some(queue) = rows.get_mut(&row) else {
+                // Unreachable while this waiter is queued (a row leaves the map only with no waiters).
+                return Took::No;
+            };
+            if queue.handed_on != seen {
+                seen = queue.handed_on;
+                continue;
+            }
             queue.waiting.retain(|w| !Arc::ptr_eq(w, &waiter));
+            return Took::No;
         }
-        Took::No
     }
 
     /// Hand `row` to its next waiter, or free it.
@@ -200,6 +217,7 @@ impl Turns {
         match queue.waiting.pop_front() {
             Some(next) => {
                 queue.holder = next.thread;
+                queue.handed_on += 1;
                 *next.granted.lock().unwrap_or_else(PoisonError::into_inner) = true;
                 next.wake.notify_one();
             }
@@ -325,41 +343,91 @@ mod tests {
         assert!(other_thread.join().unwrap(), "no turn within the wait");
         assert_eq!(turns.waiting(&r), Some(0), "the waiter that gave up is gone");
         // Another row is not held up by this one.
-        assert!(matches!(
-            turns.take(row("timeout-other"), Duration::ZERO),
-            Took::AtOnce(_)
-        ));
+        let other_row = std::thread::spawn(|| {
+            matches!(
+                Turns::shared().take(row("timeout-other"), Duration::ZERO),
+                Took::AtOnce(_)
+            )
+        });
+        assert!(other_row.join().unwrap());
         drop(holder);
         assert_eq!(turns.waiting(&r), None);
         assert!(matches!(turns.take(r, Duration::ZERO), Took::AtOnce(_)));
     }
 
     #[test]
-    fn the_holders_own_thread_does_not_wait_for_it() {
+    fn a_thread_that_holds_a_turn_does_not_wait_for_another() {
         let turns = Turns::shared();
-        let r = row("nested");
-        let holder = turn(turns.take(r.clone(), MAX_WAIT));
-        // Watch the queue: a nested take that queued would sit there for MAX_WAIT.
+        let (mine, theirs) = (row("nested-mine"), row("nested-theirs"));
+        let holder = turn(turns.take(mine.clone(), MAX_WAIT));
+        // Another thread holds `theirs` until told.
+        let (held, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let other = {
+            let (theirs, held) = (theirs.clone(), held.0);
+            let release = release.1;
+            std::thread::spawn(move || {
+                let turn = turn(Turns::shared().take(theirs, MAX_WAIT));
+                held.send(()).unwrap();
+                release.recv().unwrap();
+                drop(turn);
+            })
+        };
+        held.1.recv().unwrap();
+        // Watch the queues: a take that queued would sit there for MAX_WAIT.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = {
-            let (r, stop) = (r.clone(), stop.clone());
+            let (rows, stop) = ([mine.clone(), theirs.clone()], stop.clone());
             std::thread::spawn(move || {
                 let mut queued = false;
                 while !stop.load(Ordering::SeqCst) {
-                    queued |= Turns::shared().waiting(&r) == Some(1);
+                    queued |= rows.iter().any(|r| Turns::shared().waiting(r) == Some(1));
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 queued
             })
         };
-        // An export nested in the holder's import: no turn, and no place in the queue.
-        assert!(matches!(turns.take(r.clone(), MAX_WAIT), Took::No));
+        // Exports nested in the holder's import, on its thread: no turn, no place in a queue.
+        assert!(matches!(turns.take(mine.clone(), MAX_WAIT), Took::No));
+        assert!(matches!(turns.take(theirs.clone(), MAX_WAIT), Took::No));
         stop.store(true, Ordering::SeqCst);
         assert!(
             !watcher.join().unwrap(),
-            "the nested export queued behind its own thread"
+            "a nested export queued while its thread held a turn"
         );
+        release.0.send(()).unwrap();
+        other.join().unwrap();
         drop(holder);
         assert!(!held_here());
+    }
+
+    #[test]
+    fn a_queue_that_moves_is_waited_out_past_the_wait() {
+        let turns = Turns::shared();
+        let r = row("moving");
+        let first = turn(turns.take(r.clone(), MAX_WAIT));
+        let release = std::sync::mpsc::channel::<()>();
+        let second = {
+            let (r, release) = (r.clone(), release.1);
+            std::thread::spawn(move || {
+                let turn = turn(Turns::shared().take(r, MAX_WAIT));
+                release.recv().unwrap();
+                drop(turn);
+            })
+        };
+        wait_for_waiters(&r, 1);
+        let wait = Duration::from_secs(1);
+        let third = {
+            let r = r.clone();
+            std::thread::spawn(move || matches!(Turns::shared().take(r, wait), Took::AfterWaiting(_)))
+        };
+        wait_for_waiters(&r, 2);
+        // The queue moves within the third's wait, and its turn comes only after that wait.
+        std::thread::sleep(wait / 2);
+        drop(first);
+        std::thread::sleep(wait);
+        release.0.send(()).unwrap();
+        second.join().unwrap();
+        assert!(third.join().unwrap(), "the third waited on while the queue moved");
+        assert_eq!(turns.waiting(&r), None);
     }
 }

@@ -6,10 +6,11 @@
 //!
 //! The calls share one `Once`, as a gateway's do. Each losing compare-and-swap
 //! is another caller's commit; on b58a043 a caller that lost sixteen in a row
-//! was refused. Callers of one process take turns at a bucket, so none of
+//! was refused. Calls through one `Once` take turns at a bucket, so none of
 //! them loses its update to another: on 9132aac they raced, and on a slow
 //! machine one of 128 lost for its whole contention window.
 
+mod observed_common;
 #[cfg(feature = "postgres")]
 mod postgres_common;
 
@@ -17,9 +18,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use observed_common::Observed;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage};
-use once::storage::{CommitError, Flush, Stats, Storage, StorageError};
-use once::types::{AuditEvent, Batch, BlockReason, Ending, QuotaInput, Row, State, Table, Timestamp};
+use once::storage::{CommitError, Flush, Storage};
+use once::types::{Batch, BlockReason, Ending, QuotaInput, Table};
 use once::{Called, Once, Sent};
 
 const TOOL: &str = "refund_order";
@@ -73,64 +75,25 @@ fn tally(called: &[Called]) -> (usize, usize, usize) {
     (sent, replayed, over)
 }
 
-/// A store that counts the batches writing a quota bucket that lost their compare-and-swap.
-struct CountsLostBuckets<S> {
-    store: S,
-    lost: Arc<AtomicU32>,
-}
-
-impl<S: Storage> Storage for CountsLostBuckets<S> {
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
-        self.store.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        self.commit_with(batch, Flush::Now)
-    }
-    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
-        let result = self.store.commit_with(batch, flush);
-        // The ledger's provider-key secret is in the quota table too, under the empty scope: new
-        // instances race to create it, and that race is not a bucket's.
-        let bucket = batch
-            .puts
-            .iter()
-            .any(|p| p.table == Table::Quota && !p.scope.is_empty());
-        if result == Err(CommitError::Conflict) && bucket {
-            self.lost.fetch_add(1, Ordering::SeqCst);
-        }
-        result
-    }
-    fn scan(
-        &self,
-        table: Table,
-        states: &[State],
-        due_before: Timestamp,
-        owner: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Row>, StorageError> {
-        self.store.scan(table, states, due_before, owner, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
-        self.store.audit(scope, key)
-    }
-    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
-        self.store.list(state, limit)
-    }
-    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
-        self.store.stats(scope)
-    }
-    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
-        self.store.claim_body_format(format)
-    }
-}
-
 /// 64 refunds of 10.00 under their own keys at once, against a 300.00 ceiling: exactly 30 are
 /// sent, 34 are over the ceiling, and none is refused for the bucket being busy. The callers take
 /// turns at the bucket: none loses its update to another.
 fn sixty_four_calls_on_one_bucket(storage: impl Storage + 'static) {
     let lost = Arc::new(AtomicU32::new(0));
-    let once = Arc::new(with_quota(CountsLostBuckets {
+    let counted = lost.clone();
+    let once = Arc::new(with_quota(Observed {
         store: storage,
-        lost: lost.clone(),
+        seen: move |batch: &Batch, _: Flush, result: &Result<(), CommitError>| {
+            // The ledger's provider-key secret is in the quota table too, under the empty scope:
+            // new instances race to create it, and that race is not a bucket's.
+            let bucket = batch
+                .puts
+                .iter()
+                .any(|p| p.table == Table::Quota && !p.scope.is_empty());
+            if *result == Err(CommitError::Conflict) && bucket {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        },
     }));
     let effects = Arc::new(AtomicU32::new(0));
     let calls = (0..64)
@@ -199,7 +162,7 @@ fn postgres_one_hundred_twenty_eight_calls_on_one_key_send_once_and_replay() {
 #[cfg(feature = "postgres")]
 #[test]
 fn postgres_a_lost_bucket_update_backs_off_unless_deferrable() {
-    use once::types::Put;
+    use once::types::{Put, Row};
     let Some(schema) = postgres_common::TestSchema::new() else {
         return;
     };

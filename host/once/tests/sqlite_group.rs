@@ -9,14 +9,17 @@
 //! must never report `Ok` before the group's `COMMIT`: every acknowledged
 //! batch is visible to another connection at once and survives a SIGKILL.
 
+mod observed_common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
+use observed_common::Observed;
 use once::storage::sqlite::{CommitCounts, SqliteOptions, SqliteStorage, Synchronous};
-use once::storage::{CommitError, Flush, Stats, Storage, StorageError};
+use once::storage::{CommitError, Flush, Storage};
 use once::types::{AuditEvent, Batch, Ending, Outcome, Put, Row, State, Table};
 use once::{Called, Once, Sent};
 
@@ -68,54 +71,14 @@ fn open(path: &Path, synchronous: Synchronous) -> SqliteStorage {
     .expect("open sqlite")
 }
 
-/// Forwards to a shared SQLite store and records the flush of every commit.
-struct Observed {
-    store: Arc<SqliteStorage>,
-    flushes: Arc<Mutex<Vec<Flush>>>,
-}
-
-impl Storage for Observed {
-    fn get(&self, table: Table, scope: &str, key: &str) -> Result<Option<Row>, StorageError> {
-        self.store.get(table, scope, key)
-    }
-    fn commit(&self, batch: &Batch) -> Result<(), CommitError> {
-        self.commit_with(batch, Flush::Now)
-    }
-    fn commit_with(&self, batch: &Batch, flush: Flush) -> Result<(), CommitError> {
-        self.flushes.lock().unwrap().push(flush);
-        self.store.commit_with(batch, flush)
-    }
-    fn scan(
-        &self,
-        table: Table,
-        states: &[State],
-        due_before: u64,
-        owner: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Row>, StorageError> {
-        self.store.scan(table, states, due_before, owner, limit)
-    }
-    fn audit(&self, scope: &str, key: &str) -> Result<Vec<AuditEvent>, StorageError> {
-        self.store.audit(scope, key)
-    }
-    fn list(&self, state: Option<State>, limit: u32) -> Result<Vec<Row>, StorageError> {
-        self.store.list(state, limit)
-    }
-    fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {
-        self.store.stats(scope)
-    }
-    fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
-        self.store.claim_body_format(format)
-    }
-}
-
 /// The store at `path`, the flushes its commits were asked for, and a `Once` over both.
 fn observed(path: &Path, synchronous: Synchronous) -> (Arc<SqliteStorage>, Arc<Mutex<Vec<Flush>>>, Once) {
     let store = Arc::new(open(path, synchronous));
     let flushes = Arc::new(Mutex::new(Vec::new()));
+    let seen = flushes.clone();
     let once = Once::builder(Observed {
         store: store.clone(),
-        flushes: flushes.clone(),
+        seen: move |_: &Batch, flush, _: &Result<(), CommitError>| seen.lock().unwrap().push(flush),
     })
     .build()
     .unwrap();

@@ -10,11 +10,10 @@
 //! concurrent writers"), as the gateway's 128-client load test once saw.
 //! The calls through one `Once` take turns at a bucket (`crate::turns`)
 //! and do not race each other; what is left is the race with other
-//! processes and handles, and with a call that gave up waiting for its
-//! turn. So a loser that holds no turn waits a random time up to what
-//! serving the contenders one by one takes (the commits in flight times a
-//! commit's recent duration, at most [`MAX_BACK_OFF`]), and the contenders
-//! come back spread out. The
+//! processes and handles (and a call that gave up waiting for its turn).
+//! So a loser waits a random time up to what serving the contenders one
+//! by one takes (the commits in flight times a commit's recent duration,
+//! at most [`MAX_BACK_OFF`]), and the contenders come back spread out. The
 //! wait shrinks with each loss in a row, so a caller that lost often is
 //! likely to come back before those that lost less.
 //!
@@ -121,16 +120,17 @@ impl Committing<'_> {
     }
 
     /// `batch` lost its version check. If it updates a quota bucket and is not
-    /// deferrable, wait before answering so the contenders come back spread out;
-    /// not when its caller holds the bucket's turn (`crate::turns`): its
-    /// process's contenders are parked behind it, and a sleep would only stall
-    /// them.
+    /// deferrable, wait before answering so the contenders come back spread out.
+    /// A caller holding the bucket's turn (`crate::turns`) waits too: it lost
+    /// to another process's holder, which would otherwise come back at the
+    /// same moment; its own process's waiters are parked, not in flight, so
+    /// they do not widen the wait.
     pub(super) fn lost(mut self, batch: &Batch) {
         let bucket = batch
             .puts
             .iter()
             .any(|p| p.table == Table::Quota && p.expected.is_some());
-        if !bucket || batch.deferrable || crate::turns::held_here() {
+        if !bucket || batch.deferrable {
             return;
         }
         self.paced = true;

@@ -142,9 +142,12 @@ impl SqliteStorage {
     /// commit does not wait: a replay's blind insert of an existing key does
     /// so, and so does a lone batch behind a hot row's last winner (it comes
     /// back alone).
-    /// A caller that holds the row's turn (`crate::turns`) does not wait: its
-    /// process's contenders are parked behind it, and a sleep would only stall
-    /// them.
+    ///
+    /// A caller that holds a bucket's turn (`crate::turns`) does not wait: a
+    /// loser to its own group lost to a writer of this process that took no
+    /// turn (a nested export, a caller that gave up waiting), while the
+    /// process's other callers of the bucket are parked behind the turn, and a
+    /// sleep would only stall them.
     fn back_off(&self, losers: usize) {
         if crate::turns::held_here() {
             return;
