@@ -8,7 +8,7 @@
 //! ([`component`], on `wasm32` only) implements with the WIT imports and
 //! tests implement in memory ([`testing`]).
 #![no_std]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 extern crate alloc;
 #[cfg(not(target_arch = "wasm32"))]

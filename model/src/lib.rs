@@ -22,6 +22,7 @@
 //! A counterexample prints as a trace ([`trace`]): the actions in order and
 //! the property they broke. docs/design.md says what is checked and what
 //! the model does not cover.
+#![deny(missing_docs)]
 
 pub mod configs;
 pub mod fair;

@@ -6,7 +6,7 @@
 //! Everything binds to 127.0.0.1 on ephemeral ports and stops on `Drop`, joining every thread it started, so a demo
 //! can run thousands of fresh service + proxy pairs in one process.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod client;
 mod http;

@@ -33,6 +33,7 @@
 //! JSON-RPC layer on the stdio connections, for what rmcp cannot carry),
 //! `tasks` (MCP 2025-11-25 tasks: what is declared and refused), `worker` (the
 //! background settle rounds) and `check` (`--check-config`).
+#![deny(missing_docs)]
 
 mod access;
 mod check;

@@ -18,7 +18,7 @@
 //! ledger (`storage::postgres`, `postgres://…` locations); `tokio` adds the
 //! same loop for async hosts (`Once::call_async`, module `call_async`),
 //! which stops the sender at its deadline.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod bindings;
 #[cfg(feature = "tokio")]

@@ -9,6 +9,7 @@
 //! request, or a body slowly, or floods the port with idle connections, is
 //! cut off ([`Ui::header_timeout`], [`Ui::body_timeout`],
 //! [`Ui::max_unauthenticated`]).
+#![deny(missing_docs)]
 
 mod access;
 mod config;
