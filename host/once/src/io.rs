@@ -227,7 +227,8 @@ pub(crate) struct Imports {
     /// window would date from before the wait. Kept when the export moves on
     /// to another bucket (its decision still holds that clock).
     decide_again: bool,
-    /// A quota row this export waited [`turns::MAX_WAIT`] for in vain: it reads it without a turn from then on.
+    /// A quota row whose queue did not move for [`turns::MAX_WAIT`] while this
+    /// export waited: it reads the row without a turn from then on.
     gave_up: Option<RowId>,
     /// The host's I/O.
     pub(crate) host: HostState,
@@ -251,10 +252,10 @@ impl Imports {
     /// An export holds one turn at most, so it hands the one it holds on
     /// before it waits for another, and it holds none while a provider or an
     /// operator sink answers (those imports hand it on; a later write of the
-    /// row is then checked by its compare-and-swap alone). The ledger's provider-key secret is kept
-    /// in the quota table under the empty scope, which no bucket has
-    /// (guest/src/secret.rs): every new instance reads it, and it takes no
-    /// turn.
+    /// row is then checked by its compare-and-swap alone). The ledger's
+    /// provider-key secret is kept in the quota table under the empty scope,
+    /// which no bucket has (guest/src/secret.rs): every new instance reads
+    /// it, and it takes no turn.
     fn take_turn(&mut self, table: Table, scope: &str, key: &str) {
         if !matches!(table, Table::Quota)
             || scope.is_empty()

@@ -37,10 +37,11 @@ use std::time::{Duration, Instant};
 /// without one.
 pub(crate) const MAX_WAIT: Duration = Duration::from_secs(10);
 
-/// Whether an export on this thread holds a turn: a store then does not back
-/// off after a lost bucket update, since the callers it would make room for
-/// are parked behind the turn and a sleep would only stall them. Asked only
-/// after a lost update, so it may look through every row held.
+/// Whether an export on this thread holds a turn: SQLite's group commit then
+/// does not back off after a lost bucket update, since the callers it would
+/// make room for are parked behind the turn and a sleep would only stall
+/// them. Asked only after a lost update, so it may look through every row
+/// held.
 pub(crate) fn held_here() -> bool {
     let me = std::thread::current().id();
     Turns::shared().lock().values().any(|q| q.holder == me)
