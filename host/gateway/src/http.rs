@@ -43,7 +43,7 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The scope `/healthz` reads (nothing is ever written there).
 const HEALTH_SCOPE: &str = "once/healthz";
 /// How many pending records `/metrics` examines, as `once ui` does.
-const METRICS_QUEUE_LIMIT: u32 = once_ui::DEFAULT_LIMIT;
+const METRICS_QUEUE_LIMIT: u32 = once::metrics::DEFAULT_QUEUE_LIMIT;
 
 struct Front {
     shared: Arc<Shared>,
@@ -303,13 +303,13 @@ async fn metrics(State(front): State<Arc<Front>>, headers: HeaderMap) -> Respons
         };
         let queue = once.queue(&filter, METRICS_QUEUE_LIMIT)?;
         let stats = once.stats(None)?;
-        Ok::<_, once::OnceError>(once_ui::metrics::render(&stats, &queue))
+        Ok::<_, once::OnceError>(once::metrics::render(&stats, &queue))
     })
     .await;
     match read {
         Ok(Ok(mut text)) => {
             text.push_str(&process_counters(&front));
-            ([(header::CONTENT_TYPE, once_ui::metrics::CONTENT_TYPE)], text).into_response()
+            ([(header::CONTENT_TYPE, once::metrics::CONTENT_TYPE)], text).into_response()
         }
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -25,6 +25,7 @@ mod bindings;
 pub mod call_async;
 mod display;
 pub mod io;
+pub mod metrics;
 pub(crate) mod once;
 mod operators;
 pub mod runtime;

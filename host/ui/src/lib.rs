@@ -14,7 +14,6 @@
 mod access;
 mod config;
 mod html;
-pub mod metrics;
 mod pages;
 mod routes;
 
@@ -38,8 +37,8 @@ pub struct Ui {
     max_unauthenticated: usize,
 }
 
-/// How many pending records the queue examines by default.
-pub const DEFAULT_LIMIT: u32 = 1000;
+/// How many pending records the queue examines by default (its page's and its metrics').
+pub const DEFAULT_LIMIT: u32 = once::metrics::DEFAULT_QUEUE_LIMIT;
 /// How long a request's headers may take, counted from the connection opening or the previous answer (so an
 /// idle connection is closed after it too), by default.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -26,8 +26,8 @@ use serde::Deserialize;
 use crate::Ui;
 use crate::access::{COOKIE_NAME, Operator};
 use crate::html::{page, record_href};
-use crate::metrics;
 use crate::pages::{self, Banner, FilterForm};
+use once::metrics;
 
 pub fn router(ui: Arc<Ui>) -> Router {
     Router::new()

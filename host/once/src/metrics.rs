@@ -1,4 +1,5 @@
-//! `GET /metrics`: the ledger's state in the Prometheus text format (0.0.4).
+//! The operator's metrics (`GET /metrics` of `once ui` and the gateway):
+//! the ledger's state in the Prometheus text format (0.0.4).
 //!
 //! Every figure is read from the ledger (its counts and audit trail) and
 //! from the engine's queue, so it is the same whichever process serves it.
@@ -7,11 +8,15 @@
 
 use std::fmt::Write as _;
 
-use once::Stats;
-use once::types::{Attention, OperatorQueue, State};
+use crate::bindings::types::{Attention, OperatorQueue, State};
+use crate::storage::Stats;
 
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// How many pending records the queue behind the metrics examines by default
+/// (`once ui`'s and the gateway's `/metrics`).
+pub const DEFAULT_QUEUE_LIMIT: u32 = 1000;
 
 /// The metrics of a ledger (as one operator may see it: `stats` and `queue`
 /// already limited to their scopes).
