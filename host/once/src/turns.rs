@@ -30,7 +30,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest an export waits for its turn while the row's turn is not
 /// handed on (a long queue that moves is waited out) before it reads
@@ -115,10 +115,6 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    fn new(turns: &'static Turns, row: RowId) -> Turn {
-        Turn { turns, row }
-    }
-
     /// The row this turn is for.
     pub(crate) fn row(&self) -> &RowId {
         &self.row
@@ -158,7 +154,7 @@ impl Turns {
                             handed_on: 0,
                         },
                     );
-                    return Took::AtOnce(Turn::new(self, row));
+                    return Took::AtOnce(Turn { turns: self, row });
                 }
                 Some(queue) => {
                     let waiter = Arc::new(Waiter {
@@ -172,21 +168,13 @@ impl Turns {
             }
         };
         loop {
-            let deadline = Instant::now() + max_wait;
-            let mut granted = waiter.granted.lock().unwrap_or_else(PoisonError::into_inner);
-            while !*granted {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                granted = waiter
-                    .wake
-                    .wait_timeout(granted, left)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
+            let granted = waiter.granted.lock().unwrap_or_else(PoisonError::into_inner);
+            let (granted, _) = waiter
+                .wake
+                .wait_timeout_while(granted, max_wait, |granted| !*granted)
+                .unwrap_or_else(PoisonError::into_inner);
             if *granted {
-                return Took::AfterWaiting(Turn::new(self, row));
+                return Took::AfterWaiting(Turn { turns: self, row });
             }
             drop(granted);
             // The wait ran out. Under the map's lock (the holder grants under it) look again:
@@ -194,7 +182,7 @@ impl Turns {
             let mut rows = self.lock();
             if *waiter.granted.lock().unwrap_or_else(PoisonError::into_inner) {
                 drop(rows);
-                return Took::AfterWaiting(Turn::new(self, row));
+                return Took::AfterWaiting(Turn { turns: self, row });
             }
             let Some(queue) = rows.get_mut(&row) else {
                 // Unreachable while this waiter is queued (a row leaves the map only with no waiters).
@@ -245,6 +233,7 @@ impl Drop for Turn {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
 
     /// A row no other test uses (tests share the process's turns).
     fn row(name: &str) -> RowId {
