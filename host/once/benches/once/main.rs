@@ -1,6 +1,8 @@
-//! `cargo bench -p once-host --features postgres --bench once`: every row of BENCHMARKS.md, each
+//! `cargo bench -p once-host --features postgres --bench once`: rows 1–5 of BENCHMARKS.md, each
 //! next to its baseline measured in the same run, then a summary table of
-//! medians and ratios (the figures BENCHMARKS.md quotes).
+//! medians and ratios (the figures the run files under `benchmarks/` keep and BENCHMARKS.md quotes).
+//! With `ONCE_BENCH_RECORD=benchmarks/<date>-<slug>.md` it also writes that summary as a run file,
+//! with the command line, the date, the commit and the machine (`record::write_run_file`).
 //!
 //! Rows: `fingerprint/*` (canonicalize + fingerprint), `call/*` (warm
 //! protected call), `sqlite/*` (durable protected call vs bare commits),
@@ -81,5 +83,6 @@ fn main() {
     #[cfg(feature = "postgres")]
     pg::bench(&mut c);
     c.final_summary();
-    record::print_summary();
+    let summary = record::print_summary();
+    record::write_run_file(&summary);
 }

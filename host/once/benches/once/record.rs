@@ -2,8 +2,9 @@
 //! end with one table of medians and ratios against each row's baseline.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use criterion::Bencher;
 use criterion::measurement::WallTime;
@@ -102,13 +103,21 @@ fn show(ns: f64) -> String {
     }
 }
 
-/// The summary: per comparison, both medians and subject / baseline.
-pub fn print_summary() {
+/// The summary: per comparison, both medians and subject / baseline; printed, and returned as the
+/// same markdown for a run file (`ONCE_BENCH_RECORD`, see `write_run_file`).
+pub fn print_summary() -> String {
+    let mut out = String::new();
+    let mut line = |l: String| {
+        println!("{l}");
+        out.push_str(&l);
+        out.push('\n');
+    };
     let comparisons = COMPARISONS.lock().unwrap();
-    println!();
-    println!("== once bench summary (medians of criterion's samples; ratio = subject / baseline time)");
-    println!("| row | subject | median | per second | baseline | median | per second | ratio |");
-    println!("|---|---|---|---|---|---|---|---|");
+    line(String::new());
+    line("== once bench summary (medians of criterion's samples; ratio = subject / baseline time)".into());
+    line(String::new());
+    line("| row | subject | median | per second | baseline | median | per second | ratio |".into());
+    line("|---|---|---|---|---|---|---|---|".into());
     for c in comparisons.iter() {
         let (Some(s), Some(b)) = (
             measured_median(&c.subject, c.samples),
@@ -116,7 +125,7 @@ pub fn print_summary() {
         ) else {
             continue;
         };
-        println!(
+        line(format!(
             "| {} | {} | {} | {:.0} | {} | {} | {:.0} | {:.2}× |",
             c.row,
             c.subject,
@@ -126,19 +135,156 @@ pub fn print_summary() {
             show(b),
             1e9 / b,
             s / b
-        );
+        ));
     }
     let latencies = LATENCIES.lock().unwrap().keys().cloned().collect::<Vec<_>>();
     if !latencies.is_empty() {
-        println!();
-        println!("| latency of one call | p50 | p99 | max |");
-        println!("|---|---|---|---|");
+        line(String::new());
+        line("| latency of one call | p50 | p99 | max |".into());
+        line("|---|---|---|---|".into());
         for id in latencies {
             let q = |q| quantile(&id, q).map_or("-".to_string(), |d| show(d.as_nanos() as f64));
-            println!("| {id} | {} | {} | {} |", q(0.5), q(0.99), q(1.0));
+            line(format!("| {id} | {} | {} | {} |", q(0.5), q(0.99), q(1.0)));
         }
     }
-    for line in NOTES.lock().unwrap().iter() {
-        println!("{line}");
+    let notes = NOTES.lock().unwrap();
+    if !notes.is_empty() {
+        line(String::new());
     }
+    for l in notes.iter() {
+        println!("{l}");
+        // A markdown line break, so each note keeps its own line in the run file.
+        out.push_str(&format!("{l}  \n"));
+    }
+    out
+}
+
+/// With `ONCE_BENCH_RECORD=benchmarks/<date>-<slug>.md` (relative to the workspace root), write a
+/// run file: the date, the command line, the commit, the machine facts that are cheap to read, and
+/// `summary` as printed. Without the variable, nothing is written.
+pub fn write_run_file(summary: &str) {
+    let Some(path) = std::env::var_os("ONCE_BENCH_RECORD") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = root.join(path);
+    let (y, m, d) = civil_date(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs(),
+    );
+    // cargo passes `--bench`; what follows `--` on cargo's command line is the rest.
+    let args = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .map(quoted)
+        .collect::<Vec<_>>();
+    let features = if cfg!(feature = "postgres") {
+        " --features postgres"
+    } else {
+        ""
+    };
+    let rest = if args.is_empty() {
+        String::new()
+    } else {
+        format!(" -- {}", args.join(" "))
+    };
+    let postgres = if std::env::var_os("ONCE_TEST_DATABASE_URL").is_some() {
+        "set (the `postgres/*` rows ran if the `postgres` feature was on)"
+    } else {
+        "not set (no `postgres/*` rows)"
+    };
+    let cpu = read("/proc/cpuinfo", |t| {
+        t.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+    });
+    let memory = read("/proc/meminfo", |t| {
+        let kb: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches(" kB")
+            .parse()
+            .ok()?;
+        Some(format!("{:.1} GiB", kb as f64 / (1024.0 * 1024.0)))
+    });
+    let os = read("/etc/os-release", |t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+    });
+    let kernel = read("/proc/sys/kernel/osrelease", |t| Some(t.trim().to_string()));
+    let load = read("/proc/loadavg", |t| {
+        Some(t.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+    });
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let record = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+    let text = format!(
+        "# once bench run, {y:04}-{m:02}-{d:02}\n\n\
+         Written by `host/once/benches/once` with `ONCE_BENCH_RECORD` set: criterion's medians and the\n\
+         same-run ratios, as the bench printed them; see [the method](README.md#method).\n\n\
+         ## Command\n\n\
+         ```sh\n\
+         ONCE_BENCH_RECORD={record} cargo bench -p once-host{features} --bench once{rest}\n\
+         ```\n\n\
+         - commit: `{commit}`\n\
+         - `ONCE_TEST_DATABASE_URL`: {postgres}\n\n\
+         ## Machine\n\n\
+         - {cpus} CPUs available (`nproc`), `{cpu}`, {memory} RAM\n\
+         - {os}, Linux {kernel}, {arch}\n\
+         - {rustc}\n\
+         - load average at the end: {load}\n\
+         \n## Results\n{summary}",
+        commit = output("git", &["describe", "--always", "--dirty"]),
+        arch = std::env::consts::ARCH,
+        rustc = output("rustc", &["--version"]),
+    );
+    match std::fs::write(&path, text) {
+        Ok(()) => println!("run file written: {record}"),
+        Err(e) => eprintln!("run file not written ({record}): {e}"),
+    }
+}
+
+/// `arg` as a shell word: as it is when that is safe, else in single quotes.
+fn quoted(arg: String) -> String {
+    if !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c)) {
+        arg
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// `parse` of the text of `file`, or "unknown".
+fn read(file: &str, parse: impl Fn(&str) -> Option<String>) -> String {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| parse(&t))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The first line `program args` prints, or "unknown".
+fn output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// (year, month, day) in UTC of `secs` since the Unix epoch (Howard Hinnant's `civil_from_days`).
+fn civil_date(secs: u64) -> (i64, u32, u32) {
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }

@@ -1,5 +1,6 @@
 //! `cargo bench -p once-host --bench peer`: AWS Powertools idempotency beside once's Python package on
-//! the same function in the same run (BENCHMARKS.md, "Peer"), printed in the summary style of the
+//! the same function in the same run (BENCHMARKS.md, row "7. Peer"; the figures and the method are in
+//! `benchmarks/2026-12-03-rows-1-7.md`), printed in the summary style of the
 //! `once` bench.
 //!
 //! It makes (or reuses) a venv of pinned packages under the target directory
