@@ -8,7 +8,7 @@ README's config unchanged and `refund-mcp --mode unsafe` (it never dedupes):
 the first call's reply is lost after the refund commits (post_commit_disconnect),
 the host hangs up, starts a new gateway and calls again - with the same key in
 _meta "once/key", and with no key at all. The second call must be a replay.
-The caller (host/cli/tests/gateway_python.rs) counts refunds in each effect ledger.
+The caller (host/gateway/tests/gateway_python.rs) counts refunds in each effect ledger.
 Pinned SDK: mcp==2.3.0 (see .ci/run).
 """
 

@@ -8,6 +8,8 @@
 //! `ONCE_CHROMIUM` / `ONCE_CHROMEDRIVER` point elsewhere). Without them the
 //! test says so and passes, except under `CI`, where it fails.
 
+// The gateway suites' rig (host/gateway/tests/), run here on this package's own `once`.
+#[path = "../../gateway/tests/gateway_common/mod.rs"]
 mod gateway_common;
 mod ui_common;
 

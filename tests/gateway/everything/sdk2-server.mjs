@@ -1,6 +1,6 @@
 // A small MCP server on the official TypeScript server SDK v2
 // (`@modelcontextprotocol/server` 2.4.0, pinned in package-lock.json), for
-// host/cli/tests/gateway_sdk2_upstream.rs: the gateway in front of an upstream
+// host/gateway/tests/gateway_sdk2_upstream.rs: the gateway in front of an upstream
 // that speaks MCP 2026-07-28 (per-request `_meta` envelope) beside the 2025
 // revisions, as a stdio child or at a URL (Streamable HTTP on 127.0.0.1).
 //

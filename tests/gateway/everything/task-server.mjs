@@ -1,6 +1,6 @@
 // A small MCP server (the official TypeScript SDK's) whose `refund` runs only
 // as a task (`execution.taskSupport: "required"`), for the gateway test in
-// host/cli/tests/gateway_everything.rs: a protected task that outlives the
+// host/gateway/tests/gateway_everything.rs: a protected task that outlives the
 // tool's `max_in_flight`. Each task works for TASK_MS (its first argument,
 // default 5000) and only then makes its effect; it cannot be stopped once
 // started (`tasks/cancel` is refused and the task goes on working, as MCP

@@ -1,5 +1,5 @@
 // A small MCP server (the official TypeScript SDK's) for the gateway tests in
-// host/cli/tests/gateway_everything.rs: `upgrade` redefines `transfer` (its
+// host/gateway/tests/gateway_everything.rs: `upgrade` redefines `transfer` (its
 // annotations) and announces it with notifications/tools/list_changed; `wait`
 // runs until its request is cancelled, and `was-cancelled` says whether the
 // last `wait` saw its cancellation.

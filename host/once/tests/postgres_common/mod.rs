@@ -1,6 +1,6 @@
 //! Shared by the PostgreSQL tests: the server named by `ONCE_TEST_DATABASE_URL`
 //! and a schema of its own for every test, dropped afterwards. The `once`
-//! binary's tests (`host/cli/tests/`) include this file by path.
+//! binary's tests (`host/cli/tests/`, `host/gateway/tests/`) include this file by path.
 #![allow(dead_code)]
 
 use std::io::Write;

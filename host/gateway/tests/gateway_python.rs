@@ -6,6 +6,8 @@
 //! `.ci/run` installs the pinned SDK in a venv and runs it with `--ignored`,
 //! pointing `ONCE_PYTHON` at the venv's interpreter.
 
+mod gateway_common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -13,25 +15,15 @@ use refund::{EffectLedger, ORDER_ID};
 
 /// Runs `script` with the pinned SDK's Python: (once, refund-mcp, a temp dir, the README's config).
 fn run_python(script: &str) -> (tempfile::TempDir, String) {
-    let once = Path::new(env!("CARGO_BIN_EXE_once"));
-    let refund_mcp = once.with_file_name("refund-mcp");
-    // Built by `cargo test --workspace`; built here only when missing (see tests/gateway.rs).
-    if !refund_mcp.exists() {
-        let release = once.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
-        let built = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "once-refund-example", "--bin", "refund-mcp"])
-            .args(release.then_some("--release"))
-            .status()
-            .unwrap();
-        assert!(built.success(), "building refund-mcp failed");
-    }
+    let once = gateway_common::once_exe();
+    let refund_mcp = gateway_common::refund_mcp();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let python = std::env::var("ONCE_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let out = Command::new(&python)
         .arg(root.join("tests/gateway").join(script))
         .arg(once)
-        .arg(&refund_mcp)
+        .arg(refund_mcp)
         .arg(dir.path())
         .arg(root.join("examples/refund/once.toml"))
         .env_remove("ONCE_DB")
@@ -54,7 +46,7 @@ fn refunds(effects: &Path) -> u64 {
 }
 
 #[test]
-#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-cli --test gateway_python -- --ignored"]
+#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-gateway --test gateway_python -- --ignored"]
 fn the_python_sdk_drives_the_gateway() {
     let (dir, stdout) = run_python("python_client.py");
     assert!(stdout.contains("python interop: ok"), "{stdout}");
@@ -64,7 +56,7 @@ fn the_python_sdk_drives_the_gateway() {
 /// The README's gateway restarted by a host on the official Python SDK:
 /// a lost reply, a new gateway, the same call again (keyed, then keyless) -> one refund each.
 #[test]
-#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-cli --test gateway_python -- --ignored"]
+#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-gateway --test gateway_python -- --ignored"]
 fn the_python_sdk_restarting_the_gateway_gets_one_refund() {
     let (dir, stdout) = run_python("python_restart.py");
     assert!(stdout.contains("python restart: ok"), "{stdout}");
@@ -81,7 +73,7 @@ fn the_python_sdk_restarting_the_gateway_gets_one_refund() {
 /// token, list, a protected call, its replay, a conflict; then a never-retry agent under
 /// pre_effect_disconnect and post_commit_disconnect. One refund in each run's effect ledger.
 #[test]
-#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-cli --test gateway_python -- --ignored"]
+#[ignore = "needs python3 with mcp==2.3.0: ONCE_PYTHON=… cargo test -p once-gateway --test gateway_python -- --ignored"]
 fn the_python_sdk_drives_the_gateway_over_streamable_http() {
     let (dir, stdout) = run_python("python_http.py");
     assert!(stdout.contains("python http: ok"), "{stdout}");

@@ -414,7 +414,7 @@ fn run_on(ledger: &str, dbs: [Option<String>; 2]) {
 }
 
 #[test]
-#[ignore = "a load test: cargo test -p once-cli --test gateway_http_load -- --ignored --nocapture"]
+#[ignore = "a load test: cargo test -p once-gateway --test gateway_http_load -- --ignored --nocapture"]
 fn the_readmes_tenant_config_under_load_on_sqlite() {
     run_on("SQLite", [None, None]);
     // The baseline: the same gateway and calls with the refund routed DIRECT.
@@ -426,7 +426,7 @@ fn the_readmes_tenant_config_under_load_on_sqlite() {
 }
 
 #[test]
-#[ignore = "a load test: cargo test -p once-cli --test gateway_http_load -- --ignored --nocapture"]
+#[ignore = "a load test: cargo test -p once-gateway --test gateway_http_load -- --ignored --nocapture"]
 fn the_readmes_tenant_config_under_load_on_postgres() {
     let (Some(loads), Some(bucket)) = (postgres_common::TestSchema::new(), postgres_common::TestSchema::new()) else {
         return;

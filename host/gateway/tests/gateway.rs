@@ -588,7 +588,7 @@ fn check_config_without_an_upstream_checks_the_file_alone() {
     let check = |text: &str| {
         let path = dir.path().join("once.toml");
         std::fs::write(&path, text).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_once"))
+        Command::new(gateway_common::once_exe())
             .args(["gateway", "--check-config", "--config"])
             .arg(&path)
             .output()
@@ -887,7 +887,7 @@ async fn a_renamed_gateways_records_are_adopted_and_settled_once() {
         .to_string();
     assert_ne!(new_owner, old_owner);
 
-    let adopt = Command::new(env!("CARGO_BIN_EXE_once"))
+    let adopt = Command::new(gateway_common::once_exe())
         .args([
             "ledger", "--db", &rig.db, "adopt", "--from", &old_owner, "--to", &new_owner,
         ])

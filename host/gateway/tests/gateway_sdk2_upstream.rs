@@ -131,7 +131,7 @@ impl Drop for Sdk2Http {
 
 /// `once gateway` over the server as a stdio child.
 fn stdio_gateway(rig: &Rig) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+    let mut cmd = Command::new(gateway_common::once_exe());
     cmd.arg("gateway")
         .arg("--config")
         .arg(&rig.config)
@@ -265,7 +265,7 @@ async fn an_owed_dispatch_is_sent_once_when_the_lookup_finds_nothing(rig: &Rig, 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdk2_upstream -- --ignored"]
 async fn a_v2_sdk_server_as_a_stdio_child_is_protected_and_passed_through() {
     let rig = Rig::new(CONFIG);
     let session = rig.connect_command(stdio_gateway(&rig), 0).await;
@@ -277,7 +277,7 @@ async fn a_v2_sdk_server_as_a_stdio_child_is_protected_and_passed_through() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdk2_upstream -- --ignored"]
 async fn a_v2_sdk_server_at_a_url_gets_the_gateways_requests_in_2026_07_28() {
     let rig = Rig::new(CONFIG);
     let server = Sdk2Http::start(&rig);
@@ -364,7 +364,7 @@ impl Client<'_> {
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdk2_upstream -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdk2_upstream -- --ignored"]
 fn a_modern_and_a_legacy_client_interleaved_on_one_url_upstream_each_keep_their_revision() {
     let rig = Rig::new(CONFIG);
     let server = Sdk2Http::start(&rig);
@@ -441,7 +441,7 @@ fn questions(rig: &Rig) -> usize {
 fn node_client(rig: &Rig, script: &str, args: &[&str]) -> Value {
     let out = Command::new("node")
         .arg(server_script().with_file_name(script))
-        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(gateway_common::once_exe())
         .arg(&rig.config)
         .arg(&rig.db)
         .args(args)
@@ -487,7 +487,7 @@ fn asked_once_then_run_once(era: &str) {
         "the gateway's requests go in 2026-07-28: {made:?}"
     );
     assert_eq!(questions(&rig), 1, "one question, never asked again by a resend");
-    let ledger = Command::new(env!("CARGO_BIN_EXE_once"))
+    let ledger = Command::new(gateway_common::once_exe())
         .args(["ledger", "show", "confirm-77", "--db", &rig.db])
         .env_remove("ONCE_DB")
         .output()
@@ -559,7 +559,7 @@ fn a_tool_refused_for_a_missing_client_capability_did_nothing_and_is_not_unknown
         let outcome = &answer["_meta"]["once/outcome"];
         assert_eq!(outcome["decision"], "rejected", "{answer}\n{}", rig.logs());
         assert_eq!(outcome["effect"], "none", "nothing was done: {answer}");
-        let ledger = Command::new(env!("CARGO_BIN_EXE_once"))
+        let ledger = Command::new(gateway_common::once_exe())
             .args(["ledger", "show", key, "--db", &rig.db])
             .env_remove("ONCE_DB")
             .output()

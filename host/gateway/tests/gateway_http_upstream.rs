@@ -173,7 +173,7 @@ fn check_config_takes_a_url_and_never_shows_its_credentials() {
         "http://operator:s3cret-pw@127.0.0.1:{}/mcp?token=t0ken-q",
         upstream.port()
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+    let out = std::process::Command::new(gateway_common::once_exe())
         .args(["gateway", "--check-config", "--config"])
         .arg(&rig.config)
         .args(["--upstream-url", &url])
@@ -201,7 +201,7 @@ fn check_config_takes_a_url_and_never_shows_its_credentials() {
 
     // Nothing listens there: the error says so, without the credentials either.
     drop(upstream);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+    let out = std::process::Command::new(gateway_common::once_exe())
         .args(["gateway", "--check-config", "--config"])
         .arg(&rig.config)
         .args(["--upstream-url", &url])
@@ -228,7 +228,7 @@ fn check_config_takes_a_url_and_never_shows_its_credentials() {
 fn a_command_and_a_url_or_a_bad_url_is_a_config_error() {
     let rig = Rig::new(&fast_config(""));
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+        let out = std::process::Command::new(gateway_common::once_exe())
             .arg("gateway")
             .arg("--config")
             .arg(&rig.config)
@@ -253,7 +253,7 @@ fn a_command_and_a_url_or_a_bad_url_is_a_config_error() {
     assert!(stderr.contains("--upstream-url: upstream URL"), "{stderr}");
 
     let with_url = Rig::new(&fast_config("upstream_url = \"http://127.0.0.1:9/mcp\""));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+    let out = std::process::Command::new(gateway_common::once_exe())
         .args(["gateway", "--config"])
         .arg(&with_url.config)
         .args(["--", "refund-mcp"])

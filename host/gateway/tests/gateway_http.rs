@@ -472,7 +472,7 @@ fn http_config_mistakes_name_the_key() {
         ),
     ] {
         let rig = Rig::new(&text);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_once"))
+        let out = std::process::Command::new(gateway_common::once_exe())
             .args(["gateway", "--check-config", "--config"])
             .arg(&rig.config)
             .output()

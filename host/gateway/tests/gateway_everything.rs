@@ -51,7 +51,7 @@ fn compare(program: &str, script: &str, mode: &str, ok: &str) {
     let work = tempfile::tempdir().unwrap();
     let out = Command::new(program)
         .arg(dir.join(script))
-        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(gateway_common::once_exe())
         .arg(work.path())
         .arg(mode)
         .env_remove("ONCE_DB")
@@ -73,13 +73,13 @@ fn compare(program: &str, script: &str, mode: &str, ok: &str) {
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 fn the_typescript_sdk_sees_the_reference_server_through_the_gateway_as_directly() {
     compare("node", "compare.mjs", "stdio", "typescript compare (stdio): ok");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 fn the_typescript_sdk_over_streamable_http_sees_what_the_docs_say() {
     compare("node", "compare.mjs", "http", "typescript compare (http): ok");
 }
@@ -145,7 +145,7 @@ async fn gateway(
 ) -> (RunningService<RoleClient, Listener>, Listener) {
     let config = work.join("once.toml");
     std::fs::write(&config, config_text).unwrap();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_once"));
+    let mut cmd = tokio::process::Command::new(gateway_common::once_exe());
     cmd.arg("gateway")
         .arg("--config")
         .arg(&config)
@@ -190,7 +190,7 @@ fn long_running(seconds: u32) -> CallToolRequestParams {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on() {
     let work = tempfile::tempdir().unwrap();
     // A pin nobody reviewed: the engine blocks the tool and names its current fingerprint.
@@ -248,7 +248,7 @@ async fn a_pinned_tool_that_changes_under_the_gateway_routes_block_from_then_on(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_protected_call_relays_its_progress_under_the_clients_token() {
     let work = tempfile::tempdir().unwrap();
     let (client, listener) = protected_long_running(work.path()).await;
@@ -273,7 +273,7 @@ async fn a_protected_call_relays_its_progress_under_the_clients_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
     let work = tempfile::tempdir().unwrap();
     let (client, listener) = protected_long_running(work.path()).await;
@@ -309,7 +309,7 @@ async fn a_client_that_cancels_a_sent_protected_call_is_told_it_is_unknown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_clients_cancellation_of_a_direct_call_reaches_the_upstream() {
     let work = tempfile::tempdir().unwrap();
     let (client, _) = gateway(work.path(), "", &everything_dir().join("test-server.mjs"), &[]).await;
@@ -354,7 +354,7 @@ impl RawClient {
         let config = work.join("once.toml");
         std::fs::write(&config, config_text).unwrap();
         let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_once"))
+        let mut child = tokio::process::Command::new(gateway_common::once_exe())
             .arg("gateway")
             .arg("--config")
             .arg(&config)
@@ -451,7 +451,7 @@ impl RawClient {
 
 /// The records of a ledger, one `(key, state)` each, as `once ledger list` prints them.
 fn records(db: &Path) -> Vec<(String, String)> {
-    let out = Command::new(env!("CARGO_BIN_EXE_once"))
+    let out = Command::new(gateway_common::once_exe())
         .args(["ledger", "list", "--db"])
         .arg(db)
         .env_remove("ONCE_DB")
@@ -472,7 +472,7 @@ fn records(db: &Path) -> Vec<(String, String)> {
 const TASK_TOOL: &str = "simulate-research-query";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_protected_tool_called_as_a_task_is_refused_and_nothing_is_claimed_or_sent() {
     let work = tempfile::tempdir().unwrap();
     let (mut client, init) = RawClient::start(work.path(), "").await;
@@ -510,7 +510,7 @@ async fn a_protected_tool_called_as_a_task_is_refused_and_nothing_is_claimed_or_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_protected_tool_the_upstream_runs_only_as_a_task_runs_as_the_gateways_own_task() {
     let work = tempfile::tempdir().unwrap();
     let (mut client, _) = RawClient::start(work.path(), "").await;
@@ -558,7 +558,7 @@ const TASK_MS: u64 = 6_000;
 /// works finds no refund: were that read as absent, the owed dispatch would start a second task and make a
 /// second refund. The operation must stay UNKNOWN while the task works and end as the one refund.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 async fn a_protected_task_that_outlives_max_in_flight_is_unknown_while_it_works_and_never_started_twice() {
     let work = tempfile::tempdir().unwrap();
     let config = "in_flight_wait = \"500ms\"\n[tools.refund]\ntimeout = \"1s\"\nmax_in_flight = \"1s\"\nreconcile_interval = \"100ms\"\n\
@@ -613,14 +613,14 @@ async fn a_protected_task_that_outlives_max_in_flight_is_unknown_while_it_works_
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_everything -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_everything -- --ignored"]
 fn over_http_no_tasks_are_declared_and_a_tool_that_runs_only_as_one_is_run_to_its_end() {
     use std::io::BufRead;
     let work = tempfile::tempdir().unwrap();
     let config = work.path().join("once.toml");
     std::fs::write(&config, format!("[tools.{TASK_TOOL}]\nroute = \"direct\"\n")).unwrap();
     let server = everything_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let mut gateway = Command::new(env!("CARGO_BIN_EXE_once"))
+    let mut gateway = Command::new(gateway_common::once_exe())
         .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
         .arg("--db")

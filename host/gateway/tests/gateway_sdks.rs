@@ -38,7 +38,7 @@ fn drive(program: &str, script: PathBuf, client: &[&str], transport: &str) {
     let work = tempfile::tempdir().unwrap();
     let out = Command::new(program)
         .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_once"))
+        .arg(gateway_common::once_exe())
         .arg(gateway_common::refund_mcp())
         .arg(work.path())
         .arg(gateway_common::EXAMPLE_CONFIG)
@@ -94,73 +94,73 @@ fn python(mode: &str, transport: &str) {
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_default_over_stdio() {
     typescript("ts2", "stdio");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_default_over_http() {
     typescript("ts2", "http");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_auto_2026_07_28_over_stdio() {
     typescript("ts2-auto", "stdio");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_auto_2026_07_28_over_http() {
     typescript("ts2-auto", "http");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_legacy_over_stdio() {
     typescript("ts2-legacy", "stdio");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v2_legacy_over_http() {
     typescript("ts2-legacy", "http");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v1_over_stdio() {
     typescript("ts1", "stdio");
 }
 
 #[test]
-#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs node and `npm ci` in tests/gateway/everything: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn typescript_v1_over_http() {
     typescript("ts1", "http");
 }
 
 #[test]
-#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn python_default_2026_07_28_over_stdio() {
     python("auto", "stdio");
 }
 
 #[test]
-#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn python_default_2026_07_28_over_http() {
     python("auto", "http");
 }
 
 #[test]
-#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn python_legacy_over_stdio() {
     python("legacy", "stdio");
 }
 
 #[test]
-#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-cli --test gateway_sdks -- --ignored"]
+#[ignore = "needs ONCE_PYTHON with mcp==2.3.0: cargo test -p once-gateway --test gateway_sdks -- --ignored"]
 fn python_legacy_over_http() {
     python("legacy", "http");
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Rig, Session, refund_mcp};
+use super::{Rig, Session, once_exe, refund_mcp};
 
 /// `refund-mcp --listen` over an effect ledger: one process at a time, always on the same port.
 pub struct RemoteUpstream {
@@ -137,7 +137,7 @@ impl Drop for RemoteUpstream {
 impl Rig {
     /// `once gateway --upstream-url URL` with this rig's config and ledger.
     pub fn url_gateway_command(&self, url: &str) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+        let mut cmd = Command::new(once_exe());
         cmd.arg("gateway")
             .arg("--config")
             .arg(&self.config)

@@ -45,13 +45,88 @@ quota = {{ field = "/amount", ceiling = "300", window = "1d" }}
     )
 }
 
+/// The `once` binary these suites run. once-cli owns it, and cargo names a binary (`CARGO_BIN_EXE_once`) only
+/// to its own package's tests: the once-cli suite that includes this module by path (ui_browser.rs) takes it
+/// from there. Here it comes from a nested cargo build, run once per test process and always (never "only if
+/// missing": a stale `once` must not be tested; cargo makes a fresh one a no-op), into the target directory
+/// and profile this test binary was built in (`<target>/<profile>/deps/<test>`: `CARGO_TARGET_DIR` or
+/// `--target-dir`, `--release` or `--profile`).
+///
+/// The build is `--workspace --bin once --example timing`, not `-p once-cli --bin once`: cargo unifies
+/// features across the packages it builds, and with dev-dependencies only when a target that uses them is
+/// built. `cargo test --workspace` builds `once` with every member's dependencies and dev-dependencies (more
+/// features of regex, chrono, syn …); `-p once-cli` alone would build a second `once` (and a second copy of
+/// its dependencies, wasmtime among them) and swap `target/<profile>/once` between the two at every run. The
+/// workspace and one small example (refund's, whose only dev-dependency is tempfile) resolve as
+/// `cargo test --workspace` does: the same unit, fresh after it. The path is the one cargo names for the
+/// artifact; a failed build fails the test with cargo's stderr.
+pub fn once_exe() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(exe) = option_env!("CARGO_BIN_EXE_once") {
+            return PathBuf::from(exe);
+        }
+        let test = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = test
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or_else(|| panic!("{} is not in <target>/<profile>/deps", test.display()));
+        let target_dir = profile_dir.parent().expect("the target directory");
+        let profile = profile_dir
+            .file_name()
+            .and_then(|p| p.to_str())
+            .expect("the profile directory");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args([
+                "build",
+                "--quiet",
+                "--locked",
+                "--message-format=json-render-diagnostics",
+            ])
+            .args(["--workspace", "--bin", "once", "--example", "timing"])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .stdin(Stdio::null());
+        match profile {
+            "debug" => {}
+            "release" => {
+                cargo.arg("--release");
+            }
+            other => {
+                cargo.args(["--profile", other]);
+            }
+        }
+        let out = cargo.output().expect("running cargo to build once");
+        assert!(
+            out.status.success(),
+            "building once failed ({}): {cargo:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // cargo's own account of the binary: its compiler-artifact message, fresh or just built.
+        let built = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| {
+                m["reason"] == "compiler-artifact" && m["target"]["kind"][0] == "bin" && m["target"]["name"] == "once"
+            })
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .unwrap_or_else(|| panic!("cargo named no `once` executable: {cargo:?}"));
+        let exe = profile_dir.join("once");
+        assert_eq!(built, exe, "cargo built once elsewhere than beside this test binary");
+        exe
+    })
+}
+
 /// The `refund-mcp` binary beside `once`. `cargo test --workspace` builds it (the example package has tests); a
-/// lone `cargo test -p once-cli` builds it here when it is missing. A nested build of an existing one would
+/// lone `cargo test -p once-gateway` builds it here when it is missing. A nested build of an existing one would
 /// resolve features for that package alone and relink it differently from the workspace build.
 pub fn refund_mcp() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let once = Path::new(env!("CARGO_BIN_EXE_once"));
+        let once = once_exe();
         let exe = once.with_file_name("refund-mcp");
         if !exe.exists() {
             let release = once.parent().and_then(Path::file_name).is_some_and(|d| d == "release");
@@ -125,7 +200,7 @@ impl Rig {
 
     /// [`Rig::gateway_command_with`], the upstream started through `wrapper` (`env API_KEY=…`).
     pub fn gateway_command_wrapped(&self, flags: &[&str], wrapper: &[&str], fault: &str) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_once"));
+        let mut cmd = Command::new(once_exe());
         cmd.arg("gateway")
             .args(flags)
             .arg("--config")
