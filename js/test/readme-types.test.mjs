@@ -1,18 +1,29 @@
-// The READMEs' TypeScript: every ```ts block of js/README.md and of the repository's README.md is
-// compiled by the pinned tsc under `strict` against the built package's types (dist/, reached by the
+// The documentation's TypeScript: every ```ts block of the files tests/docs/check.py holds to tested
+// examples (the repository's README.md, python/README.md, js/README.md and every page of the guide, docs/)
+// is compiled by the pinned tsc under `strict` against the built package's types (dist/, reached by the
 // package's own name and exports), once per AI SDK major (a block's `from "ai"` read as each
 // devDependency alias), so a signature that makes a user's strict build fail fails here first.
 // Also: the `ai` peer range covers every major the adapter is tested on.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 import semver from "semver";
 
 const HERE = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-const READMES = [join(HERE, "README.md"), join(HERE, "..", "README.md")];
+const REPO = join(HERE, "..");
+/** tests/docs/check.py's EXAMPLE_GLOBS: README.md, python/README.md, js/README.md and every .md under docs/. */
+const READMES = [
+  join(REPO, "README.md"),
+  join(REPO, "python", "README.md"),
+  join(HERE, "README.md"),
+  ...readdirSync(join(REPO, "docs"), { recursive: true })
+    .filter((f) => f.endsWith(".md"))
+    .sort()
+    .map((f) => join(REPO, "docs", f)),
+];
 /** The AI SDK majors the adapter is tested on: the devDependency aliases of `ai`. */
 const AI_PACKAGES = ["ai", "ai6", "ai7"];
 

@@ -41,7 +41,7 @@ def refund_service_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def embed_bin() -> Path:
-    """The README's Rust embedding example (host/once/examples/embed.rs): a refund over ./once.db."""
+    """The guide's Rust embedding example (host/once/examples/embed.rs, docs/rust.md): a refund over ./once.db."""
     return binary("ONCE_EMBED_EXAMPLE", "target/debug/examples/embed")
 
 

@@ -9,7 +9,8 @@
 # outside: the machine's package-registry settings (PIP_* variables, ~/.npmrc) and the download
 # caches (pip's, npm's), nothing else. The quick starts are the first ```python block under
 # "## Quick start" in python/README.md and the first ```js block under it in js/README.md, as
-# printed (readme_block.py): a README that drifts from the package fails here. Each must print its
+# printed (readme_block.py): a README that drifts from the package fails here, and so does the
+# repository's README.md if its "### Python" or "### Node.js" quick start is not the same. Each must print its
 # receipt twice and `sent 1 time(s) by this run`, and run again over the same ledger,
 # `sent 0 time(s) by this run` — what both READMEs say it does.
 set -euo pipefail
@@ -58,6 +59,11 @@ expect() {
 mkdir -p "$work/home"
 "$python" "$here/readme_block.py" "$repo/python/README.md" "## Quick start" python >"$work/quickstart.py"
 "$python" "$here/readme_block.py" "$repo/js/README.md" "## Quick start" js >"$work/quickstart.mjs"
+# The repository's README prints the same two quick starts: a newcomer who copies them from there runs these.
+"$python" "$here/readme_block.py" "$repo/README.md" "### Python" python | cmp -s - "$work/quickstart.py" ||
+  { echo "packages: README.md's Python quick start is not python/README.md's" >&2; exit 1; }
+"$python" "$here/readme_block.py" "$repo/README.md" "### Node.js" js | cmp -s - "$work/quickstart.mjs" ||
+  { echo "packages: README.md's Node.js quick start is not js/README.md's" >&2; exit 1; }
 
 for artifact in "$wheel" "$sdist"; do
   name="$(basename "$artifact")"

@@ -1,4 +1,4 @@
-//! The README's embedding example (a test keeps the two identical).
+//! The guide's Rust embedding example (docs/rust.md; tests/docs/check.py keeps the page and this file identical).
 
 use once::types::{Effect, Evidence};
 use once::{Once, Sent};

@@ -794,17 +794,6 @@ fn settle_sends_an_owed_dispatch_after_a_restart_once() {
     assert_confirmed(&again, r#"{"refund_id":"r_1"}"#, true, Some(ReplayVia::Key));
 }
 
-#[test]
-fn the_readme_example_is_the_compiled_one() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/embed.rs")).unwrap();
-    let code = example.split_once("\n\n").unwrap().1;
-    assert!(
-        readme.contains(code),
-        "README.md's Rust example and host/once/examples/embed.rs differ"
-    );
-}
-
 /// A DIRECT call reaches the sender marked `direct`, with the call's own scope;
 /// a granted attempt is not marked, whatever its values.
 #[test]

@@ -52,7 +52,7 @@ def receipt_text(value: object) -> str:
     an Enum as its value, a set as a list), anything else is `{"once_unserializable": {"type", "repr"}}`,
     in place, and a value `json` cannot walk at all (a key that is not a string, a cycle) is that
     stand-in whole. A NaN or infinity is written as `json` writes it; the engine keeps such text inside
-    its `once_unparsed_receipt` stand-in and flags the receipt (README: a provider's receipt).
+    its `once_unparsed_receipt` stand-in and flags the receipt (docs/limits.md: a provider's receipt).
     """
     try:
         return _compact(value)
