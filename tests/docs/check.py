@@ -14,8 +14,8 @@
 3. docs/SUMMARY.md, mdBook's table of contents, names every page under docs/ and only pages that exist.
 4. Every fenced block names its language, and every example in the guide and the READMEs (EXAMPLE_GLOBS)
    is compiled or run by a test:
-   - ```rust is the body of a file in a package's `examples/` folder (cargo builds those with the tests:
-     `cargo test --workspace`, `cargo clippy --all-targets`), after its leading `//!` lines;
+   - ```rust is the body (after its leading `//!` lines) of one of the workspace's examples, as `cargo
+     metadata` lists them: `cargo test --workspace` and `cargo clippy --all-targets` build those;
    - ```ts is compiled under `tsc --strict` by js/test/readme-types.test.mjs, which reads the same files;
    - ```python is type-checked by mypy (`--check-untyped-defs`) by python/tests/test_docs.py, same files;
    - ```js is the npm package's quick start, which tests/packages/run.sh runs from the tarball.
@@ -43,7 +43,7 @@ EXAMPLE_GLOBS = ["README.md", "python/README.md", "js/README.md", "docs/**/*.md"
 
 #: Languages whose blocks are examples, and the one test that covers each.
 TESTED_BY = {
-    "rust": "the body of a file in a package's examples/ folder (compiled by cargo test --workspace)",
+    "rust": "the body of one of the workspace's examples (compiled by cargo test --workspace)",
     "ts": "js/test/readme-types.test.mjs (tsc --strict)",
     "python": "python/tests/test_docs.py (mypy --check-untyped-defs)",
     "js": "the npm package's quick start (tests/packages/run.sh)",
@@ -358,32 +358,33 @@ def self_test() -> int:
     return 0
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--self-test"]:
-        return self_test()
-    if sys.argv[1:2] == ["--book"] and len(sys.argv) == 3:
-        findings_: list[str] = []
-        count = check_book(Path(sys.argv[2]), findings_)
-        for finding in findings_:
-            print(finding, file=sys.stderr)
-        if findings_:
-            print(f"docs: {len(findings_)} finding(s) in the built guide", file=sys.stderr)
-            return 1
-        print(f"docs: the built guide's {count} pages link only to what the book holds")
-        return 0
-    findings: list[str] = []
-    files = markdown_files()
-    for path in files:
-        check_links(path, findings)
-    check_summary(findings)
-    check_examples(findings)
+def report(findings: list[str], passed: str) -> int:
+    """Print the findings (exit 1) or what passed (exit 0)."""
     for finding in findings:
         print(finding, file=sys.stderr)
     if findings:
         print(f"docs: {len(findings)} finding(s)", file=sys.stderr)
         return 1
-    print(f"docs: {len(files)} Markdown files' links resolve; every example of {len(example_files())} files is tested")
+    print(f"docs: {passed}")
     return 0
+
+
+def main() -> int:
+    findings: list[str] = []
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    if sys.argv[1:2] == ["--book"] and len(sys.argv) == 3:
+        count = check_book(Path(sys.argv[2]), findings)
+        return report(findings, f"the built guide's {count} pages link only to what the book holds")
+    if sys.argv[1:]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    files = markdown_files()
+    for path in files:
+        check_links(path, findings)
+    check_summary(findings)
+    check_examples(findings)
+    return report(findings, f"{len(files)} Markdown files' links resolve; every example of {len(example_files())} files is tested")
 
 
 if __name__ == "__main__":
