@@ -21,6 +21,17 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How many connections may be open at once that have not yet carried an authenticated request, when the
 /// file sets none: well below the usual 1,024 file descriptors, so a flood of them leaves room for tenants.
 pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 256;
+/// The browser origins a request may come from when the file names none: pages served from this machine
+/// (loopback names, any port). A page elsewhere that reaches the gateway through the user's browser (a
+/// cross-site request, or DNS rebinding to 127.0.0.1) carries its own origin and is answered 403.
+pub const DEFAULT_ALLOWED_ORIGINS: [&str; 6] = [
+    "http://localhost:*",
+    "https://localhost:*",
+    "http://127.0.0.1:*",
+    "https://127.0.0.1:*",
+    "http://[::1]:*",
+    "https://[::1]:*",
+];
 
 /// `[http]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -31,6 +42,7 @@ pub(crate) struct HttpSection {
     tenants: Option<BTreeMap<String, TokenHashes>>,
     metrics_tokens: Option<Vec<String>>,
     allowed_hosts: Option<Vec<String>>,
+    allowed_origins: Option<Vec<String>>,
     header_timeout: Option<Millis>,
     body_timeout: Option<Millis>,
     max_unauthenticated: Option<usize>,
@@ -90,6 +102,16 @@ pub enum AccessConfigError {
         /// What was written.
         value: String,
     },
+    /// An `allowed_origins` entry that is not `scheme://host:port`, `scheme://host:*` or `null`.
+    #[error("[http] allowed_origins[{index}]: {value:?} {why}")]
+    BadOrigin {
+        /// Its place in the list, from 0.
+        index: usize,
+        /// What was written.
+        value: String,
+        /// What is wrong.
+        why: &'static str,
+    },
     /// A body limit of zero.
     #[error("[http] body_limit: must be at least 1 byte")]
     ZeroBodyLimit,
@@ -124,6 +146,9 @@ pub struct HttpAccess {
     pub metrics_tokens: Vec<[u8; 32]>,
     /// `Host` values accepted (DNS-rebinding protection); `None`: loopback names only.
     pub allowed_hosts: Option<Vec<String>>,
+    /// Browser origins a request carrying `Origin` may come from (`scheme://host:port`, `:*` for any port, or
+    /// `null`); any other origin is answered 403. A request without `Origin` (not a browser's) is not judged.
+    pub allowed_origins: Vec<String>,
     /// How long a connection may take to send a request's headers, or sit idle between requests, before
     /// it is closed.
     pub header_timeout: Duration,
@@ -141,6 +166,7 @@ impl Default for HttpAccess {
             tenancy: Tenancy::Open,
             metrics_tokens: Vec::new(),
             allowed_hosts: None,
+            allowed_origins: DEFAULT_ALLOWED_ORIGINS.map(String::from).to_vec(),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
@@ -207,6 +233,10 @@ impl HttpAccess {
             tenancy,
             metrics_tokens,
             allowed_hosts: section.allowed_hosts,
+            allowed_origins: match section.allowed_origins {
+                Some(origins) => checked_origins(origins)?,
+                None => DEFAULT_ALLOWED_ORIGINS.map(String::from).to_vec(),
+            },
             header_timeout: section
                 .header_timeout
                 .map_or(DEFAULT_HEADER_TIMEOUT, |m| Duration::from_millis(m.0)),
@@ -357,6 +387,60 @@ fn sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// `allowed_origins` as written, each checked: `null`, or an `http`/`https` origin with an explicit port or `:*`
+/// (rmcp reads a missing port as "any port" today and as the scheme's default later: neither is written here).
+fn checked_origins(origins: Vec<String>) -> Result<Vec<String>, AccessConfigError> {
+    for (index, value) in origins.iter().enumerate() {
+        let bad = |why| AccessConfigError::BadOrigin {
+            index,
+            value: value.clone(),
+            why,
+        };
+        if value == "null" {
+            continue;
+        }
+        let rest = value
+            .strip_prefix("http://")
+            .or_else(|| value.strip_prefix("https://"))
+            .ok_or_else(|| bad("is not an origin: write http://HOST:PORT or https://HOST:PORT (or null)"))?;
+        let port = match rest.strip_prefix('[') {
+            Some(v6) => {
+                let (address, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| bad("has an IPv6 host without its closing bracket"))?;
+                if address.parse::<std::net::Ipv6Addr>().is_err() {
+                    return Err(bad("has a bracketed host that is not an IPv6 address"));
+                }
+                match after {
+                    "" => None,
+                    _ => Some(
+                        after
+                            .strip_prefix(':')
+                            .ok_or_else(|| bad("has text after its host that is not :PORT"))?,
+                    ),
+                }
+            }
+            None => {
+                let (host, port) = match rest.split_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (rest, None),
+                };
+                if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b)) {
+                    return Err(bad("has no host, or a host with characters an origin never holds"));
+                }
+                port
+            }
+        };
+        match port {
+            Some("*") => {}
+            Some(port) if port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            Some(_) => return Err(bad("has a port that is neither a number from 1 to 65535 nor *")),
+            None => return Err(bad("names no port: write :PORT, or :* for any port")),
+        }
+    }
+    Ok(origins)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +459,43 @@ mod tests {
             HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         );
         headers
+    }
+
+    #[test]
+    fn browser_origins_default_to_this_machines_pages_and_a_list_is_checked() {
+        let open = HttpAccess::from_section(section(""), None).unwrap();
+        assert_eq!(open.allowed_origins, DEFAULT_ALLOWED_ORIGINS.map(String::from).to_vec());
+        let listed =
+            r#"allowed_origins = ["https://app.example.com:443", "http://localhost:*", "http://[::1]:8080", "null"]"#;
+        let access = HttpAccess::from_section(section(listed), None).unwrap();
+        assert_eq!(access.allowed_origins.len(), 4);
+        assert!(
+            HttpAccess::from_section(section("allowed_origins = []"), None)
+                .unwrap()
+                .allowed_origins
+                .is_empty()
+        );
+        for (value, why) in [
+            ("app.example.com:443", "is not an origin"),
+            ("ftp://example.com:21", "is not an origin"),
+            ("https://example.com", "names no port"),
+            ("https://example.com:0", "has a port that is neither"),
+            ("https://example.com:https", "has a port that is neither"),
+            ("https://example.com:443/path", "has a port that is neither"),
+            ("https://:443", "has no host"),
+            ("https://exa mple.com:443", "has no host, or a host with characters"),
+            ("http://[::1:8080", "without its closing bracket"),
+            ("http://[example]:80", "not an IPv6 address"),
+            ("http://[::1]8080", "has text after its host"),
+        ] {
+            let text = format!("allowed_origins = [\"http://localhost:*\", {value:?}]");
+            let err = HttpAccess::from_section(section(&text), None).unwrap_err();
+            assert!(
+                matches!(&err, AccessConfigError::BadOrigin { index: 1, value: v, why: w } if v == value && w.contains(why)),
+                "{value}: {err}"
+            );
+            assert!(err.to_string().starts_with("[http] allowed_origins[1]: "), "{err}");
+        }
     }
 
     #[test]

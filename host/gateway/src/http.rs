@@ -155,6 +155,10 @@ fn mcp_service(
         .with_json_response(true)
         .with_max_request_body_bytes(access.body_limit)
         .with_allowed_hosts(hosts)
+        // The Streamable HTTP transport's rule: a request whose Origin is present and not allowed is 403
+        // (a page in the user's browser, not an MCP client). An empty list refuses every Origin.
+        .with_allowed_origins(access.allowed_origins.clone())
+        .enforce_origin_validation()
         .with_cancellation_token(ct);
     StreamableHttpService::new(
         move || Ok(gateway.clone()),

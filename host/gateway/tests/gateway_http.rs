@@ -470,6 +470,10 @@ fn http_config_mistakes_name_the_key() {
             format!("scope = \"meta:tenant\"\n[http]\ntenants = {{ acme = \"{acme}\" }}\n"),
             "[http] tenants chooses each request's scope, so `scope`",
         ),
+        (
+            "[http]\nallowed_origins = [\"https://app.example.com\"]\n".to_string(),
+            "[http] allowed_origins[0]: \"https://app.example.com\" names no port",
+        ),
     ] {
         let rig = Rig::new(&text);
         let out = std::process::Command::new(gateway_common::once_exe())
@@ -481,6 +485,67 @@ fn http_config_mistakes_name_the_key() {
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(said), "{said:?} in {stderr}");
     }
+}
+
+/// A page in the user's browser that reaches the gateway (a cross-site request, or a name rebound to
+/// 127.0.0.1) carries its own `Origin`: as shipped, only this machine's pages may call, any other origin is
+/// answered 403 before anything reaches the engine or the upstream, as the Streamable HTTP transport requires.
+/// A client that sends no `Origin` (every MCP SDK) is not judged by it; `[http] allowed_origins` names others.
+#[test]
+fn a_browser_page_from_another_origin_is_refused_403() {
+    let rig = Rig::new(&fast_config(""));
+    let mut gw = rig.listen("none", 0);
+    for origin in [
+        "http://evil.example",
+        "http://evil.example:8080",
+        "null",
+        "https://localhost.evil.example:443",
+    ] {
+        let refused = gw.post(
+            None,
+            &[("origin", origin)],
+            &call_body("refund_order", refund(10.0), Some("origin-1")),
+        );
+        assert_eq!(refused.status, 403, "{origin}: {refused:?}");
+    }
+    assert_eq!(records(&rig), 0, "a refused request writes no record\n{}", rig.logs());
+    assert_eq!(rig.effects().0, 0, "a refused request reaches no upstream");
+    for (n, origin) in ["http://localhost:5173", "http://127.0.0.1:8080", "https://[::1]:443"]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("origin-ok-{n}");
+        let sent = gw.post(
+            None,
+            &[("origin", origin)],
+            &call_body("refund_order", refund(10.0), Some(&key)),
+        );
+        assert_eq!(sent.outcome()["decision"], "executed", "{origin}: {sent:?}");
+    }
+    let plain = gw.call(None, Some("origin-none"), refund(10.0));
+    assert_eq!(plain.outcome()["decision"], "executed", "no Origin: {plain:?}");
+    assert!(gw.terminate().success(), "{}", rig.logs());
+    assert_eq!(rig.effects().0, 4);
+
+    // A list replaces the default: the named origin may call, this machine's pages no longer.
+    let rig = Rig::new(&fast_config(
+        "[http]\nallowed_origins = [\"https://app.example.com:443\"]\n",
+    ));
+    let mut gw = rig.listen("none", 0);
+    let named = gw.post(
+        None,
+        &[("origin", "https://app.example.com")],
+        &call_body("refund_order", refund(10.0), Some("origin-app")),
+    );
+    assert_eq!(named.outcome()["decision"], "executed", "{named:?}");
+    let local = gw.post(
+        None,
+        &[("origin", "http://localhost:5173")],
+        &call_body("refund_order", refund(10.0), Some("origin-local")),
+    );
+    assert_eq!(local.status, 403, "{local:?}");
+    assert!(gw.terminate().success(), "{}", rig.logs());
+    assert_eq!(rig.effects().0, 1);
 }
 
 /// A proxy that appends the tenant header instead of replacing it would let the client choose its tenant:
