@@ -399,6 +399,10 @@ fn checked_origins(origins: Vec<String>) -> Result<Vec<String>, AccessConfigErro
         if value == "null" {
             continue;
         }
+        // rmcp compares an origin's parts as text; a browser sends them in lower case, canonical, no path.
+        if *value != value.to_ascii_lowercase() {
+            return Err(bad("is not in lower case, as a browser sends an origin"));
+        }
         let rest = value
             .strip_prefix("http://")
             .or_else(|| value.strip_prefix("https://"))
@@ -408,8 +412,14 @@ fn checked_origins(origins: Vec<String>) -> Result<Vec<String>, AccessConfigErro
                 let (address, after) = v6
                     .split_once(']')
                     .ok_or_else(|| bad("has an IPv6 host without its closing bracket"))?;
-                if address.parse::<std::net::Ipv6Addr>().is_err() {
-                    return Err(bad("has a bracketed host that is not an IPv6 address"));
+                match address.parse::<std::net::Ipv6Addr>() {
+                    Err(_) => return Err(bad("has a bracketed host that is not an IPv6 address")),
+                    Ok(ip) if ip.to_string() != address => {
+                        return Err(bad(
+                            "has an IPv6 host not written as a browser writes it (shortest form, as ::1)",
+                        ));
+                    }
+                    Ok(_) => {}
                 }
                 match after {
                     "" => None,
@@ -428,12 +438,19 @@ fn checked_origins(origins: Vec<String>) -> Result<Vec<String>, AccessConfigErro
                 if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b)) {
                     return Err(bad("has no host, or a host with characters an origin never holds"));
                 }
+                let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+                if numeric && host.parse::<std::net::Ipv4Addr>().map(|ip| ip.to_string()).as_deref() != Ok(host) {
+                    return Err(bad(
+                        "has a numeric host that is not an IPv4 address as a browser writes it (as 127.0.0.1)",
+                    ));
+                }
                 port
             }
         };
         match port {
             Some("*") => {}
             Some(port) if port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            Some(port) if port.contains('/') => return Err(bad("has a path: an origin ends at its port")),
             Some(_) => return Err(bad("has a port that is neither a number from 1 to 65535 nor *")),
             None => return Err(bad("names no port: write :PORT, or :* for any port")),
         }
@@ -481,7 +498,13 @@ mod tests {
             ("https://example.com", "names no port"),
             ("https://example.com:0", "has a port that is neither"),
             ("https://example.com:https", "has a port that is neither"),
-            ("https://example.com:443/path", "has a port that is neither"),
+            ("https://example.com:443/path", "has a path"),
+            ("https://example.com:443/", "has a path"),
+            ("HTTPS://example.com:443", "is not in lower case"),
+            ("https://App.example.com:443", "is not in lower case"),
+            ("http://[0:0:0:0:0:0:0:1]:*", "not written as a browser writes it"),
+            ("http://127.1:80", "not an IPv4 address as a browser writes it"),
+            ("http://2130706433:*", "not an IPv4 address as a browser writes it"),
             ("https://:443", "has no host"),
             ("https://exa mple.com:443", "has no host, or a host with characters"),
             ("http://[::1:8080", "without its closing bracket"),
