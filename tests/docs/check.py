@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -90,13 +91,18 @@ def blocks(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
-def prose(text: str) -> str:
-    """The text with fenced blocks and inline code blanked (line numbers kept), where links are read."""
-    lines = text.split("\n")
+def fenced_lines(text: str) -> set[int]:
+    """The numbers (from 0) of a Markdown text's lines inside fenced blocks, the fences included."""
     fenced: set[int] = set()
     for start, _, body in blocks(text):
         fenced.update(range(start - 1, start + body.count("\n") + 2))
-    kept = ["" if i in fenced else line for i, line in enumerate(lines)]
+    return fenced
+
+
+def prose(text: str) -> str:
+    """The text with fenced blocks and inline code blanked (line numbers kept), where links are read."""
+    fenced = fenced_lines(text)
+    kept = ["" if i in fenced else line for i, line in enumerate(text.split("\n"))]
     return re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), "\n".join(kept))
 
 
@@ -108,28 +114,22 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+@functools.cache
+def anchors(path: Path) -> frozenset[str]:
     """Every anchor a Markdown file defines: its headings' slugs (with repeats numbered) and `id`s."""
     text = path.read_text(encoding="utf-8")
+    fenced = fenced_lines(text)
     seen: dict[str, int] = {}
     out: set[str] = set()
     for number, line in enumerate(text.split("\n")):
-        if not re.match(r"^#{1,6}\s", line) or prose_line_is_code(text, number):
+        if not re.match(r"^#{1,6}\s", line) or number in fenced:
             continue
         base = slug(re.sub(r"^#{1,6}\s+", "", line).rstrip("# ").replace("`", ""))
         n = seen.get(base, 0)
         out.add(base if n == 0 else f"{base}-{n}")
         seen[base] = n + 1
     out.update(re.findall(r"""<a\s+(?:name|id)=["']([^"']+)["']""", text))
-    return out
-
-
-def prose_line_is_code(text: str, number: int) -> bool:
-    """Whether line `number` (0-based) of `text` is inside a fenced block."""
-    for start, _, body in blocks(text):
-        if start - 1 <= number <= start + body.count("\n") + 1:
-            return True
-    return False
+    return frozenset(out)
 
 
 def markdown_files() -> list[Path]:

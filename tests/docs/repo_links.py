@@ -16,22 +16,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from check import fenced_lines  # tests/docs/check.py, beside this file: the fences as the checks read them
+
 LINK = re.compile(r"(\]\()([^()\s]+)(\))")
-FENCE = re.compile(r"^\s*(```+|~~~+)")
 
 
 def rewrite(content: str, page: str, docs: Path, repo: Path, base: str) -> str:
     """`content` of the page at `page` (relative to docs/) with links that leave docs/ sent to `base`."""
-    out: list[str] = []
-    fence = ""
-    for line in content.split("\n"):
-        m = FENCE.match(line)
-        if m and (not fence or m.group(1) == fence):
-            fence = "" if fence else m.group(1)
-        if not fence and not m:
-            line = LINK.sub(lambda link: link.group(1) + target(link.group(2), page, docs, repo, base) + link.group(3), line)
-        out.append(line)
-    return "\n".join(out)
+    fenced = fenced_lines(content)
+    return "\n".join(
+        line if number in fenced
+        else LINK.sub(lambda link: link.group(1) + target(link.group(2), page, docs, repo, base) + link.group(3), line)
+        for number, line in enumerate(content.split("\n"))
+    )
 
 
 def target(link: str, page: str, docs: Path, repo: Path, base: str) -> str:
