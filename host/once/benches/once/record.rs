@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use criterion::Bencher;
 use criterion::measurement::WallTime;
@@ -168,12 +168,6 @@ pub fn write_run_file(summary: &str) {
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let path = root.join(path);
-    let (y, m, d) = civil_date(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs(),
-    );
     // cargo passes `--bench`; what follows `--` on cargo's command line is the rest.
     let args = std::env::args()
         .skip(1)
@@ -222,7 +216,7 @@ pub fn write_run_file(summary: &str) {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let record = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
     let text = format!(
-        "# once bench run, {y:04}-{m:02}-{d:02}\n\n\
+        "# once bench run, {date}\n\n\
          Written by `host/once/benches/once` with `ONCE_BENCH_RECORD` set: criterion's medians and the\n\
          same-run ratios, as the bench printed them; see [the method](README.md#method).\n\n\
          ## Command\n\n\
@@ -237,6 +231,7 @@ pub fn write_run_file(summary: &str) {
          - {rustc}\n\
          - load average at the end: {load}\n\
          \n## Results\n{summary}",
+        date = output("date", &["-u", "+%F"]),
         commit = output("git", &["describe", "--always", "--dirty"]),
         arch = std::env::consts::ARCH,
         rustc = output("rustc", &["--version"]),
@@ -274,17 +269,4 @@ fn output(program: &str, args: &[&str]) -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .and_then(|s| s.lines().next().map(str::to_string))
         .unwrap_or_else(|| "unknown".into())
-}
-
-/// (year, month, day) in UTC of `secs` since the Unix epoch (Howard Hinnant's `civil_from_days`).
-fn civil_date(secs: u64) -> (i64, u32, u32) {
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
