@@ -181,6 +181,19 @@ pub struct HostState {
 }
 
 impl HostState {
+    /// The I/O over `storage` and `clock`, the rest as [`Once`](crate::Once)'s builder has it by
+    /// default: no provider to read ([`NoProvider`]), escalations logged ([`LogOperator`]), the
+    /// operating system's randomness ([`SystemEntropy`]). Set a field to change one.
+    pub fn new(storage: Arc<dyn Storage>, clock: Arc<dyn Clock>) -> Self {
+        HostState {
+            storage,
+            clock,
+            provider: Arc::new(NoProvider),
+            operator: Arc::new(LogOperator),
+            entropy: Arc::new(SystemEntropy),
+        }
+    }
+
     /// A row's version and body, as `ledger.get` answers.
     fn get_row(&self, table: Table, scope: &str, key: &str) -> Got {
         match self.storage.get(table, scope, key) {

@@ -236,13 +236,10 @@ impl Runtime {
 
     /// The engine's default settings (the component's `default-settings`).
     pub fn default_settings(&self) -> Result<Settings, OnceError> {
-        let state = crate::io::HostState {
-            storage: std::sync::Arc::new(crate::storage::memory::MemoryStorage::new()),
-            clock: std::sync::Arc::new(crate::io::SystemClock::default()),
-            provider: std::sync::Arc::new(crate::io::NoProvider),
-            operator: std::sync::Arc::new(crate::io::LogOperator),
-            entropy: std::sync::Arc::new(crate::io::SystemEntropy),
-        };
+        let state = HostState::new(
+            std::sync::Arc::new(crate::storage::memory::MemoryStorage::new()),
+            std::sync::Arc::new(crate::io::SystemClock::default()),
+        );
         self.instantiate(state)?.default_settings()
     }
 

@@ -83,34 +83,78 @@ fn no_async_host_waits_inside_a_step() {
     );
 }
 
-/// The body of the top-level function a Python or JavaScript file opens
-/// with `opener`: its first line and every indented line after it.
+/// The body of the function or method a Python or JavaScript file opens
+/// with `opener`: its first line and every line after it that is blank or
+/// indented deeper than that line.
 fn body(text: &str, opener: &str) -> String {
     let start = text.find(opener).unwrap_or_else(|| panic!("no {opener:?}"));
-    let mut lines = text[start..].lines();
-    let mut out: Vec<&str> = lines.next().into_iter().collect();
-    out.extend(lines.take_while(|l| l.is_empty() || l.starts_with([' ', '\t'])));
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let indent = |l: &str| l.len() - l.trim_start_matches([' ', '\t']).len();
+    let mut lines = text[line_start..].lines();
+    let first = lines.next().unwrap_or_default();
+    let mut out = vec![first];
+    out.extend(lines.take_while(|l| l.trim().is_empty() || indent(l) > indent(first)));
     out.join("\n")
+}
+
+/// What deciding by record state, or reading more into an ending than the
+/// guest states, looks like in a Python or JavaScript loop.
+const SCRIPT_TELLS: [&str; 9] = [
+    "state",
+    "inspect",
+    "absent",
+    "in-flight",
+    "inflight",
+    "superseded",
+    "ending",
+    "next_read",
+    "nextread",
+];
+
+fn assert_loops_on_steps_only(file: &str, opener: &str) {
+    let text = read(file);
+    let loop_body = body(&text, opener);
+    assert!(
+        loop_body.contains("report") && loop_body.contains("resume"),
+        "{file}: {opener:?} is not the protocol loop:\n{loop_body}"
+    );
+    // Comments may explain; only code decides.
+    let code: Vec<&str> = loop_body
+        .lines()
+        .map(|l| l.split(" # ").next().unwrap_or_default())
+        .map(|l| l.split(" // ").next().unwrap_or_default())
+        .filter(|l| !l.trim_start().starts_with(['#', '/', '*']))
+        .collect();
+    let code = code.join("\n").to_lowercase();
+    for tell in SCRIPT_TELLS {
+        assert!(
+            !code.contains(tell),
+            "{file}: the protocol loop names {tell:?}:\n{loop_body}"
+        );
+    }
 }
 
 #[test]
 fn the_python_and_node_examples_loop_on_steps_only() {
-    for (file, opener) in [
-        ("examples/python/protect.py", "def protect("),
-        ("examples/node/protect.mjs", "function protect("),
-    ] {
-        let text = read(file);
-        let loop_body = body(&text, opener);
-        assert!(
-            loop_body.contains("report") && loop_body.contains("resume"),
-            "{file}: {loop_body}"
-        );
-        for tell in ["state", "inspect", "absent", "in-flight", "superseded"] {
-            assert!(
-                !loop_body.to_lowercase().contains(tell),
-                "{file}: the protocol loop names {tell:?}:\n{loop_body}"
-            );
-        }
+    assert_loops_on_steps_only("examples/python/protect.py", "def protect(");
+    assert_loops_on_steps_only("examples/node/protect.mjs", "function protect(");
+}
+
+/// The packages' own loops, the ones their users run: the Python package's
+/// generator (shared by `call` and `acall`) and the npm package's `drive`.
+#[test]
+fn the_python_and_npm_packages_loop_on_steps_only() {
+    assert_loops_on_steps_only("python/src/once/client.py", "    def _loop(");
+    assert_loops_on_steps_only("js/src/once.ts", "  private async drive(");
+}
+
+/// The Rust example that drives the protocol by hand with generated types.
+#[test]
+fn the_rust_driver_example_loops_on_steps_only() {
+    let text = read("host/once/examples/driver.rs");
+    let code = text.split("let account = loop").nth(1).expect("driver.rs: its loop");
+    for tell in RUST_TELLS.iter().chain(&["Ending::", "next_read"]) {
+        assert!(!code.contains(tell), "driver.rs: the loop reads {tell:?}");
     }
 }
 
@@ -124,4 +168,11 @@ fn the_check_finds_a_state_read() {
     assert!(body(js, "function protect(").contains("'wait'"));
     assert!(!body(js, "function protect(").contains("const y"));
     assert!(RUST_TELLS.iter().any(|t| "match view.state {".contains(t)));
+    // A method's body ends where its indentation does.
+    let class = "class A:\n    def _loop(self):\n        if a.ending == 1:\n\n            x()\n    def other(self):\n        y()\n";
+    let method = body(class, "    def _loop(");
+    assert!(method.contains("a.ending") && method.contains("x()") && !method.contains("y()"));
+    let ts = "class B {\n  private async drive(s) {\n    if (s.state) go();\n  }\n  other() { z(); }\n}\n";
+    assert!(body(ts, "  private async drive(").contains("s.state"));
+    assert!(!body(ts, "  private async drive(").contains("z()"));
 }
