@@ -45,11 +45,17 @@ pub enum Mutant {
     /// A read brought back by `read-back` is taken as of the moment it was brought back, not
     /// its own read position: an absence read before a late commit proves nothing of it.
     ReadBackTakenAsNow,
+    /// A successor supersedes a failed or absent original whose earlier request
+    /// may have committed unseen: its new provider key makes a second effect.
+    SupersedeDespiteLateEffect,
+    /// Such a supersede waits out max-in-flight but then goes ahead without
+    /// reading whether the earlier request committed before that.
+    SupersedeUnreadAfterMaxInFlight,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -65,6 +71,8 @@ impl Mutant {
         Mutant::NoLeaseRenewal,
         Mutant::OtherOwnersOwedSaysNone,
         Mutant::ReadBackTakenAsNow,
+        Mutant::SupersedeDespiteLateEffect,
+        Mutant::SupersedeUnreadAfterMaxInFlight,
     ];
 }
 

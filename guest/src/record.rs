@@ -438,16 +438,23 @@ impl OpRecord {
     /// request may have committed before it. An answer says "no effect" only
     /// when this does not hold.
     pub fn late_effect_possible(&self, skew: u64) -> bool {
+        self.late_effect_settles_at(skew).is_some()
+    }
+
+    /// When [`OpRecord::late_effect_possible`] holds: the time (ledger clock, give or take the
+    /// skew) after which none of those requests can still commit. Until then one may; after it,
+    /// one may have, unless a read after it finds no effect.
+    pub fn late_effect_settles_at(&self, skew: u64) -> Option<u64> {
         self.attempts
             .iter()
             .filter(|a| !matches!(a.outcome.as_deref(), Some("rejected" | "not-sent")))
-            .any(|a| {
-                let settled_at = a
-                    .last_dispatch()
+            .map(|a| {
+                a.last_dispatch()
                     .saturating_add(self.policy.max_in_flight_ms)
-                    .saturating_add(skew);
-                self.last_read_position.is_none_or(|read| read <= settled_at)
+                    .saturating_add(skew)
             })
+            .filter(|settled_at| self.last_read_position.is_none_or(|read| read <= *settled_at))
+            .max()
     }
 
     /// Whether an escalation the sink has not acknowledged is marked: it
@@ -628,6 +635,21 @@ impl OpRecord {
             attempt,
             detail,
         }
+    }
+
+    /// failed or absent -> confirmed: the provider has the effect of a request the ledger thought
+    /// had none (one whose absence was proven before it could last commit). The effect is the
+    /// latest attempt's whose outcome was not definite, not a later rejected or unsent one's.
+    pub fn confirm_unseen(&mut self, receipt: Receipt, now: u64) -> Event {
+        let unseen = self
+            .attempts
+            .iter()
+            .rev()
+            .find(|a| !matches!(a.outcome.as_deref(), Some("rejected" | "not-sent")))
+            .map(|a| a.n);
+        let event = self.confirm(receipt, None, now, "reconciled-confirmed");
+        self.confirmed_by = unseen.or(self.confirmed_by);
+        event
     }
 
     /// Keep `receipt` as the record's, with its flaw if it has one. Returns
@@ -835,6 +857,18 @@ impl OpRecord {
         Event {
             kind,
             from: Some(from),
+            attempt: None,
+            detail: detail(&[("read_position", num(read_position))]),
+        }
+    }
+
+    /// failed or absent stays so: a provider read after every earlier request's last chance to
+    /// commit found no effect, so none can arrive late ([`OpRecord::late_effect_possible`] no longer holds).
+    pub fn absence_read(&mut self, read_position: u64) -> Event {
+        self.last_read_position = Some(read_position);
+        Event {
+            kind: "read-absent",
+            from: Some(self.state),
             attempt: None,
             detail: detail(&[("read_position", num(read_position))]),
         }

@@ -175,3 +175,54 @@ fn read_back_is_refused_where_reads_happen_inside_the_steps() {
         "{refused:?}"
     );
 }
+
+/// A successor with verify-first over an original whose first request may have committed unseen
+/// (its absence proven by the provider's claim before max-in-flight) needs two reads: the
+/// original's, then its own. The first is recorded on the original before the second is asked
+/// for, so the start goes on with one read brought back at a time and never asks for the same
+/// one twice.
+#[test]
+fn a_supersede_reads_the_original_then_verifies_itself() {
+    let h = stepping();
+    let mut p = policy();
+    p.provider_claims_key = true;
+    p.key_sent_by_host = true;
+    p.verify_first = true;
+    let first = |h: &MemoryHost, r| match start_request(h, r).unwrap() {
+        Step::Read(reading) => read_back(
+            h,
+            Some(with_policy(refund("orig", ARGS), p.clone())),
+            reading,
+            Evidence::Absent(h.now()),
+        ),
+        other => Ok(other),
+    };
+    let g1 = dispatch(first(&h, with_policy(refund("orig", ARGS), p.clone())).unwrap());
+    h.advance(SECOND);
+    let r = read_step(report(&h, &g1.scope, &g1.key, &g1.fence, Outcome::Ambiguous("reset".into())).unwrap());
+    h.advance(5 * SECOND);
+    let g2 = dispatch(read_back(&h, None, r, Evidence::Absent(h.now())).unwrap());
+    assert_eq!(
+        g2.provider_key, g1.provider_key,
+        "the claim proved it absent at once: owed, same key"
+    );
+    let done = report(&h, &g2.scope, &g2.key, &g2.fence, Outcome::Rejected("declined".into())).unwrap();
+    assert!(matches!(done, Step::Done(_)), "{done:?}");
+    assert_eq!(view(&h, "orig").state, State::Failed);
+
+    h.advance(MAX_IN_FLIGHT);
+    let mut successor = with_policy(refund("succ", r#"{"order":1234,"amount":150}"#), p.clone());
+    successor.supersedes = Some("orig".into());
+    let asked = read_step(start_request(&h, successor.clone()).unwrap());
+    assert_eq!((asked.key.as_str(), &asked.provider_key), ("orig", &g1.provider_key));
+    let mine = read_step(read_back(&h, Some(successor.clone()), asked, Evidence::Absent(h.now())).unwrap());
+    assert_eq!(mine.key, "succ", "then its own verify-first read");
+    assert_eq!(
+        view(&h, "orig").state,
+        State::Failed,
+        "the original's read is recorded, not yet superseded"
+    );
+    let g = dispatch(read_back(&h, Some(successor), mine, Evidence::Absent(h.now())).unwrap());
+    assert_eq!((g.key.as_str(), g.attempt), ("succ", 1));
+    assert_eq!(view(&h, "orig").state, State::Superseded);
+}

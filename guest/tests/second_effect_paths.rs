@@ -618,3 +618,96 @@ fn an_owed_dispatch_without_budget_is_not_listed() {
     assert!(report.owed.is_empty(), "{:?}", report.owed);
     blocked_of(reconcile(&h, "s", "k").unwrap(), BlockReason::AttemptBudget);
 }
+
+// ---------------------------------------------------------------- a supersede over a request still out there
+
+/// A successor supersedes only an original with no effect and none possible. An original whose
+/// absence the provider's claim proved before max-in-flight may still commit its first request (the
+/// claim stops a second effect under its key, not a late first one), and the successor's new
+/// provider key would make that a second effect. Until max-in-flight has passed the successor is
+/// refused as unresolved, with nothing written; after it, the same call reads the provider for the
+/// original and records what it found on the original first: no effect as of a read after that
+/// time supersedes it, an effect found confirms the original (answered `superseded-confirmed` with
+/// its receipt), and a read that is too early proves nothing. The model's "supersede after a
+/// claimed absence" explores the same.
+#[test]
+fn a_supersede_waits_until_no_request_of_the_original_can_have_committed() {
+    for found in ["absent", "confirmed", "too early", "another owner's"] {
+        let h = MemoryHost::new();
+        let mut p = policy();
+        p.provider_claims_key = true;
+        p.key_sent_by_host = true;
+        let e1 = execute_of(go(&h, with_policy(refund("orig", ARGS), p.clone())));
+        fin(&h, "orig", &e1.fence, ambiguous());
+        // A read after the last dispatch, well before max-in-flight: the claim makes it absent at once.
+        h.advance(5 * SECOND);
+        h.script_lookup(Evidence::Absent(h.now()));
+        let e2 = execute_of(reconcile(&h, "s", "orig").unwrap());
+        assert_eq!((e2.attempt, &e2.provider_key), (2, &e1.provider_key));
+        fin(&h, "orig", &e2.fence, rejected());
+        let before = view(&h, "orig");
+        assert_eq!(before.state, State::Failed);
+
+        let successor = || {
+            let mut s = with_policy(refund("succ", r#"{"order":1234,"amount":150}"#), p.clone());
+            s.supersedes = Some("orig".into());
+            s
+        };
+        let b = blocked_of(go(&h, successor()), BlockReason::SupersededUnresolved);
+        assert!(b.detail.contains("may still take effect until"), "{}", b.detail);
+        assert_eq!(view(&h, "orig"), before, "the original is left as it was");
+        assert!(
+            inspect(&h, "s", "succ").unwrap().is_none(),
+            "nothing recorded for the successor"
+        );
+
+        h.advance(MAX_IN_FLIGHT);
+        match found {
+            "absent" => {
+                h.script_lookup(Evidence::Absent(h.now()));
+                assert_eq!(execute_of(go(&h, successor())).attempt, 1);
+                let o = view(&h, "orig");
+                assert_eq!((o.state, o.superseded_by.as_deref()), (State::Superseded, Some("succ")));
+                assert_eq!(
+                    kinds(&o)[kinds(&o).len() - 2..],
+                    ["read-absent", "superseded"],
+                    "the read that proved it is in the trail"
+                );
+                let again = blocked_of(go(&h, with_policy(refund("orig", ARGS), p)), BlockReason::Superseded);
+                assert!(again.receipt.is_none(), "{again:?}");
+            }
+            "confirmed" => {
+                h.script_lookup(Evidence::Confirmed(RECEIPT.to_string()));
+                let b = blocked_of(go(&h, successor()), BlockReason::SupersededConfirmed);
+                assert_eq!(b.receipt.as_deref(), Some(RECEIPT));
+                let o = view(&h, "orig");
+                assert_eq!((o.state, o.receipt.as_deref()), (State::Confirmed, Some(RECEIPT)));
+                assert_eq!(kinds(&o).last(), Some(&"reconciled-confirmed"));
+                assert_eq!(
+                    body(&o)["confirmed_by"],
+                    1,
+                    "the lost reply's attempt, not the declined one"
+                );
+                assert!(inspect(&h, "s", "succ").unwrap().is_none());
+                // Acknowledged, the change goes ahead beside the effect the original had.
+                let mut acknowledged = successor();
+                acknowledged.acknowledge_confirmed = true;
+                assert_eq!(execute_of(go(&h, acknowledged)).attempt, 1);
+            }
+            "another owner's" => {
+                // Its owner's hosts read its provider: this one's lookup may reach another account.
+                h.settings.borrow_mut().owner = "b".into();
+                let b = blocked_of(go(&h, successor()), BlockReason::SupersededUnresolved);
+                assert!(b.detail.contains("owner"), "{}", b.detail);
+                assert_eq!(h.lookups().len(), 1, "only the reconcile read, none for the successor");
+                assert_eq!(view(&h, "orig"), before);
+            }
+            _ => {
+                h.script_lookup(Evidence::Absent(h.now() - MAX_IN_FLIGHT));
+                let b = blocked_of(go(&h, successor()), BlockReason::SupersededUnresolved);
+                assert!(b.detail.contains("not after"), "{}", b.detail);
+                assert_eq!(view(&h, "orig"), before);
+            }
+        }
+    }
+}

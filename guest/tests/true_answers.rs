@@ -255,16 +255,22 @@ fn an_unreadable_row_is_skipped_and_escalated_and_the_rest_goes_on() {
     .unwrap();
 }
 
-/// An original resolved absent by force, then superseded: its request may
-/// still commit, so a repeat of the original says the effect is unknown,
-/// live and after prune (review of this change; none before).
+/// An original resolved absent by force, then superseded (a tool without a
+/// lookup: once no request of it can still commit, on the operator's word):
+/// its request may have committed before the force, so a repeat of the
+/// original says the effect is unknown, live and after prune.
 #[test]
 fn a_superseded_original_whose_absence_was_forced_says_unknown_live_and_pruned() {
     let h = MemoryHost::new();
-    unknown_record(&h, "k1", policy());
+    let mut p = policy();
+    p.lookup = false;
+    unknown_record(&h, "k1", p.clone());
     resolve(&h, "s", "k1", Resolution::Absent, "forced", true).unwrap();
-    let mut successor = refund("k2", r#"{"order":1234,"amount":300}"#);
+    let mut successor = with_policy(refund("k2", r#"{"order":1234,"amount":300}"#), p);
     successor.supersedes = Some("k1".into());
+    // Not while a request of it may still commit.
+    blocked_of(go(&h, successor.clone()), BlockReason::SupersededUnresolved);
+    h.advance(MAX_IN_FLIGHT + LEASE);
     execute_of(go(&h, successor));
     let repeat = |h: &MemoryHost| match start_request(h, refund("k1", ARGS)).unwrap() {
         Step::Done(account) => account,

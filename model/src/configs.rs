@@ -206,6 +206,39 @@ pub fn small() -> Vec<Config> {
     c.budget.ticks = 5;
     all.push(c);
 
+    // Supersede an original whose absence only the provider's claim proved, before max-in-flight:
+    // its first request may still commit, and the successor carries a new provider key.
+    let mut c = base("supersede after a claimed absence");
+    c.policy.provider_claims_key = true;
+    c.policy.key_sent_by_host = true;
+    c.ops = vec![
+        op("s", "k0", "3.00"),
+        OpSpec {
+            supersedes: Some(0),
+            ..op("s", "k1", "4.00")
+        },
+    ];
+    c.callers = vec![(0, 0, 1), (0, 1, 2)];
+    // From k0 absent with its attempts spent: its first attempt's reply lost, a read after it found
+    // nothing (the claim makes that absent at once), the owed attempt not sent; the first request is
+    // still out there. The successor waits out max-in-flight, then reads the provider for k0.
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Send(0),
+        Action::Report(0, Said::Ambiguous),
+        Action::Read(0, Read::Now),
+        Action::ReadBack(0),
+        Action::Tick,
+        Action::Resume(0, Read::Now),
+        Action::Read(0, Read::Now),
+        Action::ReadBack(0),
+        Action::Report(0, Said::NotSent),
+    ];
+    c.budget.sweeps = 1;
+    c.budget.ticks = 4;
+    c.depth = 10;
+    all.push(c);
+
     // A quota pair: two operations on one bucket, only one fits.
     let mut c = base("quota pair");
     c.policy.quota = Some(Quota {

@@ -903,13 +903,38 @@ impl OnceModel {
     }
 }
 
-/// At most one effect per operation, unless an operator forced an absence.
-pub fn at_most_one_effect(world: &World) -> Result<(), String> {
+/// At most one effect per operation, unless an operator forced an absence; and an original and
+/// the successor that superseded it are one intent (a changed payload), so not both take effect
+/// (unless an operator forced the original's absence).
+pub fn at_most_one_effect(model: &OnceModel, world: &World) -> Result<(), String> {
     let keys: BTreeSet<&String> = world.requests.iter().map(|r| &r.provider_key).collect();
     for pk in keys {
         let effects = world.effects(pk);
         if effects.len() > 1 && !world.forced.contains(pk) {
             return Err(format!("provider key {pk}: {} effects {effects:?}", effects.len()));
+        }
+    }
+    let any_request = |scope: &str, key: &str, what: &dyn Fn(&Request) -> bool| {
+        world
+            .requests
+            .iter()
+            .any(|r| r.scope == scope && r.key == key && what(r))
+    };
+    let took_effect = |scope: &str, key: &str| any_request(scope, key, &|r| matches!(r.fate, Fate::Effect { .. }));
+    let forced = |scope: &str, key: &str| any_request(scope, key, &|r| world.forced.contains(&r.provider_key));
+    for successor in &model.config.ops {
+        let Some(original) = successor.supersedes.map(|j| &model.config.ops[j]) else {
+            continue;
+        };
+        if let (Some(key), Some(original_key)) = (successor.key, original.key)
+            && took_effect(successor.scope, key)
+            && took_effect(original.scope, original_key)
+            && !forced(original.scope, original_key)
+        {
+            return Err(format!(
+                "{}/{key} superseded {}/{original_key}, and both took effect",
+                successor.scope, original.scope
+            ));
         }
     }
     Ok(())
@@ -1008,7 +1033,9 @@ impl Model for OnceModel {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(PROPERTIES[0], |_, s: &World| s.violation.is_none()),
-            Property::always(PROPERTIES[1], |_, s: &World| at_most_one_effect(s).is_ok()),
+            Property::always(PROPERTIES[1], |m: &OnceModel, s: &World| {
+                at_most_one_effect(m, s).is_ok()
+            }),
             Property::always(PROPERTIES[2], |_, s: &World| audit_contiguous(s).is_ok()),
             Property::always(PROPERTIES[3], |m: &OnceModel, s: &World| {
                 quota_within_ceiling(m, s).is_ok()
@@ -1027,7 +1054,7 @@ pub fn broken(model: &OnceModel, world: &World) -> Option<(&'static str, String)
         return Some((PROPERTIES[0], v.clone()));
     }
     let checks: [(&'static str, Result<(), String>); 4] = [
-        (PROPERTIES[1], at_most_one_effect(world)),
+        (PROPERTIES[1], at_most_one_effect(model, world)),
         (PROPERTIES[2], audit_contiguous(world)),
         (PROPERTIES[3], quota_within_ceiling(model, world)),
         (PROPERTIES[4], second_success_flagged(world)),

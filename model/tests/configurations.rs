@@ -47,6 +47,11 @@ fn supersede() {
 }
 
 #[test]
+fn supersede_after_a_claimed_absence() {
+    holds("supersede after a claimed absence");
+}
+
+#[test]
 fn quota_pair() {
     holds("quota pair");
 }
@@ -126,6 +131,7 @@ fn every_configuration_has_a_test() {
         "lagging reads inside the steps",
         "provider claims the key",
         "supersede",
+        "supersede after a claimed absence",
         "quota pair",
         "derived key across its window",
         "prune and reuse",

@@ -127,5 +127,23 @@ fn a_grant_handed_out_after_its_send_window() {
 
 #[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 15, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 17, "a new mutant needs a test above");
+}
+
+#[test]
+fn a_supersede_over_an_original_that_may_still_commit() {
+    caught(
+        Mutant::SupersedeDespiteLateEffect,
+        "supersede after a claimed absence",
+        PROPERTIES[1],
+    );
+}
+
+#[test]
+fn a_supersede_after_max_in_flight_without_a_read() {
+    caught(
+        Mutant::SupersedeUnreadAfterMaxInFlight,
+        "supersede after a claimed absence",
+        PROPERTIES[1],
+    );
 }

@@ -142,7 +142,9 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
             Ok(decision) => return keyed(decision),
             Err(LedgerError::Conflict) => continue,
             Err(LedgerError::Storage(e)) => return keyed(blocked(BlockReason::Storage, e)),
-            // Nothing was written: the protocol answers the `read` step instead (`crate::reads`).
+            // Nothing was written on the read's strength: the protocol answers the `read` step
+            // instead (`crate::reads`). (What an earlier read of the same export proved, a
+            // superseded original's, is recorded already: see `Claim::settle_original`.)
             Err(e @ LedgerError::ReadDeferred) => return keyed(blocked(BlockReason::Unverified, e.message())),
         }
     }
@@ -242,6 +244,11 @@ impl Claim<'_> {
                 )
             };
             return Ok(blocked(BlockReason::Expired, detail));
+        }
+        if let Some(original) = &req.supersedes
+            && let Some(answer) = self.settle_original(h, original)?
+        {
+            return Ok(answer);
         }
         let mut tx = Tx::new();
         if blind && self.key_source == KeySource::Application {
@@ -439,6 +446,10 @@ impl Claim<'_> {
                 detail: format!("the original {original} is confirmed; acknowledge it to proceed"),
                 receipt: orig.receipt.clone(),
             }))),
+            State::Failed | State::Absent if !self.settled(h, &orig) => Ok(Some(blocked(
+                BlockReason::SupersededUnresolved,
+                format!("the original {original} was sent again meanwhile, and a request of it may still take effect"),
+            ))),
             State::Failed | State::Absent => {
                 let (event, released) = orig.supersede(&self.key, now);
                 if let Some(reservation) = released {
@@ -448,6 +459,112 @@ impl Claim<'_> {
                 Ok(None)
             }
         }
+    }
+
+    /// "Failed or absent: no effect, none possible." An earlier request of the original may have
+    /// committed unseen when its absence was proven before `max-in-flight` had passed (by the
+    /// provider's claim on the key, which stops a second effect under that key, not a late first
+    /// one, or by an operator); the successor's new provider key would make that a second effect.
+    /// Such an original is superseded only once no request of it can still commit and a read of
+    /// the provider after that time found none (or, where nothing can read the provider, an
+    /// operator forced the absence: the risk they took on). What the read finds is recorded on the original
+    /// in a write of its own, before anything else of this call is decided: the absence read
+    /// after that time (the supersede then goes ahead), or the effect (the original is confirmed,
+    /// and answered as one). So the call needs this read once, also when verify-first reads next.
+    /// Returns the refusal while it is not settled.
+    fn settle_original(&self, h: &impl Host, original: &str) -> Result<Option<Decision>, LedgerError> {
+        let Some(Loaded { rec: mut orig, version }) = load(h, &self.req.scope, original)? else {
+            return Ok(None);
+        };
+        let skew = h.settings().clock_skew_ms;
+        let settled_at = match orig.late_effect_settles_at(skew) {
+            Some(at) if matches!(orig.state, State::Failed | State::Absent) => at,
+            _ => return Ok(None),
+        };
+        if mutant::on(Mutant::SupersedeDespiteLateEffect) {
+            return Ok(None);
+        }
+        let now = now_for(h, Some(&orig));
+        let state = state_name(orig.state);
+        let readable = super::reconcile::provider_readable(h, &orig);
+        let unresolved = |why: String| {
+            Ok(Some(blocked(
+                BlockReason::SupersededUnresolved,
+                format!("the original {original} is {state}, but {why}"),
+            )))
+        };
+        if now <= settled_at {
+            return unresolved(format!(
+                "an earlier request of it may still take effect until {settled_at}: the same call after then \
+                 reads the provider"
+            ));
+        }
+        if mutant::on(Mutant::SupersedeUnreadAfterMaxInFlight) {
+            return Ok(None);
+        }
+        if orig.owner != h.settings().owner {
+            // Its owner's hosts read its provider; this host's lookup may reach another account.
+            return unresolved(format!(
+                "an earlier request of it may have taken effect unseen, and it is owner {}'s to read",
+                orig.owner
+            ));
+        }
+        if !readable {
+            if orig.absence_forced {
+                // An operator forced the absence, taking on a late effect (flagged if it is reported):
+                // their word stands for what no read can tell, as it does for the original's own key.
+                return Ok(None);
+            }
+            return unresolved(
+                "an earlier request of it may have taken effect unseen, and nothing can read the provider for it \
+                 (its tool has no lookup)"
+                    .into(),
+            );
+        }
+        let (_, evidence) = crate::reads::read(h, &orig.scope, &orig.key, &orig.tool, &orig.provider_key, &orig.args)?;
+        let mut tx = Tx::new();
+        let event = match evidence {
+            Evidence::Absent(position) if position.min(now) > settled_at => orig.absence_read(position.min(now)),
+            Evidence::Absent(position) => {
+                return unresolved(format!(
+                    "the provider's read is as of {position}, not after {settled_at}, when an earlier request of \
+                     it could last take effect"
+                ));
+            }
+            Evidence::Confirmed(receipt) => {
+                tx.count_spend(h, &mut orig, now)?;
+                orig.confirm_unseen(crate::input::provider_receipt(receipt, &h.settings()), now)
+            }
+            Evidence::Unknown(why) => {
+                return unresolved(format!(
+                    "an earlier request of it may have taken effect unseen, and the provider could not tell: {why}"
+                ));
+            }
+        };
+        tx.record(&mut orig, version, event, now);
+        tx.commit(h)?;
+        if orig.state == State::Confirmed && !self.req.acknowledge_confirmed {
+            return Ok(Some(Decision::Blocked(Blocked {
+                reason: BlockReason::SupersededConfirmed,
+                detail: format!(
+                    "the original {original} took effect after all (the provider has it); acknowledge it to proceed"
+                ),
+                receipt: orig.receipt.clone(),
+            })));
+        }
+        Ok(None)
+    }
+
+    /// Whether `orig`, as `supersede` loads it to move it, may be superseded: no earlier request
+    /// of it can have committed unseen, or (where nothing can read the provider) an operator
+    /// forced its absence. [`Claim::settle_original`] made it so on an earlier load; this holds
+    /// it to that on the load the move is written against (another call may have sent it again
+    /// in between).
+    fn settled(&self, h: &impl Host, orig: &OpRecord) -> bool {
+        !orig.late_effect_possible(h.settings().clock_skew_ms)
+            || (orig.absence_forced && !super::reconcile::provider_readable(h, orig))
+            || mutant::on(Mutant::SupersedeDespiteLateEffect)
+            || mutant::on(Mutant::SupersedeUnreadAfterMaxInFlight)
     }
 
     /// A record exists for this key.
