@@ -133,6 +133,20 @@ fn base(name: &'static str) -> Config {
     }
 }
 
+/// k1 (a changed payload) supersedes k0: one caller starts k0 once, another k1 twice.
+fn supersede(name: &'static str) -> Config {
+    let mut c = base(name);
+    c.ops = vec![
+        op("s", "k0", "3.00"),
+        OpSpec {
+            supersedes: Some(0),
+            ..op("s", "k1", "4.00")
+        },
+    ];
+    c.callers = vec![(0, 0, 1), (0, 1, 2)];
+    c
+}
+
 /// Caller 0's first attempt sent and its reply lost; the read that follows made at once and brought
 /// back (it finds nothing, too early to prove anything): the record unknown, the caller waiting.
 fn lost_reply_read() -> Vec<Action> {
@@ -194,31 +208,15 @@ pub fn small() -> Vec<Config> {
     all.push(c);
 
     // Supersede: a changed payload is a new operation naming the original.
-    let mut c = base("supersede");
-    c.ops = vec![
-        op("s", "k0", "3.00"),
-        OpSpec {
-            supersedes: Some(0),
-            ..op("s", "k1", "4.00")
-        },
-    ];
-    c.callers = vec![(0, 0, 1), (0, 1, 2)];
+    let mut c = supersede("supersede");
     c.budget.ticks = 5;
     all.push(c);
 
     // Supersede an original whose absence only the provider's claim proved, before max-in-flight:
     // its first request may still commit, and the successor carries a new provider key.
-    let mut c = base("supersede after a claimed absence");
+    let mut c = supersede("supersede after a claimed absence");
     c.policy.provider_claims_key = true;
     c.policy.key_sent_by_host = true;
-    c.ops = vec![
-        op("s", "k0", "3.00"),
-        OpSpec {
-            supersedes: Some(0),
-            ..op("s", "k1", "4.00")
-        },
-    ];
-    c.callers = vec![(0, 0, 1), (0, 1, 2)];
     // From k0 absent with its attempts spent: its first attempt's reply lost, a read after it found
     // nothing (the claim makes that absent at once), the owed attempt not sent; the first request is
     // still out there. The successor waits out max-in-flight, then reads the provider for k0.

@@ -467,11 +467,11 @@ impl Claim<'_> {
     /// one, or by an operator); the successor's new provider key would make that a second effect.
     /// Such an original is superseded only once no request of it can still commit and a read of
     /// the provider after that time found none (or, where nothing can read the provider, an
-    /// operator forced the absence: the risk they took on). What the read finds is recorded on the original
-    /// in a write of its own, before anything else of this call is decided: the absence read
-    /// after that time (the supersede then goes ahead), or the effect (the original is confirmed,
-    /// and answered as one). So the call needs this read once, also when verify-first reads next.
-    /// Returns the refusal while it is not settled.
+    /// operator forced the absence: the risk they took on). What the read finds is recorded on
+    /// the original in a write of its own, before anything else of this call is decided: the
+    /// absence read after that time (the supersede then goes ahead), or the effect (the original
+    /// is confirmed, and answered as one). So the call needs this read once, also when
+    /// verify-first reads next. Returns the refusal while it is not settled.
     fn settle_original(&self, h: &impl Host, original: &str) -> Result<Option<Decision>, LedgerError> {
         let Some(Loaded { rec: mut orig, version }) = load(h, &self.req.scope, original)? else {
             return Ok(None);
