@@ -54,6 +54,12 @@ impl Attempt {
             .saturating_sub(skew_ms)
     }
 
+    /// Whether its request may have taken effect: its outcome is not a definite
+    /// "nothing happened" (the provider's rejection, or nothing sent).
+    pub fn may_have_taken_effect(&self) -> bool {
+        !matches!(self.outcome.as_deref(), Some("rejected" | "not-sent"))
+    }
+
     /// The latest moment this attempt could have been sent.
     pub fn last_dispatch(&self) -> u64 {
         match self.ended_at {
@@ -447,7 +453,7 @@ impl OpRecord {
     pub fn late_effect_settles_at(&self, skew: u64) -> Option<u64> {
         self.attempts
             .iter()
-            .filter(|a| !matches!(a.outcome.as_deref(), Some("rejected" | "not-sent")))
+            .filter(|a| a.may_have_taken_effect())
             .map(|a| {
                 a.last_dispatch()
                     .saturating_add(self.policy.max_in_flight_ms)
@@ -645,7 +651,7 @@ impl OpRecord {
             .attempts
             .iter()
             .rev()
-            .find(|a| !matches!(a.outcome.as_deref(), Some("rejected" | "not-sent")))
+            .find(|a| a.may_have_taken_effect())
             .map(|a| a.n);
         let event = self.confirm(receipt, None, now, "reconciled-confirmed");
         self.confirmed_by = unseen.or(self.confirmed_by);
