@@ -46,10 +46,10 @@ imports = {"ledger-json": {"commit": commit,  # the engine's I/O, and nothing el
     "entropy": {"fill": lambda _, n: os.urandom(n)}}  # the ledger's provider-key secret is made of these
 with (linker := wc.Linker(engine := wasmtime.Engine())).root() as root:
     for iface, funcs in imports.items():
-        with root.add_instance(f"once:core/{iface}@1.0.0") as i: [i.add_func(n, answers(f, iface == "ledger-json")) for n, f in funcs.items()]
+        with root.add_instance(f"once:core/{iface}@2.0.0") as i: [i.add_func(n, answers(f, iface == "ledger-json")) for n, f in funcs.items()]
 instance = linker.instantiate(store := wasmtime.Store(engine), wc.Component.from_file(engine, sys.argv[1]))
 x = lambda iface, name, *args: instance.get_func(store, instance.get_export_index(  # an export by name
-    store, name, instance.get_export_index(store, f"once:core/{iface}@1.0.0")))(store, *args)
+    store, name, instance.get_export_index(store, f"once:core/{iface}@2.0.0")))(store, *args)
 ok = lambda r: (r := json.loads(r))["Ok"] if "Ok" in r else sys.exit(f"refused: {r['Err']}")  # result<step, error>, as JSON
 configured = x("engine", "configure", Rec({"settings": x("engine", "default-settings"), "defaults": Rec({}), "tools": [Rec(
     {"tool": "refund_order", "policy": Rec({"key-argument": "idempotency_key", "dispatch-timeout-ms": 10_000})})],

@@ -57,6 +57,13 @@ pub fn parse_minor_units(text: &str, decimals: u8) -> Result<u128, String> {
     Ok(units)
 }
 
+/// Parse a non-negative decimal (as [`parse_minor_units`]) at 18 decimal
+/// places: exact for comparing two amounts whatever their units, such as an
+/// amount with an approval threshold.
+pub fn parse_decimal(text: &str) -> Result<u128, String> {
+    parse_minor_units(text, 18)
+}
+
 /// Render minor units back as a decimal with `decimals` places.
 pub fn format_minor_units(units: u128, decimals: u8) -> String {
     let s = format!("{units:0>width$}", width = usize::from(decimals) + 1);

@@ -10,8 +10,8 @@ use alloc::string::String;
 
 use crate::canon::write_string;
 use crate::json_out::{Writer, confirmation, identity, key_source, route, state};
-use crate::policy::{Policy, Quota};
-use crate::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
+use crate::policy::{ApprovalRule, DEFAULT_APPROVAL_VALID_MS, Policy, Quota};
+use crate::record::{Approval, Attempt, OpRecord, ReceiptFlaw, Reservation};
 
 /// The format of every row body this engine writes: operation records (here),
 /// tombstones and quota buckets (`store`). Hosts record it in the ledger
@@ -31,7 +31,12 @@ use crate::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
 /// Format 2: provider keys are derived with the ledger's secret, and
 /// records name it (`key_secret`). A build of format 1 would go on deriving
 /// guessable keys on a ledger whose others are not, so it must refuse one.
-pub const BODY_FORMAT: u32 = 2;
+///
+/// Format 3: the states `awaiting-approval` and `denied`, and approvals
+/// (`approval_reason`, `approval`, a policy's `approval`). A build of format
+/// 2 would not read the new states, and would send an attempt the rule holds
+/// for a person.
+pub const BODY_FORMAT: u32 = 3;
 
 /// The JSON text of `rec`, as serde_json writes it.
 pub fn record_json(rec: &OpRecord) -> String {
@@ -86,6 +91,11 @@ pub fn record_json(rec: &OpRecord) -> String {
         w.key("reservation");
         reservation(&mut w, r);
     }
+    some_str(&mut w, "approval_reason", rec.approval_reason.as_deref());
+    if let Some(a) = &rec.approval {
+        w.key("approval");
+        approval(&mut w, a);
+    }
     w.key("policy");
     policy(&mut w, &rec.policy);
     count(&mut w, "replays", rec.replays);
@@ -106,6 +116,19 @@ fn attempt(w: &mut Writer, a: &Attempt) {
     some_num(w, "ended_at", a.ended_at);
     some_str(w, "outcome", a.outcome.as_deref());
     flag(w, "owed", a.owed);
+    if let Some(approved) = &a.approval {
+        w.key("approval");
+        approval(w, approved);
+    }
+    w.0.push('}');
+}
+
+fn approval(w: &mut Writer, a: &Approval) {
+    w.0.push('{');
+    w.str("note", &a.note);
+    w.str("fingerprint", &a.fingerprint);
+    w.num("at", a.at);
+    w.num("valid_until", a.valid_until);
     w.0.push('}');
 }
 
@@ -157,6 +180,20 @@ fn policy(w: &mut Writer, p: &Policy) {
         quota(w, q);
     }
     some_str(w, "descriptor_pin", p.descriptor_pin.as_deref());
+    match &p.approval {
+        ApprovalRule::Never => {}
+        ApprovalRule::Always => w.raw("approval", "\"always\""),
+        ApprovalRule::Above { field, above } => {
+            w.key("approval");
+            w.0.push_str("{\"above\":{");
+            w.str("field", field);
+            w.str("above", above);
+            w.0.push_str("}}");
+        }
+    }
+    if p.approval_valid_ms != DEFAULT_APPROVAL_VALID_MS {
+        w.num("approval_valid_ms", p.approval_valid_ms);
+    }
     w.0.push('}');
 }
 

@@ -100,6 +100,8 @@ pub(crate) fn state(s: State) -> &'static str {
         State::Unknown => "\"Unknown\"",
         State::Absent => "\"Absent\"",
         State::Superseded => "\"Superseded\"",
+        State::AwaitingApproval => "\"AwaitingApproval\"",
+        State::Denied => "\"Denied\"",
     }
 }
 

@@ -51,11 +51,18 @@ pub enum Mutant {
     /// Such a supersede waits out max-in-flight but then goes ahead without
     /// reading whether the earlier request committed before that.
     SupersedeUnreadAfterMaxInFlight,
+    /// A call the tool's approval rule holds for a person is granted without an approval.
+    NoApprovalGate,
+    /// An approval is taken however long ago it was given.
+    ApprovalNeverExpires,
+    /// An approval is kept after the attempt it was granted on: an owed
+    /// redispatch after a lost reply goes out on the same approval.
+    ApprovalReused,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -73,6 +80,9 @@ impl Mutant {
         Mutant::ReadBackTakenAsNow,
         Mutant::SupersedeDespiteLateEffect,
         Mutant::SupersedeUnreadAfterMaxInFlight,
+        Mutant::NoApprovalGate,
+        Mutant::ApprovalNeverExpires,
+        Mutant::ApprovalReused,
     ];
 }
 

@@ -5,12 +5,12 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
-use crate::amount::parse_minor_units;
+use crate::amount::{parse_decimal, parse_minor_units};
 use crate::canon::{self, Value};
 use crate::digest::sha256_jcs;
 use crate::input::{json_error, limits};
-use crate::policy::Policy;
 use crate::policy::key_argument_names;
+use crate::policy::{ApprovalRule, Policy};
 use crate::types::{BlockReason, Error, Settings};
 
 /// A parsed call, ready to be fingerprinted and dispatched.
@@ -24,6 +24,9 @@ pub struct Payload {
     key_argument: Option<String>,
     /// Spend in minor units, when the tool has a quota.
     pub spend: Option<u128>,
+    /// Why a person must approve the call before it is sent (the tool's
+    /// `approval` rule), if one must.
+    pub approval: Option<String>,
 }
 
 /// A call that cannot be protected as given.
@@ -78,12 +81,14 @@ impl Payload {
                 Some(value) => Some(spend_of(value, &quota.spend_field, quota.decimals)?),
             },
         };
+        let approval = approval_needed(&policy.approval, &args);
         let fingerprint = fingerprint_of(tool, effect);
         Ok(Ok(Payload {
             fingerprint,
             args,
             key_argument,
             spend,
+            approval,
         }))
     }
 
@@ -126,6 +131,36 @@ pub fn fingerprint_of_text(tool: &str, args: &[u8], limits: &canon::Limits) -> R
     canon::write_canonical(&Value::String(tool.to_string()), &mut text);
     text.push('}');
     Ok(crate::digest::sha256_hex(text.as_bytes()))
+}
+
+/// Why `rule` needs a person to approve a call with `args`, if it does. An
+/// amount the rule cannot read (missing, not a number, too precise or too
+/// large to compare) needs one: the rule fails closed.
+fn approval_needed(rule: &ApprovalRule, args: &Value) -> Option<String> {
+    let (field, above) = match rule {
+        ApprovalRule::Never => return None,
+        ApprovalRule::Always => return Some("the tool needs a person's approval for every call".to_string()),
+        ApprovalRule::Above { field, above } => (field, above),
+    };
+    let text = match args.pointer(field) {
+        None => {
+            return Some(format!(
+                "{field} is missing, so it cannot be shown to be at most {above}"
+            ));
+        }
+        Some(Value::Number(n)) => n.raw.as_str(),
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => {
+            return Some(format!(
+                "{field} is not a number, so it cannot be shown to be at most {above}"
+            ));
+        }
+    };
+    match (parse_decimal(text), parse_decimal(above)) {
+        (Ok(amount), Ok(threshold)) if amount <= threshold => None,
+        (Ok(_), Ok(_)) => Some(format!("{field} is {text}, above {above}")),
+        (Err(e), _) | (_, Err(e)) => Some(format!("{field}: {e}, so it cannot be shown to be at most {above}")),
+    }
 }
 
 fn spend_of(value: &Value, field: &str, decimals: u8) -> Result<u128, Error> {

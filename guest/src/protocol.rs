@@ -270,12 +270,23 @@ impl<'a> CallRef<'a> {
                     _ => self.done(Ending::Unknown(unknown), None),
                 }
             }
+            // An owed redispatch awaiting approval may follow an attempt whose effect can still
+            // arrive (an operator forced its absence): the answer reads the record, as a denial's does.
+            Decision::AwaitingApproval(info) => {
+                let rec = crate::store::load(h, self.scope, self.key_str()).map_err(|e| Error::Storage(e.message()))?;
+                self.done(Ending::AwaitsApproval(info), rec.as_ref().map(|l| &l.rec))
+            }
             Decision::Blocked(b) if b.reason == BlockReason::AttemptBudget => self.spent(h, b)?,
             // A superseded record may still hold an attempt whose effect can arrive (its absence
             // forced, or proven only by a claim), and another owner's may owe a dispatch that owner
             // will send: their answers read the record.
             // A record that cannot be read is no answer (its effect is not known): the ledger's error.
-            Decision::Blocked(b) if matches!(b.reason, BlockReason::Superseded | BlockReason::OtherOwner) => {
+            Decision::Blocked(b)
+                if matches!(
+                    b.reason,
+                    BlockReason::Superseded | BlockReason::OtherOwner | BlockReason::ApprovalDenied
+                ) =>
+            {
                 let rec = crate::store::load(h, self.scope, self.key_str()).map_err(|e| Error::Storage(e.message()))?;
                 self.done(Ending::Blocked(b), rec.as_ref().map(|l| &l.rec))
             }
@@ -351,6 +362,8 @@ impl<'a> CallRef<'a> {
             Ending::Rejected(_) if rec.is_some_and(OpRecord::budget_left) => (Effect::None, Repeat::Retries),
             Ending::Rejected(_) | Ending::NotSent(_) | Ending::Conflict(_) => (Effect::None, Repeat::Refused),
             Ending::Unknown(_) | Ending::InFlight(_) => (Effect::Unknown, Repeat::Waits),
+            // Nothing is sent until a person decides; that decision is the same call's answer.
+            Ending::AwaitsApproval(_) => (Effect::None, Repeat::Waits),
             Ending::Blocked(b) => (
                 match b.reason {
                     // The ledger failed (perhaps after applying the write), or the provider could not
@@ -415,7 +428,7 @@ impl<'a> CallRef<'a> {
 /// original it supersedes waits on that original: the original's own account
 /// says whether it awaits an operator.
 fn awaits_operator(ending: &Ending) -> bool {
-    matches!(ending, Ending::Unknown(u) if u.next_read.is_none())
+    matches!(ending, Ending::Unknown(u) if u.next_read.is_none()) || matches!(ending, Ending::AwaitsApproval(_))
 }
 
 /// Until when `rec`'s next attempt waits out the back-off of a not-sent one,

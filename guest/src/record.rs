@@ -43,6 +43,23 @@ pub struct Attempt {
     /// the dispatch is still owed.
     #[serde(default, skip_serializing_if = "is_false")]
     pub owed: bool,
+    /// The person's approval this attempt was granted on (the tool's `approval`
+    /// rule): used up by it, unless it is not sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+/// A person's approval of one operation's next attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// Who approved it and why (the operator's note).
+    pub note: String,
+    /// The fingerprint approved: the payload as the person saw it.
+    pub fingerprint: String,
+    /// When it was given (ledger clock).
+    pub at: u64,
+    /// It may be used before this (ledger clock).
+    pub valid_until: u64,
 }
 
 impl Attempt {
@@ -252,6 +269,14 @@ pub struct OpRecord {
     /// Quota reservation held now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<Reservation>,
+    /// Why a person must approve each attempt before it is sent (the tool's
+    /// `approval` rule, judged on the payload when the record was created);
+    /// none: no approval is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_reason: Option<String>,
+    /// An approval given and not used yet: the next attempt may be sent on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
     /// The tool's policy when the record was created.
     pub policy: Policy,
     /// Replays answered.
@@ -295,6 +320,8 @@ pub enum Origin {
         /// The provider's receipt.
         receipt: Receipt,
     },
+    /// A person must approve the first attempt: nothing is granted yet.
+    AwaitingApproval,
 }
 
 /// What a new record is made from.
@@ -323,6 +350,8 @@ pub struct NewRecord {
     pub spend: Option<u128>,
     /// Reservation taken in the same write.
     pub reservation: Option<Reservation>,
+    /// Why each attempt needs a person's approval, if it does.
+    pub approval_reason: Option<String>,
     /// Key superseded.
     pub supersedes: Option<String>,
     /// Policy snapshot.
@@ -368,6 +397,8 @@ impl OpRecord {
             superseded_by: None,
             spend: new.spend.map(|s| s.to_string()),
             reservation: new.reservation,
+            approval_reason: new.approval_reason,
+            approval: None,
             policy: new.policy,
             replays: 0,
             conflicts: 0,
@@ -385,6 +416,7 @@ impl OpRecord {
                     ended_at: None,
                     outcome: None,
                     owed: false,
+                    approval: None,
                 });
                 Event {
                     kind: "begin",
@@ -403,6 +435,12 @@ impl OpRecord {
                     attempt: None,
                     detail,
                 }
+            }
+            Origin::AwaitingApproval => {
+                // The reservation, if any, came with the new record.
+                let mut event = rec.ask_approval(now, None);
+                event.from = None;
+                event
             }
         };
         (rec, event)
@@ -550,7 +588,13 @@ impl OpRecord {
                 .flatten()
                 .min()
                 .or(Some(OWED)),
-            State::Confirmed | State::Failed | State::Superseded => {
+            // Listed until a person decides; its escalation tells one.
+            State::AwaitingApproval => [pending_deadline, escalation_redelivery]
+                .into_iter()
+                .flatten()
+                .min()
+                .or(Some(OWED)),
+            State::Confirmed | State::Failed | State::Superseded | State::Denied => {
                 let prune_at = self.transitioned_at.saturating_add(self.policy.retention_ms);
                 [Some(prune_at), escalation_redelivery].into_iter().flatten().min()
             }
@@ -581,6 +625,12 @@ impl OpRecord {
         let n = self.attempts.len() as u32 + 1;
         let lease_until = now.saturating_add(self.policy.lease_ms);
         let owed = self.state == State::Absent;
+        // An approval is for one attempt that may reach the provider.
+        let approval = if crate::mutant::on(crate::mutant::Mutant::ApprovalReused) {
+            self.approval.clone()
+        } else {
+            self.approval.take()
+        };
         self.attempts.push(Attempt {
             n,
             fence,
@@ -589,6 +639,7 @@ impl OpRecord {
             ended_at: None,
             outcome: None,
             owed,
+            approval,
         });
         if reservation.is_some() {
             self.reservation = reservation;
@@ -635,6 +686,8 @@ impl OpRecord {
         let from = self.enter(State::Confirmed, now);
         let detail = self.store_receipt(receipt);
         self.clear_pending();
+        // Nothing more is sent: an approval held for the next attempt is moot.
+        self.approval = None;
         Event {
             kind,
             from: Some(from),
@@ -756,6 +809,9 @@ impl OpRecord {
     /// Returns the reservation to release.
     pub fn fail(&mut self, fence: &str, error: Option<String>, now: u64) -> (Event, Option<Reservation>) {
         let outcome = if error.is_some() { "rejected" } else { "not-sent" };
+        if error.is_none() {
+            self.keep_unsent_approval(fence);
+        }
         let attempt = self.end_attempt(fence, now, outcome);
         let from = self.enter(State::Failed, now);
         self.error = error.clone().or_else(|| Some("not sent".to_string()));
@@ -785,6 +841,7 @@ impl OpRecord {
         if !owed {
             return self.fail(fence, None, now);
         }
+        self.keep_unsent_approval(fence);
         let attempt = self.end_attempt(fence, now, "not-sent");
         let from = self.enter(State::Absent, now);
         self.clear_pending();
@@ -983,6 +1040,101 @@ impl OpRecord {
             attempt: None,
             detail: detail(&[("tool", string(tool)), ("fingerprint", string(fingerprint))]),
         }
+    }
+
+    /// The approval an attempt that was not sent was granted on is not used
+    /// up: nothing reached the provider, so the next attempt may use it (while
+    /// it is valid). Only the holder's own first report says "not sent".
+    fn keep_unsent_approval(&mut self, fence: &str) {
+        if let Some(a) = self
+            .attempts
+            .iter_mut()
+            .find(|a| a.fence == fence && a.ended_at.is_none())
+            && let Some(approval) = a.approval.take()
+        {
+            self.approval = Some(approval);
+        }
+    }
+
+    /// Whether an attempt may be granted now as far as the tool's `approval`
+    /// rule goes: none is needed, or an approval of this exact payload is held
+    /// and still valid at `now`.
+    pub fn approved_for_dispatch(&self, now: u64) -> bool {
+        if self.approval_reason.is_none() || crate::mutant::on(crate::mutant::Mutant::NoApprovalGate) {
+            return true;
+        }
+        self.approval.as_ref().is_some_and(|a| {
+            a.fingerprint == self.fingerprint
+                && (now < a.valid_until || crate::mutant::on(crate::mutant::Mutant::ApprovalNeverExpires))
+        })
+    }
+
+    /// created, failed or absent -> awaiting_approval: a person must approve the
+    /// next attempt. `reservation`: the spend reserved for it in the same write,
+    /// if it held none. An expired approval is dropped; the deadline is now, so
+    /// the next sweep escalates to the operator (that is how a person hears of it).
+    pub fn ask_approval(&mut self, now: u64, reservation: Option<Reservation>) -> Event {
+        if reservation.is_some() {
+            self.reservation = reservation;
+        }
+        let expired = self.approval.take();
+        let from = self.enter(State::AwaitingApproval, now);
+        self.clear_pending();
+        self.since = Some(now);
+        self.deadline = Some(now);
+        let mut fields = alloc::vec![("reason", string(self.approval_reason.as_deref().unwrap_or_default()))];
+        if let Some(a) = expired {
+            fields.push(("expired_approval_at", num(a.at)));
+        }
+        Event {
+            kind: "approval-asked",
+            from: Some(from),
+            attempt: None,
+            detail: detail(&fields),
+        }
+    }
+
+    /// awaiting_approval -> absent: a person approved this payload; the next
+    /// attempt is owed and may be sent on it until `now` plus the tool's
+    /// `approval_valid_ms`.
+    pub fn approve(&mut self, note: &str, now: u64) -> Event {
+        let valid_until = now.saturating_add(self.policy.approval_valid_ms);
+        self.approval = Some(Approval {
+            note: note.to_string(),
+            fingerprint: self.fingerprint.clone(),
+            at: now,
+            valid_until,
+        });
+        let from = self.enter(State::Absent, now);
+        self.clear_pending();
+        self.since = Some(now);
+        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        Event {
+            kind: "approved",
+            from: Some(from),
+            attempt: None,
+            detail: detail(&[
+                ("note", string(note)),
+                ("fingerprint", string(&self.fingerprint)),
+                ("valid_until", num(valid_until)),
+            ]),
+        }
+    }
+
+    /// awaiting_approval -> denied: a person refused; nothing more is sent.
+    /// Returns the reservation to release.
+    pub fn deny(&mut self, note: &str, now: u64) -> (Event, Option<Reservation>) {
+        let from = self.enter(State::Denied, now);
+        self.clear_pending();
+        (
+            Event {
+                kind: "denied",
+                from: Some(from),
+                attempt: None,
+                detail: detail(&[("note", string(note))]),
+            },
+            self.reservation.take(),
+        )
     }
 
     fn clear_pending(&mut self) {

@@ -9,14 +9,6 @@ use once_guest::host::Host;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{Attention, Error, FinishAck, QueueEntry, QueueFilter, Resolution, State};
 
-fn all() -> QueueFilter {
-    QueueFilter {
-        scopes: None,
-        tool: None,
-        key_prefix: None,
-    }
-}
-
 fn keys(entries: &[QueueEntry]) -> Vec<(&str, &str, Attention)> {
     entries
         .iter()
@@ -50,7 +42,7 @@ fn ledger() -> MemoryHost {
 #[test]
 fn the_queue_holds_unknown_then_absent_then_expired_leases_oldest_first() {
     let h = ledger();
-    let q = queue(&h, &all(), 100).unwrap();
+    let q = queue(&h, &everything(), 100).unwrap();
     assert_eq!(q.now, h.now());
     assert!(!q.truncated);
     assert_eq!(
@@ -77,6 +69,7 @@ fn the_queue_holds_unknown_then_absent_then_expired_leases_oldest_first() {
                 assert_eq!(e.deadline, None);
                 assert_eq!(e.state, State::InFlight);
             }
+            Attention::Approval => panic!("no call awaits approval in this ledger: {e:?}"),
         }
         assert_eq!(e.attempts, 1);
         assert!(!e.escalated);
@@ -111,7 +104,7 @@ fn filters_narrow_the_queue_and_an_empty_scope_list_shows_nothing() {
 fn the_queue_writes_nothing_and_leaves_leases_to_the_sweep() {
     let h = ledger();
     let (rows, events) = (h.rows(), h.event_count());
-    queue(&h, &all(), 100).unwrap();
+    queue(&h, &everything(), 100).unwrap();
     assert_eq!(h.rows(), rows);
     assert_eq!(h.event_count(), events);
     assert_eq!(view(&h, "l1").state, State::InFlight);
@@ -120,11 +113,11 @@ fn the_queue_writes_nothing_and_leaves_leases_to_the_sweep() {
 #[test]
 fn a_limit_below_the_pending_records_says_the_queue_is_truncated() {
     let h = ledger();
-    let q = queue(&h, &all(), 2).unwrap();
+    let q = queue(&h, &everything(), 2).unwrap();
     assert!(q.truncated);
     assert!(q.entries.len() <= 2);
     // Six pending rows (f1 included, within its lease): a limit of six examines them all.
-    assert!(!queue(&h, &all(), 6).unwrap().truncated);
+    assert!(!queue(&h, &everything(), 6).unwrap().truncated);
 }
 
 #[test]
@@ -132,7 +125,7 @@ fn a_bad_scope_or_tool_in_the_filter_is_refused_by_name() {
     let h = ledger();
     let bad = QueueFilter {
         scopes: Some(vec![String::new()]),
-        ..all()
+        ..everything()
     };
     match queue(&h, &bad, 10) {
         Err(Error::InvalidRequest(m)) => assert!(m.contains("scope"), "{m}"),
@@ -140,7 +133,7 @@ fn a_bad_scope_or_tool_in_the_filter_is_refused_by_name() {
     }
     let bad = QueueFilter {
         tool: Some("x".repeat(10_000)),
-        ..all()
+        ..everything()
     };
     match queue(&h, &bad, 10) {
         Err(Error::InvalidRequest(m)) => assert!(m.contains("tool"), "{m}"),

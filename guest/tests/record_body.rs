@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use once_guest::body::record_json;
-use once_guest::policy::{Policy, Quota};
-use once_guest::record::{Attempt, OpRecord, ReceiptFlaw, Reservation};
+use once_guest::policy::{ApprovalRule, Policy, Quota};
+use once_guest::record::{Approval, Attempt, OpRecord, ReceiptFlaw, Reservation};
 use once_guest::store::decode;
 use once_guest::testing::MemoryHost;
 use once_guest::types::{Confirmation, IdentityMode, KeySource, Route, State, Table};
@@ -87,6 +87,19 @@ fn every_field_set_and_every_enum_value() {
         ended_at: Some(u64::MAX),
         outcome: Some(tricky.into()),
         owed: true,
+        approval: Some(Approval {
+            note: tricky.into(),
+            fingerprint: tricky.into(),
+            at: 0,
+            valid_until: u64::MAX,
+        }),
+    });
+    rec.approval_reason = Some(tricky.into());
+    rec.approval = Some(Approval {
+        note: String::new(),
+        fingerprint: "f".into(),
+        at: u64::MAX,
+        valid_until: 1,
     });
     rec.previous_fences = vec![tricky.into(), String::new()];
     rec.reported_previous = vec!["1-x".into()];
@@ -139,6 +152,11 @@ fn every_field_set_and_every_enum_value() {
             bucket: Some(tricky.into()),
         }),
         descriptor_pin: Some(tricky.into()),
+        approval: ApprovalRule::Above {
+            field: tricky.into(),
+            above: "100.00".into(),
+        },
+        approval_valid_ms: 1,
         ..rec.policy.clone()
     };
     rec.policy.effect_fields = Some(Vec::new());
@@ -150,10 +168,18 @@ fn every_field_set_and_every_enum_value() {
         State::Unknown,
         State::Absent,
         State::Superseded,
+        State::AwaitingApproval,
+        State::Denied,
     ] {
         rec.state = state;
         same_as_serde(&rec);
     }
+    for approval in [ApprovalRule::Never, ApprovalRule::Always] {
+        rec.policy.approval = approval;
+        same_as_serde(&rec);
+    }
+    rec.policy.approval_valid_ms = once_guest::policy::DEFAULT_APPROVAL_VALID_MS;
+    same_as_serde(&rec);
     for source in [KeySource::Application, KeySource::Derived] {
         rec.key_source = source;
         same_as_serde(&rec);

@@ -12,7 +12,7 @@ use once_guest::policy::{Policy, Quota};
 use once_guest::testing::MemoryHost;
 use once_guest::types::{
     Awaited, BlockReason, Decision, Error, Evidence, FinishAck, IdentityMode, JsonErrorKind, KeySource, Outcome,
-    QueueFilter, ReplayVia, State, Table,
+    ReplayVia, State, Table,
 };
 
 // ---------------------------------------------------------------- a success after another attempt's
@@ -372,16 +372,7 @@ fn an_adopted_record_is_settled_by_its_new_owner() {
     h.script_lookup(Evidence::Absent(h.now()));
     let report = sweep(&h, 10).unwrap();
     assert_eq!((report.expired, report.reconciled, report.owed.len()), (0, 0, 0));
-    let queue = once_guest::engine::queue(
-        &h,
-        &QueueFilter {
-            scopes: None,
-            tool: None,
-            key_prefix: None,
-        },
-        10,
-    )
-    .unwrap();
+    let queue = once_guest::engine::queue(&h, &everything(), 10).unwrap();
     assert!(
         queue.entries.iter().all(|e| e.owner == "gateway refund-mcp #old") && queue.entries.len() == 2,
         "{queue:?}"

@@ -163,6 +163,16 @@ const STATES: &[(&str, State, Resolvable)] = &[
     ("failed", State::Failed, r(true, false, false)),
     ("confirmed", State::Confirmed, r(false, false, false)),
     ("superseded", State::Superseded, r(false, false, false)),
+    (
+        "awaiting approval",
+        State::AwaitingApproval,
+        Resolvable {
+            approve: true,
+            ..r(true, false, false)
+        },
+    ),
+    ("denied", State::Denied, r(true, false, false)),
+    ("approved, owed", State::Absent, r(true, false, false)),
 ];
 
 const fn r(confirmed: bool, absent: bool, absent_needs_force: bool) -> Resolvable {
@@ -170,6 +180,7 @@ const fn r(confirmed: bool, absent: bool, absent_needs_force: bool) -> Resolvabl
         confirmed,
         absent,
         absent_needs_force,
+        approve: false,
     }
 }
 
@@ -252,6 +263,17 @@ fn build(name: &str) -> MemoryHost {
             next.supersedes = Some("k".into());
             execute_of(go(&h, next));
         }
+        "awaiting approval" => {
+            go(&h, with_policy(refund("k", ARGS), always_approved()));
+        }
+        "denied" => {
+            go(&h, with_policy(refund("k", ARGS), always_approved()));
+            resolve(&h, "s", "k", Resolution::Deny, "ops: no", false).unwrap();
+        }
+        "approved, owed" => {
+            go(&h, with_policy(refund("k", ARGS), always_approved()));
+            resolve(&h, "s", "k", Resolution::Approve, "ops: yes", false).unwrap();
+        }
         other => panic!("no state {other}"),
     }
     h
@@ -276,6 +298,8 @@ fn resolve_accepts_exactly_what_resolvable_says() {
         (Resolution::Confirmed(RECEIPT.into()), true),
         (Resolution::Absent, false),
         (Resolution::Absent, true),
+        (Resolution::Approve, false),
+        (Resolution::Deny, false),
     ];
     let mut accepted = 0;
     for &(name, _, _) in STATES {
@@ -286,6 +310,7 @@ fn resolve_accepts_exactly_what_resolvable_says() {
             let offered = match resolution {
                 Resolution::Confirmed(_) => can.confirmed,
                 Resolution::Absent => can.absent && (*force || !can.absent_needs_force),
+                Resolution::Approve | Resolution::Deny => can.approve,
             };
             let got = resolve(&h, "s", "k", resolution.clone(), "table", *force);
             let after = view(&h, "k");

@@ -243,16 +243,7 @@ fn an_unreadable_row_is_skipped_and_escalated_and_the_rest_goes_on() {
         "{escalated:?}"
     );
     prune(&h, 10).unwrap();
-    queue(
-        &h,
-        &QueueFilter {
-            scopes: None,
-            tool: None,
-            key_prefix: None,
-        },
-        10,
-    )
-    .unwrap();
+    queue(&h, &everything(), 10).unwrap();
 }
 
 /// An original resolved absent by force, then superseded (a tool without a

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 
 /** The WIT package of the component this package hosts (wit/once.wit). */
-export const WIT_VERSION = "1.0.0";
+export const WIT_VERSION = "2.0.0";
 
 /**
  * The exports of `engine`, `protocol`'s `sweep`, `transitions` and the typed `driver`, in one object.

@@ -133,6 +133,11 @@ export class BlockedError extends OutcomeError {
   override name = "BlockedError";
 }
 
+/** Nothing was sent: a person must approve this exact call first; the same call again waits for that decision. */
+export class AwaitingApprovalError extends OutcomeError {
+  override name = "AwaitingApprovalError";
+}
+
 /** The error a `protect`ed call throws for an account whose effect is not confirmed (undefined when it is). */
 export function outcomeError(a: Account): OutcomeError | undefined {
   const e = a.ending;
@@ -164,6 +169,12 @@ export function outcomeError(a: Account): OutcomeError | undefined {
     case "conflict":
       return new ConflictError(
         `${where(a)}: the key already names another call (${e.val.tool}, fingerprint ${e.val.fingerprint}); nothing was sent`,
+        a,
+      );
+    case "awaits-approval":
+      return new AwaitingApprovalError(
+        `${where(a)}: nothing was sent; a person must approve this exact call first (${e.val.reason}). The same call ` +
+          "again (the same key) waits for that decision, and once approved it is sent exactly once",
         a,
       );
     case "blocked":

@@ -683,6 +683,18 @@ export class Once {
     return this.engine.call<RecordView | undefined>("inspect", text(scope, "scope", "inspect"), text(key, "key", "inspect"));
   }
 
+  /** A person approves a call awaiting approval, as recorded (its payload's fingerprint); `note` says who and why. */
+  async approve(scope: string, key: string, note: string): Promise<State> {
+    return this.engine.call<State>("resolve", text(scope, "scope", "approve"), text(key, "key", "approve"),
+      { tag: "approve" } satisfies Resolution, text(note, "note", "approve"), false);
+  }
+
+  /** A person refuses a call awaiting approval: it ends denied and nothing is sent; `note` says who and why. */
+  async deny(scope: string, key: string, note: string): Promise<State> {
+    return this.engine.call<State>("resolve", text(scope, "scope", "deny"), text(key, "key", "deny"),
+      { tag: "deny" } satisfies Resolution, text(note, "note", "deny"), false);
+  }
+
   /** An operator's resolution of an unknown or absent record, audited with a note. */
   async resolve(scope: string, key: string, resolution: { confirmed: unknown } | "absent", note: string, force = false): Promise<State> {
     const r: Resolution = resolution === "absent" ? { tag: "absent" } : { tag: "confirmed", val: toJson(resolution.confirmed, "receipt") };
@@ -690,7 +702,7 @@ export class Once {
       text(note, "note", "resolve"), force);
   }
 
-  /** What needs a person: unknown, absent (dispatch owed) and lease-expired records. */
+  /** What needs a person: unknown, absent (dispatch owed), lease-expired and awaiting-approval records. */
   async queue(filter: QueueFilter = {}, limit = 100): Promise<OperatorQueue> {
     // `null` is none, as `undefined` is (plain JavaScript callers pass either).
     const scopes: unknown = filter.scopes;

@@ -3,7 +3,7 @@
 // filled by the engine; an inconsistent policy is refused by the engine.
 import { InvalidArgumentsError } from "./errors.js";
 import { toJson, type Json } from "./json.js";
-import type { PolicyInput, ToolDescriptor } from "./wit.js";
+import type { ApprovalRule, PolicyInput, ToolDescriptor } from "./wit.js";
 
 /** A spend ceiling per scope per window. */
 export interface Quota {
@@ -18,6 +18,13 @@ export interface Quota {
   /** Bucket shared by tools naming the same one (default the tool's name). */
   bucket?: string;
 }
+
+/**
+ * When a person must approve a call before it is sent: never (the default), always, or when the amount at `field`
+ * (a JSON pointer to an effect field) is above `above` (a decimal string; a missing or non-numeric amount needs
+ * approval too).
+ */
+export type Approval = "never" | "always" | { above: { field: string; above: string } };
 
 /** One tool's policy (wit/once.wit `policy-input`); unset fields are the engine's defaults. */
 export interface Policy {
@@ -40,6 +47,8 @@ export interface Policy {
   tombstoneRetentionMs?: number;
   quota?: Quota;
   descriptorPin?: string;
+  approval?: Approval;
+  approvalValidMs?: number;
 }
 
 /** A tool's definition as its server advertises it (routing by annotations, pinning). */
@@ -52,8 +61,8 @@ export interface Descriptor {
 const PLAIN = ["route", "identity", "keyArgument", "keySentByHost", "effectFields", "verifyFirst", "providerClaimsKey",
   "lookup", "attemptBudget", "descriptorPin"] as const;
 const MS = ["maxInFlightMs", "dispatchTimeoutMs", "leaseMs", "derivedWindowMs", "resolveDeadlineMs", "reconcileIntervalMs",
-  "retentionMs", "tombstoneRetentionMs"] as const;
-const KNOWN = new Set<string>([...PLAIN, ...MS, "quota"]);
+  "retentionMs", "tombstoneRetentionMs", "approvalValidMs"] as const;
+const KNOWN = new Set<string>([...PLAIN, ...MS, "quota", "approval"]);
 
 function u64(where: string, v: unknown): bigint {
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
@@ -78,9 +87,22 @@ export function policyInput(p: Policy | undefined, where: string): PolicyInput {
         windowMs: u64(`${where}.quota.windowMs`, q.windowMs),
         bucket: q.bucket,
       };
-    } else out[k] = v;
+    } else if (k === "approval") out.approval = approvalRule(v, `${where}.approval`);
+    else out[k] = v;
   }
   return out as PolicyInput;
+}
+
+function approvalRule(v: unknown, where: string): ApprovalRule {
+  if (v === "never" || v === "always") return { tag: v };
+  const above = (v as { above?: { field?: unknown; above?: unknown } } | null)?.above;
+  if (typeof above?.field === "string" && typeof above.above === "string") {
+    return { tag: "above", val: { field: above.field, above: above.above } };
+  }
+  throw new InvalidArgumentsError(
+    `${where}: expected "never", "always" or { above: { field, above } } (strings), got ${JSON.stringify(v)}`,
+    where,
+  );
 }
 
 /** A descriptor as the component's `tool-descriptor` (schema and annotations as JSON text). */

@@ -104,11 +104,11 @@ test("stated: an unknown no read can settle awaits an operator, who is offered w
   assert.equal(lost.account.ending.tag, "unknown");
   assert.equal(lost.account.awaitsOperator, true);
   const view = await once.inspect("s", "k");
-  assert.deepEqual(view.resolvable, { confirmed: true, absent: true, absentNeedsForce: true });
+  assert.deepEqual(view.resolvable, { confirmed: true, absent: true, absentNeedsForce: true, approve: false });
   await assert.rejects(once.resolve("s", "k", "absent", "too early"));
   const ok = await once.call({ scope: "s", key: "k2", tool: "refund", args: { n: 1 }, send: () => sent.success({ ok: 1 }) });
   assert.equal(ok.account.awaitsOperator, false);
-  assert.deepEqual((await once.inspect("s", "k2")).resolvable, { confirmed: false, absent: false, absentNeedsForce: false });
+  assert.deepEqual((await once.inspect("s", "k2")).resolvable, { confirmed: false, absent: false, absentNeedsForce: false, approve: false });
 });
 
 test("build: jco's debug log reads JCO_DEBUG once, at load, and still turns on with it", async () => {

@@ -4,7 +4,7 @@
 //! (`cargo run --release -p once-model -- deep`).
 
 use once_guest::mutant::Mutant;
-use once_guest::policy::{Policy, Quota, default_lease, default_policy};
+use once_guest::policy::{ApprovalRule, Policy, Quota, default_lease, default_policy};
 use once_guest::types::{IdentityMode, Route};
 
 use crate::host::Read;
@@ -144,6 +144,19 @@ fn supersede(name: &'static str) -> Config {
         },
     ];
     c.callers = vec![(0, 0, 1), (0, 1, 2)];
+    c
+}
+
+/// k0 (8.00) above the tool's approval threshold (5.00); an approval is valid for 10 s.
+fn approval(name: &'static str) -> Config {
+    let mut c = base(name);
+    c.policy.approval = ApprovalRule::Above {
+        field: "/amount".into(),
+        above: "5.00".into(),
+    };
+    c.policy.approval_valid_ms = 10 * SECOND;
+    c.ops = vec![op("s", "k0", "8.00")];
+    c.budget.resolves = 2;
     c
 }
 
@@ -394,6 +407,29 @@ pub fn small() -> Vec<Config> {
     c.prefix = lost_reply_read();
     c.budget.ticks = 5;
     c.budget.sweeps = 2;
+    all.push(c);
+
+    // A person approves calls above a threshold: k0 (above) waits for an approval of its payload,
+    // valid for a short while; k1 (below) is sent at once. The operator approves or denies.
+    let mut c = approval("approval above a threshold");
+    c.ops.push(op("s", "k1", "3.00"));
+    c.callers = vec![(0, 0, 2), (0, 1, 1)];
+    c.budget.ticks = 4;
+    c.depth = 10;
+    all.push(c);
+
+    // From an approved k0 whose first attempt's reply was lost (the first read, too early, found
+    // nothing): proven absent later, the owed redispatch needs a person again.
+    let mut c = approval("approval of an owed redispatch");
+    c.callers = vec![(0, 0, 3)];
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Resolve("s".into(), "k0".into(), Settle::Approve),
+    ];
+    c.prefix.extend(lost_reply_read());
+    c.budget.ticks = 4;
+    c.budget.resolves = 1;
+    c.depth = 10;
     all.push(c);
 
     // Two scopes naming the same key: two operations.

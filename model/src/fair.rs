@@ -28,6 +28,7 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
     w.budget.ticks = u8::MAX;
     w.budget.crashes = 0;
     for _ in 0..ROUNDS {
+        let before = w.clone();
         w = stop_waiting(model, w);
         if unsettled(&w).is_none() && w.agents.iter().all(|a| a.pos == Pos::Idle) {
             return Ok(());
@@ -48,6 +49,9 @@ pub fn settles(model: &OnceModel, world: &World) -> Result<(), String> {
         if quiet && (unsettled(&w).is_some() || w.agents.iter().any(|a| a.pos != Pos::Idle)) {
             match model.next_threshold(&w) {
                 Some(_) => w = apply(model, w, Action::Tick),
+                // Nothing to wait for, but this round changed something (a sweep's owed grant
+                // that asked a person again is due at once): the next round's sweep takes it.
+                None if w != before => {}
                 None => break,
             }
         }
@@ -146,8 +150,9 @@ fn unsettled(w: &World) -> Option<String> {
         };
         let rec = loaded.rec;
         let settled = match rec.state {
-            State::Confirmed | State::Failed | State::Superseded => true,
-            State::Unknown | State::Absent => rec.escalated && rec.escalation_acked,
+            State::Confirmed | State::Failed | State::Superseded | State::Denied => true,
+            // Waiting for a person is settled once a person has been told.
+            State::Unknown | State::Absent | State::AwaitingApproval => rec.escalated && rec.escalation_acked,
             State::InFlight => false,
         };
         if !settled {

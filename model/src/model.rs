@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use once_guest::engine::{self, BeginRequest};
 use once_guest::mutant;
+use once_guest::policy::ApprovalRule;
 use once_guest::protocol;
 use once_guest::store::decode;
 use once_guest::testing::default_settings;
@@ -16,7 +17,7 @@ use stateright::{Model, Property};
 use crate::configs::{Config, SKEW_MS};
 use crate::host::{ModelHost, Read};
 use crate::truth::{check_account, describe};
-use crate::world::{Agent, Budget, Fate, Held, Pos, Request, Time, World};
+use crate::world::{Agent, Approved, Budget, Fate, Held, Pos, Request, Time, World};
 use once_guest::host::Host;
 
 /// The tool every configuration protects.
@@ -49,6 +50,10 @@ pub enum Settle {
         /// Resolve absent although an earlier request may still commit.
         force: bool,
     },
+    /// A person approves a call awaiting approval.
+    Approve,
+    /// A person refuses it.
+    Deny,
 }
 
 /// One atomic step.
@@ -209,7 +214,9 @@ impl OnceModel {
                         grant.scope, grant.key, grant.attempt, grant.send_by
                     ));
                 }
+                let approval = self.check_approval(world, i, &grant);
                 Pos::Holding(Held {
+                    approval,
                     scope: grant.scope,
                     key: grant.key,
                     fence: grant.fence,
@@ -287,6 +294,59 @@ impl OnceModel {
             ));
         }
         Ok(())
+    }
+
+    /// Whether a person must approve op (scope, key) before it is sent: the tool's rule, judged
+    /// by the model on the operation's own amount.
+    fn needs_approval(&self, scope: &str, key: &str) -> bool {
+        let Some(spec) = self.config.ops.iter().find(|o| o.scope == scope && o.key == Some(key)) else {
+            return false;
+        };
+        match &self.config.policy.approval {
+            ApprovalRule::Never => false,
+            ApprovalRule::Always => true,
+            ApprovalRule::Above { above, .. } => {
+                let decimal = |t: &str| once_guest::amount::parse_decimal(t).expect("the model's amounts are decimals");
+                decimal(spec.amount) > decimal(above)
+            }
+        }
+    }
+
+    /// The fingerprint of op (scope, key)'s own payload, as a person is shown it.
+    fn op_fingerprint(&self, scope: &str, key: &str) -> Option<String> {
+        let i = self
+            .config
+            .ops
+            .iter()
+            .position(|o| o.scope == scope && o.key == Some(key))?;
+        Some(fingerprint(&self.request(i).args))
+    }
+
+    /// A grant of an operation the approval rule holds needs an approval of exactly the payload
+    /// it sends, given within `approval_valid_ms` before the grant (on the host clocks, give or
+    /// take the skew), on which no request was sent yet. Returns the approval it was granted on.
+    fn check_approval(&self, world: &mut World, i: usize, grant: &Grant) -> Option<usize> {
+        if !self.needs_approval(&grant.scope, &grant.key) {
+            return None;
+        }
+        let now = self.clock(world, world.agents[i].host);
+        let sent = fingerprint(&grant.args);
+        let valid = self.config.policy.approval_valid_ms;
+        let found = world.approvals.iter().position(|a| {
+            a.scope == grant.scope
+                && a.key == grant.key
+                && a.fingerprint == sent
+                && !a.spent
+                && a.at <= now.saturating_add(2 * SKEW_MS)
+                && now < a.at.saturating_add(valid).saturating_add(2 * SKEW_MS)
+        });
+        if found.is_none() && world.unapproved.is_none() {
+            world.unapproved = Some(format!(
+                "{}/{} attempt {} granted at {now} with no unused approval of its payload valid then ({:?})",
+                grant.scope, grant.key, grant.attempt, world.approvals
+            ));
+        }
+        found
     }
 
     /// A host is granted only operations its owner dispatches.
@@ -453,7 +513,12 @@ impl OnceModel {
                     at.extend([settled + 1, settled + SKEW_MS + 1]);
                 }
                 // Retention, even while a re-delivery keeps the row due sooner (only prune reads it).
-                let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+                let finished = matches!(
+                    rec.state,
+                    State::Confirmed | State::Failed | State::Superseded | State::Denied
+                );
+                // An approval's end, on the engine's clock and on the model's.
+                at.extend(rec.approval.map(|a| a.valid_until));
                 if finished && world.budget.prunes > 0 {
                     at.push(rec.transitioned_at.saturating_add(rec.policy.retention_ms));
                 }
@@ -483,6 +548,9 @@ impl OnceModel {
         }
         for r in world.requests.iter().filter(|r| r.fate == Fate::Pending) {
             times.push(r.sent_at + max_in_flight + 1);
+        }
+        for a in world.approvals.iter().filter(|a| !a.spent) {
+            times.push(a.at + self.config.policy.approval_valid_ms + 2 * SKEW_MS);
         }
         times.into_iter().filter(|t| *t > world.now).min()
     }
@@ -515,6 +583,15 @@ impl OnceModel {
                     fate: Fate::Pending,
                 });
                 held.sent = Some(w.requests.len() - 1);
+                if let Some(a) = held.approval {
+                    if w.approvals[a].spent && w.unapproved.is_none() {
+                        w.unapproved = Some(format!(
+                            "{}/{} attempt {} sent on an approval another request was sent on",
+                            held.scope, held.key, held.attempt
+                        ));
+                    }
+                    w.approvals[a].spent = true;
+                }
                 w.agents[i].pos = Pos::Holding(held);
             }
             Action::Report(i, said) => {
@@ -674,7 +751,10 @@ impl OnceModel {
                 let (resolution, force) = match &settle {
                     Settle::Confirmed(receipt) => (Resolution::Confirmed(receipt.clone()), false),
                     Settle::Absent { force } => (Resolution::Absent, *force),
+                    Settle::Approve => (Resolution::Approve, false),
+                    Settle::Deny => (Resolution::Deny, false),
                 };
+                let at = self.clock(&w, 0);
                 let pk = self.record_provider_key(&w, &scope, &key);
                 let done = self.with_host(&mut w, 0, Read::Now, Some(&scope), |h| {
                     engine::resolve(h, &scope, &key, resolution, "checked by the model", force)
@@ -684,6 +764,19 @@ impl OnceModel {
                     && let Some(pk) = pk
                 {
                     w.forced.insert(pk);
+                }
+                // The person approved the operation as they were shown it: its own payload.
+                if done.is_ok()
+                    && settle == Settle::Approve
+                    && let Some(fingerprint) = self.op_fingerprint(&scope, &key)
+                {
+                    w.approvals.push(Approved {
+                        scope,
+                        key,
+                        fingerprint,
+                        at,
+                        spent: false,
+                    });
                 }
             }
             Action::Tick => {
@@ -741,6 +834,11 @@ impl OnceModel {
         for row in world.ledger.rows.values().filter(|r| r.table == Table::Operation) {
             let Ok(loaded) = decode(row) else { continue };
             let rec = loaded.rec;
+            if rec.state == State::AwaitingApproval {
+                out.push((rec.scope.clone(), rec.key.clone(), Settle::Approve));
+                out.push((rec.scope, rec.key, Settle::Deny));
+                continue;
+            }
             if !matches!(
                 rec.state,
                 State::Unknown | State::InFlight | State::Absent | State::Failed
@@ -815,6 +913,8 @@ impl OnceModel {
             slow_commit: None,
             budget: self.config.budget,
             violation: None,
+            approvals: Vec::new(),
+            unapproved: None,
         }
     }
 
@@ -1004,14 +1104,30 @@ pub fn second_success_flagged(world: &World) -> Result<(), String> {
     Ok(())
 }
 
+/// Every request of an operation the approval rule holds was granted on an approval of its exact
+/// payload, valid then, and no two requests were sent on one approval.
+pub fn approved_before_sent(world: &World) -> Result<(), String> {
+    match &world.unapproved {
+        Some(why) => Err(why.clone()),
+        None => Ok(()),
+    }
+}
+
+/// The fingerprint of the tool's call with `args`, as the engine binds a key to it.
+fn fingerprint(args: &str) -> String {
+    once_guest::payload::fingerprint_of_text(TOOL, args.as_bytes(), &once_guest::canon::Limits::default())
+        .expect("the model's args are JSON")
+}
+
 /// The properties, by name.
-pub const PROPERTIES: [&str; 6] = [
+pub const PROPERTIES: [&str; 7] = [
     "every answer is true and every step keeps the rules",
     "at most one effect per operation",
     "audit versions are contiguous",
     "quota never passes its ceiling",
     "a second success is flagged",
     "every operation settles under a fair schedule",
+    "no request above the approval threshold without a person's approval of its exact payload",
 ];
 
 impl Model for OnceModel {
@@ -1044,6 +1160,7 @@ impl Model for OnceModel {
             Property::always(PROPERTIES[5], |m: &OnceModel, s: &World| {
                 !m.config.liveness || crate::fair::settles(m, s).is_ok()
             }),
+            Property::always(PROPERTIES[6], |_, s: &World| approved_before_sent(s).is_ok()),
         ]
     }
 }
@@ -1053,11 +1170,12 @@ pub fn broken(model: &OnceModel, world: &World) -> Option<(&'static str, String)
     if let Some(v) = &world.violation {
         return Some((PROPERTIES[0], v.clone()));
     }
-    let checks: [(&'static str, Result<(), String>); 4] = [
+    let checks: [(&'static str, Result<(), String>); 5] = [
         (PROPERTIES[1], at_most_one_effect(model, world)),
         (PROPERTIES[2], audit_contiguous(world)),
         (PROPERTIES[3], quota_within_ceiling(model, world)),
         (PROPERTIES[4], second_success_flagged(world)),
+        (PROPERTIES[6], approved_before_sent(world)),
     ];
     for (name, result) in checks {
         if let Err(why) = result {

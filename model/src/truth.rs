@@ -118,6 +118,7 @@ pub fn describe(account: &Account) -> String {
         Ending::Conflict(_) => "conflict".to_string(),
         Ending::Blocked(b) => format!("blocked({:?}: {})", b.reason, b.detail),
         Ending::Unrecorded(_) => "unrecorded".to_string(),
+        Ending::AwaitsApproval(_) => "awaits-approval".to_string(),
     };
     format!(
         "answer {ending} (effect {:?}, repeat {:?})",

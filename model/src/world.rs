@@ -46,6 +46,25 @@ pub struct World {
     pub budget: Budget,
     /// The first broken rule a step observed (an answer, a grant, a touch), if any.
     pub violation: Option<String>,
+    /// Every approval an operator gave, oldest first.
+    pub approvals: Vec<Approved>,
+    /// The first request granted or sent without an approval it needed, if any.
+    pub unapproved: Option<String>,
+}
+
+/// One approval an operator gave (`resolve … approve`), as the model saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Approved {
+    /// Scope.
+    pub scope: String,
+    /// Key.
+    pub key: String,
+    /// The fingerprint of the payload the person approved: the operation's own args.
+    pub fingerprint: String,
+    /// When it was given (the operator's host clock).
+    pub at: Time,
+    /// A request was sent on it: it lets no other go out.
+    pub spent: bool,
 }
 
 /// Faults and steps left to inject (each bounded, so the state space is finite).
@@ -135,6 +154,8 @@ pub struct Held {
     pub lease_until: Time,
     /// The request it sent, if any (index into `requests`).
     pub sent: Option<usize>,
+    /// The approval it was granted on, where its operation needs one (index into `approvals`).
+    pub approval: Option<usize>,
 }
 
 /// One request at the provider.

@@ -122,6 +122,16 @@ fn two_scopes() {
 }
 
 #[test]
+fn approval_above_a_threshold() {
+    holds("approval above a threshold");
+}
+
+#[test]
+fn approval_of_an_owed_redispatch() {
+    holds("approval of an owed redispatch");
+}
+
+#[test]
 fn every_configuration_has_a_test() {
     let tested = [
         "one key, two callers",
@@ -144,6 +154,8 @@ fn every_configuration_has_a_test() {
         "another owner's owed dispatch",
         "reads beside a lost reply",
         "two scopes",
+        "approval above a threshold",
+        "approval of an owed redispatch",
     ];
     for config in configs::small() {
         assert!(tested.contains(&config.name), "{} has no test", config.name);

@@ -127,7 +127,7 @@ fn a_grant_handed_out_after_its_send_window() {
 
 #[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 17, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 20, "a new mutant needs a test above");
 }
 
 #[test]
@@ -146,4 +146,23 @@ fn a_supersede_after_max_in_flight_without_a_read() {
         "supersede after a claimed absence",
         PROPERTIES[1],
     );
+}
+
+#[test]
+fn a_call_above_the_threshold_sent_without_approval() {
+    caught(Mutant::NoApprovalGate, "approval above a threshold", PROPERTIES[6]);
+}
+
+#[test]
+fn an_approval_taken_after_it_expired() {
+    caught(
+        Mutant::ApprovalNeverExpires,
+        "approval above a threshold",
+        PROPERTIES[6],
+    );
+}
+
+#[test]
+fn an_approval_used_again_for_an_owed_redispatch() {
+    caught(Mutant::ApprovalReused, "approval of an owed redispatch", PROPERTIES[6]);
 }

@@ -14,8 +14,8 @@ use crate::record::{NewRecord, OpRecord, Origin, string};
 use crate::secret::key_secret;
 use crate::store::{LedgerError, Loaded, Reserved, Tx, load, load_tombstone};
 use crate::types::{
-    BlockReason, Blocked, Confirmation, ConfirmedInfo, Decision, Effect, Error, Evidence, Grant, IdentityMode,
-    InFlightInfo, KeySource, ReplayVia, State, Table, ToolDescriptor, UnknownInfo,
+    ApprovalInfo, BlockReason, Blocked, Confirmation, ConfirmedInfo, Decision, Effect, Error, Evidence, Grant,
+    IdentityMode, InFlightInfo, KeySource, ReplayVia, State, Table, ToolDescriptor, UnknownInfo,
 };
 
 /// One protected call with its tool's policy, as `begin` decides it.
@@ -325,6 +325,21 @@ impl Claim<'_> {
             },
             _ => None,
         };
+        if self.payload.approval.is_some() && !mutant::on(Mutant::NoApprovalGate) {
+            // Recorded, with its spend reserved, and nothing granted: a person decides first.
+            let (mut rec, event) = OpRecord::create(
+                self.new_record(h, (provider_key, secret.id.clone()), args, reservation),
+                Origin::AwaitingApproval,
+                now,
+            );
+            self.write(&mut tx, &mut rec, previous, event, now);
+            return match tx.commit(h) {
+                Ok(()) => Ok(awaiting_approval(&rec)),
+                Err(LedgerError::Conflict) if blind => Err(LedgerError::Conflict),
+                Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
+                Err(e) => Err(e),
+            };
+        }
         let fence = fence(&req.scope, &self.key, 1, now, now);
         let lease_until = now.saturating_add(req.policy.lease_ms);
         let origin = Origin::Claimed { fence, lease_until };
@@ -406,6 +421,7 @@ impl Claim<'_> {
             owner: h.settings().owner,
             spend: self.payload.spend,
             reservation,
+            approval_reason: self.payload.approval.clone(),
             supersedes: self.req.supersedes.clone(),
             policy: self.req.policy.clone(),
         }
@@ -446,11 +462,15 @@ impl Claim<'_> {
                 detail: format!("the original {original} is confirmed; acknowledge it to proceed"),
                 receipt: orig.receipt.clone(),
             }))),
-            State::Failed | State::Absent if !self.settled(h, &orig) => Ok(Some(blocked(
-                BlockReason::SupersededUnresolved,
-                format!("the original {original} was sent again meanwhile, and a request of it may still take effect"),
-            ))),
-            State::Failed | State::Absent => {
+            State::Failed | State::Absent | State::AwaitingApproval | State::Denied if !self.settled(h, &orig) => {
+                Ok(Some(blocked(
+                    BlockReason::SupersededUnresolved,
+                    format!(
+                        "the original {original} was sent again meanwhile, and a request of it may still take effect"
+                    ),
+                )))
+            }
+            State::Failed | State::Absent | State::AwaitingApproval | State::Denied => {
                 let (event, released) = orig.supersede(&self.key, now);
                 if let Some(reservation) = released {
                     tx.release(h, &self.req.scope, &reservation)?;
@@ -478,7 +498,14 @@ impl Claim<'_> {
         };
         let skew = h.settings().clock_skew_ms;
         let settled_at = match orig.late_effect_settles_at(skew) {
-            Some(at) if matches!(orig.state, State::Failed | State::Absent) => at,
+            Some(at)
+                if matches!(
+                    orig.state,
+                    State::Failed | State::Absent | State::AwaitingApproval | State::Denied
+                ) =>
+            {
+                at
+            }
             _ => return Ok(None),
         };
         if mutant::on(Mutant::SupersedeDespiteLateEffect) {
@@ -577,7 +604,10 @@ impl Claim<'_> {
             record_observation(h, &mut rec, version, event, now)?;
             return Ok(Decision::Conflict(summary));
         }
-        let finished = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+        let finished = matches!(
+            rec.state,
+            State::Confirmed | State::Failed | State::Superseded | State::Denied
+        );
         // A pending escalation (a possible duplicate) keeps the operation until the sink has it.
         if finished && rec.window_until().is_some_and(|until| now >= until) && !rec.escalation_pending() {
             // Past the window, identical arguments are a new operation.
@@ -619,6 +649,8 @@ impl Claim<'_> {
                 Ok(Decision::Unknown(info))
             }
             State::Superseded => Ok(superseded(&rec)),
+            State::AwaitingApproval => Ok(awaiting_approval(&rec)),
+            State::Denied => Ok(denied(&rec)),
             State::Failed | State::Absent if !ours => Ok(other_owner(&rec, &h.settings().owner)),
             State::Failed | State::Absent => grant(h, rec, version, now),
         }
@@ -638,7 +670,8 @@ pub(super) fn other_owner(rec: &OpRecord, me: &str) -> Decision {
     )
 }
 
-/// failed or absent -> in_flight, within the attempt budget (and, from failed, the quota).
+/// failed or absent -> in_flight, within the attempt budget (and, from failed, the quota); or
+/// -> awaiting_approval while the tool's approval rule holds the attempt for a person.
 pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) -> Result<Decision, LedgerError> {
     if !rec.budget_left() {
         let not_sent = rec
@@ -671,6 +704,16 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
         }
         _ => None,
     };
+    if !rec.approved_for_dispatch(now) {
+        // Before its first attempt, after a rejection, and before an owed redispatch after a
+        // lost reply alike: no attempt that may reach the provider goes out without a person.
+        // The spend is held while a person decides (a denial releases it), so an approved call
+        // is not then refused for a ceiling others reached meanwhile.
+        let event = rec.ask_approval(now, reservation);
+        tx.record(&mut rec, version, event, now);
+        tx.commit(h)?;
+        return Ok(awaiting_approval(&rec));
+    }
     let fence = fence(&rec.scope, &rec.key, rec.attempts.len() as u32 + 1, rec.created_at, now);
     let event = rec.grant(fence, now, reservation);
     tx.record(&mut rec, version, event, now);
@@ -830,6 +873,31 @@ fn replay(receipt: String, at: u64) -> Decision {
     })
 }
 
+/// A record awaiting a person's approval, as its caller is told.
+pub fn approval_info(rec: &OpRecord) -> ApprovalInfo {
+    ApprovalInfo {
+        asked_at: rec.since.unwrap_or(rec.transitioned_at),
+        reason: rec.approval_reason.clone().unwrap_or_default(),
+        valid_ms: rec.policy.approval_valid_ms,
+    }
+}
+
+pub(super) fn awaiting_approval(rec: &OpRecord) -> Decision {
+    Decision::AwaitingApproval(approval_info(rec))
+}
+
+/// A denied record refuses every later begin.
+pub(super) fn denied(rec: &OpRecord) -> Decision {
+    blocked(
+        BlockReason::ApprovalDenied,
+        format!(
+            "{} was denied by a person ({}); nothing more is sent for it",
+            rec.key,
+            rec.approval_reason.as_deref().unwrap_or("approval")
+        ),
+    )
+}
+
 /// A superseded record refuses every later begin.
 pub(super) fn superseded(rec: &OpRecord) -> Decision {
     let by = rec.superseded_by.as_deref().unwrap_or_default();
@@ -899,5 +967,7 @@ pub fn state_name(state: State) -> &'static str {
         State::Unknown => "unknown",
         State::Absent => "absent",
         State::Superseded => "superseded",
+        State::AwaitingApproval => "awaiting-approval",
+        State::Denied => "denied",
     }
 }

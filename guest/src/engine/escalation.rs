@@ -11,14 +11,26 @@ use crate::types::{Escalation, State};
 
 /// Whether the record's resolve deadline has passed without an escalation.
 pub fn deadline_passed(rec: &OpRecord, now: u64) -> bool {
-    matches!(rec.state, State::Unknown | State::Absent) && !rec.escalated && rec.deadline.is_some_and(|d| now >= d)
+    matches!(rec.state, State::Unknown | State::Absent | State::AwaitingApproval)
+        && !rec.escalated
+        && rec.deadline.is_some_and(|d| now >= d)
 }
 
 /// Mark the deadline passed and escalated.
 pub fn mark(rec: &mut OpRecord) -> Event {
     let deadline = rec.deadline.unwrap_or_default();
-    let id = escalation_id(&rec.scope, &rec.key, deadline, "deadline");
-    rec.escalate(id, "deadline")
+    let reason = reason_of(rec);
+    let id = escalation_id(&rec.scope, &rec.key, deadline, reason);
+    rec.escalate(id, reason)
+}
+
+/// Why a record is escalated: a person must approve it, or its deadline passed.
+fn reason_of(rec: &OpRecord) -> &'static str {
+    if rec.state == State::AwaitingApproval {
+        "approval"
+    } else {
+        "deadline"
+    }
 }
 
 /// The id of a possible-duplicate escalation: one per reporting attempt.
@@ -56,7 +68,7 @@ pub fn deliver(h: &impl Host, loaded: Loaded) -> (Loaded, bool) {
     let reason = if rec.possible_duplicate {
         "possible-duplicate"
     } else {
-        "deadline"
+        reason_of(rec)
     };
     let escalation = Escalation {
         id: rec.escalation_id.clone().unwrap_or_default(),

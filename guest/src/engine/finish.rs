@@ -94,7 +94,11 @@ fn apply(h: &impl Host, loaded: Loaded, fence: &str, outcome: Reported) -> Resul
             let id = escalation::duplicate_id(&rec, fence, now);
             rec.confirm_possible_duplicate(receipt, fence, id, now)
         }
-        (Reported::Success(receipt), State::Unknown | State::Absent | State::Failed) => {
+        // A call held for (or denied by) a person whose earlier attempt took effect after all.
+        (
+            Reported::Success(receipt),
+            State::Unknown | State::Absent | State::Failed | State::AwaitingApproval | State::Denied,
+        ) => {
             tx.count_spend(h, &mut rec, now)?;
             rec.confirm(receipt, Some(fence), now, "late-success")
         }

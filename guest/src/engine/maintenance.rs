@@ -43,7 +43,7 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     let rows = h
         .scan(
             Table::Operation,
-            &[State::InFlight, State::Unknown, State::Absent],
+            &[State::InFlight, State::Unknown, State::Absent, State::AwaitingApproval],
             now,
             owner.clone(),
             limit,
@@ -81,7 +81,13 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
     // is gone never reads or dispatches its records again, but an operator
     // must hear of them. Only the escalation is done here, never a read or a send.
     let rows = h
-        .scan(Table::Operation, &[State::Unknown, State::Absent], now, None, limit)
+        .scan(
+            Table::Operation,
+            &[State::Unknown, State::Absent, State::AwaitingApproval],
+            now,
+            None,
+            limit,
+        )
         .map_err(Error::Storage)?;
     for row in rows.iter().filter(|r| r.owner != owner) {
         let Some(loaded) = readable(h, row, &mut report) else {
@@ -226,7 +232,7 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
     let rows = h
         .scan(
             Table::Operation,
-            &[State::Confirmed, State::Failed, State::Superseded],
+            &[State::Confirmed, State::Failed, State::Superseded, State::Denied],
             now,
             None,
             limit,
@@ -236,7 +242,10 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
         // A row this build cannot read is the sweep's to report; prune leaves it as it is.
         let Ok(loaded) = decode(&row) else { continue };
         let rec = &loaded.rec;
-        let terminal = matches!(rec.state, State::Confirmed | State::Failed | State::Superseded);
+        let terminal = matches!(
+            rec.state,
+            State::Confirmed | State::Failed | State::Superseded | State::Denied
+        );
         if !terminal || rec.transitioned_at.saturating_add(rec.policy.retention_ms) > now {
             continue;
         }

@@ -54,9 +54,10 @@ pub fn inspect(h: &impl Host, scope: &str, key: &str) -> Result<Option<RecordVie
 
 /// The `resolve` export: an operator asserts what happened, with a note.
 ///
-/// `confirmed` settles an unknown, absent, failed or lease-expired record;
+/// `confirmed` settles an unknown, absent, failed, awaiting, denied or lease-expired record;
 /// `absent` settles an unknown (or lease-expired) one, and before
 /// `max_in_flight` has passed since the last dispatch it needs `force`.
+/// `approve` and `deny` decide a record awaiting approval (the note says who and why).
 pub fn resolve(
     h: &impl Host,
     scope: &str,
@@ -71,7 +72,12 @@ pub fn resolve(
     check_note(note)?;
     let resolution = match resolution {
         Resolution::Confirmed(receipt) => Resolution::Confirmed(checked_receipt(receipt, &settings)?),
-        Resolution::Absent => Resolution::Absent,
+        Resolution::Approve | Resolution::Deny if note.trim().is_empty() => {
+            return Err(Error::InvalidRequest(
+                "an approval or a denial needs a note saying who decided and why (it is audited)".to_string(),
+            ));
+        }
+        other => other,
     };
     let mut races = Races::new();
     while races.again(h) {
@@ -97,6 +103,8 @@ struct Guards {
     confirmed: bool,
     /// Absent is accepted (the lease permitting).
     absent: bool,
+    /// Approve and deny are accepted.
+    approve: bool,
     /// Until when an earlier request may still commit: absent needs force at or
     /// before it; none when the provider claims keys (no late commit can land).
     settled_at: Option<u64>,
@@ -115,9 +123,10 @@ fn guards(rec: &OpRecord, now: u64) -> Guards {
         state: rec.state,
         confirmed: matches!(
             rec.state,
-            State::Unknown | State::Absent | State::Failed | State::InFlight
+            State::Unknown | State::Absent | State::Failed | State::InFlight | State::AwaitingApproval | State::Denied
         ),
         absent: matches!(rec.state, State::Unknown | State::InFlight),
+        approve: rec.state == State::AwaitingApproval,
         settled_at,
         early: settled_at.is_some_and(|at| now <= at),
     }
@@ -131,6 +140,7 @@ impl Guards {
             confirmed: !self.live && self.confirmed,
             absent,
             absent_needs_force: absent && self.early,
+            approve: self.approve,
         }
     }
 
@@ -142,6 +152,7 @@ impl Guards {
         let accepted = match resolution {
             Resolution::Confirmed(_) => offered.confirmed,
             Resolution::Absent => offered.absent && (force || !offered.absent_needs_force),
+            Resolution::Approve | Resolution::Deny => offered.approve,
         };
         if accepted {
             return None;
@@ -161,6 +172,9 @@ impl Guards {
                      pass force to resolve absent now",
                     self.settled_at.unwrap_or_default()
                 ),
+                Resolution::Approve | Resolution::Deny => {
+                    format!("a {} record is not awaiting approval", state_name(self.state))
+                }
             }
         })
     }
@@ -180,18 +194,29 @@ fn apply(
         return Ok(Err(Error::InvalidTransition(why)));
     }
     let mut tx = Tx::new();
-    let mut event = match resolution {
+    let event = match resolution {
         Resolution::Confirmed(receipt) => {
             tx.count_spend(h, &mut rec, now)?;
-            rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed")
+            let mut event = rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed");
+            event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
+            event
         }
         Resolution::Absent => {
             // Forced early, a late arrival may still make an effect: later answers say so.
             rec.absence_forced |= guards.early;
-            rec.prove_absent(now, now, "operator-absent")
+            let mut event = rec.prove_absent(now, now, "operator-absent");
+            event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
+            event
+        }
+        Resolution::Approve => rec.approve(note, now),
+        Resolution::Deny => {
+            let (event, released) = rec.deny(note, now);
+            if let Some(reservation) = released {
+                tx.release(h, &rec.scope, &reservation)?;
+            }
+            event
         }
     };
-    event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
     tx.record(&mut rec, version, event, now);
     tx.commit(h)?;
     Ok(Ok(rec.state))

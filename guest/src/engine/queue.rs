@@ -11,8 +11,8 @@ use crate::record::{OWED, OpRecord};
 use crate::store::decode;
 use crate::types::{Attention, Error, OperatorQueue, QueueEntry, QueueFilter, State, Table};
 
-/// The `queue` export: unknown, absent and lease-expired records matching
-/// `filter`, unknown first, oldest first within each attention.
+/// The `queue` export: unknown, absent, lease-expired and awaiting-approval
+/// records matching `filter`, unknown first, oldest first within each attention.
 pub fn queue(h: &impl Host, filter: &QueueFilter, limit: u32) -> Result<OperatorQueue, Error> {
     let settings = h.settings();
     for scope in filter.scopes.iter().flatten() {
@@ -30,7 +30,7 @@ pub fn queue(h: &impl Host, filter: &QueueFilter, limit: u32) -> Result<Operator
     let rows = h
         .scan(
             Table::Operation,
-            &[State::Unknown, State::Absent, State::InFlight],
+            &[State::Unknown, State::Absent, State::InFlight, State::AwaitingApproval],
             OWED,
             None,
             scan_limit,
@@ -79,6 +79,7 @@ fn entry(h: &impl Host, rec: OpRecord, version: u64) -> Option<QueueEntry> {
     let (attention, since) = match rec.state {
         State::Unknown => (Attention::Unknown, rec.since.unwrap_or(rec.transitioned_at)),
         State::Absent => (Attention::Absent, rec.since.unwrap_or(rec.transitioned_at)),
+        State::AwaitingApproval => (Attention::Approval, rec.since.unwrap_or(rec.transitioned_at)),
         State::InFlight if rec.lease_ended(now) => (
             Attention::LeaseExpired,
             rec.current().map_or(rec.updated_at, |a| a.lease_until),
@@ -98,7 +99,9 @@ fn entry(h: &impl Host, rec: OpRecord, version: u64) -> Option<QueueEntry> {
         escalation_acknowledged: rec.escalation_acked,
         possible_duplicate: rec.possible_duplicate,
         attempts: rec.attempts.len() as u32,
-        reason: rec.unknown_reason,
+        reason: rec
+            .unknown_reason
+            .or(rec.approval_reason.filter(|_| attention == Attention::Approval)),
         version,
         scope: rec.scope,
         key: rec.key,
@@ -113,5 +116,6 @@ fn rank(a: Attention) -> u8 {
         Attention::Unknown => 0,
         Attention::Absent => 1,
         Attention::LeaseExpired => 2,
+        Attention::Approval => 3,
     }
 }

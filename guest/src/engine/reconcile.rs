@@ -2,7 +2,7 @@
 
 use alloc::format;
 
-use super::begin::{blocked, grant, other_owner, replay_of, superseded, unknown};
+use super::begin::{awaiting_approval, blocked, denied, grant, other_owner, replay_of, superseded, unknown};
 use super::escalation;
 use super::{Races, now_for, storage_error};
 use crate::host::Host;
@@ -137,6 +137,8 @@ fn step(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, Ledge
             ),
         )),
         State::Superseded => Ok(superseded(rec)),
+        State::AwaitingApproval => Ok(awaiting_approval(rec)),
+        State::Denied => Ok(denied(rec)),
     }
 }
 

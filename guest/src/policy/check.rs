@@ -114,6 +114,34 @@ pub fn check_policy(policy: &Policy, settings: &Settings) -> Result<(), Error> {
             return bad("quota window_ms must be positive".to_string());
         }
     }
+    if let super::ApprovalRule::Above { field, above } = &policy.approval {
+        canon::check_pointer(field).map_err(|e| Error::InvalidPolicy(format!("approval field {field:?}: {e}")))?;
+        if field.is_empty() {
+            return bad("approval field must point inside the args".to_string());
+        }
+        // A changed amount must be a changed payload: otherwise an approval of one amount
+        // would let another through under the same key.
+        if let Some(fields) = &policy.effect_fields
+            && !fields.contains(field)
+        {
+            return bad(format!("approval field {field:?} must be one of the effect fields"));
+        }
+        if let Some(name) = key_argument_names(policy).find(|n| pointer_names_member(field, n)) {
+            return bad(format!(
+                "approval field {field:?} is the key argument {name:?}, which is replaced at dispatch"
+            ));
+        }
+        crate::amount::parse_decimal(above).map_err(|e| Error::InvalidPolicy(format!("approval threshold: {e}")))?;
+    }
+    if !policy.approval.is_never() && policy.route == Some(crate::types::Route::Direct) {
+        return bad(
+            "approval needs a protected route: a DIRECT call is sent unrecorded, so nothing can hold it for a person"
+                .to_string(),
+        );
+    }
+    if policy.approval_valid_ms == 0 {
+        return bad("approval_valid_ms must be positive".to_string());
+    }
     if let Some(pin) = &policy.descriptor_pin
         && !is_sha256_hex(pin)
     {

@@ -16,7 +16,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{IdentityMode, PolicyInput, QuotaInput, QuotaPolicy, Route, Settings, ToolPolicy};
+use crate::types::{
+    ApprovalRule as WitApprovalRule, ApprovalThreshold, IdentityMode, PolicyInput, QuotaInput, QuotaPolicy, Route,
+    Settings, ToolPolicy,
+};
 
 const SECOND: u64 = 1_000;
 const DAY: u64 = 24 * 3_600 * SECOND;
@@ -24,6 +27,55 @@ const DAY: u64 = 24 * 3_600 * SECOND;
 pub const DEFAULT_DECIMALS: u8 = 2;
 /// Tombstones are kept at least this long when their retention is not configured.
 pub const DEFAULT_TOMBSTONE_RETENTION_MS: u64 = 90 * DAY;
+/// How long an approval may be used when its validity is not configured.
+pub const DEFAULT_APPROVAL_VALID_MS: u64 = 3_600 * SECOND;
+
+/// When a person must approve a call before it is sent, as records keep it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    /// Never.
+    #[default]
+    Never,
+    /// Every operation of the tool.
+    Always,
+    /// When the amount at `field` (an effect field) is above `above`, or is missing or not a number.
+    Above {
+        /// JSON pointer to the amount.
+        field: String,
+        /// The threshold, a decimal string.
+        above: String,
+    },
+}
+
+impl ApprovalRule {
+    /// Whether the rule never asks.
+    pub fn is_never(&self) -> bool {
+        *self == ApprovalRule::Never
+    }
+
+    fn of(rule: &WitApprovalRule) -> ApprovalRule {
+        match rule {
+            WitApprovalRule::Never => ApprovalRule::Never,
+            WitApprovalRule::Always => ApprovalRule::Always,
+            WitApprovalRule::Above(t) => ApprovalRule::Above {
+                field: t.field.clone(),
+                above: t.above.clone(),
+            },
+        }
+    }
+
+    fn to_wit(&self) -> WitApprovalRule {
+        match self {
+            ApprovalRule::Never => WitApprovalRule::Never,
+            ApprovalRule::Always => WitApprovalRule::Always,
+            ApprovalRule::Above { field, above } => WitApprovalRule::Above(ApprovalThreshold {
+                field: field.clone(),
+                above: above.clone(),
+            }),
+        }
+    }
+}
 
 /// A spend ceiling as the engine applies it (and keeps it in records).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,10 +146,24 @@ pub struct Policy {
     /// Pinned descriptor fingerprint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub descriptor_pin: Option<String>,
+    /// When a person must approve a call before it is sent.
+    #[serde(default, skip_serializing_if = "ApprovalRule::is_never")]
+    pub approval: ApprovalRule,
+    /// How long an approval may be used after it was given.
+    #[serde(default = "one_hour", skip_serializing_if = "is_one_hour")]
+    pub approval_valid_ms: u64,
 }
 
 fn yes() -> bool {
     true
+}
+
+fn one_hour() -> u64 {
+    DEFAULT_APPROVAL_VALID_MS
+}
+
+fn is_one_hour(ms: &u64) -> bool {
+    *ms == DEFAULT_APPROVAL_VALID_MS
 }
 
 fn one_day() -> u64 {
@@ -127,6 +193,8 @@ pub fn default_policy() -> Policy {
         tombstone_retention_ms: DEFAULT_TOMBSTONE_RETENTION_MS,
         quota: None,
         descriptor_pin: None,
+        approval: ApprovalRule::Never,
+        approval_valid_ms: DEFAULT_APPROVAL_VALID_MS,
     }
 }
 
@@ -152,6 +220,8 @@ pub fn unset() -> PolicyInput {
         tombstone_retention_ms: None,
         quota: None,
         descriptor_pin: None,
+        approval: None,
+        approval_valid_ms: None,
     }
 }
 
@@ -200,6 +270,8 @@ pub fn resolve(
             .unwrap_or_else(|| DEFAULT_TOMBSTONE_RETENTION_MS.max(retention_ms)),
         quota,
         descriptor_pin: own.descriptor_pin.clone(),
+        approval: pick!(approval).as_ref().map_or(engine.approval, ApprovalRule::of),
+        approval_valid_ms: pick!(approval_valid_ms).unwrap_or(engine.approval_valid_ms),
     };
     check_policy(&policy, settings).map_err(|e| match e {
         crate::types::Error::InvalidPolicy(m) => crate::types::Error::InvalidPolicy(alloc::format!("tool {tool}: {m}")),
@@ -252,6 +324,8 @@ impl Policy {
                 bucket: Policy::bucket_of(q, tool),
             }),
             descriptor_pin: self.descriptor_pin.clone(),
+            approval: self.approval.to_wit(),
+            approval_valid_ms: self.approval_valid_ms,
         }
     }
 }

@@ -77,7 +77,8 @@ pub fn route(policy: &Policy, descriptor: Option<&ToolDescriptor>, settings: &Se
             BlockReason::RouteBlocked,
             "contradictory annotations: readOnlyHint and destructiveHint are both true".to_string(),
         ),
-        (Some(true), _) => Routing::Direct,
+        // A tool the user holds for a person's approval is never sent unrecorded on its server's word.
+        (Some(true), _) if policy.approval.is_never() => Routing::Direct,
         _ => Routing::Protect,
     })
 }

@@ -287,3 +287,29 @@ pub fn unknown_record(h: &MemoryHost, key: &str, policy: Policy) -> Grant {
     assert_eq!(fin(h, key, &e.fence, ambiguous()), FinishAck::Recorded(State::Unknown));
     e
 }
+
+/// The default policy, with a person's approval before every attempt.
+pub fn always_approved() -> Policy {
+    let mut p = policy();
+    p.approval = once_guest::policy::ApprovalRule::Always;
+    p
+}
+
+/// `quota_policy`'s tool, with a person's approval above `above` on `/amount`.
+pub fn approval_above(above: &str) -> Policy {
+    let mut p = quota_policy("10000.00");
+    p.approval = once_guest::policy::ApprovalRule::Above {
+        field: "/amount".into(),
+        above: above.into(),
+    };
+    p
+}
+
+/// The operator's queue with no filter: every scope, tool and key.
+pub fn everything() -> once_guest::types::QueueFilter {
+    once_guest::types::QueueFilter {
+        scopes: None,
+        tool: None,
+        key_prefix: None,
+    }
+}

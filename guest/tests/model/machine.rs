@@ -246,11 +246,16 @@ fn check(h: &PropHost, m: &mut Model, knobs: &Knobs, trace: &[Op]) -> Result<(),
             State::Confirmed => ensure!(v.receipt.is_some()),
             State::Failed => ensure!(v.error.is_some()),
             State::Superseded => ensure!(v.superseded_by.is_some()),
-            State::Unknown | State::Absent => {}
+            State::Unknown | State::Absent | State::AwaitingApproval | State::Denied => {}
         }
         if matches!(
             v.state,
-            State::Unknown | State::Absent | State::Failed | State::Superseded
+            State::Unknown
+                | State::Absent
+                | State::Failed
+                | State::Superseded
+                | State::AwaitingApproval
+                | State::Denied
         ) {
             ensure!(
                 live.is_empty(),
@@ -260,7 +265,7 @@ fn check(h: &PropHost, m: &mut Model, knobs: &Knobs, trace: &[Op]) -> Result<(),
         }
         if v.escalated {
             ensure!(
-                matches!(v.state, State::Unknown | State::Absent) || v.possible_duplicate,
+                matches!(v.state, State::Unknown | State::Absent | State::AwaitingApproval) || v.possible_duplicate,
                 "{scope}/{key}: escalated flag on {:?}",
                 v.state
             );

@@ -12,7 +12,8 @@ use crate::Failure;
 pub enum LedgerCommand {
     /// List records (scope, key, state, version).
     List {
-        /// Only records in this state (in-flight, confirmed, failed, unknown, absent, superseded).
+        /// Only records in this state (in-flight, confirmed, failed, unknown, absent, superseded,
+        /// awaiting-approval, denied).
         #[arg(long, value_parser = parse_state)]
         state: Option<State>,
         /// Most records to list.
@@ -46,6 +47,30 @@ pub enum LedgerCommand {
         /// Resolve absent even before max_in_flight has passed since the last dispatch.
         #[arg(long)]
         force: bool,
+    },
+    /// Approve a call awaiting approval, as it is recorded (its payload's fingerprint): the
+    /// next attempt may be sent within the tool's approval validity (audited with the note).
+    Approve {
+        /// Operation key.
+        key: String,
+        /// Scope of the key.
+        #[arg(long, default_value = "default")]
+        scope: String,
+        /// Who approves and why (kept in the audit trail).
+        #[arg(long)]
+        note: String,
+    },
+    /// Deny a call awaiting approval: it ends denied, nothing is sent, and any spend it reserved is
+    /// released (audited with the note).
+    Deny {
+        /// Operation key.
+        key: String,
+        /// Scope of the key.
+        #[arg(long, default_value = "default")]
+        scope: String,
+        /// Who denies and why (kept in the audit trail).
+        #[arg(long)]
+        note: String,
     },
     /// Move a renamed or retired gateway's (or host's) records to a live owner (each audited), so
     /// its background work reads, escalates and dispatches them; the scopes bound to the old
@@ -188,6 +213,16 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
             say!(w, "{key}: {state}");
             Ok(())
         }
+        LedgerCommand::Approve { key, scope, note } => {
+            let state = once.resolve(&scope, &key, &Resolution::Approve, &note, false)?;
+            say!(w, "{key}: {state} (approved: the next attempt may be sent)");
+            Ok(())
+        }
+        LedgerCommand::Deny { key, scope, note } => {
+            let state = once.resolve(&scope, &key, &Resolution::Deny, &note, false)?;
+            say!(w, "{key}: {state}");
+            Ok(())
+        }
         LedgerCommand::Adopt { from, to, note, limit } => {
             let report = once.adopt(&from, &to, &note, limit)?;
             say!(w, "adopted {} records of {from:?} as {to:?}", report.adopted);
@@ -241,6 +276,9 @@ fn resolvable_words(r: &once::types::Resolvable) -> String {
         accepted.push("--absent --force (an earlier request may still commit)");
     } else if r.absent {
         accepted.push("--absent");
+    }
+    if r.approve {
+        accepted.push("once ledger approve / once ledger deny");
     }
     if accepted.is_empty() {
         "no (nothing an operator asserts is accepted now)".to_string()

@@ -94,8 +94,8 @@ async fn browser(driver: &Driver, chromium: &Path) -> Client {
         .expect("a WebDriver session in headless Chromium")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
+/// Chromium and chromedriver, or none (said, and a failure under `CI`).
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
     let (Some(chromium), Some(chromedriver)) = (
         tool("ONCE_CHROMIUM", "/usr/bin/chromium"),
         tool("ONCE_CHROMEDRIVER", "/usr/bin/chromedriver"),
@@ -105,6 +105,62 @@ async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
             "CI: chromium and chromedriver are required (apt-get install chromium chromium-driver)"
         );
         eprintln!("skipped: no /usr/bin/chromium or /usr/bin/chromedriver (apt-get install chromium chromium-driver)");
+        return None;
+    };
+    Some((chromium, chromedriver))
+}
+
+/// Signed in as the README says: the page's own form, the printed token pasted into it.
+async fn sign_in(c: &Client, ui: &UiProcess) {
+    c.goto(&format!("{}/", ui.base)).await.unwrap();
+    c.find(Locator::Css(r#"input[name="token"]"#))
+        .await
+        .unwrap()
+        .send_keys(&ui.token())
+        .await
+        .unwrap();
+    c.find(Locator::Css(r#"form[action="/login"] button"#))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait()
+        .for_url(&format!("{}/", ui.base).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(c.current_url().await.unwrap().path(), "/");
+}
+
+/// Fill the record page's resolve form: choose `resolution`, write `note`, submit; the banner's text.
+async fn decide(c: &Client, resolution: &str, note: &str) -> String {
+    c.find(Locator::Css(&format!(
+        r#"input[name="resolution"][value="{resolution}"]"#
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    c.find(Locator::Css(r#"input[name="note"]"#))
+        .await
+        .unwrap()
+        .send_keys(note)
+        .await
+        .unwrap();
+    c.find(Locator::Css("#resolve button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let banner = c.wait().for_element(Locator::Id("banner")).await.unwrap();
+    banner.text().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
         return;
     };
 
@@ -128,25 +184,7 @@ async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
     let ui = UiProcess::start(Path::new(&rig.db), &[]);
     let driver = Driver::start(&chromedriver);
     let c = browser(&driver, &chromium).await;
-    // Signed in as the README says: the page's own form, the printed token pasted into it.
-    c.goto(&format!("{}/", ui.base)).await.unwrap();
-    c.find(Locator::Css(r#"input[name="token"]"#))
-        .await
-        .unwrap()
-        .send_keys(&ui.token())
-        .await
-        .unwrap();
-    c.find(Locator::Css(r#"form[action="/login"] button"#))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    c.wait()
-        .for_url(&format!("{}/", ui.base).parse().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(c.current_url().await.unwrap().path(), "/");
+    sign_in(&c, &ui).await;
     // The browser holds a session id, never the token.
     let cookies = c.get_all_cookies().await.unwrap();
     let session = cookies
@@ -168,32 +206,14 @@ async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
         c.find(Locator::Id("state")).await.unwrap().text().await.unwrap(),
         "unknown"
     );
-    c.find(Locator::Css(r#"input[name="resolution"][value="confirmed"]"#))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
     c.find(Locator::Css(r#"textarea[name="receipt"]"#))
         .await
         .unwrap()
         .send_keys(r#"{"refund":"seen in the refund service","amount":200}"#)
         .await
         .unwrap();
-    c.find(Locator::Css(r#"input[name="note"]"#))
-        .await
-        .unwrap()
-        .send_keys("refund service shows one $200 refund for order 1234")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#resolve button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let banner = c.wait().for_element(Locator::Id("banner")).await.unwrap();
-    assert_eq!(banner.text().await.unwrap(), "Resolved: the record is now confirmed.");
+    let banner = decide(&c, "confirmed", "refund service shows one $200 refund for order 1234").await;
+    assert_eq!(banner, "Resolved: the record is now confirmed.");
     c.close().await.unwrap();
 
     let (state, _, audit) = record(Path::new(&rig.db), scope, "refund-ui-1");
@@ -204,5 +224,83 @@ async fn an_operator_resolves_a_gateways_unknown_refund_in_the_browser() {
         "{last}"
     );
     // Resolving sent nothing: still exactly one refund.
+    assert_eq!(rig.effects(), (1, 20_000));
+}
+
+/// The approval flow on the page: a gateway's refund above the tool's threshold is not sent but waits for a
+/// person; the operator finds it under "Awaiting approval" with why, opens it (its payload and fingerprint),
+/// approves it with a note; the same call again sends it, once. A second one is denied and refused after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_approves_one_refund_and_denies_another_in_the_browser() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let rig = Rig::new(&format!(
+        "{NO_LOOKUP}approval = {{ field = \"/amount\", above = \"100\" }}\n"
+    ));
+    let refund = |key: &'static str| {
+        let rig = &rig;
+        async move {
+            let session = rig.connect("none", 0).await;
+            let args = json!({"order_id": refund::ORDER_ID, "amount": 200.0});
+            let result = session.call("refund_order", args, Some(key)).await;
+            assert!(session.close().await.success(), "{}", rig.logs());
+            text(&result)
+        }
+    };
+    let asked = refund("refund-approve-1").await;
+    assert!(asked.starts_with("AWAITING APPROVAL"), "{asked}");
+    assert!(refund("refund-deny-1").await.starts_with("AWAITING APPROVAL"));
+    assert_eq!(rig.effects(), (0, 0), "nothing sent before a person decides");
+
+    let ui = UiProcess::start(Path::new(&rig.db), &[]);
+    let driver = Driver::start(&chromedriver);
+    let c = browser(&driver, &chromium).await;
+    sign_in(&c, &ui).await;
+    let row = c
+        .find(Locator::Css(
+            r#"table[data-section="approval"] tr[data-key="refund-approve-1"]"#,
+        ))
+        .await
+        .expect("the refund in the approvals");
+    assert!(row.text().await.unwrap().contains("/amount is 200.0, above 100"));
+    row.find(Locator::Css("a")).await.unwrap().click().await.unwrap();
+    assert_eq!(
+        c.find(Locator::Id("state")).await.unwrap().text().await.unwrap(),
+        "awaiting-approval"
+    );
+    let page = c.source().await.unwrap();
+    assert!(page.contains("amount") && page.contains("200"), "the payload is shown");
+    let banner = decide(&c, "approve", "the customer called; order 1234 is eligible").await;
+    assert!(
+        banner.starts_with("Approved: this exact call may now be sent, once"),
+        "{banner}"
+    );
+
+    c.goto(&format!("{}/record?scope=default&key=refund-deny-1", ui.base))
+        .await
+        .unwrap();
+    let banner = decide(&c, "deny", "not this customer").await;
+    assert_eq!(banner, "Denied: this call will never be sent.");
+    c.close().await.unwrap();
+
+    let (state, _, audit) = record(Path::new(&rig.db), "default", "refund-approve-1");
+    assert_eq!(state, State::Absent, "approved: the dispatch is owed");
+    assert!(
+        audit
+            .last()
+            .unwrap()
+            .contains("operator (once ui): the customer called; order 1234 is eligible"),
+        "{audit:?}"
+    );
+    let sent = refund("refund-approve-1").await;
+    assert!(!sent.starts_with("AWAITING") && !sent.starts_with("BLOCKED"), "{sent}");
+    assert_eq!(rig.effects(), (1, 20_000), "the approved refund, once");
+    let refused = refund("refund-deny-1").await;
+    assert!(
+        refused.starts_with("BLOCKED: refund_order was not sent: a person denied"),
+        "{refused}"
+    );
+    assert_eq!(record(Path::new(&rig.db), "default", "refund-deny-1").0, State::Denied);
     assert_eq!(rig.effects(), (1, 20_000));
 }

@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use once::types::{IdentityMode, PolicyInput, QuotaInput, Route, ToolDescriptor};
+use once::types::{ApprovalRule, ApprovalThreshold, IdentityMode, PolicyInput, QuotaInput, Route, ToolDescriptor};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
@@ -68,6 +68,8 @@ struct ToolSection {
     retention: Option<Millis>,
     tombstone_retention: Option<Millis>,
     quota: Option<QuotaSection>,
+    approval: Option<ApprovalSection>,
+    approval_valid: Option<Millis>,
     pin: Option<String>,
     on_tool_error: Option<OnToolError>,
     reconcile: Option<ReconcileMode>,
@@ -192,6 +194,50 @@ impl<'de> Deserialize<'de> for Ceiling {
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Ceiling, E> {
                 Ok(Ceiling(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// When a person must approve a call before it is sent: `"never"`, `"always"`, or
+/// `{ field = "/amount", above = "100.00" }` (above an amount at an effect field).
+#[derive(Debug, Clone)]
+enum ApprovalSection {
+    Never,
+    Always,
+    Above { field: String, above: String },
+}
+
+impl<'de> Deserialize<'de> for ApprovalSection {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ApprovalSection, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Above {
+            field: String,
+            above: Ceiling,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ApprovalSection;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"never\", \"always\", or a table { field = \"/amount\", above = \"100.00\" }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ApprovalSection, E> {
+                match v {
+                    "never" => Ok(ApprovalSection::Never),
+                    "always" => Ok(ApprovalSection::Always),
+                    other => Err(E::custom(format!(
+                        "approval {other:?} must be \"never\", \"always\", or a table {{ field = \"/amount\", above = \"100.00\" }}"
+                    ))),
+                }
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ApprovalSection, A::Error> {
+                let a = Above::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(ApprovalSection::Above {
+                    field: a.field,
+                    above: a.above.0,
+                })
             }
         }
         d.deserialize_any(V)
@@ -382,7 +428,7 @@ impl Config {
             "{}: {table}{said} (once.toml names: timeout = dispatch_timeout_ms, lease = lease_ms, attempts = attempt_budget, \
              retention = retention_ms, tombstone_retention = tombstone_retention_ms, derived_window = \
              derived_window_ms, provider_key = key_argument / key_sent_by_host, pin = descriptor_pin, quota.field = \
-             spend field)",
+             spend field, approval.field = approval field, approval_valid = approval_valid_ms)",
             self.source
         )
     }
@@ -432,6 +478,14 @@ impl Config {
                 bucket: q.bucket.clone(),
             }),
             descriptor_pin: own.pin.clone(),
+            approval: own.approval.as_ref().map(|a| match a {
+                ApprovalSection::Never => ApprovalRule::Never,
+                ApprovalSection::Always => ApprovalRule::Always,
+                ApprovalSection::Above { field, above } => ApprovalRule::Above(ApprovalThreshold {
+                    field: field.clone(),
+                    above: above.clone(),
+                }),
+            }),
             ..policy_of(own)
         }
     }
@@ -458,6 +512,7 @@ impl Config {
                     (section.pin.is_some(), "pin"),
                     (section.effect_fields.is_some(), "effect_fields"),
                     (section.quota.is_some(), "quota"),
+                    (section.approval.is_some(), "approval"),
                 ] {
                     if set {
                         err(format!("{name} belongs to one tool's table, not [defaults]"));
@@ -553,6 +608,7 @@ fn policy_of(section: &ToolSection) -> PolicyInput {
         reconcile_interval_ms: ms(section.reconcile_interval),
         retention_ms: ms(section.retention),
         tombstone_retention_ms: ms(section.tombstone_retention),
+        approval_valid_ms: ms(section.approval_valid),
         ..once::policy_input()
     }
 }

@@ -239,6 +239,27 @@ fn protected(a: &Account, cx: &Context<'_>) -> CallToolResult {
             made(format!("{text}{}", unsettled(a)), info, true)
         }
         Ending::Unrecorded(u) => happened_unrecorded(&u.response, key, &cx.account_info("unrecorded", a), cx),
+        Ending::AwaitsApproval(p) => {
+            let mut info = cx.account_info("awaits-approval", a);
+            info["asked_at"] = json!(p.asked_at);
+            info["approval_reason"] = json!(p.reason);
+            info["approval_valid_ms"] = json!(p.valid_ms);
+            made(
+                format!(
+                    "AWAITING APPROVAL: {tool} (operation {key}) is held for a person: nothing more is sent for it \
+                     until an operator approves this exact call ({}; waiting since {}). That can take minutes or \
+                     hours, and there is no deadline. {} answers with what was decided: the outcome once it is \
+                     sent (it is never sent twice), or a refusal if it was denied. Do not send it again with \
+                     changed arguments or under a new operation key: that would be another operation.{}",
+                    p.reason,
+                    utc(p.asked_at),
+                    cx.again(key),
+                    unsettled(a)
+                ),
+                info,
+                true,
+            )
+        }
     }
 }
 
@@ -477,6 +498,9 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
             "operation {key} belongs to another gateway or host on this ledger (its owner is named below); this \
              one never sends it"
         ),
+        BlockReason::ApprovalDenied => {
+            format!("a person denied operation {key}; it will not be sent, and calling it again is refused")
+        }
     };
     // What the same call again does, when it is not simply refused (a stored outcome, one still coming).
     let next = match a.repeat {

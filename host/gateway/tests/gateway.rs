@@ -421,6 +421,81 @@ async fn quota_and_block_come_from_the_config() {
     assert_eq!(rig.effects(), (0, 0));
 }
 
+/// `approval` in a tool's table: above the threshold a call is not sent but
+/// told, in once's words, that a person must approve it; an operator's
+/// `once ledger approve` lets exactly that payload go out once; a larger amount
+/// under the same key is a conflict; a denied call is refused for good. The
+/// effect ledger has the one approved refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_above_the_approval_threshold_waits_for_a_person_and_is_sent_once() {
+    let rig = Rig::new(&format!(
+        "{}approval = {{ field = \"/amount\", above = \"50\" }}\n",
+        fast_config("")
+    ));
+    let ledger = |args: &[&str]| {
+        let out = Command::new(gateway_common::once_exe())
+            .args(["ledger", "--db", &rig.db])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {said}");
+        said
+    };
+    let session = rig.connect("none", 0).await;
+    let asked = session.refund(120.0, Some("refund-big")).await;
+    let t = text(&asked);
+    assert!(
+        t.starts_with(
+            "AWAITING APPROVAL: refund_order (operation refund-big) is held for a person: nothing more is sent for \
+             it until an operator approves this exact call (/amount is 120.0, above 50;"
+        ),
+        "{t}"
+    );
+    assert_eq!(outcome(&asked)["decision"], "awaits-approval");
+    assert_eq!(outcome(&asked)["effect"], "none");
+    // The same call again waits for the same person.
+    let again = session.refund(120.0, Some("refund-big")).await;
+    assert_eq!(outcome(&again)["decision"], "awaits-approval", "{}", text(&again));
+    assert_eq!(rig.effects(), (0, 0));
+
+    let approved = ledger(&["approve", "refund-big", "--note", "ops@example: the customer called"]);
+    assert!(approved.contains("refund-big: absent"), "{approved}");
+    // A larger amount under the approved key is another payload: refused, never sent on the approval.
+    let larger = session.refund(250.0, Some("refund-big")).await;
+    assert_eq!(outcome(&larger)["decision"], "conflict", "{}", text(&larger));
+    // The approved call: sent by this call or by the gateway's sweep, once either way.
+    let sent = session.refund(120.0, Some("refund-big")).await;
+    let decision = outcome(&sent)["decision"].clone();
+    assert!(decision == "executed" || decision == "replayed", "{}", text(&sent));
+    assert_eq!(rig.effects(), (1, 12_000), "{}", rig.logs());
+
+    let small = session.refund(20.0, Some("refund-small")).await;
+    assert_eq!(outcome(&small)["decision"], "executed", "{}", text(&small));
+    let denied_call = session.refund(60.0, Some("refund-denied")).await;
+    assert_eq!(outcome(&denied_call)["decision"], "awaits-approval");
+    let denied = ledger(&["deny", "refund-denied", "--note", "ops@example: not this customer"]);
+    assert!(denied.contains("refund-denied: denied"), "{denied}");
+    let refused = session.refund(60.0, Some("refund-denied")).await;
+    let t = text(&refused);
+    assert!(
+        t.starts_with("BLOCKED: refund_order was not sent: a person denied operation refund-denied"),
+        "{t}"
+    );
+    assert_eq!(outcome(&refused)["reason"], "approval-denied");
+    assert!(session.close().await.success());
+    assert_eq!(rig.effects(), (2, 14_000), "the approved and the small refund only");
+    let shown = ledger(&["show", "refund-big"]);
+    assert!(
+        shown.contains("approved") && shown.contains("ops@example: the customer called"),
+        "{shown}"
+    );
+}
+
 /// A scope taken from `_meta`: a call without it is refused before anything
 /// is recorded or sent, never given some other scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

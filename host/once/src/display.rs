@@ -32,17 +32,21 @@ impl State {
             State::Unknown => "unknown",
             State::Absent => "absent",
             State::Superseded => "superseded",
+            State::AwaitingApproval => "awaiting-approval",
+            State::Denied => "denied",
         }
     }
 
     /// Every state, in WIT order.
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 8] = [
         State::InFlight,
         State::Confirmed,
         State::Failed,
         State::Unknown,
         State::Absent,
         State::Superseded,
+        State::AwaitingApproval,
+        State::Denied,
     ];
 
     /// Parse a WIT name (underscores accepted).
@@ -97,6 +101,7 @@ impl fmt::Display for BlockReason {
             BlockReason::Storage => "storage",
             BlockReason::Failed => "failed",
             BlockReason::OtherOwner => "other-owner",
+            BlockReason::ApprovalDenied => "approval-denied",
         })
     }
 }
@@ -116,6 +121,7 @@ impl Decision {
             Decision::Conflict(_) => "conflict",
             Decision::InFlight(_) => "in-flight",
             Decision::Unknown(_) => "unknown",
+            Decision::AwaitingApproval(_) => "awaiting-approval",
             Decision::Blocked(_) => "blocked",
             Decision::Direct => "direct",
         }
@@ -134,6 +140,7 @@ impl Ending {
             Ending::Conflict(_) => "conflict",
             Ending::Blocked(_) => "blocked",
             Ending::Unrecorded(_) => "unrecorded",
+            Ending::AwaitsApproval(_) => "awaits-approval",
         }
     }
 }

@@ -67,5 +67,7 @@ pub fn policy_input() -> types::PolicyInput {
         tombstone_retention_ms: None,
         quota: None,
         descriptor_pin: None,
+        approval: None,
+        approval_valid_ms: None,
     }
 }

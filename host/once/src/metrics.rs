@@ -66,6 +66,7 @@ pub fn render(stats: &Stats, queue: &OperatorQueue) -> String {
         (Attention::Unknown, "unknown"),
         (Attention::Absent, "absent"),
         (Attention::LeaseExpired, "lease-expired"),
+        (Attention::Approval, "approval"),
     ] {
         let n = queue.entries.iter().filter(|e| e.attention == attention).count();
         let _ = writeln!(out, "once_queue{{attention=\"{name}\"}} {n}");

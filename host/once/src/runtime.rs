@@ -217,7 +217,7 @@ impl Runtime {
         })
     }
 
-    /// The names of the interfaces the component imports (`once:core/ledger@1.0.0`, …).
+    /// The names of the interfaces the component imports (`once:core/ledger@2.0.0`, …).
     pub fn imports(&self) -> Vec<String> {
         let ty = self.component.component_type();
         ty.imports(&self.engine).map(|(name, _)| name.to_string()).collect()

@@ -31,11 +31,12 @@ use once::storage::memory::MemoryStorage;
 use once::storage::sqlite::{SqliteOptions, SqliteStorage, Synchronous};
 use once::storage::{CommitError, Stats, Storage, StorageError};
 use once::types::{
-    Account, AuditEvent, Awaited, Batch, BlockReason, Blocked, Call, Configuration, Configured, Confirmation,
-    ConfirmedInfo, Decision, Effect, Ending, Error, Escalation, Evidence, FinishAck, Grant, IdentityMode, InFlightInfo,
-    JsonError, JsonErrorKind, KeySource, LedgerEncoding, Outcome, PolicyInput, ProviderReads, PruneReport, QuotaInput,
-    RecordSummary, RecordView, RejectedInfo, Repeat, ReplayVia, Resolution, Route, Row, Settings, State, Step,
-    SweepResult, Table, Timestamp, ToolConfig, ToolDescriptor, ToolPolicy, UnknownInfo, WaitReason,
+    Account, ApprovalInfo, ApprovalRule, ApprovalThreshold, AuditEvent, Awaited, Batch, BlockReason, Blocked, Call,
+    Configuration, Configured, Confirmation, ConfirmedInfo, Decision, Effect, Ending, Error, Escalation, Evidence,
+    FinishAck, Grant, IdentityMode, InFlightInfo, JsonError, JsonErrorKind, KeySource, LedgerEncoding, Outcome,
+    PolicyInput, ProviderReads, PruneReport, QuotaInput, RecordSummary, RecordView, RejectedInfo, Repeat, ReplayVia,
+    Resolution, Route, Row, Settings, State, Step, SweepResult, Table, Timestamp, ToolConfig, ToolDescriptor,
+    ToolPolicy, UnknownInfo, WaitReason,
 };
 use serde_json::{Map, Value, json};
 
@@ -410,6 +411,8 @@ fn state_name(s: State) -> &'static str {
         State::Unknown => "unknown",
         State::Absent => "absent",
         State::Superseded => "superseded",
+        State::AwaitingApproval => "awaiting-approval",
+        State::Denied => "denied",
     }
 }
 
@@ -435,6 +438,7 @@ fn reason_name(r: BlockReason) -> &'static str {
         BlockReason::Storage => "storage",
         BlockReason::Failed => "failed",
         BlockReason::OtherOwner => "other-owner",
+        BlockReason::ApprovalDenied => "approval-denied",
     }
 }
 
@@ -581,6 +585,7 @@ fn render_decision(d: &Decision) -> Value {
         Decision::Conflict(s) => json!({ "conflict": render_summary(s) }),
         Decision::InFlight(i) => json!({ "in-flight": render_in_flight(i) }),
         Decision::Unknown(u) => json!({ "unknown": render_unknown(u) }),
+        Decision::AwaitingApproval(p) => json!({ "awaiting-approval": render_approval(p) }),
         Decision::Blocked(b) => json!({ "blocked": render_blocked(b) }),
         Decision::Direct => json!("direct"),
     }
@@ -612,7 +617,12 @@ fn render_ending(e: &Ending) -> Value {
         Ending::Conflict(s) => json!({ "conflict": render_summary(s) }),
         Ending::Blocked(b) => json!({ "blocked": render_blocked(b) }),
         Ending::Unrecorded(u) => json!({"unrecorded": {"response": u.response}}),
+        Ending::AwaitsApproval(p) => json!({ "awaits-approval": render_approval(p) }),
     }
+}
+
+fn render_approval(p: &ApprovalInfo) -> Value {
+    json!({"asked-at": p.asked_at, "reason": p.reason, "valid-ms": p.valid_ms})
 }
 
 fn render_account(a: &Account) -> Value {
@@ -658,7 +668,7 @@ fn render_view(v: &RecordView) -> Value {
         "created-at": v.created_at, "updated-at": v.updated_at,
         "resolvable": {
             "confirmed": v.resolvable.confirmed, "absent": v.resolvable.absent,
-            "absent-needs-force": v.resolvable.absent_needs_force,
+            "absent-needs-force": v.resolvable.absent_needs_force, "approve": v.resolvable.approve,
         },
         "body": v.body,
         "audit": v.audit.iter().map(render_event).collect::<Vec<_>>(),
@@ -701,7 +711,16 @@ fn render_policy(p: &ToolPolicy) -> Value {
             "window-ms": q.window_ms, "bucket": q.bucket,
         })),
         "descriptor-pin": p.descriptor_pin,
+        "approval": render_approval_rule(&p.approval), "approval-valid-ms": p.approval_valid_ms,
     })
+}
+
+fn render_approval_rule(r: &ApprovalRule) -> Value {
+    match r {
+        ApprovalRule::Never => json!("never"),
+        ApprovalRule::Always => json!("always"),
+        ApprovalRule::Above(t) => json!({"above": {"field": t.field, "above": t.above}}),
+    }
 }
 
 fn render_configured(c: &Configured) -> Value {
@@ -816,6 +835,21 @@ fn parse_policy(overrides: &Value) -> Res<PolicyInput> {
             "retention-ms" => p.retention_ms = opt_num(v, k)?,
             "tombstone-retention-ms" => p.tombstone_retention_ms = opt_num(v, k)?,
             "descriptor-pin" => p.descriptor_pin = opt_text(v, k)?,
+            "approval-valid-ms" => p.approval_valid_ms = opt_num(v, k)?,
+            "approval" => {
+                p.approval = match v {
+                    Value::Null => None,
+                    v => Some(match case(v)? {
+                        (tag, _) if tag == "never" => ApprovalRule::Never,
+                        (tag, _) if tag == "always" => ApprovalRule::Always,
+                        (tag, t) if tag == "above" => ApprovalRule::Above(ApprovalThreshold {
+                            field: text(&t["field"], "approval field")?,
+                            above: text(&t["above"], "approval above")?,
+                        }),
+                        (other, _) => return Err(format!("approval {other:?}")),
+                    }),
+                }
+            }
             "quota" => {
                 p.quota = if v.is_null() {
                     None
@@ -913,6 +947,8 @@ fn parse_resolution(v: &Value) -> Res<Resolution> {
     Ok(match tag.as_str() {
         "confirmed" => Resolution::Confirmed(text(&payload, "confirmed")?),
         "absent" => Resolution::Absent,
+        "approve" => Resolution::Approve,
+        "deny" => Resolution::Deny,
         other => return Err(format!("resolution {other:?}")),
     })
 }

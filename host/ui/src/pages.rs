@@ -56,6 +56,14 @@ pub fn queue(queue: &OperatorQueue, stats: &Stats, filter: &FilterForm, limit: u
     let now = queue.now;
     section(
         &mut b,
+        "approval",
+        "Awaiting approval: a person must approve or deny (oldest first)",
+        "Nothing was sent for these. Open one to see its payload and trail, then approve it (it is sent once) or deny it (it ends, and its spend is released).",
+        queue.entries.iter().filter(|e| e.attention == Attention::Approval),
+        now,
+    );
+    section(
+        &mut b,
         "unknown",
         "Unknown: the effect may or may not exist (oldest first)",
         "Reconciliation could not settle these. Check the provider, then resolve: confirmed with its receipt, or absent (a dispatch is then owed).",
@@ -165,9 +173,22 @@ pub enum Banner {
 pub fn record(view: &RecordView, csrf: &str, banner: Option<&Banner>) -> String {
     let mut b = String::new();
     match banner {
-        Some(Banner::Resolved(state)) => {
-            let _ = write!(b, "<p class=ok id=banner>Resolved: the record is now {state}.</p>");
-        }
+        // An approval or a denial is said as the decision it was (the record's last event).
+        Some(Banner::Resolved(state)) => match view.audit.last().map(|e| e.kind.as_str()) {
+            Some("approved") => {
+                let _ = write!(
+                    b,
+                    "<p class=ok id=banner>Approved: this exact call may now be sent, once (the record is now \
+                     {state}: its dispatch is owed).</p>"
+                );
+            }
+            Some("denied") => {
+                let _ = write!(b, "<p class=ok id=banner>Denied: this call will never be sent.</p>");
+            }
+            _ => {
+                let _ = write!(b, "<p class=ok id=banner>Resolved: the record is now {state}.</p>");
+            }
+        },
         Some(Banner::Refused(why)) => {
             let _ = write!(b, "<p class=bad id=banner>Not resolved: {}</p>", esc(why));
         }
@@ -230,7 +251,7 @@ pub fn record(view: &RecordView, csrf: &str, banner: Option<&Banner>) -> String 
     }
     b.push_str("</table>");
     // Offered exactly as the engine says `resolve` would accept it now.
-    if view.resolvable.confirmed || view.resolvable.absent {
+    if view.resolvable.confirmed || view.resolvable.absent || view.resolvable.approve {
         resolve_form(&mut b, view, csrf);
     }
     b.push_str(
@@ -292,6 +313,13 @@ fn resolve_form(b: &mut String, view: &RecordView, csrf: &str) {
             );
         }
         b.push_str("</p>");
+    }
+    if can.approve {
+        b.push_str(
+            "<p><label><input type=radio name=resolution value=approve required> approve: send this exact call \
+             (the payload above) once</label><br><label><input type=radio name=resolution value=deny required> \
+             deny: never send it (its reserved spend is released)</label></p>",
+        );
     }
     b.push_str(
         "<p><label>note (why; required) <input type=text name=note required></label></p>\

@@ -305,8 +305,10 @@ async fn resolve(State(ui): State<Arc<Ui>>, headers: HeaderMap, Form(form): Form
     let resolution = match form.resolution.as_str() {
         "confirmed" => Resolution::Confirmed(form.receipt.clone()),
         "absent" => Resolution::Absent,
+        "approve" => Resolution::Approve,
+        "deny" => Resolution::Deny,
         _ => {
-            let why = refuse("choose confirmed (with its receipt) or absent");
+            let why = refuse("choose confirmed (with its receipt), absent, approve or deny");
             return render_record(&ui, &operator, form.scope, form.key, StatusCode::BAD_REQUEST, why).await;
         }
     };

@@ -18,7 +18,7 @@ export const DEFAULT_SCHEMA = "once";
 
 const ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner";
 const TABLE_ORDER: Record<string, number> = { operation: 0, tombstone: 1, quota: 2 };
-const STATES = new Set(["in-flight", "confirmed", "failed", "unknown", "absent", "superseded"]);
+const STATES = new Set(["in-flight", "confirmed", "failed", "unknown", "absent", "superseded", "awaiting-approval", "denied"]);
 
 const quote = (name: string) => `"${name.replace(/"/g, '""')}"`;
 

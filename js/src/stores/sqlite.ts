@@ -48,7 +48,7 @@ export interface SqliteOptions {
 const ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner";
 const EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail";
 const TABLES = new Set(["operation", "tombstone", "quota"]);
-const STATES = new Set(["in-flight", "confirmed", "failed", "unknown", "absent", "superseded"]);
+const STATES = new Set(["in-flight", "confirmed", "failed", "unknown", "absent", "superseded", "awaiting-approval", "denied"]);
 
 type RawRow = {
   tbl: string;

@@ -14,14 +14,14 @@ from .errors import (
     NotConfigured, NotFound, OnceError, Refused, StorageError, Unconfirmed,
 )
 from .model import (
-    Account, AuditEvent, Blocked, BlockReason, Called, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending,
+    Account, ApprovalAbove, ApprovalRule, AuditEvent, AwaitsApproval, Blocked, BlockReason, Called, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending,
     Escalation, Evidence, IdentityMode, InFlight, KeySource, NotSent, Policy, Quota, RecordView, Rejected, Repeat,
     ReplayVia, Resolvable, Route, Sent, State, SweepResult, ToolDescriptor, ToolPlan, Unknown, Unrecorded,
 )
 from .protect import current_key, operation
 
 __all__ = [
-    "Account", "AuditEvent", "Blocked", "BlockReason", "Called", "ComponentError", "Confirmation", "Confirmed",
+    "Account", "ApprovalAbove", "ApprovalRule", "AuditEvent", "AwaitsApproval", "Blocked", "BlockReason", "Called", "ComponentError", "Confirmation", "Confirmed",
     "Conflict", "Dispatch", "Effect", "Ending", "Escalation", "Evidence", "FenceMismatch", "GuestLimit", "IdentityMode",
     "InFlight", "InvalidJson", "InvalidPolicy", "InvalidRequest", "InvalidTransition", "KeySource", "NotConfigured",
     "NotFound", "NotSent", "Once", "OnceError", "Policy", "Quota", "RecordView", "Refused", "Rejected", "Repeat",

@@ -22,7 +22,7 @@ import wasmtime.component as wc
 
 from . import _wit, errors
 
-VERSION = "1.0.0"
+VERSION = "2.0.0"
 INTERFACES = {
     "engine": ("default-settings", "configure", "queue", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
     "protocol": ("start", "report", "resume", "sweep"),

@@ -28,7 +28,7 @@ from wasmtime.component import Record, ResultType, Variant
 from . import errors, model
 from .ledger._base import Event, Put, Row
 from .model import (
-    Account, AuditEvent, Blocked, BlockReason, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending, Escalation,
+    Account, AuditEvent, AwaitsApproval, Blocked, BlockReason, Confirmation, Confirmed, Conflict, Dispatch, Effect, Ending, Escalation,
     InFlight, KeySource, NotSent, Rejected, RecordView, Repeat, ReplayVia, Resolvable, State, Unknown, Unrecorded,
 )
 
@@ -166,9 +166,14 @@ def _unrecorded(c: Mapping[str, Any]) -> Unrecorded:
     return Unrecorded(c["response"])
 
 
+def _awaits_approval(c: Mapping[str, Any]) -> AwaitsApproval:
+    return AwaitsApproval(c["asked_at"], c["reason"], c["valid_ms"])
+
+
 ENDING: dict[str, Any] = {
     "Confirmed": confirmed, "Rejected": _rejected, "NotSent": _not_sent, "Unknown": _unknown,
     "InFlight": _in_flight, "Conflict": _conflict, "Blocked": _blocked, "Unrecorded": _unrecorded,
+    "AwaitsApproval": _awaits_approval,
 }
 
 
@@ -369,7 +374,7 @@ def record_view(v: Any) -> RecordView:
 def resolvable(r: Any) -> Resolvable:
     """A `resolvable` record."""
     g = r.__dict__
-    return Resolvable(g["confirmed"], g["absent"], g["absent-needs-force"])
+    return Resolvable(g["confirmed"], g["absent"], g["absent-needs-force"], g["approve"])
 
 
 def escalation(e: Any) -> Escalation:
@@ -391,10 +396,21 @@ def policy_record(p: Optional[model.Policy]) -> Record:
         elif isinstance(value, model.Quota):
             value = record(spend_field=value.spend_field, ceiling=value.ceiling, decimals=value.decimals,
                            window_ms=value.window_ms, bucket=value.bucket)
+        elif name == "approval" and value is not None:
+            value = approval_rule(value)
         elif isinstance(value, (list, tuple)):
             value = list(value)
         fields[name] = value
     return record(**fields)
+
+
+def approval_rule(rule: model.ApprovalRule) -> Variant:
+    """An `approval-rule` variant (two of its cases carry nothing: wasmtime-py lowers it tagged)."""
+    if isinstance(rule, model.ApprovalAbove):
+        return Variant("above", record(field=rule.field, above=rule.above))
+    if rule in ("never", "always"):
+        return Variant(rule, None)
+    raise errors.InvalidPolicy(f"approval must be 'never', 'always' or ApprovalAbove(field, above), not {rule!r}")
 
 
 def descriptor_record(d: Optional[model.ToolDescriptor]) -> Optional[Record]:

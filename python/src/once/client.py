@@ -609,6 +609,18 @@ class Once:
             resolution = self._case("resolve", "resolution", "absent", None)
         return State(self._guest("resolve", scope, key, resolution, note, force))
 
+    def approve(self, scope: str, key: str, *, note: str) -> State:
+        """A person approves a call awaiting approval, as it is recorded (its payload's fingerprint): its next
+        attempt may be sent within the tool's `approval_valid_ms`. `note` says who and why (audited)."""
+        return State(self._guest("resolve", scope, key, self._case("resolve", "resolution", "approve", None), note,
+                                 False))
+
+    def deny(self, scope: str, key: str, *, note: str) -> State:
+        """A person refuses a call awaiting approval: it ends denied, nothing is sent, and any spend it reserved is
+        released. `note` says who and why (audited)."""
+        return State(self._guest("resolve", scope, key, self._case("resolve", "resolution", "deny", None), note,
+                                 False))
+
     def canonicalize(self, text: Union[str, bytes]) -> str:
         """RFC 8785 canonical form of a JSON text."""
         data = text.encode("utf-8") if isinstance(text, str) else text

@@ -13,7 +13,7 @@ import enum
 import json
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 
 def _stand_in(value: object) -> dict[str, Any]:
@@ -69,6 +69,8 @@ class State(str, enum.Enum):
     UNKNOWN = "unknown"
     ABSENT = "absent"
     SUPERSEDED = "superseded"
+    AWAITING_APPROVAL = "awaiting-approval"
+    DENIED = "denied"
 
 
 class Route(str, enum.Enum):
@@ -145,6 +147,7 @@ class BlockReason(str, enum.Enum):
     STORAGE = "storage"
     FAILED = "failed"
     OTHER_OWNER = "other-owner"
+    APPROVAL_DENIED = "approval-denied"
 
 
 # ---------------------------------------------------------------- configuration
@@ -159,6 +162,19 @@ class Quota:
     window_ms: int
     decimals: Optional[int] = None
     bucket: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ApprovalAbove:
+    """A person must approve a call whose amount at `field` (a JSON pointer to an effect field) is above `above`
+    (a decimal string); a call whose field is missing or not a number needs approval too."""
+
+    field: str
+    above: str
+
+
+#: When a person must approve a call before it is sent: never (the default), always, or above an amount.
+ApprovalRule = Union[Literal["never", "always"], ApprovalAbove]
 
 
 @dataclass(frozen=True)
@@ -184,6 +200,8 @@ class Policy:
     tombstone_retention_ms: Optional[int] = None
     quota: Optional[Quota] = None
     descriptor_pin: Optional[str] = None
+    approval: Optional[ApprovalRule] = None
+    approval_valid_ms: Optional[int] = None
 
 
 # The `policy-input` fields, in order (WIT names with `_` for `-`).
@@ -391,7 +409,18 @@ class Unrecorded:
     response: str
 
 
-Ending = Union[Confirmed, Rejected, NotSent, Unknown, InFlight, Conflict, Blocked, Unrecorded]
+@dataclass(frozen=True)
+class AwaitsApproval:
+    """Nothing was sent: a person must approve this exact call first (`Once.approve`, `once ledger approve`,
+    the UI). The same call again waits for that decision; once approved, it is sent exactly once."""
+
+    asked_at: int
+    reason: str
+    #: How long an approval may be used once given.
+    valid_ms: int
+
+
+Ending = Union[Confirmed, Rejected, NotSent, Unknown, InFlight, Conflict, Blocked, Unrecorded, AwaitsApproval]
 
 
 @dataclass(frozen=True)
@@ -467,6 +496,8 @@ class Called:
             detail = f" ({a.ending.error})"
         elif isinstance(a.ending, Unknown):
             detail = f" ({a.ending.reason})"
+        elif isinstance(a.ending, AwaitsApproval):
+            detail = f" (a person must approve this exact call first: {a.ending.reason})"
         return (
             f"{a.tool} {a.scope}/{a.key or '-'}: {name}{detail}; effect {a.effect.value}; "
             f"the same call again {a.repeat.value}"
@@ -501,6 +532,8 @@ class Resolvable:
     absent: bool
     #: `absent` is accepted only with `force`: an earlier request may still commit.
     absent_needs_force: bool
+    #: `approve` and `deny` are accepted: the record awaits approval.
+    approve: bool = False
 
 
 @dataclass(frozen=True)

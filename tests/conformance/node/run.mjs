@@ -169,7 +169,7 @@ const CONFIRMED_INFO = { via: ENUM, confirmed_by: ENUM, earlier_attempts: ENUM }
 const ENDING = {
   variant: {
     Confirmed: CONFIRMED_INFO, Rejected: {}, NotSent: {}, Unknown: {}, InFlight: {}, Conflict: { state: ENUM },
-    Blocked: { reason: ENUM }, Unrecorded: {},
+    Blocked: { reason: ENUM }, Unrecorded: {}, AwaitsApproval: {},
   },
 };
 const ACCOUNT = { key_source: ENUM, ending: ENDING, effect: ENUM, repeat: ENUM };
@@ -217,7 +217,9 @@ function stepAnswer(f) {
 }
 
 const TABLES_FORM = { Operation: "operation", Tombstone: "tombstone", Quota: "quota" };
-const STATES_FORM = new Set(["InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded"]);
+const STATES_FORM = new Set([
+  "InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded", "AwaitingApproval", "Denied",
+]);
 
 function stateName(v) {
   if (v === null) return null;
@@ -574,8 +576,8 @@ function imports(run) {
   };
   const answer = (outcome) => (outcome === null ? "applied" : outcome === "conflict" ? "conflict" : outcome);
   const ifaces = {
-    "once:core/types@1.0.0": {},
-    "once:core/ledger-json@1.0.0": {
+    "once:core/types@2.0.0": {},
+    "once:core/ledger-json@2.0.0": {
       get(table, scope, key) {
         const why = wrong("json");
         if (why) return failedText(why);
@@ -597,7 +599,7 @@ function imports(run) {
         return outcome === "applied" ? '"Applied"' : outcome === "conflict" ? '"Conflict"' : failedText(outcome);
       },
     },
-    "once:core/ledger@1.0.0": {
+    "once:core/ledger@2.0.0": {
       get(table, scope, key) {
         const why = wrong("typed");
         if (why) return failed(why);
@@ -625,23 +627,23 @@ function imports(run) {
         return { tag: "found", val: { events: run.storage.inner.audit(scope, key).map(eventOut) } };
       },
     },
-    "once:core/clock@1.0.0": {
+    "once:core/clock@2.0.0": {
       now: () => BigInt(run.now),
     },
-    "once:core/provider@1.0.0": {
+    "once:core/provider@2.0.0": {
       lookup(tool, providerKey, args) {
         run.lookups.push({ tool, "provider-key": providerKey, args });
         return run.evidence.shift() ?? { tag: "unknown", val: "no scripted evidence" };
       },
     },
-    "once:core/operator@1.0.0": {
+    "once:core/operator@2.0.0": {
       escalate(e) {
         run.escalations.push(render(e));
         return run.ack;
       },
     },
     // Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
-    "once:core/entropy@1.0.0": {
+    "once:core/entropy@2.0.0": {
       fill: (n) => Uint8Array.from({ length: n }, (_, i) => ENTROPY[i % ENTROPY.length]),
     },
   };
@@ -688,10 +690,11 @@ const POLICY_FIELDS = [
   "route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first", "provider-claims-key",
   "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "attempt-budget", "derived-window-ms",
   "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "quota", "descriptor-pin",
+  "approval", "approval-valid-ms",
 ];
 const U64_FIELDS = new Set([
   "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "derived-window-ms", "resolve-deadline-ms",
-  "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms",
+  "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "approval-valid-ms",
 ]);
 
 /** A neutral policy (an object of policy-input overrides) as jco's policy-input: the rest unset. */
@@ -708,6 +711,9 @@ function policyRecord(p) {
         windowMs: BigInt(x["window-ms"]),
         bucket: x.bucket ?? undefined,
       };
+    } else if (k === "approval") {
+      const [tag, val] = caseOf(x);
+      out.approval = val === null || val === undefined ? { tag } : { tag, val: { field: val.field, above: val.above } };
     } else out[camel(k)] = U64_FIELDS.has(k) ? BigInt(x) : x;
   }
   return out;
@@ -1123,7 +1129,7 @@ class Run {
         return exportResult(() => x.inspect(inp("scope"), inp("key")));
       case "resolve": {
         const [tag, val] = caseOf(inp("resolution"));
-        if (!["confirmed", "absent"].includes(tag)) throw new StepError(`resolution ${tag}`);
+        if (!["confirmed", "absent", "approve", "deny"].includes(tag)) throw new StepError(`resolution ${tag}`);
         const resolution = tag === "confirmed" ? { tag, val } : { tag };
         return exportResult(() => x.resolve(inp("scope"), inp("key"), resolution, inp("note"), Boolean(inp("force"))));
       }

@@ -38,7 +38,7 @@ from wasmtime.component import Record, ResultType, Variant
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-VERSION = "1.0.0"
+VERSION = "2.0.0"
 # Which interface exports each function.
 INTERFACES = {
     "engine": ("default-settings", "configure", "inspect", "resolve", "prune", "canonicalize", "fingerprint"),
@@ -128,12 +128,13 @@ def kebab(name):
 ENUM = "enum"
 CONFIRMED_INFO = {"via": ENUM, "confirmed_by": ENUM, "earlier_attempts": ENUM}
 ENDING = ("variant", {"Confirmed": CONFIRMED_INFO, "Rejected": {}, "NotSent": {}, "Unknown": {}, "InFlight": {},
-                      "Conflict": {"state": ENUM}, "Blocked": {"reason": ENUM}, "Unrecorded": {}})
+                      "Conflict": {"state": ENUM}, "Blocked": {"reason": ENUM}, "Unrecorded": {},
+                      "AwaitsApproval": {}})
 ACCOUNT = {"key_source": ENUM, "ending": ENDING, "effect": ENUM, "repeat": ENUM}
 STEP = ("variant", {"Dispatch": {}, "Wait": {"reason": ENUM, "meanwhile": ACCOUNT}, "Done": ACCOUNT, "Direct": None})
 ERROR = ("variant", {"InvalidJson": {"kind": ENUM}, "InvalidRequest": None, "InvalidPolicy": None, "Storage": None,
                      "NotFound": None, "FenceMismatch": None, "InvalidTransition": None, "NotConfigured": None})
-STATES = {"InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded"}
+STATES = {"InFlight", "Confirmed", "Failed", "Unknown", "Absent", "Superseded", "AwaitingApproval", "Denied"}
 TABLES_JSON = {"Operation": "operation", "Tombstone": "tombstone", "Quota": "quota"}
 
 
@@ -624,6 +625,10 @@ def policy_record(p):
         if k == "quota" and x is not None:
             x = record_from({"spend-field": x["spend-field"], "ceiling": x["ceiling"], "decimals": x.get("decimals"),
                              "window-ms": x["window-ms"], "bucket": x.get("bucket")})
+        if k == "approval" and x is not None:
+            tag, payload = case(x)
+            x = Variant(tag, None if payload is None else record_from({"field": payload["field"],
+                                                                       "above": payload["above"]}))
         fields[k] = x
     return record_from(fields)
 
@@ -648,7 +653,7 @@ def configuration_record(c, encoding):
 POLICY_FIELDS = ("route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first",
                  "provider-claims-key", "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms",
                  "attempt-budget", "derived-window-ms", "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms",
-                 "tombstone-retention-ms", "quota", "descriptor-pin")
+                 "tombstone-retention-ms", "quota", "descriptor-pin", "approval", "approval-valid-ms")
 
 
 # ---------------------------------------------------------------- vectors
@@ -1043,7 +1048,7 @@ class Run:
             return render_answer(agent.call("inspect", inp("scope"), inp("key")))
         if op == "resolve":
             tag, payload = case(inp("resolution"))
-            if tag not in ("confirmed", "absent"):
+            if tag not in ("confirmed", "absent", "approve", "deny"):
                 raise StepError(f"resolution {tag!r}")
             resolution = agent.case("resolve", "resolution", tag, payload)
             return render_answer(

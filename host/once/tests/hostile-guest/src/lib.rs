@@ -166,6 +166,8 @@ fn policy() -> ToolPolicy {
         tombstone_retention_ms: 90 * 86_400_000,
         quota: None,
         descriptor_pin: None,
+        approval: ApprovalRule::Never,
+        approval_valid_ms: 3_600_000,
     }
 }
 
