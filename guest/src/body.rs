@@ -10,7 +10,7 @@ use alloc::string::String;
 
 use crate::canon::write_string;
 use crate::json_out::{Writer, confirmation, identity, key_source, route, state};
-use crate::policy::{ApprovalRule, DEFAULT_APPROVAL_VALID_MS, Policy, Quota};
+use crate::policy::{ApprovalRule, DEFAULT_APPROVAL_VALID_MS, DEFAULT_APPROVAL_WAIT_MS, Policy, Quota};
 use crate::record::{Approval, Attempt, OpRecord, ReceiptFlaw, Reservation};
 
 /// The format of every row body this engine writes: operation records (here),
@@ -193,6 +193,9 @@ fn policy(w: &mut Writer, p: &Policy) {
     }
     if p.approval_valid_ms != DEFAULT_APPROVAL_VALID_MS {
         w.num("approval_valid_ms", p.approval_valid_ms);
+    }
+    if p.approval_wait_ms != DEFAULT_APPROVAL_WAIT_MS {
+        w.num("approval_wait_ms", p.approval_wait_ms);
     }
     w.0.push('}');
 }

@@ -588,8 +588,8 @@ impl OpRecord {
                 .flatten()
                 .min()
                 .or(Some(OWED)),
-            // Listed until a person decides; its escalation tells one.
-            State::AwaitingApproval => [pending_deadline, escalation_redelivery]
+            // Due for its escalation (that tells a person), and when the wait for one ends.
+            State::AwaitingApproval => [pending_deadline, escalation_redelivery, self.approval_wait_until()]
                 .into_iter()
                 .flatten()
                 .min()
@@ -1121,20 +1121,48 @@ impl OpRecord {
         }
     }
 
+    /// Until when an awaiting record waits for a person: past it, nobody having approved, it is denied.
+    pub fn approval_wait_until(&self) -> Option<u64> {
+        (self.state == State::AwaitingApproval).then(|| {
+            self.since
+                .unwrap_or(self.transitioned_at)
+                .saturating_add(self.policy.approval_wait_ms)
+        })
+    }
+
+    /// awaiting_approval -> denied: nobody approved it within the tool's
+    /// `approval_wait_ms`. Returns the reservation to release.
+    pub fn expire_approval_wait(&mut self, now: u64) -> (Event, Option<Reservation>) {
+        let waited = self.policy.approval_wait_ms;
+        let why = alloc::format!("nobody approved it within {waited} ms");
+        self.end_denied(why, "approval-expired", detail(&[("waited_ms", num(waited))]), now)
+    }
+
     /// awaiting_approval -> denied: a person refused; nothing more is sent.
     /// Returns the reservation to release.
     pub fn deny(&mut self, note: &str, now: u64) -> (Event, Option<Reservation>) {
+        let why = alloc::format!("a person denied it: {note}");
+        self.end_denied(why, "denied", detail(&[("note", string(note))]), now)
+    }
+
+    /// -> denied, saying why (the record's `error`); returns the reservation to release.
+    fn end_denied(
+        &mut self,
+        why: String,
+        kind: &'static str,
+        detail: String,
+        now: u64,
+    ) -> (Event, Option<Reservation>) {
         let from = self.enter(State::Denied, now);
         self.clear_pending();
-        (
-            Event {
-                kind: "denied",
-                from: Some(from),
-                attempt: None,
-                detail: detail(&[("note", string(note))]),
-            },
-            self.reservation.take(),
-        )
+        self.error = Some(why);
+        let event = Event {
+            kind,
+            from: Some(from),
+            attempt: None,
+            detail,
+        };
+        (event, self.reservation.take())
     }
 
     fn clear_pending(&mut self) {

@@ -53,6 +53,7 @@ fn above_the_threshold_nothing_is_sent_until_a_person_approves_then_exactly_once
     assert_eq!(q.entries.len(), 1);
     assert_eq!(q.entries[0].attention, Attention::Approval);
     assert_eq!(q.entries[0].reason.as_deref(), Some("/amount is 250.00, above 100.00"));
+    assert_eq!(q.entries[0].deadline, Some(T0 + DAY), "denied unless approved by then");
 
     approve(&h, "k");
     let g = execute_of(go(&h, pay("k", "250.00", &p)));
@@ -165,7 +166,11 @@ fn a_denial_ends_the_operation_and_releases_its_spend() {
     );
     assert_eq!(quota_used(&h), 0);
     let b = blocked_of(go(&h, pay("k", "250.00", &p)), BlockReason::ApprovalDenied);
-    assert!(b.detail.contains("denied by a person"), "{}", b.detail);
+    assert!(
+        b.detail.contains("a person denied it: ops@example: not this customer"),
+        "{}",
+        b.detail
+    );
     let a = done(start_request(&h, pay("k", "250.00", &p)).unwrap());
     assert_eq!(
         (a.effect, a.repeat, a.awaits_operator),
@@ -359,4 +364,34 @@ fn a_tool_held_for_approval_is_never_routed_direct() {
         annotations: Some(r#"{"readOnlyHint":true}"#.into()),
     });
     awaiting(go(&h, r));
+}
+
+#[test]
+fn nobody_approving_in_time_denies_the_call_and_releases_its_spend() {
+    for by_sweep in [false, true] {
+        let h = MemoryHost::new();
+        let mut p = approval_above("100.00");
+        p.approval_wait_ms = 60 * SECOND;
+        let info = awaiting(go(&h, pay("k", "150.00", &p)));
+        assert_eq!(info.wait_until, T0 + 60 * SECOND);
+        h.advance(60 * SECOND - 1);
+        awaiting(go(&h, pay("k", "150.00", &p)));
+        assert_eq!(quota_used(&h), 15_000);
+        h.advance(1);
+        if by_sweep {
+            once_guest::engine::sweep(&h, 10).unwrap();
+            assert_eq!(view(&h, "k").state, State::Denied);
+        }
+        let b = blocked_of(go(&h, pay("k", "150.00", &p)), BlockReason::ApprovalDenied);
+        assert!(b.detail.contains("nobody approved it within 60000 ms"), "{}", b.detail);
+        assert_eq!(quota_used(&h), 0, "released (sweep {by_sweep})");
+        let v = view(&h, "k");
+        assert_eq!((v.state, v.attempts), (State::Denied, 0));
+        assert!(kinds(&v).contains(&"approval-expired"), "{:?}", kinds(&v));
+        // Too late to approve.
+        assert!(matches!(
+            resolve(&h, "s", "k", Resolution::Approve, "ops: sorry, late", false),
+            Err(Error::InvalidTransition(_))
+        ));
+    }
 }

@@ -157,6 +157,7 @@ fn every_field_set_and_every_enum_value() {
             above: "100.00".into(),
         },
         approval_valid_ms: 1,
+        approval_wait_ms: 2,
         ..rec.policy.clone()
     };
     rec.policy.effect_fields = Some(Vec::new());
@@ -179,6 +180,7 @@ fn every_field_set_and_every_enum_value() {
         same_as_serde(&rec);
     }
     rec.policy.approval_valid_ms = once_guest::policy::DEFAULT_APPROVAL_VALID_MS;
+    rec.policy.approval_wait_ms = once_guest::policy::DEFAULT_APPROVAL_WAIT_MS;
     same_as_serde(&rec);
     for source in [KeySource::Application, KeySource::Derived] {
         rec.key_source = source;

@@ -173,8 +173,9 @@ export function outcomeError(a: Account): OutcomeError | undefined {
       );
     case "awaits-approval":
       return new AwaitingApprovalError(
-        `${where(a)}: nothing was sent; a person must approve this exact call first (${e.val.reason}). The same call ` +
-          "again (the same key) waits for that decision, and once approved it is sent exactly once",
+        `${where(a)}: nothing more is sent until a person decides; a person must approve this exact call first ` +
+          `(${e.val.reason}). The same call again (the same key) waits for that decision, and once approved it is ` +
+          `sent, never twice${unsettled(a)}`,
         a,
       );
     case "blocked":

@@ -49,6 +49,7 @@ export interface Policy {
   descriptorPin?: string;
   approval?: Approval;
   approvalValidMs?: number;
+  approvalWaitMs?: number;
 }
 
 /** A tool's definition as its server advertises it (routing by annotations, pinning). */
@@ -61,7 +62,7 @@ export interface Descriptor {
 const PLAIN = ["route", "identity", "keyArgument", "keySentByHost", "effectFields", "verifyFirst", "providerClaimsKey",
   "lookup", "attemptBudget", "descriptorPin"] as const;
 const MS = ["maxInFlightMs", "dispatchTimeoutMs", "leaseMs", "derivedWindowMs", "resolveDeadlineMs", "reconcileIntervalMs",
-  "retentionMs", "tombstoneRetentionMs", "approvalValidMs"] as const;
+  "retentionMs", "tombstoneRetentionMs", "approvalValidMs", "approvalWaitMs"] as const;
 const KNOWN = new Set<string>([...PLAIN, ...MS, "quota", "approval"]);
 
 function u64(where: string, v: unknown): bigint {

@@ -299,9 +299,16 @@ impl OnceModel {
     /// Whether a person must approve op (scope, key) before it is sent: the tool's rule, judged
     /// by the model on the operation's own amount.
     fn needs_approval(&self, scope: &str, key: &str) -> bool {
-        let Some(spec) = self.config.ops.iter().find(|o| o.scope == scope && o.key == Some(key)) else {
+        if self.config.policy.approval.is_never() {
             return false;
-        };
+        }
+        // A configuration with an approval rule names its keys: the property would check nothing of a derived one.
+        let spec = self
+            .config
+            .ops
+            .iter()
+            .find(|o| o.scope == scope && o.key == Some(key))
+            .unwrap_or_else(|| panic!("{}: {scope}/{key} is no operation it names", self.config.name));
         match &self.config.policy.approval {
             ApprovalRule::Never => false,
             ApprovalRule::Always => true,
@@ -332,13 +339,16 @@ impl OnceModel {
         let now = self.clock(world, world.agents[i].host);
         let sent = fingerprint(&grant.args);
         let valid = self.config.policy.approval_valid_ms;
+        // The approval's time is the operator's host clock, the grant's its own host's: they differ by
+        // at most the configured hosts' spread (none with one host).
+        let slack = self.clock_spread();
         let found = world.approvals.iter().position(|a| {
             a.scope == grant.scope
                 && a.key == grant.key
                 && a.fingerprint == sent
                 && !a.spent
-                && a.at <= now.saturating_add(2 * SKEW_MS)
-                && now < a.at.saturating_add(valid).saturating_add(2 * SKEW_MS)
+                && a.at <= now.saturating_add(slack)
+                && now < a.at.saturating_add(valid).saturating_add(slack)
         });
         if found.is_none() && world.unapproved.is_none() {
             world.unapproved = Some(format!(
@@ -347,6 +357,13 @@ impl OnceModel {
             ));
         }
         found
+    }
+
+    /// How far apart two hosts' clocks are, at most.
+    fn clock_spread(&self) -> u64 {
+        let skews = self.config.hosts.iter().map(|h| h.skew);
+        let (lo, hi) = (skews.clone().min().unwrap_or(0), skews.max().unwrap_or(0));
+        hi.abs_diff(lo)
     }
 
     /// A host is granted only operations its owner dispatches.
@@ -550,7 +567,7 @@ impl OnceModel {
             times.push(r.sent_at + max_in_flight + 1);
         }
         for a in world.approvals.iter().filter(|a| !a.spent) {
-            times.push(a.at + self.config.policy.approval_valid_ms + 2 * SKEW_MS);
+            times.push(a.at + self.config.policy.approval_valid_ms + self.clock_spread());
         }
         times.into_iter().filter(|t| *t > world.now).min()
     }

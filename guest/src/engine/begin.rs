@@ -649,6 +649,9 @@ impl Claim<'_> {
                 Ok(Decision::Unknown(info))
             }
             State::Superseded => Ok(superseded(&rec)),
+            State::AwaitingApproval if rec.approval_wait_until().is_some_and(|until| now >= until) => {
+                end_approval_wait(h, rec, version, now)
+            }
             State::AwaitingApproval => Ok(awaiting_approval(&rec)),
             State::Denied => Ok(denied(&rec)),
             State::Failed | State::Absent if !ours => Ok(other_owner(&rec, &h.settings().owner)),
@@ -879,7 +882,26 @@ pub fn approval_info(rec: &OpRecord) -> ApprovalInfo {
         asked_at: rec.since.unwrap_or(rec.transitioned_at),
         reason: rec.approval_reason.clone().unwrap_or_default(),
         valid_ms: rec.policy.approval_valid_ms,
+        wait_until: rec.approval_wait_until().unwrap_or(rec.transitioned_at),
     }
+}
+
+/// awaiting_approval -> denied once its wait for a person is over: its spend released, the
+/// caller told it was not approved.
+pub(super) fn end_approval_wait(
+    h: &impl Host,
+    mut rec: OpRecord,
+    version: u64,
+    now: u64,
+) -> Result<Decision, LedgerError> {
+    let mut tx = Tx::new();
+    let (event, released) = rec.expire_approval_wait(now);
+    if let Some(reservation) = released {
+        tx.release(h, &rec.scope, &reservation)?;
+    }
+    tx.record(&mut rec, version, event, now);
+    tx.commit(h)?;
+    Ok(denied(&rec))
 }
 
 pub(super) fn awaiting_approval(rec: &OpRecord) -> Decision {
@@ -891,9 +913,10 @@ pub(super) fn denied(rec: &OpRecord) -> Decision {
     blocked(
         BlockReason::ApprovalDenied,
         format!(
-            "{} was denied by a person ({}); nothing more is sent for it",
+            "{} was not approved ({}; it needed approval because {}); nothing more is sent for it",
             rec.key,
-            rec.approval_reason.as_deref().unwrap_or("approval")
+            rec.error.as_deref().unwrap_or("denied"),
+            rec.approval_reason.as_deref().unwrap_or("of the tool's rule")
         ),
     )
 }

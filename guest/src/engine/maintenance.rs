@@ -213,6 +213,11 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
             Err(e) => return Err(e),
         }
     }
+    // Nobody approved it in time: denied, its spend released (this owner's background work ends the wait).
+    if loaded.rec.approval_wait_until().is_some_and(|until| now >= until) {
+        super::begin::end_approval_wait(h, loaded.rec, loaded.version, now)?;
+        return Ok(());
+    }
     let (_, delivered) = escalation::escalate_if_due(h, loaded, now)?;
     if delivered {
         report.escalated += 1;

@@ -86,10 +86,11 @@ fn entry(h: &impl Host, rec: OpRecord, version: u64) -> Option<QueueEntry> {
         ),
         _ => return None,
     };
-    let deadline = if attention == Attention::LeaseExpired {
-        None
-    } else {
-        rec.deadline
+    let deadline = match attention {
+        Attention::LeaseExpired => None,
+        // What a person must beat: the end of the wait, when it is denied unless approved.
+        Attention::Approval => rec.approval_wait_until(),
+        Attention::Unknown | Attention::Absent => rec.deadline,
     };
     Some(QueueEntry {
         attention,

@@ -2,7 +2,9 @@
 
 use alloc::format;
 
-use super::begin::{awaiting_approval, blocked, denied, grant, other_owner, replay_of, superseded, unknown};
+use super::begin::{
+    awaiting_approval, blocked, denied, end_approval_wait, grant, other_owner, replay_of, superseded, unknown,
+};
 use super::escalation;
 use super::{Races, now_for, storage_error};
 use crate::host::Host;
@@ -137,6 +139,9 @@ fn step(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, Ledge
             ),
         )),
         State::Superseded => Ok(superseded(rec)),
+        State::AwaitingApproval if rec.approval_wait_until().is_some_and(|until| now >= until) => {
+            end_approval_wait(h, loaded.rec, loaded.version, now)
+        }
         State::AwaitingApproval => Ok(awaiting_approval(rec)),
         State::Denied => Ok(denied(rec)),
     }

@@ -142,6 +142,9 @@ pub fn check_policy(policy: &Policy, settings: &Settings) -> Result<(), Error> {
     if policy.approval_valid_ms == 0 {
         return bad("approval_valid_ms must be positive".to_string());
     }
+    if policy.approval_wait_ms == 0 {
+        return bad("approval_wait_ms must be positive".to_string());
+    }
     if let Some(pin) = &policy.descriptor_pin
         && !is_sha256_hex(pin)
     {

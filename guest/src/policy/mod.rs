@@ -29,6 +29,8 @@ pub const DEFAULT_DECIMALS: u8 = 2;
 pub const DEFAULT_TOMBSTONE_RETENTION_MS: u64 = 90 * DAY;
 /// How long an approval may be used when its validity is not configured.
 pub const DEFAULT_APPROVAL_VALID_MS: u64 = 3_600 * SECOND;
+/// How long a call may wait for a person's decision when that is not configured.
+pub const DEFAULT_APPROVAL_WAIT_MS: u64 = DAY;
 
 /// When a person must approve a call before it is sent, as records keep it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +154,9 @@ pub struct Policy {
     /// How long an approval may be used after it was given.
     #[serde(default = "one_hour", skip_serializing_if = "is_one_hour")]
     pub approval_valid_ms: u64,
+    /// How long a call may wait for a person's decision before it is denied.
+    #[serde(default = "one_day", skip_serializing_if = "is_one_day")]
+    pub approval_wait_ms: u64,
 }
 
 fn yes() -> bool {
@@ -168,6 +173,10 @@ fn is_one_hour(ms: &u64) -> bool {
 
 fn one_day() -> u64 {
     DAY
+}
+
+fn is_one_day(ms: &u64) -> bool {
+    *ms == DEFAULT_APPROVAL_WAIT_MS
 }
 
 /// The engine's policy of a tool nobody configured (and what every unset field starts from).
@@ -195,6 +204,7 @@ pub fn default_policy() -> Policy {
         descriptor_pin: None,
         approval: ApprovalRule::Never,
         approval_valid_ms: DEFAULT_APPROVAL_VALID_MS,
+        approval_wait_ms: DEFAULT_APPROVAL_WAIT_MS,
     }
 }
 
@@ -222,6 +232,7 @@ pub fn unset() -> PolicyInput {
         descriptor_pin: None,
         approval: None,
         approval_valid_ms: None,
+        approval_wait_ms: None,
     }
 }
 
@@ -272,6 +283,7 @@ pub fn resolve(
         descriptor_pin: own.descriptor_pin.clone(),
         approval: pick!(approval).as_ref().map_or(engine.approval, ApprovalRule::of),
         approval_valid_ms: pick!(approval_valid_ms).unwrap_or(engine.approval_valid_ms),
+        approval_wait_ms: pick!(approval_wait_ms).unwrap_or(engine.approval_wait_ms),
     };
     check_policy(&policy, settings).map_err(|e| match e {
         crate::types::Error::InvalidPolicy(m) => crate::types::Error::InvalidPolicy(alloc::format!("tool {tool}: {m}")),
@@ -326,6 +338,7 @@ impl Policy {
             descriptor_pin: self.descriptor_pin.clone(),
             approval: self.approval.to_wit(),
             approval_valid_ms: self.approval_valid_ms,
+            approval_wait_ms: self.approval_wait_ms,
         }
     }
 }

@@ -298,7 +298,7 @@ async fn an_operator_approves_one_refund_and_denies_another_in_the_browser() {
     assert_eq!(rig.effects(), (1, 20_000), "the approved refund, once");
     let refused = refund("refund-deny-1").await;
     assert!(
-        refused.starts_with("BLOCKED: refund_order was not sent: a person denied"),
+        refused.starts_with("BLOCKED: refund_order was not sent: operation refund-deny-1 was not approved"),
         "{refused}"
     );
     assert_eq!(record(Path::new(&rig.db), "default", "refund-deny-1").0, State::Denied);

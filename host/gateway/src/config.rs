@@ -70,6 +70,7 @@ struct ToolSection {
     quota: Option<QuotaSection>,
     approval: Option<ApprovalSection>,
     approval_valid: Option<Millis>,
+    approval_wait: Option<Millis>,
     pin: Option<String>,
     on_tool_error: Option<OnToolError>,
     reconcile: Option<ReconcileMode>,
@@ -117,7 +118,7 @@ enum ReconcileMode {
 #[serde(deny_unknown_fields)]
 struct QuotaSection {
     field: String,
-    ceiling: Ceiling,
+    ceiling: Decimal,
     decimals: Option<u8>,
     window: Millis,
     bucket: Option<String>,
@@ -169,31 +170,32 @@ fn parse_duration(text: &str) -> Result<u64, String> {
     n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too long"))
 }
 
-/// A quota ceiling: a decimal string, or an integer (a float would lose the decimal text).
+/// An amount (a quota's ceiling, an approval's threshold): a decimal string, or an integer (a
+/// float would lose the decimal text).
 #[derive(Debug, Clone)]
-struct Ceiling(String);
+struct Decimal(String);
 
-impl<'de> Deserialize<'de> for Ceiling {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ceiling, D::Error> {
+impl<'de> Deserialize<'de> for Decimal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Decimal, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Ceiling;
+            type Value = Decimal;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a decimal string such as \"500.00\", or an integer")
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Ceiling, E> {
-                Ok(Ceiling(v.to_string()))
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Decimal, E> {
+                Ok(Decimal(v.to_string()))
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Ceiling, E> {
-                Ok(Ceiling(v.to_string()))
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Decimal, E> {
+                Ok(Decimal(v.to_string()))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Ceiling, E> {
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Decimal, E> {
                 Err(E::custom(
-                    "write a fractional ceiling as a string (\"500.00\"): floats lose the decimal",
+                    "write a fractional amount as a string (\"500.00\"): floats lose the decimal",
                 ))
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Ceiling, E> {
-                Ok(Ceiling(v.to_string()))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Decimal, E> {
+                Ok(Decimal(v.to_string()))
             }
         }
         d.deserialize_any(V)
@@ -215,7 +217,7 @@ impl<'de> Deserialize<'de> for ApprovalSection {
         #[serde(deny_unknown_fields)]
         struct Above {
             field: String,
-            above: Ceiling,
+            above: Decimal,
         }
         struct V;
         impl<'de> Visitor<'de> for V {
@@ -428,7 +430,7 @@ impl Config {
             "{}: {table}{said} (once.toml names: timeout = dispatch_timeout_ms, lease = lease_ms, attempts = attempt_budget, \
              retention = retention_ms, tombstone_retention = tombstone_retention_ms, derived_window = \
              derived_window_ms, provider_key = key_argument / key_sent_by_host, pin = descriptor_pin, quota.field = \
-             spend field, approval.field = approval field, approval_valid = approval_valid_ms)",
+             spend field, approval.field = approval field, approval_valid = approval_valid_ms, approval_wait = approval_wait_ms)",
             self.source
         )
     }
@@ -609,6 +611,7 @@ fn policy_of(section: &ToolSection) -> PolicyInput {
         retention_ms: ms(section.retention),
         tombstone_retention_ms: ms(section.tombstone_retention),
         approval_valid_ms: ms(section.approval_valid),
+        approval_wait_ms: ms(section.approval_wait),
         ..once::policy_input()
     }
 }

@@ -244,15 +244,18 @@ fn protected(a: &Account, cx: &Context<'_>) -> CallToolResult {
             info["asked_at"] = json!(p.asked_at);
             info["approval_reason"] = json!(p.reason);
             info["approval_valid_ms"] = json!(p.valid_ms);
+            info["approval_wait_until"] = json!(p.wait_until);
             made(
                 format!(
                     "AWAITING APPROVAL: {tool} (operation {key}) is held for a person: nothing more is sent for it \
                      until an operator approves this exact call ({}; waiting since {}). That can take minutes or \
-                     hours, and there is no deadline. {} answers with what was decided: the outcome once it is \
-                     sent (it is never sent twice), or a refusal if it was denied. Do not send it again with \
-                     changed arguments or under a new operation key: that would be another operation.{}",
+                     hours; if nobody approves it by {}, it is denied and never sent. {} answers with what was \
+                     decided: the outcome once it is sent (it is never sent twice), or a refusal if it was denied. \
+                     Do not send it again with changed arguments or under a new operation key: that would be \
+                     another operation.{}",
                     p.reason,
                     utc(p.asked_at),
+                    utc(p.wait_until),
                     cx.again(key),
                     unsettled(a)
                 ),
@@ -499,7 +502,10 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
              one never sends it"
         ),
         BlockReason::ApprovalDenied => {
-            format!("a person denied operation {key}; it will not be sent, and calling it again is refused")
+            format!(
+                "operation {key} was not approved (a person denied it, or nobody approved it in time); it will not \
+                 be sent, and calling it again is refused"
+            )
         }
     };
     // What the same call again does, when it is not simply refused (a stored outcome, one still coming).

@@ -483,7 +483,9 @@ async fn a_call_above_the_approval_threshold_waits_for_a_person_and_is_sent_once
     let refused = session.refund(60.0, Some("refund-denied")).await;
     let t = text(&refused);
     assert!(
-        t.starts_with("BLOCKED: refund_order was not sent: a person denied operation refund-denied"),
+        t.starts_with(
+            "BLOCKED: refund_order was not sent: operation refund-denied was not approved (a person denied it"
+        ),
         "{t}"
     );
     assert_eq!(outcome(&refused)["reason"], "approval-denied");
@@ -732,6 +734,23 @@ fn bad_config_is_a_clear_error_at_start() {
         (
             "[tools.refund_order]\nderived_window = \"30d\"\n".to_string(),
             "derived_window_ms 2592000000 must be positive and at most retention_ms",
+        ),
+        (
+            "[tools.refund_order]\napproval = \"sometimes\"\n".to_string(),
+            "approval \"sometimes\" must be \"never\", \"always\", or a table",
+        ),
+        (
+            "[tools.refund_order]\napproval = { field = \"/amount\", above = 100.5 }\n".to_string(),
+            "write a fractional amount as a string",
+        ),
+        (
+            "[tools.refund_order]\neffect_fields = [\"/order_id\"]\napproval = { field = \"/amount\", above = \"100\" }\n"
+                .to_string(),
+            "[tools.refund_order]: invalid policy: tool refund_order: approval field \"/amount\" must be one of the effect fields",
+        ),
+        (
+            "[defaults]\napproval = \"always\"\n".to_string(),
+            "[defaults]: approval belongs to one tool's table",
         ),
     ];
     for (config, expected) in cases {

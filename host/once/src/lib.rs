@@ -69,5 +69,6 @@ pub fn policy_input() -> types::PolicyInput {
         descriptor_pin: None,
         approval: None,
         approval_valid_ms: None,
+        approval_wait_ms: None,
     }
 }

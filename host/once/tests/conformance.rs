@@ -622,7 +622,7 @@ fn render_ending(e: &Ending) -> Value {
 }
 
 fn render_approval(p: &ApprovalInfo) -> Value {
-    json!({"asked-at": p.asked_at, "reason": p.reason, "valid-ms": p.valid_ms})
+    json!({"asked-at": p.asked_at, "reason": p.reason, "valid-ms": p.valid_ms, "wait-until": p.wait_until})
 }
 
 fn render_account(a: &Account) -> Value {
@@ -712,6 +712,7 @@ fn render_policy(p: &ToolPolicy) -> Value {
         })),
         "descriptor-pin": p.descriptor_pin,
         "approval": render_approval_rule(&p.approval), "approval-valid-ms": p.approval_valid_ms,
+        "approval-wait-ms": p.approval_wait_ms,
     })
 }
 
@@ -836,6 +837,7 @@ fn parse_policy(overrides: &Value) -> Res<PolicyInput> {
             "tombstone-retention-ms" => p.tombstone_retention_ms = opt_num(v, k)?,
             "descriptor-pin" => p.descriptor_pin = opt_text(v, k)?,
             "approval-valid-ms" => p.approval_valid_ms = opt_num(v, k)?,
+            "approval-wait-ms" => p.approval_wait_ms = opt_num(v, k)?,
             "approval" => {
                 p.approval = match v {
                     Value::Null => None,

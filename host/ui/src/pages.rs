@@ -58,7 +58,7 @@ pub fn queue(queue: &OperatorQueue, stats: &Stats, filter: &FilterForm, limit: u
         &mut b,
         "approval",
         "Awaiting approval: a person must approve or deny (oldest first)",
-        "Nothing was sent for these. Open one to see its payload and trail, then approve it (it is sent once) or deny it (it ends, and its spend is released).",
+        "Nothing more is sent for these until you decide. Open one to see its payload, its attempts so far and its trail, then approve it (its next attempt is sent, never twice) or deny it (it ends, and its spend is released).",
         queue.entries.iter().filter(|e| e.attention == Attention::Approval),
         now,
     );
@@ -315,10 +315,19 @@ fn resolve_form(b: &mut String, view: &RecordView, csrf: &str) {
         b.push_str("</p>");
     }
     if can.approve {
+        // An owed redispatch may follow an attempt that was sent: the person decides knowing it.
+        if view.attempts > 0 {
+            let _ = write!(
+                b,
+                "<p class=bad id=earlier>{} earlier attempt(s) of this operation were granted; the trail below says \
+                 what became of each (approving sends the next one, under the same provider key).</p>",
+                view.attempts
+            );
+        }
         b.push_str(
-            "<p><label><input type=radio name=resolution value=approve required> approve: send this exact call \
-             (the payload above) once</label><br><label><input type=radio name=resolution value=deny required> \
-             deny: never send it (its reserved spend is released)</label></p>",
+            "<p><label><input type=radio name=resolution value=approve required> approve: send the next attempt of \
+             this exact call (the payload above), never twice</label><br><label><input type=radio name=resolution \
+             value=deny required> deny: send nothing more (its reserved spend is released)</label></p>",
         );
     }
     b.push_str(

@@ -167,7 +167,7 @@ def _unrecorded(c: Mapping[str, Any]) -> Unrecorded:
 
 
 def _awaits_approval(c: Mapping[str, Any]) -> AwaitsApproval:
-    return AwaitsApproval(c["asked_at"], c["reason"], c["valid_ms"])
+    return AwaitsApproval(c["asked_at"], c["reason"], c["valid_ms"], c["wait_until"])
 
 
 ENDING: dict[str, Any] = {

@@ -202,6 +202,7 @@ class Policy:
     descriptor_pin: Optional[str] = None
     approval: Optional[ApprovalRule] = None
     approval_valid_ms: Optional[int] = None
+    approval_wait_ms: Optional[int] = None
 
 
 # The `policy-input` fields, in order (WIT names with `_` for `-`).
@@ -411,13 +412,16 @@ class Unrecorded:
 
 @dataclass(frozen=True)
 class AwaitsApproval:
-    """Nothing was sent: a person must approve this exact call first (`Once.approve`, `once ledger approve`,
-    the UI). The same call again waits for that decision; once approved, it is sent exactly once."""
+    """Nothing more is sent until a person approves this exact call (`Once.approve`, `once ledger approve`,
+    the UI); an earlier attempt may have been sent (the account's `effect` says what is known of it). The same
+    call again waits for that decision; once approved, the next attempt is sent, never twice."""
 
     asked_at: int
     reason: str
     #: How long an approval may be used once given.
     valid_ms: int
+    #: Past this (ledger clock), nobody having approved, the call is denied.
+    wait_until: int
 
 
 Ending = Union[Confirmed, Rejected, NotSent, Unknown, InFlight, Conflict, Blocked, Unrecorded, AwaitsApproval]

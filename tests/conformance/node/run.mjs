@@ -690,11 +690,11 @@ const POLICY_FIELDS = [
   "route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first", "provider-claims-key",
   "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "attempt-budget", "derived-window-ms",
   "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "quota", "descriptor-pin",
-  "approval", "approval-valid-ms",
+  "approval", "approval-valid-ms", "approval-wait-ms",
 ];
 const U64_FIELDS = new Set([
   "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "derived-window-ms", "resolve-deadline-ms",
-  "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "approval-valid-ms",
+  "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "approval-valid-ms", "approval-wait-ms",
 ]);
 
 /** A neutral policy (an object of policy-input overrides) as jco's policy-input: the rest unset. */

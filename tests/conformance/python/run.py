@@ -653,7 +653,8 @@ def configuration_record(c, encoding):
 POLICY_FIELDS = ("route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first",
                  "provider-claims-key", "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms",
                  "attempt-budget", "derived-window-ms", "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms",
-                 "tombstone-retention-ms", "quota", "descriptor-pin", "approval", "approval-valid-ms")
+                 "tombstone-retention-ms", "quota", "descriptor-pin", "approval", "approval-valid-ms",
+                 "approval-wait-ms")
 
 
 # ---------------------------------------------------------------- vectors

@@ -168,6 +168,7 @@ fn policy() -> ToolPolicy {
         descriptor_pin: None,
         approval: ApprovalRule::Never,
         approval_valid_ms: 3_600_000,
+        approval_wait_ms: 86_400_000,
     }
 }
 
