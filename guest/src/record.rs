@@ -843,10 +843,7 @@ impl OpRecord {
         }
         self.keep_unsent_approval(fence);
         let attempt = self.end_attempt(fence, now, "not-sent");
-        let from = self.enter(State::Absent, now);
-        self.clear_pending();
-        self.since = Some(now);
-        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        let from = self.owe_dispatch(now);
         (
             Event {
                 kind: "finish-not-sent",
@@ -1105,10 +1102,7 @@ impl OpRecord {
             at: now,
             valid_until,
         });
-        let from = self.enter(State::Absent, now);
-        self.clear_pending();
-        self.since = Some(now);
-        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        let from = self.owe_dispatch(now);
         Event {
             kind: "approved",
             from: Some(from),
@@ -1163,6 +1157,16 @@ impl OpRecord {
             detail,
         };
         (event, self.reservation.take())
+    }
+
+    /// -> absent with a dispatch owed from `now` (escalated at the resolve deadline if nobody takes it).
+    /// Returns the state before.
+    fn owe_dispatch(&mut self, now: u64) -> State {
+        let from = self.enter(State::Absent, now);
+        self.clear_pending();
+        self.since = Some(now);
+        self.deadline = Some(now.saturating_add(self.policy.resolve_deadline_ms));
+        from
     }
 
     fn clear_pending(&mut self) {

@@ -194,19 +194,25 @@ fn apply(
         return Ok(Err(Error::InvalidTransition(why)));
     }
     let mut tx = Tx::new();
+    // What an operator asserts is audited with their note (an approval's or denial's event carries it too).
+    let asserted = || detail(&[("note", string(note)), ("forced", force.to_string())]);
     let event = match resolution {
         Resolution::Confirmed(receipt) => {
             tx.count_spend(h, &mut rec, now)?;
-            let mut event = rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed");
-            event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
-            event
+            let event = rec.confirm(Receipt::strict(receipt), None, now, "operator-confirmed");
+            Event {
+                detail: asserted(),
+                ..event
+            }
         }
         Resolution::Absent => {
             // Forced early, a late arrival may still make an effect: later answers say so.
             rec.absence_forced |= guards.early;
-            let mut event = rec.prove_absent(now, now, "operator-absent");
-            event.detail = detail(&[("note", string(note)), ("forced", force.to_string())]);
-            event
+            let event = rec.prove_absent(now, now, "operator-absent");
+            Event {
+                detail: asserted(),
+                ..event
+            }
         }
         Resolution::Approve => rec.approve(note, now),
         Resolution::Deny => {
