@@ -33,9 +33,11 @@ use crate::record::{Approval, Attempt, OpRecord, ReceiptFlaw, Reservation};
 /// guessable keys on a ledger whose others are not, so it must refuse one.
 ///
 /// Format 3: the states `awaiting-approval` and `denied`, and approvals
-/// (`approval_reason`, `approval`, a policy's `approval`). A build of format
-/// 2 would not read the new states, and would send an attempt the rule holds
-/// for a person.
+/// (`approval_reason`, `approval`, a policy's `approval`); and a policy's
+/// `provider_account`. A build of format 2 would not read the new states,
+/// would send an attempt the rule holds for a person, and would answer and
+/// send through any account. (Both came in one unreleased format: no build
+/// of format 3 without `provider_account` was published.)
 pub const BODY_FORMAT: u32 = 3;
 
 /// The JSON text of `rec`, as serde_json writes it.
@@ -197,6 +199,7 @@ fn policy(w: &mut Writer, p: &Policy) {
     if p.approval_wait_ms != DEFAULT_APPROVAL_WAIT_MS {
         w.num("approval_wait_ms", p.approval_wait_ms);
     }
+    some_str(w, "provider_account", p.provider_account.as_deref());
     w.0.push('}');
 }
 

@@ -171,6 +171,13 @@ impl Host for Imports {
     fn lookup_configured(&self, tool: &str) -> bool {
         CONFIG.0.borrow().as_ref().is_some_and(|c| c.policy(tool).lookup)
     }
+    fn provider_account(&self, tool: &str) -> Option<String> {
+        CONFIG
+            .0
+            .borrow()
+            .as_ref()
+            .and_then(|c| c.policy(tool).provider_account.clone())
+    }
     fn entropy(&self, len: u32) -> Vec<u8> {
         entropy::fill(len)
     }

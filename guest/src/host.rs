@@ -56,6 +56,13 @@ pub trait Host {
     fn lookup_configured(&self, _tool: &str) -> bool {
         false
     }
+    /// The provider account (a credential's fingerprint) this host, as
+    /// configured now, sends and reads `tool` through; none (the default):
+    /// it names none. A record begun under an account is sent and read as
+    /// proof of absence only through that account ([`crate::record::OpRecord::other_account`]).
+    fn provider_account(&self, _tool: &str) -> Option<String> {
+        None
+    }
     /// `len` cryptographically secure random bytes (fewer, or none, when the
     /// host has none to give: the engine then refuses to derive a key).
     /// Asked only to create the ledger's provider-key secret ([`crate::secret`]).

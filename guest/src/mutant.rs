@@ -58,11 +58,17 @@ pub enum Mutant {
     /// An approval is kept after the attempt it was granted on: an owed
     /// redispatch after a lost reply goes out on the same approval.
     ApprovalReused,
+    /// A provider read through another account than the record's proves it absent: a rotated
+    /// credential that cannot see the old effect lets the operation be sent again.
+    OtherAccountReadProvesAbsent,
+    /// A call through another provider account than the record's is answered from the record
+    /// (a replay of that account's receipt) instead of refused.
+    OtherAccountAnswered,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 20] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -83,6 +89,8 @@ impl Mutant {
         Mutant::NoApprovalGate,
         Mutant::ApprovalNeverExpires,
         Mutant::ApprovalReused,
+        Mutant::OtherAccountReadProvesAbsent,
+        Mutant::OtherAccountAnswered,
     ];
 }
 

@@ -284,7 +284,10 @@ impl<'a> CallRef<'a> {
             Decision::Blocked(b)
                 if matches!(
                     b.reason,
-                    BlockReason::Superseded | BlockReason::OtherOwner | BlockReason::ApprovalDenied
+                    BlockReason::Superseded
+                        | BlockReason::OtherOwner
+                        | BlockReason::OtherAccount
+                        | BlockReason::ApprovalDenied
                 ) =>
             {
                 let rec = crate::store::load(h, self.scope, self.key_str()).map_err(|e| Error::Storage(e.message()))?;
@@ -319,7 +322,9 @@ impl<'a> CallRef<'a> {
     /// there is none to grant: the budget is spent, or the record moved on).
     fn back_off(&self, h: &impl Host, rec: &OpRecord) -> Option<Step> {
         // Another owner's record is refused by the engine, not waited for.
-        let grantable = matches!(rec.state, State::Failed | State::Absent) && rec.owner == h.settings().owner;
+        let grantable = matches!(rec.state, State::Failed | State::Absent)
+            && rec.owner == h.settings().owner
+            && !engine::other_account_here(h, rec);
         if !grantable || !rec.budget_left() {
             return None;
         }
@@ -383,6 +388,27 @@ impl<'a> CallRef<'a> {
             // A superseded record that stored a late receipt: its effect happened after all.
             Ending::Blocked(b) if b.reason == BlockReason::Superseded && b.receipt.is_some() => {
                 effect = Effect::Happened;
+            }
+            // Another account's operation: not this call's to answer, but its effect is what the
+            // record knows of it (a confirmed refund is never "none").
+            Ending::Blocked(b) if b.reason == BlockReason::OtherAccount => {
+                effect = match rec {
+                    Some(r) if r.state == State::Confirmed || r.receipt.is_some() => Effect::Happened,
+                    Some(r) if matches!(r.state, State::Unknown | State::InFlight) => Effect::Unknown,
+                    // Its own account's hosts may still send it: a dispatch owed, a person's approval asked
+                    // for, or a retry after an attempt that was not sent.
+                    Some(r)
+                        if r.budget_left()
+                            && (matches!(r.state, State::Absent | State::AwaitingApproval)
+                                || (r.state == State::Failed && r.last_not_sent())) =>
+                    {
+                        Effect::Unknown
+                    }
+                    Some(_) => Effect::None,
+                    // No record of this key: the call was a successor refused another account's original,
+                    // and did nothing.
+                    None => Effect::None,
+                };
             }
             // A pruned key: its tombstone keeps whether the effect happened.
             Ending::Blocked(b) if b.reason == BlockReason::Expired => {

@@ -953,6 +953,20 @@ impl OpRecord {
         }
     }
 
+    /// unknown stays unknown, unread: the host reads through another provider account than this
+    /// record's, so no read of its could settle it. No read is scheduled here: a host on the record's
+    /// own account reads it (as a host with a new lookup reads one never read), and its deadline
+    /// escalates it to an operator meanwhile.
+    pub fn await_own_account(&mut self, why: &str) -> Event {
+        self.next_check = None;
+        Event {
+            kind: "reconcile-inconclusive",
+            from: Some(State::Unknown),
+            attempt: None,
+            detail: detail(&[("why", string(why))]),
+        }
+    }
+
     /// failed or absent -> superseded by a successor; returns the reservation to release.
     pub fn supersede(&mut self, by: &str, now: u64) -> (Event, Option<Reservation>) {
         let from = self.enter(State::Superseded, now);
@@ -1051,6 +1065,18 @@ impl OpRecord {
         {
             self.approval = Some(approval);
         }
+    }
+
+    /// Whether a host that sends and reads the tool through `account` (its
+    /// `provider-account`, if it names one) goes through another provider
+    /// account than the one this record was begun under. A record that names
+    /// none binds no account; one that does is another account's for a host
+    /// that names none, since nothing says they are the same.
+    pub fn other_account(&self, account: Option<&str>) -> bool {
+        self.policy
+            .provider_account
+            .as_deref()
+            .is_some_and(|mine| Some(mine) != account)
     }
 
     /// Whether an attempt may be granted now as far as the tool's `approval`

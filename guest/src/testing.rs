@@ -26,6 +26,7 @@ pub struct MemoryHost {
     fail_commits: Cell<u32>,
     fail_reads: Cell<bool>,
     lookup_configured: Cell<bool>,
+    account: RefCell<Option<String>>,
     records: crate::store::RecordCache,
     entropy: RefCell<Vec<u8>>,
     secret: crate::secret::SecretCache,
@@ -83,6 +84,7 @@ impl MemoryHost {
             secret: crate::secret::SecretCache::new(),
             fail_reads: Cell::new(false),
             lookup_configured: Cell::new(false),
+            account: RefCell::new(None),
             reads: None,
         }
     }
@@ -104,6 +106,11 @@ impl MemoryHost {
     /// (whatever the records' own policies say).
     pub fn configure_lookup(&self, on: bool) {
         self.lookup_configured.set(on);
+    }
+    /// The provider account this host sends and reads every tool through from now on (a
+    /// begin's own policy names the account its new record is bound to: keep the two alike).
+    pub fn use_account(&self, account: Option<&str>) {
+        *self.account.borrow_mut() = account.map(String::from);
     }
     /// Lookups made so far: (tool, provider key, args).
     pub fn lookups(&self) -> Vec<(String, String, String)> {
@@ -298,6 +305,9 @@ impl Host for MemoryHost {
     }
     fn lookup_configured(&self, _tool: &str) -> bool {
         self.lookup_configured.get()
+    }
+    fn provider_account(&self, _tool: &str) -> Option<String> {
+        self.account.borrow().clone()
     }
     fn entropy(&self, len: u32) -> Vec<u8> {
         let bytes = self.entropy.borrow();

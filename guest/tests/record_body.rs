@@ -158,6 +158,7 @@ fn every_field_set_and_every_enum_value() {
         },
         approval_valid_ms: 1,
         approval_wait_ms: 2,
+        provider_account: Some(tricky.into()),
         ..rec.policy.clone()
     };
     rec.policy.effect_fields = Some(Vec::new());

@@ -50,6 +50,12 @@ export interface Policy {
   approval?: Approval;
   approvalValidMs?: number;
   approvalWaitMs?: number;
+  /**
+   * The provider account this host sends and reads the tool through: a stable name or fingerprint of its credential,
+   * never the credential. A record keeps the account it was begun under; a call through another account is blocked
+   * (`other-account`), and a read through another one never proves the effect absent.
+   */
+  providerAccount?: string;
 }
 
 /** A tool's definition as its server advertises it (routing by annotations, pinning). */
@@ -60,7 +66,7 @@ export interface Descriptor {
 }
 
 const PLAIN = ["route", "identity", "keyArgument", "keySentByHost", "effectFields", "verifyFirst", "providerClaimsKey",
-  "lookup", "attemptBudget", "descriptorPin"] as const;
+  "lookup", "attemptBudget", "descriptorPin", "providerAccount"] as const;
 const MS = ["maxInFlightMs", "dispatchTimeoutMs", "leaseMs", "derivedWindowMs", "resolveDeadlineMs", "reconcileIntervalMs",
   "retentionMs", "tombstoneRetentionMs", "approvalValidMs", "approvalWaitMs"] as const;
 const KNOWN = new Set<string>([...PLAIN, ...MS, "quota", "approval"]);
@@ -89,7 +95,9 @@ export function policyInput(p: Policy | undefined, where: string): PolicyInput {
         bucket: q.bucket,
       };
     } else if (k === "approval") out.approval = approvalRule(v, `${where}.approval`);
-    else out[k] = v;
+    else if (k === "providerAccount" && typeof v !== "string") {
+      throw new InvalidArgumentsError(`${where}.providerAccount: expected a string, got ${JSON.stringify(v)}`, `${where}/${k}`);
+    } else out[k] = v;
   }
   return out as PolicyInput;
 }

@@ -36,6 +36,9 @@ pub struct HostSpec {
     pub owner: &'static str,
     /// Its clock's offset from true time, within the declared skew.
     pub skew: i64,
+    /// The provider account it sends and reads through (`provider-account`); none: it names none.
+    /// The provider shows a read only the effects of requests sent through the reader's account.
+    pub account: Option<&'static str>,
 }
 
 /// One configuration of the model.
@@ -101,7 +104,11 @@ fn op(scope: &'static str, key: &'static str, amount: &'static str) -> OpSpec {
 }
 
 fn one_host() -> Vec<HostSpec> {
-    vec![HostSpec { owner: "a", skew: 0 }]
+    vec![HostSpec {
+        owner: "a",
+        skew: 0,
+        account: None,
+    }]
 }
 
 fn base(name: &'static str) -> Config {
@@ -287,10 +294,12 @@ pub fn small() -> Vec<Config> {
         HostSpec {
             owner: "a",
             skew: SKEW_MS as i64,
+            account: None,
         },
         HostSpec {
             owner: "b",
             skew: -(SKEW_MS as i64),
+            account: None,
         },
     ];
     c.callers = vec![(0, 0, 1), (1, 0, 1)];
@@ -382,7 +391,18 @@ pub fn small() -> Vec<Config> {
     // "no effect, use a new key".
     let mut c = base("another owner's owed dispatch");
     c.policy.attempt_budget = 3;
-    c.hosts = vec![HostSpec { owner: "a", skew: 0 }, HostSpec { owner: "b", skew: 0 }];
+    c.hosts = vec![
+        HostSpec {
+            owner: "a",
+            skew: 0,
+            account: None,
+        },
+        HostSpec {
+            owner: "b",
+            skew: 0,
+            account: None,
+        },
+    ];
     c.callers = vec![(0, 0, 1), (1, 0, 1)];
     c.prefix = lost_reply_read();
     c.prefix.extend([
@@ -415,7 +435,7 @@ pub fn small() -> Vec<Config> {
     c.ops.push(op("s", "k1", "3.00"));
     c.callers = vec![(0, 0, 2), (0, 1, 1)];
     c.budget.ticks = 4;
-    c.depth = 10;
+    c.depth = 9;
     all.push(c);
 
     // From an approved k0 whose first attempt's reply was lost (the first read, too early, found
@@ -430,6 +450,35 @@ pub fn small() -> Vec<Config> {
     c.budget.ticks = 4;
     c.budget.resolves = 1;
     c.depth = 10;
+    all.push(c);
+
+    // The upstream's credential is rotated while k0's outcome is unknown: host 1 (the same owner,
+    // through the new account, which cannot see what the old one sent) reads and is called; host 0
+    // (the old account) can still read it. The new account never sends k0, nor replays it.
+    let mut c = base("credential rotation while unknown");
+    c.hosts = vec![
+        HostSpec {
+            owner: "a",
+            skew: 0,
+            account: Some("old"),
+        },
+        HostSpec {
+            owner: "a",
+            skew: 0,
+            account: Some("new"),
+        },
+    ];
+    c.callers = vec![(0, 0, 2), (1, 0, 1)];
+    // Read inside the steps (as the Python and Node hosts do): the host's reads are no steps of their own.
+    c.read_steps = false;
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Send(0),
+        Action::Report(0, Said::Ambiguous),
+    ];
+    c.budget.ticks = 4;
+    c.budget.sweeps = 2;
+    c.depth = 9;
     all.push(c);
 
     // Two scopes naming the same key: two operations.

@@ -46,12 +46,24 @@ pub struct ModelHost<'w> {
     cache: RecordCache,
     /// With reads as steps, where the protocol's reads stop ([`once_guest::reads`]).
     reads: Option<Reads>,
+    /// The provider account this host sends and reads through, and every host's (by index):
+    /// a read sees only the effects of requests sent through its own account.
+    accounts: Accounts,
+}
+
+/// The provider account one host goes through, and every host's (by index).
+#[derive(Debug, Clone, Default)]
+pub struct Accounts {
+    /// This host's.
+    pub mine: Option<String>,
+    /// Each host's, by index.
+    pub hosts: Vec<Option<String>>,
 }
 
 impl<'w> ModelHost<'w> {
     /// Host `host`'s view of `world`, reading the provider as `read` says: inside the protocol's
     /// steps, or (`steps`) as steps of their own.
-    pub fn new(world: &'w World, settings: Settings, clock: Time, read: Read, steps: bool) -> Self {
+    pub fn new(world: &'w World, settings: Settings, clock: Time, read: Read, steps: bool, accounts: Accounts) -> Self {
         ModelHost {
             world,
             ledger: RefCell::new(world.ledger.clone()),
@@ -65,6 +77,7 @@ impl<'w> ModelHost<'w> {
             touched: RefCell::new(BTreeSet::new()),
             cache: RecordCache::new(),
             reads: steps.then(Reads::new),
+            accounts,
         }
     }
 
@@ -161,9 +174,10 @@ impl Host for ModelHost<'_> {
             Read::Lagging => LAG_MS,
         };
         let seen_until = self.world.now.saturating_sub(lag);
+        let visible = |host: usize| self.accounts.hosts.get(host).cloned().flatten() == self.accounts.mine;
         let seen = self
             .world
-            .effects(provider_key)
+            .effects_through(provider_key, visible)
             .into_iter()
             .filter(|(_, at)| *at <= seen_until)
             .min_by_key(|(_, at)| *at);
@@ -190,5 +204,9 @@ impl Host for ModelHost<'_> {
 
     fn reads(&self) -> Option<&Reads> {
         self.reads.as_ref()
+    }
+
+    fn provider_account(&self, _tool: &str) -> Option<String> {
+        self.accounts.mine.clone()
     }
 }

@@ -15,7 +15,7 @@ use once_guest::types::{
 use stateright::{Model, Property};
 
 use crate::configs::{Config, SKEW_MS};
-use crate::host::{ModelHost, Read};
+use crate::host::{Accounts, ModelHost, Read};
 use crate::truth::{check_account, describe};
 use crate::world::{Agent, Approved, Budget, Fate, Held, Pos, Request, Time, World};
 use once_guest::host::Host;
@@ -138,9 +138,21 @@ impl OnceModel {
         world.now.saturating_add_signed(self.config.hosts[host].skew)
     }
 
-    /// The operation key op `i` is called with (none: derived).
-    fn request(&self, i: usize) -> BeginRequest {
+    /// The provider account host `host` goes through, and every host's.
+    fn accounts(&self, host: usize) -> Accounts {
+        let hosts: Vec<Option<String>> = self.config.hosts.iter().map(|h| h.account.map(String::from)).collect();
+        Accounts {
+            mine: hosts[host].clone(),
+            hosts,
+        }
+    }
+
+    /// Op `i` as host `host` calls it: its key (none: derived), args, and the policy with the
+    /// host's provider account.
+    fn request(&self, i: usize, host: usize) -> BeginRequest {
         let op = &self.config.ops[i];
+        let mut policy = self.config.policy.clone();
+        policy.provider_account = self.config.hosts[host].account.map(String::from);
         BeginRequest {
             scope: op.scope.into(),
             keys: op
@@ -149,7 +161,7 @@ impl OnceModel {
                 .unwrap_or_default(),
             tool: TOOL.into(),
             args: format!(r#"{{"amount":{},"order":"o-{i}"}}"#, op.amount),
-            policy: self.config.policy.clone(),
+            policy,
             descriptor: None,
             supersedes: op.supersedes.and_then(|j| self.config.ops[j].key).map(String::from),
             acknowledge_confirmed: false,
@@ -169,7 +181,14 @@ impl OnceModel {
         let settings = self.settings(world, host);
         let clock = self.clock(world, host);
         let snapshot = world.clone();
-        let h = ModelHost::new(&snapshot, settings, clock, read, self.config.read_steps);
+        let h = ModelHost::new(
+            &snapshot,
+            settings,
+            clock,
+            read,
+            self.config.read_steps,
+            self.accounts(host),
+        );
         let out = mutant::with(self.config.mutant, || f(&h));
         let (ledger, fault, acked, touched, slow_commit) = h.finish();
         world.ledger = ledger;
@@ -240,6 +259,16 @@ impl OnceModel {
             Ok(Step::Done(account)) => {
                 if let Err(why) = check_account(world, &account) {
                     world.violate(format!("false answer: {why}"));
+                }
+                // A replay hands out the record's receipt: only to a caller on the record's account.
+                if let (Ending::Confirmed(_), Some(key)) = (&account.ending, &account.key) {
+                    let rec = Self::record(world, &account.scope, key);
+                    self.check_same_account(
+                        world,
+                        world.agents[i].host,
+                        rec.as_ref(),
+                        "answered with the receipt of",
+                    );
                 }
                 if let Some(op) = world.agents[i].op
                     && let Err(why) = self.check_quota_refusal(world, op, &account)
@@ -326,7 +355,7 @@ impl OnceModel {
             .ops
             .iter()
             .position(|o| o.scope == scope && o.key == Some(key))?;
-        Some(fingerprint(&self.request(i).args))
+        Some(fingerprint(&self.request(i, 0).args))
     }
 
     /// A grant of an operation the approval rule holds needs an approval of exactly the payload
@@ -366,16 +395,47 @@ impl OnceModel {
         hi.abs_diff(lo)
     }
 
-    /// A host is granted only operations its owner dispatches.
+    /// A host is granted only operations its owner dispatches, begun through its own provider
+    /// account (if the operation names one).
     fn check_grant(&self, world: &mut World, i: usize, scope: &str, key: &str) {
-        let owner = &world.owners[world.agents[i].host];
-        let rec_owner = world
+        let host = world.agents[i].host;
+        let owner = &world.owners[host];
+        let rec = Self::record(world, scope, key);
+        let rec_owner = rec.as_ref().map(|r| r.owner.clone());
+        if rec_owner.as_ref() != Some(owner) {
+            let why = format!("host owner {owner:?} was granted {scope}/{key}, owned by {rec_owner:?}");
+            world.violate(why);
+        }
+        self.check_same_account(world, host, rec.as_ref(), "granted");
+    }
+
+    /// The operation (scope, key) as the ledger holds it.
+    fn record(world: &World, scope: &str, key: &str) -> Option<once_guest::record::OpRecord> {
+        world
             .ledger
             .row(Table::Operation, scope, key)
             .and_then(|row| decode(row).ok())
-            .map(|l| l.rec.owner);
-        if rec_owner.as_ref() != Some(owner) {
-            let why = format!("host owner {owner:?} was granted {scope}/{key}, owned by {rec_owner:?}");
+            .map(|l| l.rec)
+    }
+
+    /// Host `host` was `what` an operation: it must have been begun through the host's account,
+    /// if it names one.
+    fn check_same_account(
+        &self,
+        world: &mut World,
+        host: usize,
+        rec: Option<&once_guest::record::OpRecord>,
+        what: &str,
+    ) {
+        let mine = self.config.hosts[host].account;
+        if let Some(rec) = rec
+            && let Some(theirs) = rec.policy.provider_account.as_deref()
+            && Some(theirs) != mine
+        {
+            let why = format!(
+                "a host on provider account {mine:?} was {what} {}/{}, begun through account {theirs:?}",
+                rec.scope, rec.key
+            );
             world.violate(why);
         }
     }
@@ -579,7 +639,7 @@ impl OnceModel {
             Action::Start(i, read) => {
                 let op = w.agents[i].op?;
                 w.agents[i].starts_left -= 1;
-                let req = self.request(op);
+                let req = self.request(op, w.agents[i].host);
                 let scope = req.scope.clone();
                 let host = w.agents[i].host;
                 let step = self.with_host(&mut w, host, read, Some(&scope), |h| protocol::start_request(h, req));
@@ -658,7 +718,14 @@ impl OnceModel {
                     return None;
                 };
                 let host = w.agents[i].host;
-                let h = ModelHost::new(&w, self.settings(&w, host), self.clock(&w, host), read, true);
+                let h = ModelHost::new(
+                    &w,
+                    self.settings(&w, host),
+                    self.clock(&w, host),
+                    read,
+                    true,
+                    self.accounts(host),
+                );
                 let found = h.lookup(&reading.tool, &reading.provider_key, &reading.args);
                 w.agents[i].pos = Pos::Reading {
                     reading,
@@ -676,7 +743,10 @@ impl OnceModel {
                     return None;
                 };
                 let agent = &w.agents[i];
-                let (host, request) = (agent.host, agent.op.filter(|_| starting).map(|op| self.request(op)));
+                let (host, request) = (
+                    agent.host,
+                    agent.op.filter(|_| starting).map(|op| self.request(op, agent.host)),
+                );
                 let scope = reading.scope.clone();
                 let step = self.with_host(&mut w, host, Read::Now, Some(&scope), |h| {
                     protocol::read_back(h, request, reading, found)

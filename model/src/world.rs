@@ -204,9 +204,15 @@ pub enum Fate {
 impl World {
     /// Effects (receipt, commit time) of the requests that carried `provider_key`.
     pub fn effects(&self, provider_key: &str) -> Vec<(String, Time)> {
+        self.effects_through(provider_key, |_| true)
+    }
+
+    /// [`World::effects`] of the requests sent by hosts `through` says a read sees (the provider
+    /// shows an account only what was sent through it).
+    pub fn effects_through(&self, provider_key: &str, through: impl Fn(usize) -> bool) -> Vec<(String, Time)> {
         self.requests
             .iter()
-            .filter(|r| r.provider_key == provider_key)
+            .filter(|r| r.provider_key == provider_key && through(r.host))
             .filter_map(|r| match &r.fate {
                 Fate::Effect { receipt, at } => Some((receipt.clone(), *at)),
                 _ => None,

@@ -132,6 +132,11 @@ fn approval_of_an_owed_redispatch() {
 }
 
 #[test]
+fn credential_rotation_while_unknown() {
+    holds("credential rotation while unknown");
+}
+
+#[test]
 fn every_configuration_has_a_test() {
     let tested = [
         "one key, two callers",
@@ -156,6 +161,7 @@ fn every_configuration_has_a_test() {
         "two scopes",
         "approval above a threshold",
         "approval of an owed redispatch",
+        "credential rotation while unknown",
     ];
     for config in configs::small() {
         assert!(tested.contains(&config.name), "{} has no test", config.name);

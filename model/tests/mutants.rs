@@ -127,7 +127,7 @@ fn a_grant_handed_out_after_its_send_window() {
 
 #[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 20, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 22, "a new mutant needs a test above");
 }
 
 #[test]
@@ -165,4 +165,22 @@ fn an_approval_taken_after_it_expired() {
 #[test]
 fn an_approval_used_again_for_an_owed_redispatch() {
     caught(Mutant::ApprovalReused, "approval of an owed redispatch", PROPERTIES[6]);
+}
+
+#[test]
+fn a_read_through_a_rotated_credential_taken_as_proof_of_absence() {
+    caught(
+        Mutant::OtherAccountReadProvesAbsent,
+        "credential rotation while unknown",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
+fn another_accounts_call_answered_with_the_receipt() {
+    caught(
+        Mutant::OtherAccountAnswered,
+        "credential rotation while unknown",
+        PROPERTIES[0],
+    );
 }

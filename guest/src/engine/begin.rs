@@ -3,7 +3,7 @@
 use alloc::format;
 use alloc::string::{String, ToString};
 
-use super::{Races, now_for};
+use super::{Races, account, now_for};
 use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::{check_name, check_new_name};
@@ -70,6 +70,16 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
     check_new_name("scope", &req.scope, &settings)?;
     check_new_name("tool", &req.tool, &settings)?;
     check_policy(&req.policy, &settings)?;
+    // One source of the account: a record is bound to the account the host sends and reads through.
+    if req.policy.provider_account != h.provider_account(&req.tool) {
+        let named = |a: Option<String>| a.unwrap_or_else(|| "none".to_string());
+        return Err(Error::InvalidRequest(format!(
+            "the call's policy names provider account {}, but this host sends and reads tool {} through {}",
+            named(req.policy.provider_account.clone()),
+            req.tool,
+            named(h.provider_account(&req.tool))
+        )));
+    }
     let app_key = match resolve_carriers(&req.keys, &settings)? {
         Ok(key) => key,
         Err((reason, detail)) => return unkeyed(blocked(reason, detail)),
@@ -436,6 +446,10 @@ impl Claim<'_> {
                 format!("supersedes {original}, which has no record in this scope"),
             )));
         };
+        // Another account's operation is not this account's to replace (nor to show its receipt).
+        if account::foreign(h, &orig) {
+            return Ok(Some(account::refusal(h, &orig)));
+        }
         let now = now.max(orig.updated_at);
         match orig.state {
             State::InFlight | State::Unknown => Ok(Some(blocked(
@@ -496,6 +510,10 @@ impl Claim<'_> {
         let Some(Loaded { rec: mut orig, version }) = load(h, &self.req.scope, original)? else {
             return Ok(None);
         };
+        // Another account's original is refused by `supersede`, unread: this host's read may not see it.
+        if account::foreign(h, &orig) && !mutant::on(Mutant::OtherAccountReadProvesAbsent) {
+            return Ok(None);
+        }
         let skew = h.settings().clock_skew_ms;
         let settled_at = match orig.late_effect_settles_at(skew) {
             Some(at)
@@ -613,6 +631,10 @@ impl Claim<'_> {
             // Past the window, identical arguments are a new operation.
             return self.fresh(h, Some(&Loaded { rec, version }), false);
         }
+        // Another provider account's operation is neither replayed nor sent through this one.
+        if !account::answers(h, &rec) {
+            return Ok(account::refusal(h, &rec));
+        }
         let ours = rec.owner == h.settings().owner;
         match rec.state {
             State::Confirmed => {
@@ -676,6 +698,11 @@ pub(super) fn other_owner(rec: &OpRecord, me: &str) -> Decision {
 /// failed or absent -> in_flight, within the attempt budget (and, from failed, the quota); or
 /// -> awaiting_approval while the tool's approval rule holds the attempt for a person.
 pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) -> Result<Decision, LedgerError> {
+    // Every attempt goes out through the account the operation was begun under (a sweep's owed
+    // dispatch and a resumed call's included), or not at all.
+    if account::foreign(h, &rec) {
+        return Ok(account::refusal(h, &rec));
+    }
     if !rec.budget_left() {
         let not_sent = rec
             .attempts

@@ -73,6 +73,7 @@ pub fn sweep(h: &impl Host, limit: u32) -> Result<SweepReport, Error> {
         if let Ok(loaded) = decode(&row)
             && loaded.rec.next_check.is_none()
             && provider_readable(h, &loaded.rec)
+            && super::account::reads_own_account(h, &loaded.rec)
         {
             sweep_row(h, &row, loaded, &mut report)?;
         }
@@ -195,8 +196,27 @@ fn sweep_one(h: &impl Host, mut loaded: Loaded, report: &mut SweepReport) -> Res
         report.expired += 1;
     }
     // A record begun without a lookup has no next read: it is read as soon as a lookup is configured.
+    // Through another provider account a read proves nothing absent: such a record waits for its
+    // own account's hosts, or for its escalation and an operator. Its next read is unscheduled once
+    // (audited), so it is not due again before its deadline and never crowds this owner's scans.
     if loaded.rec.state == State::Unknown
         && provider_readable(h, &loaded.rec)
+        && !super::account::reads_own_account(h, &loaded.rec)
+        && loaded.rec.next_check.is_some_and(|t| t <= now)
+    {
+        let Loaded { mut rec, version } = loaded;
+        let event = rec.await_own_account(&super::account::left_unread(h, &rec));
+        let mut tx = Tx::new();
+        tx.record(&mut rec, version, event, now);
+        tx.commit(h)?;
+        loaded = Loaded {
+            rec,
+            version: version + 1,
+        };
+    }
+    if loaded.rec.state == State::Unknown
+        && provider_readable(h, &loaded.rec)
+        && super::account::reads_own_account(h, &loaded.rec)
         && loaded.rec.next_check.is_none_or(|t| t <= now)
     {
         match read_provider(h, loaded.clone()) {

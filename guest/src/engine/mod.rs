@@ -3,6 +3,7 @@
 //! decides, and commits one transition per write, re-deciding when a
 //! concurrent writer wins. [`crate::protocol`] drives them for hosts.
 
+mod account;
 mod begin;
 mod escalation;
 mod finish;
@@ -11,6 +12,7 @@ mod operator;
 mod queue;
 mod reconcile;
 
+pub(crate) use account::foreign as other_account_here;
 pub use begin::{BeginRequest, Begun, begin, begin_keyed, confirmed_info, grant_of, unknown_info};
 pub use finish::{finish, finish_with_record};
 pub use maintenance::{SweepReport, prune, sweep};

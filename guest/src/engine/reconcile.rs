@@ -6,7 +6,7 @@ use super::begin::{
     awaiting_approval, blocked, denied, end_approval_wait, grant, other_owner, replay_of, superseded, unknown,
 };
 use super::escalation;
-use super::{Races, now_for, storage_error};
+use super::{Races, account, now_for, storage_error};
 use crate::host::Host;
 use crate::input::{check_name, provider_receipt};
 use crate::mutant::{self, Mutant};
@@ -83,6 +83,8 @@ pub fn await_loaded(
 ) -> Result<(Awaited, OpRecord), Error> {
     let rec = &loaded.rec;
     let awaited = match rec.state {
+        // Not even another account's rejection is this host's to hand out.
+        _ if !account::answers(h, rec) => Awaited::Decided(account::refusal(h, rec)),
         // "Not sent" is not a rejection: what happens next is reconcile's to say.
         State::Failed if !rec.last_not_sent() => Awaited::Rejected(rejected_info(rec)),
         State::InFlight if !rec.lease_ended(now_for(h, Some(rec))) => Awaited::Pending(in_flight(rec)),
@@ -108,6 +110,10 @@ fn in_flight(rec: &OpRecord) -> InFlightInfo {
 fn step(h: &impl Host, loaded: Loaded, when: ReadWhen) -> Result<Decision, LedgerError> {
     let now = now_for(h, Some(&loaded.rec));
     let rec = &loaded.rec;
+    // Another provider account's record is neither answered, read nor sent here, whatever its state.
+    if !account::answers(h, rec) {
+        return Ok(account::refusal(h, rec));
+    }
     // Another owner's record is read through its owner's provider and sent by it: never here.
     let ours = rec.owner == h.settings().owner;
     match rec.state {
@@ -210,7 +216,10 @@ pub(super) fn provider_readable(h: &impl Host, rec: &OpRecord) -> bool {
 /// dispatches it, and the provider can be read for it.
 pub fn reads_when_due(h: &impl Host, scope: &str, key: &str) -> bool {
     load(h, scope, key).ok().flatten().is_some_and(|l| {
-        l.rec.state == State::Unknown && l.rec.owner == h.settings().owner && provider_readable(h, &l.rec)
+        l.rec.state == State::Unknown
+            && l.rec.owner == h.settings().owner
+            && provider_readable(h, &l.rec)
+            && account::reads_own_account(h, &l.rec)
     })
 }
 
@@ -229,6 +238,12 @@ pub(super) fn read_provider(h: &impl Host, loaded: Loaded) -> Result<(Loaded, Re
         Evidence::Confirmed(receipt) => {
             let receipt = provider_receipt(receipt, &h.settings());
             (rec.confirm(receipt, None, now, "reconciled-confirmed"), Read::Confirmed)
+        }
+        // Through another account than the operation's (a rotated credential), the provider may
+        // not show its effect: not finding it there proves nothing.
+        Evidence::Absent(read_position) if !account::reads_own_account(h, &rec) => {
+            let why = account::absence_unproven(h, &rec, read_position);
+            (rec.still_unknown(&why, None, backoff), Read::Unknown)
         }
         // A read cannot reflect commits later than the moment it returned: a
         // read position in the future must not skip max_in_flight.

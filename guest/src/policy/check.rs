@@ -145,6 +145,9 @@ pub fn check_policy(policy: &Policy, settings: &Settings) -> Result<(), Error> {
     if policy.approval_wait_ms == 0 {
         return bad("approval_wait_ms must be positive".to_string());
     }
+    if let Some(account) = &policy.provider_account {
+        check_account(account, settings)?;
+    }
     if let Some(pin) = &policy.descriptor_pin
         && !is_sha256_hex(pin)
     {
@@ -166,4 +169,13 @@ fn pointer_names_member(pointer: &str, name: &str) -> bool {
         .strip_prefix('/')
         .map(|rest| rest.replace("~1", "/").replace("~0", "~"))
         == Some(name.to_string())
+}
+
+/// A provider account is a name like a key: within the key limit, no control character, not blank.
+/// A host stores a fingerprint there; the engine only compares it, so any such text will do.
+fn check_account(account: &str, settings: &Settings) -> Result<(), Error> {
+    crate::input::check_new_name("provider_account", account, settings).map_err(|e| match e {
+        Error::InvalidRequest(m) => Error::InvalidPolicy(m),
+        other => other,
+    })
 }

@@ -157,6 +157,9 @@ pub struct Policy {
     /// How long a call may wait for a person's decision before it is denied.
     #[serde(default = "one_day", skip_serializing_if = "is_one_day")]
     pub approval_wait_ms: u64,
+    /// The provider account (a credential's fingerprint) the tool is sent and read through, if named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_account: Option<String>,
 }
 
 fn yes() -> bool {
@@ -205,6 +208,7 @@ pub fn default_policy() -> Policy {
         approval: ApprovalRule::Never,
         approval_valid_ms: DEFAULT_APPROVAL_VALID_MS,
         approval_wait_ms: DEFAULT_APPROVAL_WAIT_MS,
+        provider_account: None,
     }
 }
 
@@ -233,6 +237,7 @@ pub fn unset() -> PolicyInput {
         approval: None,
         approval_valid_ms: None,
         approval_wait_ms: None,
+        provider_account: None,
     }
 }
 
@@ -284,6 +289,7 @@ pub fn resolve(
         approval: pick!(approval).as_ref().map_or(engine.approval, ApprovalRule::of),
         approval_valid_ms: pick!(approval_valid_ms).unwrap_or(engine.approval_valid_ms),
         approval_wait_ms: pick!(approval_wait_ms).unwrap_or(engine.approval_wait_ms),
+        provider_account: pick!(provider_account),
     };
     check_policy(&policy, settings).map_err(|e| match e {
         crate::types::Error::InvalidPolicy(m) => crate::types::Error::InvalidPolicy(alloc::format!("tool {tool}: {m}")),
@@ -339,6 +345,7 @@ impl Policy {
             approval: self.approval.to_wit(),
             approval_valid_ms: self.approval_valid_ms,
             approval_wait_ms: self.approval_wait_ms,
+            provider_account: self.provider_account.clone(),
         }
     }
 }

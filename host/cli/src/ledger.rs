@@ -156,6 +156,13 @@ pub fn run(once: &Once, command: LedgerCommand) -> Result<(), Failure> {
                 if view.escalated { " (escalated)" } else { "" }
             );
             say!(w, "owner        {}", view.owner);
+            // The provider account the record is bound to (its policy's `provider_account`), if it names one.
+            if let Some(account) = serde_json::from_str::<serde_json::Value>(&view.body)
+                .ok()
+                .and_then(|b| b["policy"]["provider_account"].as_str().map(String::from))
+            {
+                say!(w, "account      {account}");
+            }
             say!(w, "version      {}", view.version);
             say!(w, "attempts     {}", view.attempts);
             say!(w, "fingerprint  {}", view.fingerprint);

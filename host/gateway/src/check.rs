@@ -12,7 +12,7 @@ use crate::{GatewayError, SESSION_SCOPE_WARNING};
 /// `--check-config` without an upstream: the file's policies through the engine's own check.
 pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
     let once = config
-        .apply(Once::builder(MemoryStorage::new()), &[])
+        .apply(Once::builder(MemoryStorage::new()), &[], None)
         .build()
         .map_err(|e| GatewayError::Config(config.refused(&e)))?;
     println!(
@@ -42,7 +42,7 @@ pub(crate) fn check_static(config: &Config) -> Result<(), GatewayError> {
 pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayError> {
     let config = &shared.config;
     println!(
-        "{}: ok; upstream `{}` lists {} tools; scope {}; owner {:?}",
+        "{}: ok; upstream `{}` lists {} tools; scope {}; owner {:?}; account {:?}",
         config.source,
         shared.upstream.shown(),
         shared.upstream.tools().len(),
@@ -52,9 +52,13 @@ pub(crate) fn print_routes(shared: &Shared, once: &Once) -> Result<(), GatewayEr
             ScopeMode::Meta(field) => format!("from _meta {field:?} (a call without it is refused)"),
         },
         shared.owner,
+        shared.account,
     );
     if config.scope == ScopeMode::Session {
         println!("warning: {SESSION_SCOPE_WARNING}");
+    }
+    if let Some(warning) = crate::account_warning(config, &shared.account) {
+        println!("warning: {warning}");
     }
     for tool in shared.upstream.tools() {
         let name = tool.name.to_string();

@@ -37,6 +37,7 @@ struct File {
     upstream_url: Option<String>,
     scope: Option<String>,
     owner: Option<String>,
+    account: Option<String>,
     key_meta: Option<Vec<String>>,
     clock_skew: Option<Millis>,
     in_flight_wait: Option<Millis>,
@@ -294,6 +295,9 @@ pub struct Config {
     pub scope: ScopeMode,
     /// Who dispatches this gateway's operations (`owner`; default: the upstream command line).
     pub owner: Option<String>,
+    /// The provider account the upstream acts for (`account`, a name for it, never its credential;
+    /// default: the upstream's identity digest, [`crate::identity::default_account`]).
+    pub account: Option<String>,
     /// `_meta` fields carrying the operation key; every one present is passed to the engine.
     pub key_meta: Vec<String>,
     /// Declared clock skew bound, ms.
@@ -356,6 +360,9 @@ impl Config {
         if file.owner.as_deref().is_some_and(|o| o.trim().is_empty()) {
             return Err(format!("{source}: owner is empty"));
         }
+        if file.account.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            return Err(format!("{source}: account is empty"));
+        }
         let http = HttpAccess::from_section(file.http.unwrap_or_default(), file.scope.as_deref())
             .map_err(|e| format!("{source}: {e}"))?;
         let upstream_url = match file.upstream_url.as_deref() {
@@ -368,6 +375,7 @@ impl Config {
             upstream_url,
             scope,
             owner: file.owner,
+            account: file.account,
             key_meta,
             clock_skew_ms: file.clock_skew.map_or(0, |m| m.0),
             in_flight_wait: ms(file.in_flight_wait.map_or(10_000, |m| m.0)),
@@ -403,12 +411,21 @@ impl Config {
 
     /// `builder` configured as the file says: the clock skew, the wait for
     /// another attempt, `[defaults]`, and every tool the upstream lists
-    /// (`descriptors`, for routing by annotations and pinning) or the file names.
-    pub fn apply(&self, builder: once::Builder, descriptors: &[ToolDescriptor]) -> once::Builder {
+    /// (`descriptors`, for routing by annotations and pinning) or the file names;
+    /// every tool sent and read through the provider `account` (none: not named).
+    pub fn apply(
+        &self,
+        builder: once::Builder,
+        descriptors: &[ToolDescriptor],
+        account: Option<&str>,
+    ) -> once::Builder {
         let mut builder = builder
             .clock_skew(ms(self.clock_skew_ms))
             .wait_up_to(self.in_flight_wait)
-            .defaults(self.defaults_policy());
+            .defaults(PolicyInput {
+                provider_account: account.map(String::from),
+                ..self.defaults_policy()
+            });
         for d in descriptors {
             builder = builder.tool(d.name.clone(), self.policy(&d.name), Some(d.clone()));
         }
@@ -430,7 +447,8 @@ impl Config {
             "{}: {table}{said} (once.toml names: timeout = dispatch_timeout_ms, lease = lease_ms, attempts = attempt_budget, \
              retention = retention_ms, tombstone_retention = tombstone_retention_ms, derived_window = \
              derived_window_ms, provider_key = key_argument / key_sent_by_host, pin = descriptor_pin, quota.field = \
-             spend field, approval.field = approval field, approval_valid = approval_valid_ms, approval_wait = approval_wait_ms)",
+             spend field, approval.field = approval field, approval_valid = approval_valid_ms, approval_wait = approval_wait_ms, \
+             account = provider_account)",
             self.source
         )
     }
@@ -646,7 +664,7 @@ mod tests {
 
     /// The engine configured as `config` says, with no upstream.
     fn engine(config: &Config) -> Result<Once, once::OnceError> {
-        config.apply(Once::builder(MemoryStorage::new()), &[]).build()
+        config.apply(Once::builder(MemoryStorage::new()), &[], None).build()
     }
 
     #[test]

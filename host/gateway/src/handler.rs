@@ -42,6 +42,10 @@ pub struct Shared {
     /// identity digest (`gateway refund-mcp #3fa2c19e0b7d`: [`crate::identity::default_owner`]).
     /// Gateways with one owner settle each other's records; others never touch them.
     pub owner: String,
+    /// The provider account its upstream acts for: the configured `account`, else the upstream's
+    /// identity digest ([`crate::identity::default_account`]). Every record it begins names it; it
+    /// neither answers nor sends another account's, and its reads never prove theirs absent.
+    pub account: String,
     /// Scopes this gateway may serve (bound to its owner in the ledger), as far as this process has seen.
     admitted: Mutex<HashSet<String>>,
     /// The upstream's tasks this gateway stopped waiting for while they may still run, by the attempt that
@@ -77,10 +81,16 @@ impl Drop for InFlight {
 impl Shared {
     /// Shared state over a started upstream.
     pub fn new(config: Config, upstream: Upstream) -> Shared {
-        let owner = config.owner.clone().unwrap_or_else(|| {
-            let target = upstream.target();
-            crate::identity::default_owner(target, &crate::identity::identity(target))
-        });
+        let target = upstream.target();
+        let identity = crate::identity::identity(target);
+        let owner = config
+            .owner
+            .clone()
+            .unwrap_or_else(|| crate::identity::default_owner(target, &identity));
+        let account = config
+            .account
+            .clone()
+            .unwrap_or_else(|| crate::identity::default_account(&identity));
         Shared {
             config,
             upstream,
@@ -90,6 +100,7 @@ impl Shared {
             in_flight: Arc::new(AtomicUsize::new(0)),
             blocked: Mutex::new(BTreeMap::new()),
             owner,
+            account,
             admitted: Mutex::new(HashSet::new()),
             tasks: Mutex::new(HashMap::new()),
             seal: OnceLock::new(),
@@ -127,6 +138,18 @@ impl Shared {
             .map_err(|e| format!("binding scope {scope:?} to this gateway in the ledger: {e}"))?;
         if holder != self.owner {
             let source = &self.config.source;
+            // The old upstream's default account, when its owner was the default (the same digits).
+            let same_account = holder
+                .rsplit_once(" #")
+                .filter(|_| self.config.account.is_none())
+                .filter(|(_, digits)| digits.len() == 12 && digits.bytes().all(|b| b.is_ascii_hexdigit()))
+                .map_or_else(String::new, |(_, digits)| {
+                    format!(
+                        " If it also acts for the same provider account (no credential changed), set account = \
+                         \"upstream #{digits}\" as well; otherwise the operations begun through the old account are \
+                         neither replayed nor sent by this gateway, and its reads never prove them absent."
+                    )
+                });
             return Err(format!(
                 "scope {scope:?} on this ledger belongs to another upstream (owner {holder:?}); this gateway is \
                  {:?}. Two upstreams on one ledger would answer each other's calls from each other's records. Give \
@@ -134,7 +157,7 @@ impl Shared {
                  own in {source} (scope = \"fixed:NAME\", owner = \"NAME\", a NAME no other gateway on the ledger \
                  uses). If it is the same upstream and only its command line or environment changed, set owner = \
                  {holder:?} in {source} (gateways with one owner are replicas of one upstream), or move the old \
-                 name's operations to this one: once ledger adopt --from {holder:?} --to {:?}",
+                 name's operations to this one: once ledger adopt --from {holder:?} --to {:?}.{same_account}",
                 self.owner, self.owner
             ));
         }
@@ -1221,7 +1244,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (runtime, shared) = started(dir.path());
         let builder = Once::builder(once::storage::memory::MemoryStorage::new());
-        let once = shared.config.apply(builder, &shared.descriptors()).build().unwrap();
+        let once = shared
+            .config
+            .apply(builder, &shared.descriptors(), Some(&shared.account))
+            .build()
+            .unwrap();
         shared.configured_with(&shared.descriptors());
         assert_eq!(once.plan("refund_order").route, Route::Protect);
         let mut tools = shared.upstream.tools();
@@ -1286,7 +1313,13 @@ mod tests {
                 timeout = "300ms""#,
         );
         let builder = Once::builder(once::storage::memory::MemoryStorage::new());
-        let once = Arc::new(shared.config.apply(builder, &shared.descriptors()).build().unwrap());
+        let once = Arc::new(
+            shared
+                .config
+                .apply(builder, &shared.descriptors(), Some(&shared.account))
+                .build()
+                .unwrap(),
+        );
         let call = Once::call_of("t1", None, "refund_order", r#"{"order_id":1234,"amount":5}"#);
         let mut capture = Capture::default();
         let called = runtime.block_on(once.call_async(

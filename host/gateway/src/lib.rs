@@ -224,6 +224,9 @@ async fn serve(config: Config, db: String, target: Target, args: Options) -> Res
     if shared.config.scope == ScopeMode::Session {
         tracing::warn!(target: "once::gateway", "{SESSION_SCOPE_WARNING}");
     }
+    if let Some(warning) = account_warning(&shared.config, &shared.account) {
+        tracing::warn!(target: "once::gateway", "{warning}");
+    }
     for tool in shared.upstream.tools() {
         if let Some(warning) = check::identity_warning(&once, &tool.name) {
             tracing::warn!(target: "once::gateway", "{warning}");
@@ -313,7 +316,7 @@ fn open(shared: &Arc<Shared>, db: &str) -> Result<Once, GatewayError> {
     let builder = builder.reads_in_dispatcher().owner(shared.owner.clone());
     let once = shared
         .config
-        .apply(builder, &descriptors)
+        .apply(builder, &descriptors, Some(&shared.account))
         .build()
         .map_err(|e| match e {
             OnceError::Engine(once::types::Error::InvalidPolicy(_)) => GatewayError::Config(shared.config.refused(&e)),
@@ -386,6 +389,23 @@ fn instructions(shared: &Shared) -> String {
          _meta \"{key_meta}\"; without one, {keyless}. Read each result's first line: it says whether the call \
          ran, was replayed, is UNKNOWN, or was blocked."
     )
+}
+
+/// Said at start (and by `--check-config`) when `owner` is set but `account` is not: the owner says which
+/// gateways are replicas of one upstream, but the default account still follows each one's command line and
+/// environment, so replicas whose environments differ are different accounts and refuse each other's operations.
+pub(crate) fn account_warning(config: &Config, account: &str) -> Option<String> {
+    (config.owner.is_some() && config.account.is_none()).then(|| {
+        format!(
+            "owner is set in {} but account is not: this gateway's provider account is the default {account:?}, \
+             from its upstream's command line and environment. Gateways with one owner whose command lines or \
+             environments differ (replicas on other machines, a restart with a new flag) are then different \
+             accounts, and each refuses the others' operations (other-account). Set account = \"NAME\" (a name \
+             for the provider account, never its credential), the same on every gateway of this owner while their \
+             credential is the same",
+            config.source
+        )
+    })
 }
 
 /// What `scope = "session"` means, said wherever it is chosen.

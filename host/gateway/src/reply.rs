@@ -501,6 +501,11 @@ fn blocked(a: &Account, b: &Blocked, cx: &Context<'_>) -> CallToolResult {
             "operation {key} belongs to another gateway or host on this ledger (its owner is named below); this \
              one never sends it"
         ),
+        BlockReason::OtherAccount => format!(
+            "operation {key} (or the operation it would replace) was made through another provider account than \
+             this gateway's upstream now uses (its credential changed, or another account's gateway shares this \
+             ledger); it is neither replayed, replaced nor sent through this account, and whatever it did stands"
+        ),
         BlockReason::ApprovalDenied => {
             format!(
                 "operation {key} was not approved (a person denied it, or nobody approved it in time); it will not \

@@ -971,6 +971,15 @@ async fn a_renamed_gateways_records_are_adopted_and_settled_once() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&format!("owner {old_owner:?}")), "{stderr}");
+    // The same provider account (a flag changed, no credential): the refusal says how to say so. Without it
+    // the renamed gateway neither sends the old account's operations nor takes its own reads as their absence.
+    let account = named_account(&stderr).unwrap_or_else(|| panic!("the refusal names the account to set: {stderr}"));
+    assert_eq!(account, format!("upstream #{}", &old_owner[old_owner.len() - 12..]));
+    std::fs::write(
+        &rig.config,
+        format!("account = \"{account}\"\n{}", fast_config("in_flight_wait = \"0ms\"")),
+    )
+    .unwrap();
     let checked = run_to_exit(&rig, renamed(&["--check-config"]));
     let report = String::from_utf8_lossy(&checked.stdout).into_owned();
     let new_owner = report
@@ -980,6 +989,7 @@ async fn a_renamed_gateways_records_are_adopted_and_settled_once() {
         .unwrap_or_else(|| panic!("no owner in {report}"))
         .to_string();
     assert_ne!(new_owner, old_owner);
+    assert!(report.contains(&format!("account {account:?}")), "{report}");
 
     let adopt = Command::new(gateway_common::once_exe())
         .args([

@@ -127,13 +127,118 @@ async fn a_gateway_restarted_with_a_changed_upstream_command_names_the_owner_the
     assert!(holder.starts_with("gateway refund-mcp #"), "{holder}");
     assert_eq!(rig.effects().0, 1);
 
-    // The same upstream after all: the config names the record's owner, as the refusal says.
+    // The same upstream and account after all: the config names the record's owner and account, as the
+    // refusal says.
+    let account = named_account(&rig.logs()).expect("the refusal names the account to set");
     let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
-    std::fs::write(&rig.config, format!("owner = \"{holder}\"\n{example}")).unwrap();
+    std::fs::write(
+        &rig.config,
+        format!("owner = \"{holder}\"\naccount = \"{account}\"\n{example}"),
+    )
+    .unwrap();
     let second = rig.connect("none", 2).await;
     let result = second.refund(200.0, Some(key)).await;
     assert!(second.close().await.success());
     assert_settled_after_the_dead_holder(&rig, &result);
+}
+
+/// The cases "credential rotation while unknown" and "wrong provider account" (issue "Authority"): a gateway dies
+/// with a refund's outcome unknown (committed at the provider, its reply never seen); the upstream is restarted
+/// with a rotated credential (another `API_KEY`), whose account cannot see the old refunds (another effect ledger).
+/// Told the old owner (as the refusal at start says), the new gateway still neither sends the operation through the
+/// new account nor reads the new account's "no such refund" as proof: the same call is refused (`other-account`,
+/// effect unknown) before and after the dead holder's lease ends, and nothing is refunded through the new account.
+/// Back on the old credential, the read finds the refund: a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_credential_never_sends_or_reads_absent_an_operation_of_the_old_account() {
+    let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+    let example = std::fs::read_to_string(EXAMPLE_CONFIG).unwrap();
+    let key = "refund-1234-rotated";
+    let old_key = ["env", "API_KEY=sk-2026-11"];
+    let first = rig
+        .connect_command(rig.gateway_command_wrapped(&[], &old_key, "late_reply"), 0)
+        .await;
+    first
+        .kill_with_the_refund_open(200.0, Some(key), || rig.effects().0 == 1)
+        .await;
+    let lease_until = lease_until(&rig, key).await;
+
+    // The new credential's account: its own effect ledger, where the old refund does not show.
+    let mut rotated = rig.beside(&example);
+    rotated.effects = rotated.dir.path().join("effects.db");
+    let new_key = ["env", "API_KEY=sk-2026-12"];
+    let holder = match try_connect(&rotated, rotated.gateway_command_wrapped(&[], &new_key, "none"), 0).await {
+        Ok(session) => {
+            session.kill().await;
+            panic!(
+                "a gateway with a changed credential served the old owner's scope\n{}",
+                rotated.logs()
+            );
+        }
+        Err(log) => {
+            let (_, rest) = log.split_once("set owner = \"").unwrap_or_else(|| panic!("{log}"));
+            rest.split('"').next().unwrap().to_string()
+        }
+    };
+    std::fs::write(&rotated.config, format!("owner = \"{holder}\"\n{example}")).unwrap();
+    let session = rotated
+        .connect_command(rotated.gateway_command_wrapped(&[], &new_key, "none"), 1)
+        .await;
+    let refused_for = |result: &rmcp::model::CallToolResult| {
+        let info = outcome(result);
+        assert_eq!(info["reason"], "other-account", "{}\n{}", text(result), rotated.logs());
+        assert_eq!(info["effect"], "unknown", "{}", text(result));
+        assert!(text(result).contains("another provider account"), "{}", text(result));
+    };
+    refused_for(&session.refund(200.0, Some(key)).await);
+    wait_for("the dead holder's lease to end", Duration::from_secs(20), || {
+        now_ms() > lease_until + 1_000
+    })
+    .await;
+    // The new gateway's worker has expired the lease and read the new account (no such refund) by now.
+    refused_for(&session.refund(200.0, Some(key)).await);
+    assert!(session.close().await.success());
+    assert_eq!(
+        rotated.effects().0,
+        0,
+        "nothing refunded through the new account\n{}",
+        rotated.logs()
+    );
+    assert_eq!(rig.effects().0, 1);
+    let view = tokio::task::spawn_blocking({
+        let db = rig.db.clone();
+        move || {
+            once::Once::open(&db)
+                .unwrap()
+                .build()
+                .unwrap()
+                .inspect("default", key)
+                .unwrap()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(view.state, State::Unknown, "never absent on the new account's word");
+    assert!(
+        view.audit.iter().any(|e| e.kind == "lease-expired")
+            && view
+                .audit
+                .iter()
+                .filter(|e| e.kind.starts_with("reconcile"))
+                .all(|e| e.detail.contains("not read through provider account")),
+        "expired by the new gateway's worker, never read through its account: {:#?}",
+        view.audit
+    );
+
+    // The old credential again (the first gateway's command, so its owner and account): its read finds the refund.
+    let back = rig
+        .connect_command(rig.gateway_command_wrapped(&[], &old_key, "late_reply"), 2)
+        .await;
+    let replayed = back.refund(200.0, Some(key)).await;
+    assert!(back.close().await.success());
+    assert_replay(&replayed, &rig);
+    assert_exactly_one_refund(&rig);
 }
 
 /// Start the gateway `command` (its stderr to log `n`) and initialize a client: the session, or the
@@ -244,6 +349,39 @@ async fn two_gateways_on_one_sqlite_ledger_send_a_key_once() {
         a.logs(),
         b.logs()
     );
+    assert!(left.close().await.success());
+    assert!(right.close().await.success());
+    assert_exactly_one_refund(&a);
+}
+
+/// The case "wrong provider account" (issue "Authority"): two gateways told they are one upstream (one `owner`)
+/// share a ledger, but their upstreams run with different credentials (`API_KEY`). A refund made through A's is
+/// asked for through B's: B neither replays A's receipt nor sends it through its own account; its caller is told
+/// the refund happened. A's caller gets the replay. One refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_through_another_provider_account_is_neither_replayed_nor_sent() {
+    let config = fast_config("owner = \"refunds\"");
+    let a = Rig::new(&config);
+    let b = a.beside(&config);
+    let left = a
+        .connect_command(a.gateway_command_wrapped(&[], &["env", "API_KEY=acct-a"], "none"), 0)
+        .await;
+    let made = left.refund(200.0, Some("refund-1234-acct")).await;
+    assert_eq!(outcome(&made)["decision"], "executed", "{}", text(&made));
+    let right = b
+        .connect_command(b.gateway_command_wrapped(&[], &["env", "API_KEY=acct-b"], "none"), 0)
+        .await;
+    let other = right.refund(200.0, Some("refund-1234-acct")).await;
+    let info = outcome(&other);
+    assert_eq!(info["reason"], "other-account", "{}\n{}", text(&other), b.logs());
+    assert_eq!(info["effect"], "happened", "{}", text(&other));
+    assert!(
+        !text(&other).contains(r#""refund_id""#),
+        "another account is not shown the receipt: {}",
+        text(&other)
+    );
+    let again = left.refund(200.0, Some("refund-1234-acct")).await;
+    assert_replay(&again, &a);
     assert!(left.close().await.success());
     assert!(right.close().await.success());
     assert_exactly_one_refund(&a);

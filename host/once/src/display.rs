@@ -102,6 +102,7 @@ impl fmt::Display for BlockReason {
             BlockReason::Failed => "failed",
             BlockReason::OtherOwner => "other-owner",
             BlockReason::ApprovalDenied => "approval-denied",
+            BlockReason::OtherAccount => "other-account",
         })
     }
 }

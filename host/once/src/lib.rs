@@ -70,5 +70,6 @@ pub fn policy_input() -> types::PolicyInput {
         approval: None,
         approval_valid_ms: None,
         approval_wait_ms: None,
+        provider_account: None,
     }
 }

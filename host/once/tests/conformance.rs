@@ -439,6 +439,7 @@ fn reason_name(r: BlockReason) -> &'static str {
         BlockReason::Failed => "failed",
         BlockReason::OtherOwner => "other-owner",
         BlockReason::ApprovalDenied => "approval-denied",
+        BlockReason::OtherAccount => "other-account",
     }
 }
 
@@ -712,7 +713,7 @@ fn render_policy(p: &ToolPolicy) -> Value {
         })),
         "descriptor-pin": p.descriptor_pin,
         "approval": render_approval_rule(&p.approval), "approval-valid-ms": p.approval_valid_ms,
-        "approval-wait-ms": p.approval_wait_ms,
+        "approval-wait-ms": p.approval_wait_ms, "provider-account": p.provider_account,
     })
 }
 
@@ -838,6 +839,7 @@ fn parse_policy(overrides: &Value) -> Res<PolicyInput> {
             "descriptor-pin" => p.descriptor_pin = opt_text(v, k)?,
             "approval-valid-ms" => p.approval_valid_ms = opt_num(v, k)?,
             "approval-wait-ms" => p.approval_wait_ms = opt_num(v, k)?,
+            "provider-account" => p.provider_account = opt_text(v, k)?,
             "approval" => {
                 p.approval = match v {
                     Value::Null => None,

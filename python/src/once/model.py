@@ -148,6 +148,7 @@ class BlockReason(str, enum.Enum):
     FAILED = "failed"
     OTHER_OWNER = "other-owner"
     APPROVAL_DENIED = "approval-denied"
+    OTHER_ACCOUNT = "other-account"
 
 
 # ---------------------------------------------------------------- configuration
@@ -203,6 +204,10 @@ class Policy:
     approval: Optional[ApprovalRule] = None
     approval_valid_ms: Optional[int] = None
     approval_wait_ms: Optional[int] = None
+    #: The provider account this host sends and reads the tool through: a stable name or fingerprint of its
+    #: credential, never the credential. A record keeps the account it was begun under; a call through another
+    #: account is blocked (`other-account`), and a read through another one never proves the effect absent.
+    provider_account: Optional[str] = None
 
 
 # The `policy-input` fields, in order (WIT names with `_` for `-`).

@@ -690,7 +690,7 @@ const POLICY_FIELDS = [
   "route", "identity", "key-argument", "key-sent-by-host", "effect-fields", "verify-first", "provider-claims-key",
   "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "attempt-budget", "derived-window-ms",
   "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms", "tombstone-retention-ms", "quota", "descriptor-pin",
-  "approval", "approval-valid-ms", "approval-wait-ms",
+  "approval", "approval-valid-ms", "approval-wait-ms", "provider-account",
 ];
 const U64_FIELDS = new Set([
   "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms", "derived-window-ms", "resolve-deadline-ms",

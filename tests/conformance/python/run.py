@@ -654,7 +654,7 @@ POLICY_FIELDS = ("route", "identity", "key-argument", "key-sent-by-host", "effec
                  "provider-claims-key", "lookup", "max-in-flight-ms", "dispatch-timeout-ms", "lease-ms",
                  "attempt-budget", "derived-window-ms", "resolve-deadline-ms", "reconcile-interval-ms", "retention-ms",
                  "tombstone-retention-ms", "quota", "descriptor-pin", "approval", "approval-valid-ms",
-                 "approval-wait-ms")
+                 "approval-wait-ms", "provider-account")
 
 
 # ---------------------------------------------------------------- vectors

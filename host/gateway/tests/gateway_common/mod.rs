@@ -152,6 +152,12 @@ pub struct Rig {
     pub effects: PathBuf,
 }
 
+/// The `account = "…"` a gateway's refusal at start says to set, if it names one.
+pub fn named_account(log: &str) -> Option<String> {
+    let (_, rest) = log.split_once("set account = \"")?;
+    Some(rest.split('"').next()?.to_string())
+}
+
 impl Rig {
     pub fn new(config_text: &str) -> Rig {
         let dir = tempfile::tempdir().unwrap();

@@ -169,6 +169,7 @@ fn policy() -> ToolPolicy {
         approval: ApprovalRule::Never,
         approval_valid_ms: 3_600_000,
         approval_wait_ms: 86_400_000,
+        provider_account: None,
     }
 }
 
