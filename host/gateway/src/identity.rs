@@ -245,4 +245,20 @@ mod tests {
         let owner = default_owner(&url, &identity_of(&url, "", &env(&[])));
         assert!(!owner.contains("pw") && !owner.contains("abc"), "{owner}");
     }
+
+    #[test]
+    fn the_default_account_follows_the_credential_and_shows_the_owners_digits() {
+        let old = identity_of(&command(&["srv"]), "/srv", &env(&[("API_KEY", "sk-2026-11")]));
+        let rotated = identity_of(&command(&["srv"]), "/srv", &env(&[("API_KEY", "sk-2026-12")]));
+        assert_ne!(
+            default_account(&old),
+            default_account(&rotated),
+            "a rotated key is another account"
+        );
+        let account = default_account(&old);
+        assert!(!account.contains("sk-2026"), "{account}");
+        // The refusal at start rebuilds the old account from the old default owner's digits.
+        let owner = default_owner(&command(&["srv"]), &old);
+        assert_eq!(account, format!("upstream #{}", &owner[owner.len() - 12..]));
+    }
 }

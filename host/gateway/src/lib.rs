@@ -412,3 +412,32 @@ pub(crate) fn account_warning(config: &Config, account: &str) -> Option<String> 
 pub const SESSION_SCOPE_WARNING: &str = "scope = \"session\": each connection is its own scope, so after the \
      gateway or its host restarts, a retry with the same operation key is a NEW operation and may run twice; use \
      the default (one fixed scope) unless that is what you want";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_without_an_account_is_warned_of() {
+        let config = |text: &str| Config::parse(text, "once.toml").unwrap();
+        let warned = account_warning(&config("owner = \"refunds\""), "upstream #3fa2c19e0b7d").unwrap();
+        assert!(
+            warned.contains("once.toml") && warned.contains("upstream #3fa2c19e0b7d") && warned.contains("account = "),
+            "{warned}"
+        );
+        assert_eq!(
+            account_warning(&config("owner = \"refunds\"\naccount = \"stripe-live\""), "stripe-live"),
+            None
+        );
+        assert_eq!(
+            account_warning(&config(""), "upstream #3fa2c19e0b7d"),
+            None,
+            "the default owner follows the account"
+        );
+        assert!(
+            Config::parse("account = \" \"", "once.toml")
+                .unwrap_err()
+                .contains("account is empty")
+        );
+    }
+}
