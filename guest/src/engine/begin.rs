@@ -71,13 +71,14 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
     check_new_name("tool", &req.tool, &settings)?;
     check_policy(&req.policy, &settings)?;
     // One source of the account: a record is bound to the account the host sends and reads through.
-    if req.policy.provider_account != h.provider_account(&req.tool) {
+    let hosts_account = h.provider_account(&req.tool);
+    if req.policy.provider_account != hosts_account {
         let named = |a: Option<String>| a.unwrap_or_else(|| "none".to_string());
         return Err(Error::InvalidRequest(format!(
             "the call's policy names provider account {}, but this host sends and reads tool {} through {}",
             named(req.policy.provider_account.clone()),
             req.tool,
-            named(h.provider_account(&req.tool))
+            named(hosts_account)
         )));
     }
     let app_key = match resolve_carriers(&req.keys, &settings)? {

@@ -146,8 +146,9 @@ impl Shared {
                 .map_or_else(String::new, |(_, digits)| {
                     format!(
                         " If it also acts for the same provider account (no credential changed), set account = \
-                         \"upstream #{digits}\" as well; otherwise the operations begun through the old account are \
-                         neither replayed nor sent by this gateway, and its reads never prove them absent."
+                         {:?} as well; otherwise the operations begun through the old account are neither replayed \
+                         nor sent by this gateway, and its reads never prove them absent.",
+                        crate::identity::default_account(digits)
                     )
                 });
             return Err(format!(

@@ -155,7 +155,8 @@ pub fn default_owner(target: &Target, identity: &str) -> String {
 /// The default provider account: `upstream #` and the identity's first 12 hex digits (those the default
 /// owner shows), so an upstream whose command, environment or URL changed (a rotated credential among
 /// them) is another account, and a name that holds no secret. A gateway whose upstream is the same
-/// account after such a change says so with `account = "upstream #…"` (the old digits) in its config.
+/// account after such a change says so with `account = "upstream #…"` (the old digits) in its config. `identity`
+/// may be those 12 digits alone (as the default owner shows them): the account is the same.
 pub fn default_account(identity: &str) -> String {
     format!("upstream #{}", &identity[..12])
 }
