@@ -32,9 +32,9 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 TARGET = "wasm32-wasip2"
 PACKAGED = "src/once/once_guest.wasm"
-# Where an sdist carries the repository's schema/, and its backends' folders.
+# Where an sdist carries the repository's schema/, and its backends' folders (and the witness file's).
 SCHEMA = "src/once/schema"
-BACKENDS = ("sqlite", "postgres")
+BACKENDS = ("sqlite", "postgres", "witness")
 # The release profile host/once/build.rs builds the guest with.
 PROFILE = {
     "CARGO_PROFILE_RELEASE_DEBUG": "false",

@@ -7,8 +7,12 @@ import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import Database from "better-sqlite3";
 const dir = resolve(process.argv[2] ?? "gen"), { instantiate } = await import(pathToFileURL(join(dir, "once.js")).href);
-const db = new Database(process.argv[3] ?? "once-example.db").exec(readFileSync(new URL("../../schema/sqlite/ledger.sql",
+const path = process.argv[3] ?? "once-example.db", db = new Database(path).exec(readFileSync(new URL("../../schema/sqlite/ledger.sql",
   import.meta.url), "utf8")); // the engine's rows and its audit trail: the tables the once packages make (schema/sqlite)
+const wdb = new Database(`${path}.witness`); // every grant's record, in a file of its own that restoring an older ledger leaves
+wdb.pragma("journal_mode = WAL"); wdb.pragma("synchronous = FULL"); // alone (the format the once packages keep beside theirs)
+wdb.exec(readFileSync(new URL("../../schema/witness/sqlite.sql", import.meta.url), "utf8"));
+const witnessed = (f, failed) => (...args) => { try { return f(...args); } catch (e) { return failed(String(e)); } };
 const q = ((cache) => (text) => (cache[text] ??= db.prepare(text).safeIntegers(true)))({}); // u64s as BigInt, like jco
 const sql = (v) => (typeof v === "number" ? BigInt(v) : v ?? null); // an integer as SQLite's, or NULL for an unset option
 const wit = (r) => r && { table: r.tbl, scope: r.scope, key: r.key, version: r.version, state: r.state ?? undefined,
@@ -47,7 +51,15 @@ const { engine, driver } = instantiate((path) => new WebAssembly.Module(readFile
   "once:core/ledger": ledger, "once:core/ledger-json": { get: unused, commit: unused }, "once:core/clock": { now },
   "once:core/provider": { lookup: (tool, providerKey, args) => ({ tag: "unknown", val: "no lookup in this example" }) }, // yours
   "once:core/operator": { escalate: (e) => (console.log("operator, look at:", e.scope, e.key, e.reason), true) },
-  "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) } }); // the ledger's provider-key secret is made of these
+  "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) }, // the ledger's provider-key secret is made of these
+  "once:core/witness": {
+    seen: witnessed((scope, key) => ((r) => (r ? { tag: "kept", val: r.body } : { tag: "nothing" }))(
+      wdb.prepare("SELECT body FROM witness WHERE scope = ? AND key = ?").get(scope, key)), (why) => ({ tag: "failed", val: why })),
+    keep: witnessed((scope, key, body, at) => void wdb.prepare("INSERT INTO witness VALUES (?,?,?,?) ON CONFLICT (scope, key) "
+      + "DO UPDATE SET at = excluded.at, body = excluded.body WHERE excluded.at >= witness.at").run(scope, key, at, body), (why) => why),
+    forget: witnessed((scope, key, before) => void wdb.prepare("DELETE FROM witness WHERE scope = ? AND key = ? AND at < ?")
+      .run(scope, key, before < 2n ** 63n ? before : 2n ** 63n - 1n),
+      (why) => why) } });
 const policy = { keyArgument: "idempotency_key", dispatchTimeoutMs: 10000n }; // as the user wrote it; the rest unset
 engine.configure({ settings: engine.defaultSettings(), defaults: {}, tools: [{ tool: "refund_order", policy }],
   ledgerEncoding: "typed", reads: "import" }); // or throws, as every export does with the engine's error as `.payload`

@@ -2,11 +2,20 @@
 import json, os, re, sqlite3, sys, time, wasmtime, wasmtime.component as wc
 from wasmtime.component import Record, Variant
 class Rec(Record): __init__, __getattr__ = lambda r, fields: r.__dict__.update(fields), lambda r, _: None  # unset: None
-db = sqlite3.connect(sys.argv[2] if len(sys.argv) > 2 else "once-example.db", isolation_level=None)
+db = sqlite3.connect(path := sys.argv[2] if len(sys.argv) > 2 else "once-example.db", isolation_level=None)
+def witnessed(f, failed):  # a witness failure is its own answer: `failed(why)`, or the why of a keep
+    def run(*args):
+        try: return f(*args)
+        except sqlite3.Error as e: return failed(str(e))
+    return run
 # The engine's rows and its audit trail: the tables the once packages make (the repository's schema/sqlite)
 schema = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "schema", "sqlite", "ledger.sql")
 db.executescript(open(schema, encoding="utf-8").read())  # (tbl, scope, key, version, state, due_at, body, owner)
 db.row_factory = lambda cursor, r: Rec({c[0]: v for c, v in zip(cursor.description, r)})  # read as WIT records
+# The witness: every grant's record, kept in a file of its own that restoring an older ledger file leaves alone
+wdb = sqlite3.connect(path + ".witness", isolation_level=None)  # (the format the once packages keep beside their ledgers)
+[wdb.execute(s) for s in ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")]
+wdb.executescript(open(os.path.join(os.path.dirname(schema), "..", "witness", "sqlite.sql"), encoding="utf-8").read())
 ROWS = 'SELECT tbl AS "table", scope, key, version, state, due_at AS "due-at", owner, body FROM rows WHERE tbl=?'
 q = lambda sql, *args: db.execute(sql, args)
 wit = lambda name: name and re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()  # the JSON form's InFlight is WIT's in-flight
@@ -43,10 +52,17 @@ imports = {"ledger-json": {"commit": commit,  # the engine's I/O, and nothing el
         ' to_state AS "to-state", attempt, detail FROM audit WHERE scope=? AND key=? ORDER BY version', s, k).fetchall()}))},
     "clock": {"now": now}, "provider": {"lookup": lambda _, tool, key, args: Variant("unknown", "read your provider here")},
     "operator": {"escalate": lambda _, e: print("operator, look at:", e.scope, e.key, e.reason) or True},
-    "entropy": {"fill": lambda _, n: os.urandom(n)}}  # the ledger's provider-key secret is made of these
+    "entropy": {"fill": lambda _, n: os.urandom(n)},  # the ledger's provider-key secret is made of these
+    "witness": {"seen": witnessed(lambda _, s, k: (r := wdb.execute("SELECT body FROM witness WHERE scope=? AND key=?", (s, k))
+        .fetchone()) and Variant("kept", r[0]) or Variant("nothing"), lambda why: Variant("failed", why)),
+        "keep": witnessed(lambda _, s, k, body, at: wdb.execute("INSERT INTO witness VALUES (?,?,?,?) ON CONFLICT (scope, key) DO "
+            "UPDATE SET at=excluded.at, body=excluded.body WHERE excluded.at >= witness.at", (s, k, at, body)) and None, str),
+        "forget": witnessed(lambda _, s, k, before: wdb.execute("DELETE FROM witness WHERE scope=? AND key=? AND at<?",
+            (s, k, min(before, 2**63 - 1))) and None, str)}}
 with (linker := wc.Linker(engine := wasmtime.Engine())).root() as root:
     for iface, funcs in imports.items():
-        with root.add_instance(f"once:core/{iface}@2.0.0") as i: [i.add_func(n, answers(f, iface == "ledger-json")) for n, f in funcs.items()]
+        with root.add_instance(f"once:core/{iface}@2.0.0") as i: [i.add_func(n, f if iface == "witness" else answers(f,
+            iface == "ledger-json")) for n, f in funcs.items()]
 instance = linker.instantiate(store := wasmtime.Store(engine), wc.Component.from_file(engine, sys.argv[1]))
 x = lambda iface, name, *args: instance.get_func(store, instance.get_export_index(  # an export by name
     store, name, instance.get_export_index(store, f"once:core/{iface}@2.0.0")))(store, *args)

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use core::cell::RefCell;
 
 use crate::bindings::exports::once::core::{driver, engine as engine_export, protocol as protocol_export, transitions};
-use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider};
+use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider, witness};
 use crate::config::Config;
 use crate::host::{CommitError, Host};
 use crate::types::*;
@@ -180,6 +180,19 @@ impl Host for Imports {
     }
     fn entropy(&self, len: u32) -> Vec<u8> {
         entropy::fill(len)
+    }
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, String> {
+        match witness::seen(scope, key) {
+            witness::Witnessed::Nothing => Ok(None),
+            witness::Witnessed::Kept(body) => Ok(Some(body)),
+            witness::Witnessed::Failed(why) => Err(why),
+        }
+    }
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: u64) -> Result<(), String> {
+        witness::keep(scope, key, body, at).map_or(Ok(()), Err)
+    }
+    fn forget_witnessed(&self, scope: &str, key: &str, before: u64) -> Result<(), String> {
+        witness::forget(scope, key, before).map_or(Ok(()), Err)
     }
     fn record_cache(&self) -> Option<&crate::store::RecordCache> {
         Some(&RECORDS.0)

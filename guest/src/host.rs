@@ -63,6 +63,22 @@ pub trait Host {
     fn provider_account(&self, _tool: &str) -> Option<String> {
         None
     }
+    /// What the ledger's witness (the `witness` import: a copy kept outside
+    /// the ledger of every attempt handed out) holds for (scope, key): the
+    /// record body last kept, or none. The default: a host with no witness,
+    /// which keeps nothing ([`crate::engine`]'s `witness` module says what that loses).
+    fn witnessed(&self, _scope: &str, _key: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+    /// Keep `body` for (scope, key) durably, unless what is kept was granted
+    /// after `at`; an error: it could not, and the grant must not leave the engine.
+    fn keep_witness(&self, _scope: &str, _key: &str, _body: &str, _at: u64) -> Result<(), String> {
+        Ok(())
+    }
+    /// Forget what the witness kept for (scope, key) if it was kept as of before `before`.
+    fn forget_witnessed(&self, _scope: &str, _key: &str, _before: u64) -> Result<(), String> {
+        Ok(())
+    }
     /// `len` cryptographically secure random bytes (fewer, or none, when the
     /// host has none to give: the engine then refuses to derive a key).
     /// Asked only to create the ledger's provider-key secret ([`crate::secret`]).

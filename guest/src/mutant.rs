@@ -64,11 +64,20 @@ pub enum Mutant {
     /// A call through another provider account than the record's is answered from the record
     /// (a replay of that account's receipt) instead of refused.
     OtherAccountAnswered,
+    /// The witness is not asked before a new key's first attempt: a ledger restored from
+    /// before the call sends again an attempt the newer history had sent.
+    WitnessUnread,
+    /// The witness is not asked before a retry or an owed redispatch: a ledger restored to a
+    /// record short of its last attempt sends another.
+    WitnessUnreadOnRetry,
+    /// A grant leaves the engine without its record kept in the witness: a restore of the
+    /// ledger taken before it loses it whole.
+    WitnessNotKept,
 }
 
 impl Mutant {
     /// Every mutant.
-    pub const ALL: [Mutant; 22] = [
+    pub const ALL: [Mutant; 25] = [
         Mutant::DispatchUnknownWithoutRead,
         Mutant::SkipMaxInFlight,
         Mutant::TombstoneSaysNone,
@@ -91,6 +100,9 @@ impl Mutant {
         Mutant::ApprovalReused,
         Mutant::OtherAccountReadProvesAbsent,
         Mutant::OtherAccountAnswered,
+        Mutant::WitnessUnread,
+        Mutant::WitnessUnreadOnRetry,
+        Mutant::WitnessNotKept,
     ];
 }
 

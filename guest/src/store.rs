@@ -56,6 +56,19 @@ impl LedgerError {
 
 /// Read a record.
 pub fn load(h: &impl Host, scope: &str, key: &str) -> Result<Option<Loaded>, LedgerError> {
+    let Some(loaded) = load_as_stored(h, scope, key)? else {
+        return Ok(None);
+    };
+    // A record that answers "no effect" or may be sent again is first checked against the
+    // witness: a ledger restored from an older backup may have lost what happened since.
+    if matches!(loaded.rec.state, State::Failed | State::Absent) {
+        return crate::engine::catch_up(h, loaded);
+    }
+    Ok(Some(loaded))
+}
+
+/// The operation record as the ledger holds it, unchecked against the witness.
+pub fn load_as_stored(h: &impl Host, scope: &str, key: &str) -> Result<Option<Loaded>, LedgerError> {
     let Some(row) = h.get(Table::Operation, scope, key).map_err(LedgerError::Storage)? else {
         return Ok(None);
     };

@@ -31,6 +31,8 @@ pub struct MemoryHost {
     entropy: RefCell<Vec<u8>>,
     secret: crate::secret::SecretCache,
     reads: Option<crate::reads::Reads>,
+    witness: RefCell<Witness>,
+    fail_witness: Cell<bool>,
 }
 
 /// The bytes a [`MemoryHost`]'s `entropy` gives unless told otherwise: fixed,
@@ -86,6 +88,8 @@ impl MemoryHost {
             lookup_configured: Cell::new(false),
             account: RefCell::new(None),
             reads: None,
+            witness: RefCell::new(Witness::default()),
+            fail_witness: Cell::new(false),
         }
     }
     /// This host with the protocol's provider reads as steps of their own (configuration
@@ -144,9 +148,21 @@ impl MemoryHost {
     pub fn rows(&self) -> Vec<Row> {
         self.ledger.borrow().rows.values().cloned().collect()
     }
-    /// Drop every row and event: a lost ledger.
+    /// Drop every row and event: a lost ledger (its witness, kept apart, stays).
     pub fn wipe(&self) {
         *self.ledger.borrow_mut() = Ledger::default();
+    }
+    /// What the witness holds now, a plain value.
+    pub fn witness(&self) -> Witness {
+        self.witness.borrow().clone()
+    }
+    /// Replace the witness (none kept: a witness lost, or restored with its ledger).
+    pub fn set_witness(&self, witness: Witness) {
+        *self.witness.borrow_mut() = witness;
+    }
+    /// Every witness read and write fails while set.
+    pub fn set_fail_witness(&self, fail: bool) {
+        self.fail_witness.set(fail);
     }
     /// Number of audit events.
     pub fn event_count(&self) -> usize {
@@ -250,6 +266,38 @@ impl Ledger {
     }
 }
 
+/// The ledger's witness as the `witness` import keeps it: the record body last
+/// kept for each (scope, key), with when its attempt was granted. A plain value,
+/// so a model checker can keep one per explored state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Witness {
+    /// (granted at, body) by (scope, key).
+    pub kept: BTreeMap<(String, String), (u64, String)>,
+}
+
+impl Witness {
+    /// `witness.seen`.
+    pub fn seen(&self, scope: &str, key: &str) -> Option<String> {
+        self.kept
+            .get(&(scope.to_string(), key.to_string()))
+            .map(|(_, body)| body.clone())
+    }
+    /// `witness.keep`: in place of what is kept, unless that was granted later.
+    pub fn keep(&mut self, scope: &str, key: &str, body: &str, at: u64) {
+        let id = (scope.to_string(), key.to_string());
+        if self.kept.get(&id).is_none_or(|(kept_at, _)| *kept_at <= at) {
+            self.kept.insert(id, (at, body.to_string()));
+        }
+    }
+    /// `witness.forget`.
+    pub fn forget(&mut self, scope: &str, key: &str, before: u64) {
+        let id = (scope.to_string(), key.to_string());
+        if self.kept.get(&id).is_some_and(|(at, _)| *at < before) {
+            self.kept.remove(&id);
+        }
+    }
+}
+
 impl Host for MemoryHost {
     fn now(&self) -> u64 {
         self.now.get()
@@ -321,5 +369,25 @@ impl Host for MemoryHost {
     }
     fn reads(&self) -> Option<&crate::reads::Reads> {
         self.reads.as_ref()
+    }
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, String> {
+        if self.fail_witness.get() {
+            return Err("injected witness failure".to_string());
+        }
+        Ok(self.witness.borrow().seen(scope, key))
+    }
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: u64) -> Result<(), String> {
+        if self.fail_witness.get() {
+            return Err("injected witness failure".to_string());
+        }
+        self.witness.borrow_mut().keep(scope, key, body, at);
+        Ok(())
+    }
+    fn forget_witnessed(&self, scope: &str, key: &str, before: u64) -> Result<(), String> {
+        if self.fail_witness.get() {
+            return Err("injected witness failure".to_string());
+        }
+        self.witness.borrow_mut().forget(scope, key, before);
+        Ok(())
     }
 }

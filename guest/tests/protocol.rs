@@ -360,6 +360,18 @@ impl Host for Observed {
     fn secret_cache(&self) -> Option<&once_guest::secret::SecretCache> {
         self.host.secret_cache()
     }
+    fn witnessed(&self, s: &str, k: &str) -> Result<Option<String>, String> {
+        self.log("seen");
+        self.host.witnessed(s, k)
+    }
+    fn keep_witness(&self, s: &str, k: &str, b: &str, at: u64) -> Result<(), String> {
+        self.log("keep");
+        self.host.keep_witness(s, k, b, at)
+    }
+    fn forget_witnessed(&self, s: &str, k: &str, before: u64) -> Result<(), String> {
+        self.log("forget");
+        self.host.forget_witnessed(s, k, before)
+    }
 }
 
 /// A grant whose commit took its send window (a ledger where the write queued behind others) has
@@ -639,21 +651,22 @@ fn start_uses_the_configured_policy_of_the_call_s_tool() {
     assert!(matches!(a.ending, Ending::Blocked(ref b) if b.reason == BlockReason::IdentityRequired));
 }
 
-/// The crossings of one protected call that succeeds, as docs/design.md states them:
-/// two export calls and six import calls. A new key is claimed without a read;
-/// the grant's `now` after its commit asks whether the commit took its send window.
+/// The crossings of one protected call that succeeds, as docs/contract.md states them:
+/// two export calls and eight import calls. A new key is claimed without a ledger read (the
+/// witness is asked first, and keeps the grant before it leaves); the grant's `now` after its
+/// commit asks whether the commit took its send window.
 #[test]
 fn a_protected_call_crosses_few_times() {
     let h = Observed::new();
     let g = dispatch(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["now", "commit", "now"], "start");
+    assert_eq!(h.take(), ["seen", "now", "commit", "now", "keep"], "start");
     done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
     assert_eq!(h.take(), ["get", "now", "commit"], "report");
     done(start_request(&h, call("k")).unwrap());
     assert_eq!(
         h.take(),
-        ["now", "commit", "get", "now", "commit"],
-        "a replay: the blind claim conflicts, then the record is read (its count is audited)"
+        ["seen", "get", "now", "commit"],
+        "a replay: the witness holds the key, so no blind claim; the record is read (its count is audited)"
     );
 }
 
@@ -663,9 +676,13 @@ fn a_protected_call_crosses_few_times() {
 fn the_secret_costs_one_read_per_instance() {
     let h = Observed::fresh();
     dispatch(start_request(&h, call("k")).unwrap());
-    assert_eq!(h.take(), ["get", "now", "commit", "now"], "the first call");
+    assert_eq!(
+        h.take(),
+        ["get", "seen", "now", "commit", "now", "keep"],
+        "the first call"
+    );
     dispatch(start_request(&h, call("k2")).unwrap());
-    assert_eq!(h.take(), ["now", "commit", "now"], "the next");
+    assert_eq!(h.take(), ["seen", "now", "commit", "now", "keep"], "the next");
 }
 
 /// Which batches may wait for the disk (DESIGN.md "Durability budget"): an
@@ -680,8 +697,8 @@ fn only_an_own_success_and_observations_are_deferrable() {
     done(report(&h, "s", "k", &g.fence, success(RECEIPT)).unwrap());
     assert_eq!(deferred(), [true], "the attempt's own success");
     done(start_request(&h, call("k")).unwrap());
-    // The blind claim's insert conflicts whatever its flag; the count is deferrable.
-    assert_eq!(deferred(), [false, true], "a replay");
+    // The witness holds the key, so it is read before any claim; the count is deferrable.
+    assert_eq!(deferred(), [true], "a replay");
 
     let g = dispatch(start_request(&h, call("r")).unwrap());
     deferred();

@@ -11,6 +11,7 @@ import { ledgerImports, ledgerJsonImports } from "./ledger.js";
 import { MemoryStore } from "./stores/memory.js";
 import { SqliteStore } from "./stores/sqlite.js";
 import type { SyncStore } from "./stores/store.js";
+import { witnessImports } from "./witness.js";
 import type { AuditEvent, Batch, Configuration, Escalation, Evidence, Row, State, Table } from "./wit.js";
 
 const init = workerData as WorkerInit;
@@ -58,6 +59,15 @@ class RemoteStore implements SyncStore {
   claimBodyFormat(): never {
     throw new Error("the body format of a remote store is settled on the main thread");
   }
+  // A PostgreSQL ledger keeps no witness: there is no place outside the database this host was told of, and a
+  // witness inside it would be restored with it, telling nothing. So a PostgreSQL ledger restored from an
+  // older backup is not detected (docs/design.md "Older history" says so): `seen` answers nothing, and
+  // keeping and forgetting keep nothing, without asking the main thread.
+  witnessSeen(): undefined {
+    return undefined;
+  }
+  witnessKeep(): void {}
+  witnessForget(): void {}
   close(): void {}
 }
 
@@ -103,6 +113,9 @@ const ifaces = {
   // Asked once per ledger, for the secret provider keys are derived with (the guest keeps it in
   // the ledger; this host never sees it). The OS's source, nothing weaker.
   "once:core/entropy": { fill: (len: number): Uint8Array => new Uint8Array(randomBytes(len)) },
+  // Beside the ledger, where a restore of it does not reach (an SQLite ledger's `<path>.witness`); the guest
+  // keeps each grant here before it leaves, and asks here before it grants.
+  "once:core/witness": witnessImports(store),
   "once:core/provider": {
     lookup(tool: string, providerKey: string, args: string): Evidence {
       const answer = ask({ kind: "lookup", tool, providerKey, args, now: now() });

@@ -21,6 +21,7 @@ import { loadComponent } from "../dist/component.js";
 import { ledgerImports, ledgerJsonImports } from "../dist/ledger.js";
 import { policyInput } from "../dist/policy.js";
 import { SqliteStore } from "../dist/stores/sqlite.js";
+import { witnessImports } from "../dist/witness.js";
 import { JS, child, tempDir } from "./helpers.mjs";
 
 const LEVELS = { 0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA" };
@@ -50,6 +51,7 @@ async function engine(store) {
     "once:core/provider": { lookup: () => ({ tag: "unknown", val: "no lookup in this test" }) },
     "once:core/operator": { escalate: () => true },
     "once:core/entropy": { fill: (n) => new Uint8Array(randomBytes(n)) },
+    "once:core/witness": witnessImports(store),
   });
   x.configure({ settings: x.defaultSettings(), defaults: { ...policyInput({ lookup: false }, "defaults") }, tools: [], ledgerEncoding: "typed", reads: "import" });
   return x;

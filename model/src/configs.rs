@@ -131,6 +131,7 @@ fn base(name: &'static str) -> Config {
             prunes: 0,
             sweeps: 3,
             slow_commits: 0,
+            backups: 0,
         },
         lose_replies: true,
         liveness: true,
@@ -479,6 +480,34 @@ pub fn small() -> Vec<Config> {
     c.budget.ticks = 4;
     c.budget.sweeps = 2;
     c.depth = 9;
+    all.push(c);
+
+    // Older history: a copy of the ledger is taken at any moment (before k0 is called, after a
+    // rejection, while an attempt is out) and put back at any later one (the file restored from
+    // an older backup, the hosts running on). The witness, kept apart, gives back every attempt
+    // the copy lacks: k0 is never sent again on its strength.
+    let mut c = base("a ledger restored from an older backup");
+    c.callers = vec![(0, 0, 3)];
+    c.budget.backups = 1;
+    c.budget.ticks = 4;
+    c.budget.sweeps = 1;
+    c.depth = 10;
+    all.push(c);
+
+    // The same, from a copy taken after k0's first attempt was refused: the restored record is
+    // short of the second attempt the newer history sent, and no third may follow on its strength.
+    let mut c = base("a ledger restored to before the last attempt");
+    c.callers = vec![(0, 0, 3)];
+    c.prefix = vec![
+        Action::Start(0, Read::Now),
+        Action::Send(0),
+        Action::Refuse(0),
+        Action::Report(0, Said::Rejected),
+        Action::Backup,
+    ];
+    c.budget.ticks = 4;
+    c.budget.sweeps = 1;
+    c.depth = 10;
     all.push(c);
 
     // Two scopes naming the same key: two operations.

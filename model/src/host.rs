@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use once_guest::host::{CommitError, Host};
 use once_guest::reads::Reads;
 use once_guest::store::RecordCache;
-use once_guest::testing::Ledger;
+use once_guest::testing::{Ledger, Witness};
 use once_guest::types::{AuditEvent, Batch, Escalation, Evidence, Row, Settings, State, Stored, Table};
 
 use crate::world::{Time, World};
@@ -49,6 +49,8 @@ pub struct ModelHost<'w> {
     /// The provider account this host sends and reads through, and every host's (by index):
     /// a read sees only the effects of requests sent through its own account.
     accounts: Accounts,
+    /// The ledger's witness (it never fails here: a failing witness is the guest's tests').
+    witness: RefCell<Witness>,
 }
 
 /// The provider account one host goes through, and every host's (by index).
@@ -67,6 +69,7 @@ impl<'w> ModelHost<'w> {
         ModelHost {
             world,
             ledger: RefCell::new(world.ledger.clone()),
+            witness: RefCell::new(world.witness.clone()),
             clock: Cell::new(clock),
             slow_commit: Cell::new(world.slow_commit),
             settings,
@@ -82,14 +85,25 @@ impl<'w> ModelHost<'w> {
     }
 
     /// What the action leaves: the ledger, the armed fault, the sink's acknowledgements, the scopes
-    /// touched, and the slow commit still armed.
-    pub fn finish(self) -> (Ledger, Option<bool>, BTreeSet<String>, BTreeSet<String>, Option<Time>) {
+    /// touched, the slow commit still armed, and the witness.
+    #[allow(clippy::type_complexity)]
+    pub fn finish(
+        self,
+    ) -> (
+        Ledger,
+        Option<bool>,
+        BTreeSet<String>,
+        BTreeSet<String>,
+        Option<Time>,
+        Witness,
+    ) {
         (
             self.ledger.into_inner(),
             self.fault.get(),
             self.acked.into_inner(),
             self.touched.into_inner(),
             self.slow_commit.get(),
+            self.witness.into_inner(),
         )
     }
 
@@ -208,5 +222,19 @@ impl Host for ModelHost<'_> {
 
     fn provider_account(&self, _tool: &str) -> Option<String> {
         self.accounts.mine.clone()
+    }
+
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, String> {
+        Ok(self.witness.borrow().seen(scope, key))
+    }
+
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: u64) -> Result<(), String> {
+        self.witness.borrow_mut().keep(scope, key, body, at);
+        Ok(())
+    }
+
+    fn forget_witnessed(&self, scope: &str, key: &str, before: u64) -> Result<(), String> {
+        self.witness.borrow_mut().forget(scope, key, before);
+        Ok(())
     }
 }

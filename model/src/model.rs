@@ -105,6 +105,11 @@ pub enum Action {
     SinkUp,
     /// An operator resolves a record (`resolve`), truthfully.
     Resolve(String, String, Settle),
+    /// An operator copies the ledger (a backup).
+    Backup,
+    /// The copy is put back in place of the ledger (a restore of an older backup); the witness,
+    /// kept apart, stays as it is.
+    Restore,
     /// Time jumps to the next moment anything can change.
     Tick,
 }
@@ -190,8 +195,9 @@ impl OnceModel {
             self.accounts(host),
         );
         let out = mutant::with(self.config.mutant, || f(&h));
-        let (ledger, fault, acked, touched, slow_commit) = h.finish();
+        let (ledger, fault, acked, touched, slow_commit, witness) = h.finish();
         world.ledger = ledger;
+        world.witness = witness;
         world.fault = fault;
         world.acked = acked;
         // A slow commit took its time on every clock.
@@ -833,6 +839,11 @@ impl OnceModel {
                 w.sink_up = false;
             }
             Action::SinkUp => w.sink_up = true,
+            Action::Backup => {
+                w.budget.backups -= 1;
+                w.backup = Some(w.ledger.clone());
+            }
+            Action::Restore => w.ledger = w.backup.take().expect("restored only when a copy was taken"),
             Action::Resolve(scope, key, settle) => {
                 w.budget.resolves -= 1;
                 let (resolution, force) = match &settle {
@@ -958,6 +969,7 @@ impl OnceModel {
             prunes: u8::MAX,
             sweeps: u8::MAX,
             slow_commits: u8::MAX,
+            backups: u8::MAX,
         };
         for action in &self.config.prefix {
             let mut enabled = Vec::new();
@@ -1002,6 +1014,8 @@ impl OnceModel {
             violation: None,
             approvals: Vec::new(),
             unapproved: None,
+            witness: Default::default(),
+            backup: None,
         }
     }
 
@@ -1078,6 +1092,12 @@ impl OnceModel {
         }
         if !world.sink_up {
             actions.push(Action::SinkUp);
+        }
+        if b.backups > 0 && world.backup.is_none() {
+            actions.push(Action::Backup);
+        }
+        if world.backup.is_some() {
+            actions.push(Action::Restore);
         }
         if b.resolves > 0 {
             for (scope, key, settle) in self.resolutions(world) {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use once_guest::testing::Ledger;
+use once_guest::testing::{Ledger, Witness};
 use once_guest::types::{Evidence, Reading};
 
 /// A time on the world's true clock (ms). Hosts read it with their skew.
@@ -50,6 +50,11 @@ pub struct World {
     pub approvals: Vec<Approved>,
     /// The first request granted or sent without an approval it needed, if any.
     pub unapproved: Option<String>,
+    /// The ledger's witness, kept apart from it (beside one SQLite file, every host's): a
+    /// restore of the ledger leaves it as it is.
+    pub witness: Witness,
+    /// A copy of the ledger an operator took, to put back later (an older backup).
+    pub backup: Option<Ledger>,
 }
 
 /// One approval an operator gave (`resolve … approve`), as the model saw it.
@@ -90,6 +95,8 @@ pub struct Budget {
     pub sweeps: u8,
     /// Commits that take a grant's whole send window.
     pub slow_commits: u8,
+    /// Copies of the ledger taken (each restored at most once, at any later moment).
+    pub backups: u8,
 }
 
 /// One caller (an application call with its operation) or courier (a

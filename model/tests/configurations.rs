@@ -137,6 +137,16 @@ fn credential_rotation_while_unknown() {
 }
 
 #[test]
+fn a_ledger_restored_from_an_older_backup() {
+    holds("a ledger restored from an older backup");
+}
+
+#[test]
+fn a_ledger_restored_to_before_the_last_attempt() {
+    holds("a ledger restored to before the last attempt");
+}
+
+#[test]
 fn every_configuration_has_a_test() {
     let tested = [
         "one key, two callers",
@@ -162,6 +172,8 @@ fn every_configuration_has_a_test() {
         "approval above a threshold",
         "approval of an owed redispatch",
         "credential rotation while unknown",
+        "a ledger restored from an older backup",
+        "a ledger restored to before the last attempt",
     ];
     for config in configs::small() {
         assert!(tested.contains(&config.name), "{} has no test", config.name);

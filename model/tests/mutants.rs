@@ -127,7 +127,7 @@ fn a_grant_handed_out_after_its_send_window() {
 
 #[test]
 fn every_mutant_has_a_test() {
-    assert_eq!(Mutant::ALL.len(), 22, "a new mutant needs a test above");
+    assert_eq!(Mutant::ALL.len(), 25, "a new mutant needs a test above");
 }
 
 #[test]
@@ -181,6 +181,33 @@ fn another_accounts_call_answered_with_the_receipt() {
     caught(
         Mutant::OtherAccountAnswered,
         "credential rotation while unknown",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
+fn a_restored_ledger_granted_without_asking_the_witness() {
+    caught(
+        Mutant::WitnessUnread,
+        "a ledger restored from an older backup",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
+fn a_grant_sent_without_being_kept_in_the_witness() {
+    caught(
+        Mutant::WitnessNotKept,
+        "a ledger restored from an older backup",
+        PROPERTIES[0],
+    );
+}
+
+#[test]
+fn a_restored_record_short_of_its_last_attempt_granted_another() {
+    caught(
+        Mutant::WitnessUnreadOnRetry,
+        "a ledger restored to before the last attempt",
         PROPERTIES[0],
     );
 }

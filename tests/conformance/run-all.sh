@@ -139,7 +139,7 @@ step "examples (a durable ledger: the first run sends the refund once, a second 
 example() {
   local name=$1 ledger=$PWD/$out/example-$1.db first second
   shift
-  rm -f "$ledger" "$ledger"-*
+  rm -f "$ledger" "$ledger"-* "$ledger".witness*
   first=$("$@" "$ledger") || die "examples/$name failed: $first"
   printf '%s\n' "$first"
   grep -q '^sent 1 time(s) by this run$' <<<"$first" || die "examples/$name did not send the refund exactly once"

@@ -3,7 +3,7 @@
 use alloc::format;
 use alloc::string::{String, ToString};
 
-use super::{Races, account, now_for};
+use super::{Races, account, now_for, witness};
 use crate::host::Host;
 use crate::identity::{derived_key, fence, provider_key, resolve_carriers};
 use crate::input::{check_name, check_new_name};
@@ -139,6 +139,7 @@ pub fn begin_keyed(h: &impl Host, req: BeginRequest) -> Result<Begun, Error> {
         audit_base: core::cell::Cell::new(0),
         blind: core::cell::Cell::new(blind),
         effect: core::cell::Cell::new(None),
+        superseded: core::cell::RefCell::new(None),
     };
     let keyed = |decision| {
         Ok(Begun {
@@ -176,6 +177,9 @@ struct Claim<'a> {
     blind: core::cell::Cell<bool>,
     /// What a tombstone said of the key's effect (see [`Begun::effect`]).
     effect: core::cell::Cell<Option<Effect>>,
+    /// The original this call's batch supersedes, as staged, and when: kept in the witness
+    /// once the batch commits, before the successor leaves ([`witness::keep_superseded`]).
+    superseded: core::cell::RefCell<Option<(OpRecord, u64)>>,
 }
 
 impl Claim<'_> {
@@ -256,6 +260,20 @@ impl Claim<'_> {
             };
             return Ok(blocked(BlockReason::Expired, detail));
         }
+        // The newer history of a restored ledger: the first attempt (or the operation that
+        // replaced `previous`) may have been sent already.
+        if let Some(kept) = witness::lost(h, &req.scope, &self.key, previous.map(|p| &p.rec))? {
+            if blind {
+                // Unread: the ledger may hold the key after all. Read it and decide again.
+                return Err(LedgerError::Conflict);
+            }
+            return Err(match witness::restore(h, kept, previous, first_version, h.now()) {
+                // An insert that lost may have lost to an old trail of the key's: continue it.
+                Err(LedgerError::Conflict) if previous.is_none() => self.after_insert_conflict(h),
+                Ok(()) | Err(LedgerError::Conflict) => LedgerError::Conflict,
+                Err(e) => e,
+            });
+        }
         if let Some(original) = &req.supersedes
             && let Some(answer) = self.settle_original(h, original)?
         {
@@ -294,8 +312,15 @@ impl Claim<'_> {
                     self.write(&mut tx, &mut rec, previous, event, now);
                     // The receipt is the answer even if recording it fails; a conflict means
                     // someone else recorded this key meanwhile, so decide again.
-                    if let Err(LedgerError::Conflict) = tx.commit(h) {
-                        return Err(self.after_insert_conflict(h));
+                    match tx.commit(h) {
+                        Err(LedgerError::Conflict) => return Err(self.after_insert_conflict(h)),
+                        // Best effort, as the recording: the successor's effect is found, so the
+                        // original can no longer be sent on any ledger's strength but a restored
+                        // one that lost this write (docs/design.md "Older history").
+                        Ok(()) => {
+                            let _ = self.keep_original(h);
+                        }
+                        Err(_) => {}
                     }
                     return Ok(replay_of(&rec, ReplayVia::Provider));
                 }
@@ -345,7 +370,10 @@ impl Claim<'_> {
             );
             self.write(&mut tx, &mut rec, previous, event, now);
             return match tx.commit(h) {
-                Ok(()) => Ok(awaiting_approval(&rec)),
+                Ok(()) => self
+                    .keep_original(h)
+                    .map(|()| awaiting_approval(&rec))
+                    .map_err(LedgerError::Storage),
                 Err(LedgerError::Conflict) if blind => Err(LedgerError::Conflict),
                 Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
                 Err(e) => Err(e),
@@ -367,11 +395,22 @@ impl Claim<'_> {
         }
         self.write(&mut tx, &mut rec, previous, event, now);
         match tx.commit(h) {
-            Ok(()) => Ok(granted(h, rec)),
+            Ok(()) => Ok(match self.keep_original(h) {
+                Ok(()) => granted(h, rec),
+                Err(why) => witness::unkept(h, &rec, &why),
+            }),
             // The key was not new after all: the next try reads what is there.
             Err(LedgerError::Conflict) if blind => Err(LedgerError::Conflict),
             Err(LedgerError::Conflict) => Err(self.after_insert_conflict(h)),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Keep in the witness the original this call's committed batch superseded, if any.
+    fn keep_original(&self, h: &impl Host) -> Result<(), String> {
+        match self.superseded.take() {
+            Some((original, at)) => witness::keep_superseded(h, &original, at),
+            None => Ok(()),
         }
     }
 
@@ -491,6 +530,7 @@ impl Claim<'_> {
                     tx.release(h, &self.req.scope, &reservation)?;
                 }
                 tx.record(&mut orig, version, event, now);
+                self.superseded.replace(Some((orig, now)));
                 Ok(None)
             }
         }
@@ -704,6 +744,12 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
     if account::foreign(h, &rec) {
         return Ok(account::refusal(h, &rec));
     }
+    // A restored ledger's record may lack attempts its newer history sent: put them back and
+    // decide again on the whole history (after their lease, a read settles them).
+    if let Some(kept) = witness::lost(h, &rec.scope, &rec.key, Some(&rec))? {
+        witness::restore(h, kept, Some(&Loaded { rec, version }), version + 1, now)?;
+        return Err(LedgerError::Conflict);
+    }
     if !rec.budget_left() {
         let not_sent = rec
             .attempts
@@ -760,21 +806,30 @@ pub(super) fn grant(h: &impl Host, mut rec: OpRecord, version: u64, now: u64) ->
 /// sending instead of finding `send-by` past and ending the attempt "not
 /// sent", a grant of the budget spent because the ledger was busy. Best effort:
 /// a renewal that cannot be written hands out the grant as committed.
+///
+/// The witness keeps the record the grant leaves with (renewed or not) first:
+/// a grant it could not keep does not leave ([`witness`]).
 fn granted(h: &impl Host, rec: OpRecord) -> Decision {
     let settings = h.settings();
+    let rec = renewed(h, rec, &settings);
+    match witness::keep(h, &rec) {
+        Ok(()) => execute(&rec, &settings),
+        Err(why) => witness::unkept(h, &rec, &why),
+    }
+}
+
+/// `rec`, its lease started again if committing its grant took a good part of the send window.
+fn renewed(h: &impl Host, rec: OpRecord, settings: &crate::types::Settings) -> OpRecord {
     let Some(attempt) = rec.current() else {
-        return execute(&rec, &settings);
+        return rec;
     };
     let send_by = attempt.send_by(&rec.policy, settings.clock_skew_ms);
     let window = send_by.saturating_sub(attempt.granted_at);
     let taken = h.now().saturating_sub(attempt.granted_at);
     if taken <= window / 4 || mutant::on(Mutant::NoLeaseRenewal) {
-        return execute(&rec, &settings);
+        return rec;
     }
-    match renew(h, &rec.scope, &rec.key, &attempt.fence) {
-        Some(renewed) => execute(&renewed, &settings),
-        None => execute(&rec, &settings),
-    }
+    renew(h, &rec.scope, &rec.key, &attempt.fence).unwrap_or(rec)
 }
 
 /// Renew the lease of attempt `fence` if it is still the record's current

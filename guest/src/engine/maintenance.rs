@@ -4,12 +4,12 @@ use alloc::vec::Vec;
 
 use super::escalation;
 use super::reconcile::{Read, expire, provider_readable, read_provider};
-use super::{MAX_RACES, now_for};
+use super::{MAX_RACES, now_for, witness};
 use crate::host::Host;
 use crate::identity::escalation_id;
 use crate::mutant::{self, Mutant};
 use crate::store::{LedgerError, Loaded, Tx, decode, load};
-use crate::types::{Error, Escalation, PruneReport, Row, State, Table};
+use crate::types::{Error, Escalation, KeySource, PruneReport, Row, State, Table};
 
 /// What one sweep did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -278,6 +278,12 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
         if rec.escalation_pending() && !mutant::on(Mutant::DropEscalationOnTransition) {
             continue;
         }
+        // A derived key's record leaves no tombstone: the ledger forgets the operation now, and
+        // the witness first (else a new operation on the key would be taken for lost history).
+        if rec.key_source == KeySource::Derived {
+            witness::forget(h, &rec.scope, &rec.key, rec.updated_at.saturating_add(1))
+                .map_err(|e| Error::Storage(e.message()))?;
+        }
         let mut tx = Tx::new();
         tx.prune(&loaded, now, h.settings().clock_skew_ms);
         match tx.commit(h) {
@@ -290,6 +296,11 @@ pub fn prune(h: &impl Host, limit: u32) -> Result<PruneReport, Error> {
     for table in [Table::Tombstone, Table::Quota] {
         let rows = h.scan(table, &[], now, None, limit).map_err(Error::Storage)?;
         for row in rows {
+            if table == Table::Tombstone {
+                // The key is forgotten with its tombstone: the witness first. No operation on the
+                // key can have begun while the tombstone stood, so all it kept is the pruned one's.
+                witness::forget(h, &row.scope, &row.key, now).map_err(|e| Error::Storage(e.message()))?;
+            }
             if remove(h, &row)? && table == Table::Tombstone {
                 report.tombstones_removed += 1;
             }

@@ -11,6 +11,7 @@ mod maintenance;
 mod operator;
 mod queue;
 mod reconcile;
+mod witness;
 
 pub(crate) use account::foreign as other_account_here;
 pub use begin::{BeginRequest, Begun, begin, begin_keyed, confirmed_info, grant_of, unknown_info};
@@ -22,6 +23,7 @@ pub use reconcile::{
     ReadWhen, await_holder, await_loaded, await_with_record, load_awaited, reads_when_due, reconcile, reconcile_when,
     rejected_info,
 };
+pub(crate) use witness::catch_up;
 
 use alloc::string::String;
 

@@ -327,6 +327,57 @@ async fn a_keyless_call_after_a_restart_is_the_same_operation() {
     assert_exactly_one_refund(&rig);
 }
 
+// ---- older history: a ledger restored from a backup ----
+
+/// The case "older history": the README's gateway refunds with and without a key; its ledger file
+/// is then put back to a copy taken before (the gateway stopped, as a file-level backup is
+/// restored), and the same call is made again to a new gateway. The witness beside the ledger
+/// (`once.db.witness`, which the restore leaves alone) gives back the attempt the older file lacks:
+/// read through `find_refund_by_key` and replayed, never sent again. One refund each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_restored_from_an_older_backup_never_refunds_again() {
+    for key in [Some("refund-1234-r"), None] {
+        let rig = Rig::with_config_file(EXAMPLE_CONFIG);
+        let started = rig.connect("none", 0).await;
+        assert!(started.close().await.success(), "{}", rig.logs());
+        let backup = rig.dir.path().join("backup");
+        std::fs::create_dir(&backup).unwrap();
+        let files = ["once.db", "once.db-wal"];
+        for file in files {
+            let _ = std::fs::copy(rig.dir.path().join(file), backup.join(file));
+        }
+
+        let first = rig.connect("none", 1).await;
+        let sent = first.refund(200.0, key).await;
+        assert!(first.close().await.success(), "{}", rig.logs());
+        assert_eq!(outcome(&sent)["decision"], "executed", "{}", text(&sent));
+        assert_exactly_one_refund(&rig);
+
+        for file in ["once.db", "once.db-wal", "once.db-shm"] {
+            let _ = std::fs::remove_file(rig.dir.path().join(file));
+        }
+        for file in files {
+            let _ = std::fs::copy(backup.join(file), rig.dir.path().join(file));
+        }
+        assert!(rig.dir.path().join("once.db.witness").exists());
+
+        let second = rig.connect("none", 2).await;
+        let again = second.refund(200.0, key).await;
+        assert!(second.close().await.success(), "{}", rig.logs());
+        assert_replay(&again, &rig);
+        let trail = rig.audit(&again);
+        assert!(
+            trail[0].starts_with("restored-from-witness") && trail[0].contains("no record"),
+            "the restored ledger had no record of it: {trail:#?}"
+        );
+        assert!(
+            trail.iter().any(|e| e.starts_with("reconciled-confirmed")),
+            "{trail:#?}"
+        );
+        assert_exactly_one_refund(&rig);
+    }
+}
+
 // ---- several gateways, one ledger ----
 
 /// Two gateways in front of the same refund service, on one SQLite ledger,

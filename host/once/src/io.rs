@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider, types};
+use crate::bindings::once::core::{clock, entropy, ledger, ledger_json, operator, provider, types, witness};
 use crate::bindings::types::{
     Audited, Batch, BatchHead, Committed, Escalation, Evidence, Failure, Got, LedgerEncoding, Put, Row, Rows, Scanned,
     State, Stored, Table, Timestamp, Trail,
@@ -483,6 +483,32 @@ impl provider::Host for Imports {
 impl entropy::Host for Imports {
     fn fill(&mut self, len: u32) -> Vec<u8> {
         self.host.entropy.fill(len)
+    }
+}
+
+/// The ledger's witness is its store's ([`Storage::witnessed`]): where it is kept
+/// depends on where the ledger is (beside an SQLite file; nowhere for PostgreSQL).
+impl witness::Host for Imports {
+    fn seen(&mut self, scope: String, key: String) -> witness::Witnessed {
+        match self.host.storage.witnessed(&scope, &key) {
+            Ok(None) => witness::Witnessed::Nothing,
+            Ok(Some(body)) => witness::Witnessed::Kept(body),
+            Err(e) => witness::Witnessed::Failed(e.0),
+        }
+    }
+    fn keep(&mut self, scope: String, key: String, body: String, at: types::Timestamp) -> Option<String> {
+        self.host
+            .storage
+            .keep_witness(&scope, &key, &body, at)
+            .err()
+            .map(|e| e.0)
+    }
+    fn forget(&mut self, scope: String, key: String, before: types::Timestamp) -> Option<String> {
+        self.host
+            .storage
+            .forget_witnessed(&scope, &key, before)
+            .err()
+            .map(|e| e.0)
     }
 }
 

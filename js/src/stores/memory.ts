@@ -5,10 +5,38 @@ import { type CommitVerdict, type Counts, type SyncStore, nextBodyFormat, utf8cm
 const rowKey = (t: string, s: string, k: string) => JSON.stringify([t, s, k]);
 const eventKey = (s: string, k: string, v: bigint) => JSON.stringify([s, k, String(v)]);
 
+/**
+ * A witness in memory: what `keep` was given, per (scope, key), with the `at` it was granted at. Exact for a
+ * ledger in memory, which no backup is restored over: it lives and dies with the rows it witnesses.
+ */
+export class MemoryWitness {
+  private kept = new Map<string, { at: bigint; body: string }>();
+
+  /** The body kept for (scope, key), or undefined. */
+  seen(scope: string, key: string): string | undefined {
+    return this.kept.get(JSON.stringify([scope, key]))?.body;
+  }
+
+  /** Keep `body` unless what is kept was granted later (the SQLite witness's `WHERE excluded.at >= witness.at`). */
+  keep(scope: string, key: string, body: string, at: bigint): void {
+    const k = JSON.stringify([scope, key]);
+    const current = this.kept.get(k);
+    if (current === undefined || at >= current.at) this.kept.set(k, { at, body });
+  }
+
+  /** Forget what is kept for (scope, key) if it was kept before `before`. */
+  forget(scope: string, key: string, before: bigint): void {
+    const k = JSON.stringify([scope, key]);
+    const current = this.kept.get(k);
+    if (current !== undefined && current.at < before) this.kept.delete(k);
+  }
+}
+
 /** Rows and events in memory: gone with the process (tests, prototypes). */
 export class MemoryStore implements SyncStore {
   private rows = new Map<string, Row>();
   private events = new Map<string, AuditEvent>();
+  private witness = new MemoryWitness();
   /** Recorded by the first engine: handles sharing one store must agree, as on a file. */
   private bodyFormat: string | undefined;
 
@@ -71,6 +99,18 @@ export class MemoryStore implements SyncStore {
     const n: Counts = { operation: 0, tombstone: 0, quota: 0, events: this.events.size };
     for (const r of this.rows.values()) n[r.table] += 1;
     return n;
+  }
+
+  witnessSeen(scope: string, key: string): string | undefined {
+    return this.witness.seen(scope, key);
+  }
+
+  witnessKeep(scope: string, key: string, body: string, at: bigint): void {
+    this.witness.keep(scope, key, body, at);
+  }
+
+  witnessForget(scope: string, key: string, before: bigint): void {
+    this.witness.forget(scope, key, before);
   }
 
   close(): void {}

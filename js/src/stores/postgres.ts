@@ -4,6 +4,12 @@
 // statements, one READ COMMITTED transaction per batch with its puts in row
 // order, and the database's clock as the ledger clock. It runs on the main
 // thread (the `pg` client is asynchronous); the engine's worker asks it.
+//
+// It keeps no witness (wit/once.wit `witness`): the worker's side of it answers
+// "nothing kept" (worker.ts, `RemoteStore`). A witness in the same database
+// would be restored with it; this host is told of no other place. So a
+// PostgreSQL ledger restored from an older backup is not detected
+// (docs/design.md "Older history").
 import type pg from "pg";
 import type { AuditEvent, Batch, Row, State, Table } from "../wit.js";
 import { loadOptional } from "./optional.js";

@@ -26,6 +26,16 @@ export interface Migrations {
 
 const loaded = new Map<string, Migrations>();
 
+/** The SQLite witness file's table (`schema/witness/sqlite.sql`), as every host creates it. */
+export function witnessTable(): string {
+  const file = new URL("witness/sqlite.sql", SCHEMA_DIR);
+  try {
+    return readFileSync(file, "utf8");
+  } catch (e) {
+    throw new Error(`witness: this package ships no schema file (${fileURLToPath(file)}): ${(e as Error).message}; reinstall once-exactly`);
+  }
+}
+
 /** The files of `schema/<backend>` this package ships (`sqlite` or `postgres`). */
 export function migrations(backend: "sqlite" | "postgres"): Migrations {
   const known = loaded.get(backend);

@@ -13,10 +13,18 @@
 // power loss may lose the deferred commits after the last FULL one, which a
 // later read restores (a lost success: the lease ends, the record goes unknown
 // and reconciliation finds the effect).
+//
+// The witness (wit/once.wit `witness`; docs/design.md "Older history") lives in
+// a file of its own beside the ledger, `<ledger>.witness`, so that copying an
+// older backup over the ledger file leaves it as it was: the engine then finds
+// there what the restored ledger lost. Its table is the Rust and Python hosts'
+// too (any of them may open the same file), and every keep is synced (FULL)
+// before it answers, whatever the ledger's own mode: a grant leaves the engine
+// only after its record is kept.
 import type Database from "better-sqlite3";
 import type { AuditEvent, Batch, Put, Row, State, Table } from "../wit.js";
 import { loadOptional } from "./optional.js";
-import { migrations, plan } from "./schema.js";
+import { migrations, plan, witnessTable } from "./schema.js";
 import {
   BODY_FORMAT_KEY,
   type CommitVerdict,
@@ -34,6 +42,9 @@ export { type Synchronous, synchronousMode };
 
 /** The schema version this code writes and understands (the Rust host's `SCHEMA_VERSION`): the highest step of schema/sqlite. */
 export const SCHEMA_VERSION = 2;
+
+/** The file the witness of the SQLite ledger at `ledger` lives in: the ledger's path and `.witness`. */
+export const witnessPath = (ledger: string): string => `${ledger}.witness`;
 
 /** Where and how to open an SQLite ledger. */
 export interface SqliteOptions {
@@ -74,10 +85,14 @@ type RawEvent = {
 
 class Conflict extends Error {}
 
-/** An SQLite ledger file shared by threads and processes (SQLite's file locks arbitrate). */
+/** An SQLite ledger file shared by threads and processes (SQLite's file locks arbitrate), and its witness file. */
 export class SqliteStore implements SyncStore {
   private db: Database.Database;
   private q;
+  /** The witness file's connection (`witnessPath`), and its statements. */
+  private witnessDb: Database.Database;
+  private w;
+  private readonly witnessAt: string;
   private readonly at: string;
   /** The `PRAGMA synchronous` of an ordinary commit and of a deferrable one. */
   private readonly levels: readonly [string, string];
@@ -86,18 +101,44 @@ export class SqliteStore implements SyncStore {
 
   constructor(options: SqliteOptions) {
     this.at = options.path;
+    this.witnessAt = witnessPath(options.path);
     this.levels = SYNCHRONOUS_LEVELS[synchronousMode(options.synchronous ?? "full")];
     this.level = this.levels[0];
     // Loaded here, not at import: the worker of a memory ledger never needs the native module.
     const Sqlite = loadOptional<typeof Database>("better-sqlite3", `sqlite: the SQLite ledger ${this.at}`);
+    const timeout = options.busyTimeoutMs ?? 5000;
     try {
-      this.db = new Sqlite(options.path, { timeout: options.busyTimeoutMs ?? 5000 });
+      this.db = new Sqlite(options.path, { timeout });
       this.db.pragma(`synchronous = ${this.level}`);
     } catch (e) {
       throw new Error(`sqlite: open ${this.at}: ${(e as Error).message}`);
     }
-    this.enableWal(options.busyTimeoutMs ?? 5000);
+    enableWal(this.db, this.at, timeout);
     this.initSchema();
+    // Opened with the ledger, not at the first grant: a ledger whose witness cannot be kept is refused
+    // when it is opened (a StorageError naming the file), before any call relies on it.
+    let witnessDb: Database.Database | undefined;
+    try {
+      witnessDb = new Sqlite(this.witnessAt, { timeout });
+      witnessDb.pragma("synchronous = FULL");
+      enableWal(witnessDb, this.witnessAt, timeout);
+      witnessDb.exec(witnessTable());
+    } catch (e) {
+      witnessDb?.close();
+      this.db.close();
+      throw new Error(`sqlite: open the witness ${this.witnessAt}: ${(e as Error).message}`);
+    }
+    this.witnessDb = witnessDb;
+    const witness = (sql: string) => this.witnessDb.prepare(sql).safeIntegers(true);
+    this.w = {
+      seen: witness("SELECT body FROM witness WHERE scope = ? AND key = ?"),
+      // Never replaces what a later grant kept (two hosts racing, or a slow keep overtaken).
+      keep: witness(
+        "INSERT INTO witness (scope, key, at, body) VALUES (?, ?, ?, ?) " +
+          "ON CONFLICT (scope, key) DO UPDATE SET at = excluded.at, body = excluded.body WHERE excluded.at >= witness.at",
+      ),
+      forget: witness("DELETE FROM witness WHERE scope = ? AND key = ? AND at < ?"),
+    };
     const prepare = (sql: string) => this.db.prepare(sql).safeIntegers(true);
     this.q = {
       get: prepare(`SELECT ${ROW_COLUMNS} FROM rows WHERE tbl = ? AND scope = ? AND key = ?`),
@@ -122,25 +163,6 @@ export class SqliteStore implements SyncStore {
           "ORDER BY due_at, scope, key LIMIT ?",
       ),
     };
-  }
-
-  /** WAL mode; switching does not wait on SQLite's busy handler, so a file being created by several processes is retried. */
-  private enableWal(timeoutMs: number): void {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      try {
-        const mode = String(this.db.pragma("journal_mode = WAL", { simple: true }));
-        if (mode.toLowerCase() !== "wal") throw new Error(`sqlite: ${this.at}: WAL journal mode unavailable (got ${mode})`);
-        return;
-      } catch (e) {
-        const code = (e as { code?: string }).code;
-        if ((code === "SQLITE_BUSY" || code === "SQLITE_LOCKED") && Date.now() < deadline) {
-          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5);
-          continue;
-        }
-        throw e;
-      }
-    }
   }
 
   /** Check the schema version, then create what is missing, in one write transaction (as the Rust host does). */
@@ -309,7 +331,61 @@ export class SqliteStore implements SyncStore {
     return n;
   }
 
+  witnessSeen(scope: string, key: string): string | undefined {
+    let found: { body: unknown } | undefined;
+    try {
+      found = this.w.seen.get(scope, key) as { body: unknown } | undefined;
+    } catch (e) {
+      throw new Error(`sqlite: witness ${this.witnessAt}: ${(e as Error).message}`);
+    }
+    if (found === undefined) return undefined;
+    // SQLite keeps any type in any column: a body another writer left as a blob or a number is no record.
+    if (typeof found.body !== "string") {
+      throw new Error(`sqlite: witness ${this.witnessAt}: the body kept for ${JSON.stringify([scope, key])} is not text`);
+    }
+    return found.body;
+  }
+
+  witnessKeep(scope: string, key: string, body: string, at: bigint): void {
+    const when = int("sqlite", "witness at", at);
+    try {
+      // One statement, so its own transaction, committed at synchronous = FULL: on disk when run returns.
+      this.w.keep.run(scope, key, when, body);
+    } catch (e) {
+      throw new Error(`sqlite: witness ${this.witnessAt}: ${(e as Error).message}`);
+    }
+  }
+
+  witnessForget(scope: string, key: string, before: bigint): void {
+    try {
+      // Every `at` a file holds is at most i64::MAX, so a later `before` is that.
+      this.w.forget.run(scope, key, before > I64_MAX ? I64_MAX : before);
+    } catch (e) {
+      throw new Error(`sqlite: witness ${this.witnessAt}: ${(e as Error).message}`);
+    }
+  }
+
   close(): void {
+    this.witnessDb.close();
     this.db.close();
+  }
+}
+
+/** WAL mode; switching does not wait on SQLite's busy handler, so a file being created by several processes is retried. */
+function enableWal(db: Database.Database, at: string, timeoutMs: number): void {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const mode = String(db.pragma("journal_mode = WAL", { simple: true }));
+      if (mode.toLowerCase() !== "wal") throw new Error(`sqlite: ${at}: WAL journal mode unavailable (got ${mode})`);
+      return;
+    } catch (e) {
+      const code = (e as { code?: string }).code;
+      if ((code === "SQLITE_BUSY" || code === "SQLITE_LOCKED") && Date.now() < deadline) {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5);
+        continue;
+      }
+      throw e;
+    }
   }
 }

@@ -24,6 +24,18 @@ export interface SyncStore {
   claimBodyFormat(format: number): void;
   /** Rows per table and the number of audit events (operators' statistics, tests). */
   counts(): Counts;
+  /**
+   * The witness (wit/once.wit `witness`): the record body kept for (scope, key) outside the ledger, or undefined
+   * when none is kept. Throws when the witness cannot be read (the import answers `failed` with the words).
+   */
+  witnessSeen(scope: string, key: string): string | undefined;
+  /**
+   * Keep `body` for (scope, key), granted at `at`, in place of what is kept, unless what is kept has a greater
+   * `at`; durable when it returns. Throws why it could not.
+   */
+  witnessKeep(scope: string, key: string, body: string, at: bigint): void;
+  /** Forget what is kept for (scope, key) if its `at` is before `before`. Throws why it could not. */
+  witnessForget(scope: string, key: string, before: bigint): void;
   close(): void;
 }
 

@@ -87,6 +87,12 @@ class _NeverRan(Exception):
         self.error = error
 
 
+def _why(e: Exception) -> str:
+    """A store's exception as the words of a failure answer (never empty: an empty `some("")` still fails, but says
+    nothing)."""
+    return str(e) or type(e).__name__
+
+
 def _failed(message: str) -> Variant:
     return Variant("failed", _wit.record(message=message))
 
@@ -388,6 +394,29 @@ class Once:
                 log.error("once: the escalation sink raised %s: %s", type(exc).__name__, exc)
                 return False
 
+        # The witness (wit/once.wit `witness`): the ledger stores the text, the guest decides. A failure is answered
+        # as one (`failed`, or `some(why)`): the guest then grants nothing on what it could not read or keep.
+        def seen(_: Any, scope: str, key: str) -> Variant:
+            try:
+                body = ledger.witness_seen(scope, key)
+            except Exception as e:
+                return Variant("failed", _why(e))
+            return Variant("nothing") if body is None else Variant("kept", body)
+
+        def keep(_: Any, scope: str, key: str, body: str, at: int) -> Optional[str]:
+            try:
+                ledger.witness_keep(scope, key, body, at)
+            except Exception as e:
+                return _why(e)
+            return None
+
+        def forget(_: Any, scope: str, key: str, before: int) -> Optional[str]:
+            try:
+                ledger.witness_forget(scope, key, before)
+            except Exception as e:
+                return _why(e)
+            return None
+
         def typed(_: Any, *args: Any) -> Variant:
             # Configured `ledger-encoding` json: the guest calls `ledger-json` instead.
             return _failed("this host answers get and commit in ledger-json only")
@@ -411,6 +440,10 @@ class Once:
                 # Asked once per ledger, for the secret provider keys are derived with (the guest
                 # keeps it in the ledger; this host never sees it). The OS's source, nothing weaker.
                 i.add_func("fill", lambda _, n: os.urandom(n))
+            with root.add_instance(f"once:core/witness@{VERSION}") as i:
+                i.add_func("seen", seen)
+                i.add_func("keep", keep)
+                i.add_func("forget", forget)
         return linker
 
     # -- the call protocol

@@ -3,7 +3,8 @@
 // The component file is transpiled by jco (`jco transpile --instantiation sync`)
 // into a temporary folder; this runner supplies only its imports: a
 // compare-and-swap record store (in memory, or SQLite via better-sqlite3), a
-// manual clock, scripted provider evidence and a recording escalation sink —
+// manual clock, scripted provider evidence, a recording escalation sink and a
+// witness that keeps nothing —
 // and configures each instance (`configure`) with the settings and the tool
 // policy a step needs. Every decision comes from the component. A typed run
 // drives calls through `driver` and answers the typed `ledger`, as the npm
@@ -645,6 +646,13 @@ function imports(run) {
     // Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
     "once:core/entropy@2.0.0": {
       fill: (n) => Uint8Array.from({ length: n }, (_, i) => ENTROPY[i % ENTROPY.length]),
+    },
+    // Keeps nothing, as a host with nowhere outside its ledger does (wit/once.wit `witness`): no scenario
+    // restores an older ledger, and the transcripts stay what every runner writes without a witness.
+    "once:core/witness@2.0.0": {
+      seen: () => ({ tag: "nothing" }),
+      keep: () => undefined,
+      forget: () => undefined,
     },
   };
   // jco's generated code looks interfaces up without their version.

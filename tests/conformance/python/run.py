@@ -2,10 +2,10 @@
 
 The `wasmtime` package (PyPI) loads the component file; this runner supplies
 only its imports: a compare-and-swap record store (in memory, or SQLite via
-the standard library's sqlite3), a manual clock, scripted provider evidence
-and a recording escalation sink — and configures each instance (`configure`)
-with the settings and the tool policy a step needs. Every decision comes from
-the component. wasmtime-py takes and gives every WIT value as it is (tagged
+the standard library's sqlite3), a manual clock, scripted provider evidence,
+a recording escalation sink and a witness that keeps nothing — and configures
+each instance (`configure`) with the settings and the tool policy a step
+needs. Every decision comes from the component. wasmtime-py takes and gives every WIT value as it is (tagged
 `Variant`s where cases share a Python class); nothing of it is patched. A
 ledger-json run (the Python package's encodings) uses the crossings that
 carry the WIT's "JSON form" as text (`protocol.start`, `report`, `resume`,
@@ -554,6 +554,11 @@ class Host:
             with root.add_instance(f"once:core/entropy@{VERSION}") as i:
                 # Fixed, as in every runner: the ledger's secret, so every provider key, is the same.
                 i.add_func("fill", lambda _, n: (ENTROPY * (n // len(ENTROPY) + 1))[:n])
+            with root.add_instance(f"once:core/witness@{VERSION}") as i:
+                # A witness that keeps nothing, as in every runner: the scenarios hold no older history.
+                i.add_func("seen", lambda _, scope, key: Variant("nothing"))
+                i.add_func("keep", lambda _, scope, key, body, at: None)
+                i.add_func("forget", lambda _, scope, key, before: None)
         return linker
 
 

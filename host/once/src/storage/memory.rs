@@ -26,6 +26,9 @@ struct Inner {
     /// one store may be shared by engines of several builds (a test, an
     /// embedding that swaps runtimes), which must agree as on a file.
     body_format: Option<String>,
+    /// The witness: (granted at, body) by (scope, key). Nothing restores a
+    /// memory store from a backup, so kept here it is exact.
+    witness: BTreeMap<(String, String), (Timestamp, String)>,
 }
 
 /// A [`Storage`] held in memory by this process; lost when dropped.
@@ -191,6 +194,29 @@ impl Storage for MemoryStorage {
         let mut inner = self.lock();
         if let Some(next) = next_body_format("(in memory)", inner.body_format.as_deref(), format)? {
             inner.body_format = Some(next.to_string());
+        }
+        Ok(())
+    }
+
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, StorageError> {
+        let id = (scope.to_string(), key.to_string());
+        Ok(self.lock().witness.get(&id).map(|(_, body)| body.clone()))
+    }
+
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: Timestamp) -> Result<(), StorageError> {
+        let mut inner = self.lock();
+        let id = (scope.to_string(), key.to_string());
+        if inner.witness.get(&id).is_none_or(|(kept_at, _)| *kept_at <= at) {
+            inner.witness.insert(id, (at, body.to_string()));
+        }
+        Ok(())
+    }
+
+    fn forget_witnessed(&self, scope: &str, key: &str, before: Timestamp) -> Result<(), StorageError> {
+        let mut inner = self.lock();
+        let id = (scope.to_string(), key.to_string());
+        if inner.witness.get(&id).is_some_and(|(at, _)| *at < before) {
+            inner.witness.remove(&id);
         }
         Ok(())
     }

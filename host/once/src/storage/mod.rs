@@ -169,6 +169,25 @@ pub trait Storage: Send + Sync {
     /// nothing. Atomic: the value is read and written in one transaction
     /// ([`BODY_FORMAT_KEY`] in the ledger's `meta`).
     fn claim_body_format(&self, format: u32) -> Result<(), StorageError>;
+    /// The ledger's witness (the `witness` import; docs/design.md "Older
+    /// history"): the record body kept for (scope, key), kept where a restore
+    /// of this store does not reach. The default, a store with no such place,
+    /// keeps nothing: a restore of it from an older backup is not detected.
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, StorageError> {
+        let _ = (scope, key);
+        Ok(None)
+    }
+    /// Keep `body` for (scope, key) in the witness, on disk before answering,
+    /// unless what is kept there was granted after `at`.
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: Timestamp) -> Result<(), StorageError> {
+        let _ = (scope, key, body, at);
+        Ok(())
+    }
+    /// Forget what the witness kept for (scope, key) if it was kept as of before `before`.
+    fn forget_witnessed(&self, scope: &str, key: &str, before: Timestamp) -> Result<(), StorageError> {
+        let _ = (scope, key, before);
+        Ok(())
+    }
 }
 
 /// The `meta` key prefix of a binding made with [`Storage::bind`].
@@ -218,6 +237,15 @@ impl<T: Storage + ?Sized> Storage for Arc<T> {
     }
     fn claim_body_format(&self, format: u32) -> Result<(), StorageError> {
         (**self).claim_body_format(format)
+    }
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, StorageError> {
+        (**self).witnessed(scope, key)
+    }
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: Timestamp) -> Result<(), StorageError> {
+        (**self).keep_witness(scope, key, body, at)
+    }
+    fn forget_witnessed(&self, scope: &str, key: &str, before: Timestamp) -> Result<(), StorageError> {
+        (**self).forget_witnessed(scope, key, before)
     }
 }
 

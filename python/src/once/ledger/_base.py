@@ -134,7 +134,14 @@ class SystemClock:
 
 
 class Ledger(abc.ABC):
-    """A record store and the clock its leases are measured in."""
+    """A record store and the clock its leases are measured in.
+
+    Beside it, a ledger may keep a witness (the component's `witness` import, wit/once.wit): a copy, kept where a
+    restore of the ledger does not reach, of the record of every attempt the engine hands out, so that a ledger
+    restored from an older backup never re-sends what the newer history had. The engine decides everything; a
+    ledger only stores the text. A ledger with nowhere to keep one keeps nothing (the default here), and the
+    engine then cannot tell an older ledger from the newest (docs/design.md "Older history").
+    """
 
     @abc.abstractmethod
     def get(self, table: str, scope: str, key: str) -> Optional[Row]:
@@ -177,6 +184,23 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def counts(self) -> tuple[dict[str, int], int]:
         """Rows per table and the number of audit events (for operators and tests)."""
+
+    def witness_seen(self, scope: str, key: str) -> Optional[str]:
+        """The record body the witness last kept for (scope, key), or None (nothing kept: never granted where this
+        witness saw it, or forgotten). Raises `LedgerFailure` when the witness cannot be read: the engine then grants
+        nothing on it. By default a ledger keeps no witness: None."""
+        return None
+
+    def witness_keep(self, scope: str, key: str, body: str, at: int) -> None:
+        """Keep `body` for (scope, key) in place of what is kept, unless what is kept was granted later (its `at` is
+        greater); durably before returning. `at` (ms, the ledger clock) is when the attempt was granted. Raises
+        `LedgerFailure` when it is not kept: the engine then does not send the attempt. By default nothing is
+        kept."""
+
+    def witness_forget(self, scope: str, key: str, before: int) -> None:
+        """Forget what the witness kept for (scope, key) if it was kept as of before `before` (ms): the engine's
+        prune, as the ledger forgets the key. Raises `LedgerFailure` when it could not. By default there is nothing
+        to forget."""
 
     def close(self) -> None:
         """Release connections."""

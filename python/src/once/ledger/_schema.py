@@ -72,6 +72,15 @@ def migrations(backend: str) -> Migrations:
     return Migrations(bootstrap, fresh, tuple(sorted(steps)))
 
 
+def witness_table() -> str:
+    """The SQLite witness file's table (`schema/witness/sqlite.sql`), as every host creates it."""
+    try:
+        return (resources.files("once") / "schema" / "witness" / "sqlite.sql").read_text(encoding="utf-8")
+    except OSError as e:
+        raise LedgerFailure(f"witness: this package ships no schema file (once/schema/witness/sqlite.sql): {e}; "
+                            "reinstall once-exactly") from e
+
+
 def for_schema(sql: str, quoted: str) -> str:
     """A `postgres/` file's text for one schema: every `{schema}` replaced by its quoted identifier."""
     return sql.replace("{schema}", quoted)

@@ -20,6 +20,9 @@ class MemoryLedger(Ledger):
         self._clock = SystemClock()
         # Recorded by the first guest: engines sharing one ledger object must agree, as on a file.
         self._body_format: Optional[str] = None
+        # The witness: (scope, key) -> (granted at, body). Exact rather than out of a restore's reach: a memory
+        # ledger is never restored from a backup, and its witness goes when it does.
+        self._witness: dict[tuple[str, str], tuple[int, str]] = {}
 
     def claim_body_format(self, fmt: int) -> None:
         with self._lock:
@@ -84,3 +87,21 @@ class MemoryLedger(Ledger):
             for t, _, _ in self._rows:
                 n[t] += 1
             return n, len(self._events)
+
+    def witness_seen(self, scope: str, key: str) -> Optional[str]:
+        with self._lock:
+            kept = self._witness.get((scope, key))
+        return None if kept is None else kept[1]
+
+    def witness_keep(self, scope: str, key: str, body: str, at: int) -> None:
+        with self._lock:
+            kept = self._witness.get((scope, key))
+            # As the SQL witness's upsert: never replaced by an earlier grant (a slow keep overtaken).
+            if kept is None or at >= kept[0]:
+                self._witness[(scope, key)] = (at, body)
+
+    def witness_forget(self, scope: str, key: str, before: int) -> None:
+        with self._lock:
+            kept = self._witness.get((scope, key))
+            if kept is not None and kept[0] < before:
+                del self._witness[(scope, key)]

@@ -301,6 +301,19 @@ class PostgresLedger(Ledger):
         r = conn.execute(f"SELECT count(*) FROM {self._s}.audit").fetchone()
         return n, int(r[0]) if r else 0
 
+    # No witness: there is no place here outside the ledger that a restore of it does not reach (a table in the
+    # same database, or another schema of it, comes back with the database's backup), and this package is not told
+    # of one elsewhere. So the engine is answered "nothing kept", and a PostgreSQL ledger restored from an older
+    # backup is not detected: what the newer history had sent may be sent again (docs/design.md "Older history").
+    def witness_seen(self, scope: str, key: str) -> Optional[str]:
+        return None
+
+    def witness_keep(self, scope: str, key: str, body: str, at: int) -> None:
+        return None
+
+    def witness_forget(self, scope: str, key: str, before: int) -> None:
+        return None
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:

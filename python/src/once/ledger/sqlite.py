@@ -9,6 +9,12 @@ makes the compare-and-swap atomic across processes. The tables are the Rust host
 and upgraded by the same files (the repository's schema/sqlite, shipped as once/schema/sqlite), so
 `once ledger list/show/resolve --db FILE` reads a ledger written here; `meta` also records the guest's
 `body_format` once a client is built over the file, and a file holding a later one is refused.
+
+Beside the ledger file, `<path>.witness` is the ledger's witness (the component's `witness` import): a copy of the
+record of every attempt the engine hands out, in a file of its own so that copying an older backup of the ledger
+back over it leaves the witness as it is, and the engine sees what the older ledger lacks. Its one table is the
+Rust and Node hosts' too (any of them may open the same file); it is written at `synchronous=FULL` whatever the
+ledger's mode, since a kept record must be on disk before the attempt is sent.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ import time
 from typing import Optional, Sequence
 
 from ._base import (
-    BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, event_values, insert_values,
-    next_body_format, update_values,
+    BODY_FORMAT_KEY, I64_MAX, Event, Ledger, LedgerFailure, Put, Row, SystemClock, checked_int, event_values,
+    insert_values, next_body_format, update_values,
 )
-from ._schema import migrations, statements
+from ._schema import migrations, statements, witness_table
 
 # The schema version this package writes and understands: the highest step of its schema/sqlite files.
 SCHEMA_VERSION = 2
@@ -31,6 +37,14 @@ ROW_COLUMNS = "tbl, scope, key, version, state, due_at, body, owner"
 EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, detail"
 # Per mode: the `PRAGMA synchronous` of an ordinary commit, and of one the engine marked deferrable.
 SYNCHRONOUS = {"FULL": ("FULL", "FULL"), "INTENT_ONLY": ("FULL", "NORMAL"), "NORMAL": ("NORMAL", "NORMAL")}
+# The witness's file is the ledger's path plus this suffix, and these are its statements (its table is
+# schema/witness/sqlite.sql): the Rust and Node hosts open the same file, so they are theirs word for word. A kept record is replaced only by one granted as late or
+# later, so a slow keep of an earlier attempt never overwrites a later one.
+WITNESS_SUFFIX = ".witness"
+WITNESS_KEEP = ("INSERT INTO witness (scope, key, at, body) VALUES (?, ?, ?, ?) ON CONFLICT (scope, key) DO UPDATE "
+                "SET at = excluded.at, body = excluded.body WHERE excluded.at >= witness.at")
+WITNESS_SEEN = "SELECT body FROM witness WHERE scope = ? AND key = ?"
+WITNESS_FORGET = "DELETE FROM witness WHERE scope = ? AND key = ? AND at < ?"
 
 
 def _row(r: tuple[object, ...]) -> Row:
@@ -54,7 +68,17 @@ class SqliteLedger(Ledger):
         self.busy_timeout = busy_timeout
         self._local = threading.local()
         self._clock = SystemClock()
+        # The witness's file, with a connection per thread as the ledger's. (There is no in-memory case: this
+        # ledger refuses `:memory:`, which cannot be in WAL mode.)
+        self.witness_path = self.path + WITNESS_SUFFIX
         self._init_schema(self._conn())
+        # Opened (and its table made) with the ledger, as the Node host does: a ledger whose witness cannot be kept
+        # is refused here, naming the file, before any call relies on it.
+        try:
+            self._witness_conn()
+        except LedgerFailure:
+            self.close()
+            raise
 
     def _conn(self) -> sqlite3.Connection:
         conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
@@ -71,7 +95,31 @@ class SqliteLedger(Ledger):
         self._local.conn, self._local.pid, self._local.level = conn, os.getpid(), self._levels[0]
         return conn
 
-    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+    def _witness_conn(self) -> sqlite3.Connection:
+        """This thread's connection to the witness file (opened, and its table made, on first use)."""
+        conn: Optional[sqlite3.Connection] = getattr(self._local, "witness", None)
+        # As the ledger's: never shared by a forked child.
+        if conn is not None and getattr(self._local, "witness_pid", None) == os.getpid():
+            return conn
+        path = self.witness_path
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+                # `keep` answers only once the record is on disk, whatever the ledger's own mode: a grant whose
+                # record a power loss could take from the witness is a grant an older ledger could send again.
+                conn.execute("PRAGMA synchronous = FULL")
+                self._enable_wal(conn, path)
+                conn.executescript(witness_table())
+            except BaseException:
+                conn.close()
+                raise
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: open the witness {path}: {e}") from e
+        self._local.witness, self._local.witness_pid = conn, os.getpid()
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection, path: Optional[str] = None) -> None:
         # Changing the journal mode does not wait on the busy handler: retried here.
         deadline = time.monotonic() + self.busy_timeout
         while True:
@@ -80,7 +128,7 @@ class SqliteLedger(Ledger):
                 if str(mode).lower() != "wal":
                     mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
-                    raise LedgerFailure(f"sqlite: {self.path}: WAL journal mode unavailable (got {mode!r})")
+                    raise LedgerFailure(f"sqlite: {path or self.path}: WAL journal mode unavailable (got {mode!r})")
                 return
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() >= deadline:
@@ -267,8 +315,39 @@ class SqliteLedger(Ledger):
             n[t] = c
         return n, conn.execute("SELECT count(*) FROM audit").fetchone()[0]
 
+    def witness_seen(self, scope: str, key: str) -> Optional[str]:
+        try:
+            r = self._witness_conn().execute(WITNESS_SEEN, (scope, key)).fetchone()
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: witness {self.witness_path}: read ({scope!r}, {key!r}): {e}") from e
+        if r is None:
+            return None
+        if not isinstance(r[0], str):
+            raise LedgerFailure(f"sqlite: witness {self.witness_path}: the body kept for ({scope!r}, {key!r}) is "
+                                f"not text ({type(r[0]).__name__})")
+        return r[0]
+
+    def witness_keep(self, scope: str, key: str, body: str, at: int) -> None:
+        at = checked_int("witness at", at)
+        try:
+            # One statement, its own transaction: committed (and, at FULL, synced) when it returns.
+            self._witness_conn().execute(WITNESS_KEEP, (scope, key, at, body))
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: witness {self.witness_path}: keep ({scope!r}, {key!r}): {e}") from e
+
+    def witness_forget(self, scope: str, key: str, before: int) -> None:
+        try:
+            # Every `at` held is at most i64::MAX, so a later `before` is that.
+            self._witness_conn().execute(WITNESS_FORGET, (scope, key, min(before, I64_MAX)))
+        except sqlite3.Error as e:
+            raise LedgerFailure(f"sqlite: witness {self.witness_path}: forget ({scope!r}, {key!r}): {e}") from e
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+        witness = getattr(self._local, "witness", None)
+        if witness is not None:
+            witness.close()
+            self._local.witness = None

@@ -92,6 +92,9 @@ use crate::bindings::types::{AuditEvent, Batch, Row, State, Table, Timestamp};
 mod batch;
 mod group;
 mod open;
+mod witness;
+
+pub use self::witness::{SqliteWitness, witness_path};
 
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: u32 = 2;
@@ -207,6 +210,8 @@ pub struct SqliteStorage {
     /// Batches committed.
     commits_batches: AtomicU64,
     backed_off: AtomicU64,
+    /// The ledger's witness, in its own file beside this one.
+    witness: SqliteWitness,
 }
 
 /// The writer connection and the `synchronous` level it is set to.
@@ -269,7 +274,9 @@ impl SqliteStorage {
         let path = path.as_ref().to_path_buf();
         let writer = open_writer(&path, &options)?;
         let file = file_id(&path);
+        let witness = SqliteWitness::new(&path, options.busy_timeout);
         Ok(Self {
+            witness,
             path,
             options,
             writer: Mutex::new(Some(writer)),
@@ -496,6 +503,18 @@ impl Storage for SqliteStorage {
             *guard = None;
         }
         result
+    }
+
+    fn witnessed(&self, scope: &str, key: &str) -> Result<Option<String>, StorageError> {
+        self.witness.seen(scope, key)
+    }
+
+    fn keep_witness(&self, scope: &str, key: &str, body: &str, at: Timestamp) -> Result<(), StorageError> {
+        self.witness.keep(scope, key, body, at)
+    }
+
+    fn forget_witnessed(&self, scope: &str, key: &str, before: Timestamp) -> Result<(), StorageError> {
+        self.witness.forget(scope, key, before)
     }
 
     fn stats(&self, scope: Option<&str>) -> Result<Stats, StorageError> {

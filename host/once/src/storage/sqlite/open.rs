@@ -45,7 +45,7 @@ pub(super) fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Writer
 /// Switch the file to WAL (a no-op when it already is). Changing the journal
 /// mode does not wait on SQLite's busy handler, so a file being created by
 /// several connections at once is retried here until `timeout`.
-fn enable_wal(conn: &Connection, path: &Path, timeout: Duration) -> Result<(), StorageError> {
+pub(super) fn enable_wal(conn: &Connection, path: &Path, timeout: Duration) -> Result<(), StorageError> {
     let at = path.display();
     let deadline = Instant::now() + timeout;
     loop {
