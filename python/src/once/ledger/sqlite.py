@@ -38,8 +38,9 @@ EVENT_COLUMNS = "scope, key, version, at, kind, from_state, to_state, attempt, d
 # Per mode: the `PRAGMA synchronous` of an ordinary commit, and of one the engine marked deferrable.
 SYNCHRONOUS = {"FULL": ("FULL", "FULL"), "INTENT_ONLY": ("FULL", "NORMAL"), "NORMAL": ("NORMAL", "NORMAL")}
 # The witness's file is the ledger's path plus this suffix, and these are its statements (its table is
-# schema/witness/sqlite.sql): the Rust and Node hosts open the same file, so they are theirs word for word. A kept record is replaced only by one granted as late or
-# later, so a slow keep of an earlier attempt never overwrites a later one.
+# schema/witness/sqlite.sql): the Rust and Node hosts open the same file, so they are theirs word for word. A kept
+# record is replaced only by one granted as late or later, so a slow keep of an earlier attempt never overwrites a
+# later one.
 WITNESS_SUFFIX = ".witness"
 WITNESS_KEEP = ("INSERT INTO witness (scope, key, at, body) VALUES (?, ?, ?, ?) ON CONFLICT (scope, key) DO UPDATE "
                 "SET at = excluded.at, body = excluded.body WHERE excluded.at >= witness.at")
