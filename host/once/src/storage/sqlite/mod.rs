@@ -94,7 +94,8 @@ mod group;
 mod open;
 mod witness;
 
-pub use self::witness::{SqliteWitness, witness_path};
+use self::witness::SqliteWitness;
+pub use self::witness::witness_path;
 
 /// The schema version this code writes and understands.
 pub const SCHEMA_VERSION: u32 = 2;

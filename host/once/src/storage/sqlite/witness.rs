@@ -58,7 +58,7 @@ struct Group {
 }
 
 /// The witness file of one SQLite ledger.
-pub struct SqliteWitness {
+pub(crate) struct SqliteWitness {
     path: PathBuf,
     busy_timeout: Duration,
     /// The connection keeps are written through; none until first used, or
@@ -85,11 +85,6 @@ impl SqliteWitness {
             group: Mutex::new(Group::default()),
             written: Condvar::new(),
         }
-    }
-
-    /// Where the file is.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     fn open(&self) -> Result<Connection, StorageError> {
