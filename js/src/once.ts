@@ -362,6 +362,20 @@ export class Once {
   /** Each configured tool's options as given (setTool merges into them). */
   private tools = new Map<string, ToolOptions>();
   private settingLock: Promise<unknown> = Promise.resolve();
+  /**
+   * The operations a call of this handle is driving now (`drivingKey(scope, key)`), with each call's mark on it:
+   * until when it counts (`performance.now()`; undefined while the call holds it). A call whose reply was lost waits for its read to come due, then reads and sends the next attempt
+   * itself; a `settle` beside it (its sweep proves the same absence and lists the dispatch owed) would race it
+   * for that attempt. Either winner keeps the effect single, but when `settle` wins, the caller, who made one
+   * call, is told its operation already ran (a replay), which reads like a duplicate it did not make. So
+   * `settle` leaves a driven operation to its call, which answers as the one that sent it. While the call is
+   * in a send, its mark counts only until the deadline the engine gave the answer: a send is the caller's
+   * code, which may hang past it (ignoring its signal), and the operation (its lease over) is then the
+   * round's, as it would be without the mark.
+   */
+  private driving = new Map<string, Map<number, number | undefined>>();
+  /** The next mark's id in `driving`. */
+  private markIds = 0;
 
   private constructor(
     private engine: Engine,
@@ -552,11 +566,17 @@ export class Once {
    * One round of background work: the sweep, then every owed dispatch it found (`sweep.owed`), each granted
    * just before it is sent and reported. Granting a round's dispatches together let the later ones' send-by
    * pass while earlier ones were sent ("not sent", an attempt spent).
+   *
+   * An owed dispatch a call of this handle is driving now is left to that call, which sends it itself and
+   * answers as the one that sent it: had the round come first, the caller would be told its one call was a
+   * replay. Once the call has returned or thrown, the next round takes what it left.
    */
   async settle(limit: number, send: Send): Promise<{ sweep: SweepResult; sent: Called[] }> {
     const sweep = await this.engine.call<SweepResult>("sweep", limit, false);
     const out: Called[] = [];
     for (const [scope, key] of sweep.owed) {
+      // A call of this handle driving it sends it itself (`driving`).
+      if (this.driven(scope, key)) continue;
       // Another host may have taken it since: then there is nothing to send.
       const step = await this.engine.call<Step>("resume", scope, key);
       if (step.tag === "dispatch") out.push(await this.drive(step, undefined, 0, send));
@@ -574,47 +594,93 @@ export class Once {
     const stopAt = performance.now() + patienceMs;
     // `stopAt` on the ledger clock, taken at the first wait: a call that sends and ends reads no clock first.
     let giveUpAt: number | undefined;
-    for (;;) {
-      switch (step.tag) {
-        case "dispatch": {
-          const g: Grant = step.val;
-          // This host's clock before the ledger's: the deadlines on it err early, never late.
-          const handed = performance.now();
-          const left = Number(g.sendBy) - this.engine.ledgerNow();
-          // Never send after send-by: the whole timeout must end inside the lease.
-          const result = left <= 0 ? sent.notSent() : await runSend(send, dispatchOf(g, handed + left));
-          try {
-            step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
-          } catch (e) {
-            // The effect happened: an error now would make the caller mint a new intent.
-            if (result?.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
-            throw e;
+    // The operation this loop drives (`driving`), from the first step naming it until the loop returns or
+    // throws. A loop can move to another key (a successor waits on the original it supersedes).
+    let held: { op: string; id: number } | undefined;
+    const follow = (scope: string, key: string) => {
+      const op = drivingKey(scope, key);
+      if (held?.op === op) {
+        this.driving.get(op)?.set(held.id, undefined);
+        return;
+      }
+      this.release(held);
+      const marks = this.driving.get(op) ?? new Map<number, number | undefined>();
+      this.driving.set(op, marks);
+      held = { op, id: this.markIds++ };
+      marks.set(held.id, undefined);
+    };
+    try {
+      for (;;) {
+        switch (step.tag) {
+          case "dispatch": {
+            const g: Grant = step.val;
+            follow(g.scope, g.key);
+            // This host's clock before the ledger's: the deadlines on it err early, never late.
+            const handed = performance.now();
+            const left = Number(g.sendBy) - this.engine.ledgerNow();
+            // Never send after send-by: the whole timeout must end inside the lease.
+            let result: Sent;
+            if (left <= 0) result = sent.notSent();
+            else {
+              const d = dispatchOf(g, handed + left);
+              // In the send, the mark counts until the answer's deadline, however long the send takes (`driving`).
+              if (held !== undefined) this.driving.get(held.op)?.set(held.id, d.answerBy);
+              result = await runSend(send, d);
+              if (held !== undefined) this.driving.get(held.op)?.set(held.id, undefined);
+            }
+            try {
+              step = await this.engine.call<Step>("report", g.scope, g.key, g.fence, outcomeOf(result));
+            } catch (e) {
+              // The effect happened: an error now would make the caller mint a new intent.
+              if (result?.outcome === "success") return { kind: "unreported", response: result.response, error: String(e) };
+              throw e;
+            }
+            break;
           }
-          break;
-        }
-        case "wait": {
-          const w = step.val;
-          const now = this.engine.ledgerNow();
-          giveUpAt ??= now + (stopAt - performance.now());
-          if (Number(w.next) > giveUpAt || performance.now() >= stopAt) return { kind: "done", account: w.meanwhile };
-          await sleep(Math.min(Number(w.next) - now, stopAt - performance.now()));
-          step = await this.engine.call<Step>("resume", w.scope, w.key);
-          break;
-        }
-        case "done":
-          return { kind: "done", account: step.val };
-        case "direct": {
-          if (!call) throw new ComponentError("a resumed operation answered direct");
-          const timeoutMs = Number(this.plan(call.tool).policy.dispatchTimeoutMs);
-          const args = JSON.parse(call.args) as Json;
-          const answerBy = performance.now() + timeoutMs;
-          const s = await runSend(send, {
-            direct: true, scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs, answerBy,
-          });
-          return { kind: "direct", sent: s };
+          case "wait": {
+            const w = step.val;
+            follow(w.scope, w.key);
+            const now = this.engine.ledgerNow();
+            giveUpAt ??= now + (stopAt - performance.now());
+            if (Number(w.next) > giveUpAt || performance.now() >= stopAt) return { kind: "done", account: w.meanwhile };
+            await sleep(Math.min(Number(w.next) - now, stopAt - performance.now()));
+            step = await this.engine.call<Step>("resume", w.scope, w.key);
+            break;
+          }
+          case "done":
+            return { kind: "done", account: step.val };
+          case "direct": {
+            if (!call) throw new ComponentError("a resumed operation answered direct");
+            const timeoutMs = Number(this.plan(call.tool).policy.dispatchTimeoutMs);
+            const args = JSON.parse(call.args) as Json;
+            const answerBy = performance.now() + timeoutMs;
+            const s = await runSend(send, {
+              direct: true, scope: call.scope, key: "", tool: call.tool, attempt: 0, providerKey: "", args, argsJson: call.args, timeoutMs, answerBy,
+            });
+            return { kind: "direct", sent: s };
+          }
         }
       }
+    } finally {
+      this.release(held);
     }
+  }
+
+  /** Whether a call of this handle is driving (scope, key) now (`driving`). */
+  private driven(scope: string, key: string): boolean {
+    const now = performance.now();
+    for (const until of this.driving.get(drivingKey(scope, key))?.values() ?? []) {
+      if (until === undefined || now < until) return true;
+    }
+    return false;
+  }
+
+  /** A loop's mark taken off (`driving`). */
+  private release(held: { op: string; id: number } | undefined): void {
+    if (held === undefined) return;
+    const marks = this.driving.get(held.op);
+    marks?.delete(held.id);
+    if (marks?.size === 0) this.driving.delete(held.op);
   }
 
   /**
@@ -732,6 +798,11 @@ export class Once {
     await this.engine.close();
     await this.postgresStore?.close();
   }
+}
+
+/** The key of (scope, key) in `Once.driving`: one string, never the same for two pairs. */
+function drivingKey(scope: string, key: string): string {
+  return JSON.stringify([scope, key]);
 }
 
 /** A grant as its dispatch, to be sent before `sendBefore` (`performance.now()`). */

@@ -64,6 +64,7 @@ pub(crate) fn who_continues(shared: &Shared) -> String {
 /// One round of background work: the engine's sweep with every owed dispatch it
 /// grants sent; then each operation this gateway answered as unsettled, asked
 /// once more (without waiting) until the engine says a repeat would no longer wait.
+/// An operation a client's call is going on with is left to that call (`Once::is_driven`).
 pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
     // Up before anything is granted, as for a client's call: a lease then covers only grant to send,
     // never a restart of the upstream (which would spend the attempt as not sent). So a dead upstream
@@ -89,6 +90,10 @@ pub async fn settle_round(shared: &Shared, once: &Arc<Once>) {
         Err(e) => tracing::warn!(target: "once::gateway", "sweep: {e}"),
     }
     for (scope, key) in shared.pending() {
+        // The client called again and that call is going on with it: it is that call's to send.
+        if once.is_driven(&scope, &key) {
+            continue;
+        }
         let mut capture = Capture::default();
         let mut sender = Sender {
             shared,

@@ -100,7 +100,7 @@ impl Once {
     }
 
     /// [`Once::settle`] for an async host: the sweep, then each owed dispatch granted just before it
-    /// is sent, and reported.
+    /// is sent, and reported. What a call of this handle is driving now is left to that call.
     pub async fn settle_async(
         self: &Arc<Self>,
         limit: u32,
@@ -111,6 +111,10 @@ impl Once {
             .await?;
         let mut sent = Vec::with_capacity(sweep.owed.len());
         for (scope, key) in &sweep.owed {
+            // A call of this handle driving it sends it itself ([`crate::driving`]).
+            if self.driving.driven(scope, key) {
+                continue;
+            }
             // Someone else may have taken it since: then the step says so and nothing is sent.
             let stepped = self.resume_stepped(scope, key).await?;
             if matches!(stepped.0, Step::Dispatch(_)) {
@@ -122,6 +126,9 @@ impl Once {
         }
         let mut read = Vec::with_capacity(sweep.reads.len());
         for (scope, key) in &sweep.reads {
+            if self.driving.driven(scope, key) {
+                continue;
+            }
             let stepped = self.resume_stepped(scope, key).await?;
             let mut counted = Counted {
                 sender: &mut *sender,
@@ -146,8 +153,10 @@ impl Once {
     ) -> Result<Called, OnceError> {
         let patience = Patience::new(now, patience);
         let mut reads = ReadsInARow::after(call);
+        let mut driver = self.driving.driver();
         loop {
             reads.follow(&step)?;
+            driver.follow(&step);
             (step, now, at) = match step {
                 Step::Dispatch(grant) => {
                     let dispatch = Dispatch::of(&grant, now, at);
@@ -156,7 +165,10 @@ impl Once {
                     let sent = if dispatch.too_late(now) {
                         Sent::NotSent
                     } else {
-                        stop_at_deadline(sender, &dispatch).await
+                        driver.held_until(dispatch.answer_by);
+                        let sent = stop_at_deadline(sender, &dispatch).await;
+                        driver.held_until(None);
+                        sent
                     };
                     let (reported, outcome) = (grant.clone(), sent.clone());
                     match self.step(move |once| once.report(&reported, &outcome)).await {

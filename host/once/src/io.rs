@@ -63,7 +63,9 @@ impl Clock for ManualClock {
 
 /// The provider's authoritative read path (never the write path).
 pub trait Provider: Send + Sync {
-    /// Does the effect for `provider_key` exist? `args` are the canonical dispatch args.
+    /// Does the effect for `provider_key` exist? `args` are the canonical dispatch args. A lookup
+    /// answers within its own timeout (an unanswered read is [`Evidence::Unknown`]): while it runs,
+    /// the call that asked holds the operation, and settle rounds of its handle leave it alone.
     fn lookup(&self, tool: &str, provider_key: &str, args: &str) -> Evidence;
 }
 

@@ -24,6 +24,7 @@ mod bindings;
 #[cfg(feature = "tokio")]
 pub mod call_async;
 mod display;
+mod driving;
 pub mod io;
 pub mod metrics;
 pub(crate) mod once;

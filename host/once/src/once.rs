@@ -18,6 +18,7 @@ use crate::bindings::types::{
     JsonError, LedgerEncoding, Outcome, PolicyInput, ProviderReads, Reading, Settings, Step, SweepResult, ToolConfig,
     ToolDescriptor, ToolPlan, ToolPolicy, Waiting,
 };
+use crate::driving::Driving;
 use crate::io::{Clock, Entropy, HostState, LogOperator, NoProvider, Operator, Provider, SystemClock, SystemEntropy};
 use crate::runtime::{GuestLimit, GuestLimits, Instance, Runtime};
 use crate::storage::sqlite::{SqliteOptions, SqliteStorage};
@@ -236,8 +237,8 @@ impl Called {
 #[must_use = "how each owed dispatch ended: an unknown one is not a failure"]
 pub struct Settled {
     /// The sweep's counts; `owed` lists the owed dispatches it found, each granted
-    /// just before it was sent (unless another host took it first).
-    /// `dispatches` is empty.
+    /// just before it was sent (unless another host took it first, or a call of this
+    /// handle is driving it: then it is that call's to send). `dispatches` is empty.
     pub sweep: SweepResult,
     /// Each owed dispatch sent, and how it ended: those the sweep listed, and those a due
     /// read of this round proved owed.
@@ -429,6 +430,7 @@ impl Builder {
             wait: self.wait,
             limits: self.limits,
             reads_only_in_dispatcher,
+            driving: Driving::default(),
         };
         let configured = once.reconfigure(configuration)?;
         // Configuring reads no row; everything after may. A ledger holding
@@ -461,6 +463,8 @@ pub struct Once {
     /// async loop whose `Dispatcher` reads is refused, never answered "unknown" (which the engine
     /// would record as an inconclusive read and schedule the next one later).
     reads_only_in_dispatcher: bool,
+    /// The operations a call loop of this handle is driving now: a settle round leaves them to it.
+    pub(crate) driving: Driving,
 }
 
 impl Once {
@@ -667,6 +671,15 @@ impl Once {
         self.drive(step, None, patience, &|| true, &mut send)
     }
 
+    /// Whether a call loop of this handle (`call`, `resume`, `settle`, or their async forms) is going on
+    /// with the operation (scope, key) now. A host that resumes operations in the background on its own
+    /// (as a gateway's worker resumes what it answered as unsettled) leaves such an operation to that
+    /// loop, as [`Once::settle`] does. It is a check, not a claim: a call that begins right after it
+    /// can still race the resume that follows (the ledger keeps the effect single either way).
+    pub fn is_driven(&self, scope: &str, key: &str) -> bool {
+        self.driving.driven(scope, key)
+    }
+
     /// One round of background work for a host that sends: the sweep, then
     /// each owed dispatch granted just before it is sent with `send`, and
     /// reported. (Granting a round's dispatches together let the later ones'
@@ -674,10 +687,20 @@ impl Once {
     ///
     /// The sweep reads no provider: each due read it lists is resumed here, read with the
     /// [`Provider`], and followed like any call (an absence it proves is then sent).
+    ///
+    /// An operation a call of this handle is driving now (in another thread) is left to that call,
+    /// which goes on with it (reads, sends) and answers as the one that sent it: had the round come
+    /// first, the caller would be told its one call was a replay. A call in a send holds it only
+    /// until the deadline the engine gave the answer ([`Dispatch::answer_by`]): a send that hangs
+    /// past it leaves the operation, its lease over, to the round.
     pub fn settle(&self, limit: u32, mut send: impl FnMut(&Dispatch<'_>) -> Sent) -> Result<Settled, OnceError> {
         let sweep = self.with_instance(|i| i.sweep(limit, false))??;
         let mut sent = Vec::with_capacity(sweep.owed.len());
         for (scope, key) in &sweep.owed {
+            // A call of this handle driving it sends it itself ([`crate::driving`]).
+            if self.driving.driven(scope, key) {
+                continue;
+            }
             // Someone else may have taken it since: then the step says so and nothing is sent.
             let step = self.resume_step(scope, key)?;
             if matches!(step, Step::Dispatch(_)) {
@@ -686,6 +709,9 @@ impl Once {
         }
         let mut read = Vec::with_capacity(sweep.reads.len());
         for (scope, key) in &sweep.reads {
+            if self.driving.driven(scope, key) {
+                continue;
+            }
             let step = self.resume_step(scope, key)?;
             let mut dispatched = false;
             let mut counted = |d: &Dispatch<'_>| {
@@ -713,8 +739,10 @@ impl Once {
     ) -> Result<Called, OnceError> {
         let patience = Patience::new(self.now(), patience);
         let mut reads = ReadsInARow::after(call);
+        let mut driver = self.driving.driver();
         loop {
             reads.follow(&step)?;
+            driver.follow(&step);
             step = match step {
                 Step::Dispatch(grant) => {
                     // This host's clock first: a ledger clock that is a database query then makes
@@ -726,7 +754,10 @@ impl Once {
                     let sent = if dispatch.too_late(now) {
                         Sent::NotSent
                     } else {
-                        send(&dispatch)
+                        driver.held_until(dispatch.answer_by);
+                        let sent = send(&dispatch);
+                        driver.held_until(None);
+                        sent
                     };
                     match self.report(&grant, &sent) {
                         Ok(next) => next,

@@ -380,3 +380,142 @@ async fn a_ledger_clock_that_stalls_past_send_by_sends_nothing() {
     assert!(not_sent(&by_blocking), "{by_blocking:?}");
     assert_eq!(sends.load(Ordering::SeqCst), 0);
 }
+
+/// The call's sender: its first attempt's reply is lost; its read waits at `gate` (telling
+/// `reading` it got there) and finds nothing; its next attempt succeeds.
+struct LostThenAbsent {
+    sends: Arc<AtomicU32>,
+    reading: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Dispatcher for LostThenAbsent {
+    async fn dispatch(&mut self, _: &Dispatch<'_>) -> Sent {
+        match self.sends.fetch_add(1, Ordering::SeqCst) {
+            0 => Sent::Ambiguous("the connection dropped before the reply".into()),
+            _ => Sent::Success(RECEIPT.into()),
+        }
+    }
+
+    async fn read(&mut self, _: &once::types::Reading) -> Option<Evidence> {
+        self.reading.notify_one();
+        self.gate.notified().await;
+        Some(Evidence::Absent(u64::MAX / 2))
+    }
+}
+
+/// The call "refund-1" with a [`LostThenAbsent`] sender, to spawn.
+fn lost_then_absent(
+    once: &Arc<Once>,
+    sends: &Arc<AtomicU32>,
+    reading: &Arc<tokio::sync::Notify>,
+    gate: &Arc<tokio::sync::Notify>,
+) -> impl Future<Output = Result<Called, once::OnceError>> + Send + 'static {
+    let once = once.clone();
+    let mut sender = LostThenAbsent {
+        sends: sends.clone(),
+        reading: reading.clone(),
+        gate: gate.clone(),
+    };
+    async move { once.call_async(&call("refund-1", TOOL), &mut sender).await }
+}
+
+/// A handle whose provider is read by its dispatchers, for a tool read as soon as its reply is lost.
+fn read_by_its_dispatcher(dir: &Path) -> Arc<Once> {
+    Arc::new(
+        Once::builder(sqlite(&dir.join("once.db")))
+            .reads_in_dispatcher()
+            .policy(
+                TOOL,
+                once::types::PolicyInput {
+                    lookup: Some(true),
+                    max_in_flight_ms: Some(1),
+                    ..policy_input()
+                },
+            )
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A background round's sender: whatever it is asked to read is absent, and it counts what it does.
+#[derive(Default)]
+struct Background {
+    sends: u32,
+    reads: u32,
+}
+
+impl Dispatcher for Background {
+    async fn dispatch(&mut self, _: &Dispatch<'_>) -> Sent {
+        self.sends += 1;
+        Sent::Success(RECEIPT.into())
+    }
+
+    async fn read(&mut self, _: &once::types::Reading) -> Option<Evidence> {
+        self.reads += 1;
+        Some(Evidence::Absent(u64::MAX / 2))
+    }
+}
+
+/// A settle round beside a call whose reply was lost (a gateway's worker beside a client's call)
+/// leaves the operation to the call: the call reads, sends attempt 2 and answers that it sent it.
+/// The round used to read and send it whenever it came first (both wake when the read comes due),
+/// and the caller, who made one call, was told its operation had already run: a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_round_leaves_a_call_its_own_lost_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = read_by_its_dispatcher(dir.path());
+    let sends = Arc::new(AtomicU32::new(0));
+    let (reading, gate) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let caller = tokio::spawn(lost_then_absent(&once, &sends, &reading, &gate));
+    reading.notified().await;
+    // The call is reading: past max-in-flight, the round would prove the same absence and send.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut background = Background::default();
+    let round = once.settle_async(10, &mut background).await.unwrap();
+    assert_eq!(
+        round.sweep.reads,
+        [("t1".to_string(), "refund-1".to_string())],
+        "the round found the call's read due: {round:?}"
+    );
+    assert!(round.sent.is_empty() && round.read.is_empty(), "{round:?}");
+    assert_eq!((background.reads, background.sends), (0, 0));
+    gate.notify_one();
+    let called = caller.await.unwrap().unwrap();
+    let confirmed = called.confirmed().expect("sent and confirmed");
+    assert_eq!(
+        (confirmed.replayed, confirmed.attempt),
+        (false, Some(2)),
+        "the call sent its operation's next attempt: {called:?}"
+    );
+    assert_eq!(sends.load(Ordering::SeqCst), 2);
+    // Once the call is over, a round takes what is due again: nothing is, and nothing is sent.
+    let after = once.settle_async(10, &mut background).await.unwrap();
+    assert!(after.sent.is_empty(), "{after:?}");
+    assert_eq!(background.sends, 0);
+}
+
+/// A call that goes away while it drives its operation (its future dropped mid-read) leaves it to the
+/// next round of the same handle, which reads and sends it: nothing stays held by a call that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_goes_away_leaves_its_operation_to_the_next_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = read_by_its_dispatcher(dir.path());
+    let sends = Arc::new(AtomicU32::new(0));
+    let reading = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let caller = tokio::spawn(lost_then_absent(&once, &sends, &reading, &gate));
+    reading.notified().await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut background = Background::default();
+    let round = once.settle_async(10, &mut background).await.unwrap();
+    assert_eq!(round.sent.len(), 1, "{round:?}");
+    assert_eq!(round.sent[0].confirmed().map(|c| c.attempt), Some(Some(2)), "{round:?}");
+    assert_eq!((background.reads, background.sends), (1, 1));
+    assert_eq!(sends.load(Ordering::SeqCst), 1, "the call's one attempt, lost");
+}

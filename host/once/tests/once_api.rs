@@ -827,3 +827,62 @@ fn a_direct_dispatch_is_marked_and_carries_the_calls_scope() {
         ]
     );
 }
+
+/// A blocking send that hangs past the deadline the engine gave its answer no longer holds its
+/// operation: once its lease is over and the request can no longer commit, a round of the same
+/// handle (another thread) reads, proves absence and sends attempt 2, as it would without the call.
+/// (A call holds its operation against the round while it drives it, but a send is the caller's
+/// code and may never return.)
+#[test]
+fn a_send_that_hangs_past_its_deadline_leaves_its_operation_to_the_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = Arc::new(
+        Once::builder(sqlite(&dir.path().join("once.db")))
+            .provider(|_: &str, _: &str, _: &str| Evidence::Absent(u64::MAX / 2))
+            .policy(
+                TOOL,
+                once::types::PolicyInput {
+                    // Send-by 1.95 s after the grant (however slow the machine), the answer due 50 ms later.
+                    dispatch_timeout_ms: Some(50),
+                    lease_ms: Some(2_000),
+                    max_in_flight_ms: Some(1),
+                    ..policy_input()
+                },
+            )
+            .build()
+            .unwrap(),
+    );
+    let (in_send, hangs) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let caller = {
+        let (once, in_send, hangs) = (once.clone(), in_send.clone(), hangs.clone());
+        std::thread::spawn(move || {
+            once.call("t1", Some("refund-1"), TOOL, ARGS, |_| {
+                in_send.wait();
+                // Hangs until the test is done with the round, far past its deadline.
+                hangs.wait();
+                Sent::NotSent
+            })
+        })
+    };
+    in_send.wait();
+    let mut sent = Vec::new();
+    for _ in 0..500 {
+        let round = once
+            .settle(10, |d| {
+                sent.push(d.attempt);
+                Sent::Success(r#"{"refund_id":"r_2"}"#.into())
+            })
+            .unwrap();
+        if !round.sent.is_empty() {
+            assert_confirmed(&round.sent[0], r#"{"refund_id":"r_2"}"#, false, None);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sent, [2], "the round sent attempt 2 while the first send still hung");
+    hangs.wait();
+    // When its send returns at last, the call answers what the round's attempt did.
+    let late = caller.join().unwrap().unwrap();
+    assert_confirmed(&late, r#"{"refund_id":"r_2"}"#, true, Some(ReplayVia::Key));
+    assert!(once.settle(10, |_| panic!("sent twice")).unwrap().sent.is_empty());
+}

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import os
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Generator, Mapping, Optional, Union
 
 from wasmtime.component import Record, Variant
@@ -121,6 +122,97 @@ def _event_record(e: Event) -> Record:
                        to_state=e.to_state, attempt=e.attempt, detail=e.detail)
 
 
+@dataclass
+class _Mark:
+    """One loop's mark on an operation: until when it counts (time.monotonic(); None: while the loop holds it)."""
+
+    id: int
+    until: Optional[float] = None
+
+
+class _Driving:
+    """The operations a call loop of this `Once` is driving now: (scope, key) -> each loop's mark on it.
+
+    A call whose reply was lost waits for its provider read to come due, then reads and, if the effect is absent,
+    sends the next attempt itself. A `settle` running beside it in the same process (another thread, a background
+    task) reads the same due unknown in its sweep, proves the same absence and lists the operation owed: granting and
+    sending it there would race the call for it. Either winner keeps the effect single (the ledger's compare-and-swap
+    decides), but when `settle` wins, the caller, who made one call, is told its operation "already ran" and was
+    replayed: an answer that reads like a duplicate it did not make. So `settle` leaves a driven operation to its
+    driver, which answers as the one that sent it.
+
+    A loop drives an operation from its first step that names the key (a grant, a wait) until it returns or raises;
+    then the next `settle` takes what it left, as before. While the loop is in a send, its mark counts only until the
+    deadline the guest gave the answer: a send is the caller's code, which may hang past it, and the operation (its
+    lease over) is then `settle`'s, as it would be without the mark.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._marks: dict[tuple[str, str], list[_Mark]] = {}
+
+    def driven(self, scope: str, key: str) -> bool:
+        """Whether a loop of this handle is driving (scope, key) now."""
+        now = time.monotonic()
+        with self._lock:
+            return any(m.until is None or now < m.until for m in self._marks.get((scope, key), []))
+
+    def driver(self) -> _Driver:
+        """A loop's mark, which follows the operation its steps are about until it is released."""
+        return _Driver(self)
+
+    def _take(self, op: tuple[str, str]) -> int:
+        with self._lock:
+            mark_id = next(self._ids)
+            self._marks.setdefault(op, []).append(_Mark(mark_id))
+            return mark_id
+
+    def _set_until(self, op: tuple[str, str], mark_id: int, until: Optional[float]) -> None:
+        with self._lock:
+            for mark in self._marks.get(op, []):
+                if mark.id == mark_id:
+                    mark.until = until
+
+    def _give_back(self, op: tuple[str, str], mark_id: int) -> None:
+        with self._lock:
+            left = [m for m in self._marks.get(op, []) if m.id != mark_id]
+            if left:
+                self._marks[op] = left
+            else:
+                self._marks.pop(op, None)
+
+
+class _Driver:
+    """One loop's mark on the operation it drives (`_Driving.driver`)."""
+
+    def __init__(self, driving: _Driving) -> None:
+        self._driving = driving
+        self._held: Optional[tuple[tuple[str, str], int]] = None
+
+    def follow(self, scope: str, key: str) -> None:
+        """Before the loop follows a step naming (scope, key): that operation is this loop's from now on, while the loop
+        holds it. A loop can move to another key (a successor waits on the operation it supersedes): the one it left is
+        no longer held."""
+        if self._held is not None and self._held[0] == (scope, key):
+            self._driving._set_until(*self._held, None)
+            return
+        self.release()
+        op = (scope, key)
+        self._held = (op, self._driving._take(op))
+
+    def held_until(self, until: Optional[float]) -> None:
+        """Around a send: the mark counts until `until` (time.monotonic(): the deadline the guest gave the answer), and
+        no longer, however long the send takes; None once the send has returned: held again, while the loop holds it."""
+        if self._held is not None:
+            self._driving._set_until(*self._held, until)
+
+    def release(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._driving._give_back(*held)
+
+
 class Once:
     """A handle on one ledger: configure tools, then `call`, `acall` or `@protect`. Safe to share between threads."""
 
@@ -148,6 +240,7 @@ class Once:
         self._pool: list[Instance] = []
         self._lock = threading.Lock()
         self._config_lock = threading.Lock()
+        self._driving = _Driving()
         first = self._instance()
         base = {k: v for k, v in vars(first.call("default-settings")).items()}
         for name, value in (settings or {}).items():
@@ -463,66 +556,77 @@ class Once:
               patience: float) -> Generator[Action, Any, Called]:
         """The protocol: the guest says what to do next; this only does it. `call` (scope, tool, args) is the
         call as it came, sent as it is if the guest routes it DIRECT; none for an operation from the ledger."""
-        step: _wit.Step = yield ("guest", first)
-        deadline = time.monotonic() + patience
-        give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
-        raised: Optional[BaseException] = None
-        never_ran: Optional[errors.OnceError] = None
-        while True:
-            kind = step.kind
-            if kind == "dispatch":
-                grant, fence = step.dispatch, step.fence
-                assert grant is not None
-                handed, now = yield ("guest", self._clocks)
-                if now >= grant.send_by:
-                    sent = Sent.not_sent()
-                else:
-                    # Send-by and the deadline the guest gives its answer (send-by plus the timeout, inside the
-                    # lease), on this host's monotonic clock: the runner checks send-by again just before the send,
-                    # and acall stops an async dispatcher at the deadline.
-                    send_before = handed + (grant.send_by - now) / 1000
-                    answer_by = send_before + grant.timeout_ms / 1000
+        # The operation the loop drives is left to it by a `settle` of this handle (`_Driving`) until the loop returns
+        # or raises (a cancelled acall's cancellation goes through it): then the next `settle` takes what it left.
+        driver = self._driving.driver()
+        try:
+            step: _wit.Step = yield ("guest", first)
+            deadline = time.monotonic() + patience
+            give_up_at: Optional[int] = None  # the ledger clock's `deadline`, read at the first wait
+            raised: Optional[BaseException] = None
+            never_ran: Optional[errors.OnceError] = None
+            while True:
+                kind = step.kind
+                if kind == "dispatch":
+                    grant, fence = step.dispatch, step.fence
+                    assert grant is not None
+                    driver.follow(grant.scope, grant.key)
+                    handed, now = yield ("guest", self._clocks)
+                    if now >= grant.send_by:
+                        sent = Sent.not_sent()
+                    else:
+                        # Send-by and the deadline the guest gives its answer (send-by plus the timeout, inside the
+                        # lease), on this host's monotonic clock: the runner checks send-by again just before the send,
+                        # and acall stops an async dispatcher at the deadline.
+                        send_before = handed + (grant.send_by - now) / 1000
+                        answer_by = send_before + grant.timeout_ms / 1000
+                        driver.held_until(answer_by)
+                        try:
+                            sent = _sent((yield ("send", (grant, send_before, answer_by))))
+                        except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
+                            never_ran, sent = e.error, Sent.not_sent()
+                        except BaseException as e:  # the request may have left: the effect may exist
+                            raised = e
+                            sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
+                        driver.held_until(None)
+                    outcome = _wit.outcome_text(sent)
                     try:
-                        sent = _sent((yield ("send", (grant, send_before, answer_by))))
-                    except _NeverRan as e:  # certainly nothing sent: the caller's mistake, raised once reported
-                        never_ran, sent = e.error, Sent.not_sent()
-                    except BaseException as e:  # the request may have left: the effect may exist
-                        raised = e
-                        sent = Sent.ambiguous(f"the dispatcher raised {type(e).__name__}: {e}")
-                outcome = _wit.outcome_text(sent)
-                try:
-                    step = yield ("guest", functools.partial(self._step, "report", grant.scope, grant.key, fence, outcome))
-                except errors.OnceError as e:
-                    if sent.kind == "success":
-                        return Called(unreported=Unrecorded(sent.text), report_error=str(e))
-                    raise
-                if never_ran is not None:
-                    raise never_ran
-                if raised is not None and not isinstance(raised, Exception):
-                    raise raised
-            elif kind == "wait":
-                _, now = yield ("guest", self._clocks)
-                if give_up_at is None:
-                    give_up_at = now + int((deadline - time.monotonic()) * 1000)
-                if step.next > give_up_at or time.monotonic() >= deadline:
+                        step = yield ("guest", functools.partial(
+                            self._step, "report", grant.scope, grant.key, fence, outcome))
+                    except errors.OnceError as e:
+                        if sent.kind == "success":
+                            return Called(unreported=Unrecorded(sent.text), report_error=str(e))
+                        raise
+                    if never_ran is not None:
+                        raise never_ran
+                    if raised is not None and not isinstance(raised, Exception):
+                        raise raised
+                elif kind == "wait":
+                    driver.follow(step.scope, step.key)
+                    _, now = yield ("guest", self._clocks)
+                    if give_up_at is None:
+                        give_up_at = now + int((deadline - time.monotonic()) * 1000)
+                    if step.next > give_up_at or time.monotonic() >= deadline:
+                        return Called(account=step.account, raised=raised)
+                    pause = max(0.0, (step.next - now) / 1000)
+                    yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
+                    step = yield ("guest", functools.partial(self._step, "resume", step.scope, step.key))
+                elif kind == "done":
                     return Called(account=step.account, raised=raised)
-                pause = max(0.0, (step.next - now) / 1000)
-                yield ("sleep", min(pause, max(0.0, deadline - time.monotonic())))
-                step = yield ("guest", functools.partial(self._step, "resume", step.scope, step.key))
-            elif kind == "done":
-                return Called(account=step.account, raised=raised)
-            else:  # direct: a read-only tool, sent as it came, nothing recorded
-                if call is None:
-                    raise errors.ComponentError("a resumed operation answered direct")
-                scope, tool, args = call
-                timeout = self.plan(tool).policy.get("dispatch-timeout-ms")
-                assert isinstance(timeout, int)
-                d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
-                             send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
-                try:
-                    return Called(direct=_sent((yield ("send", (d, None, time.monotonic() + timeout / 1000)))))
-                except _NeverRan as e:
-                    raise e.error from None
+                else:  # direct: a read-only tool, sent as it came, nothing recorded
+                    if call is None:
+                        raise errors.ComponentError("a resumed operation answered direct")
+                    scope, tool, args = call
+                    timeout = self.plan(tool).policy.get("dispatch-timeout-ms")
+                    assert isinstance(timeout, int)
+                    d = Dispatch(scope=scope, key="", tool=tool, attempt=0, provider_key="", args=args,
+                                 send_by=(1 << 64) - 1, timeout_ms=timeout, direct=True)
+                    try:
+                        return Called(direct=_sent((yield ("send", (d, None, time.monotonic() + timeout / 1000)))))
+                    except _NeverRan as e:
+                        raise e.error from None
+        finally:
+            driver.release()
 
     def _run(self, loop: Generator[Action, Any, Called], send: Send) -> Called:
         _blocking(send)  # before the loop starts: nothing recorded
@@ -607,11 +711,18 @@ class Once:
 
     def settle(self, send: Send, limit: int = 100) -> SweepResult:
         """Expire leases, reconcile due unknowns, escalate past deadlines, and send every owed dispatch (each granted
-        just before it is sent; `owed` lists those found)."""
+        just before it is sent; `owed` lists those found, `sent` how each one sent ended).
+
+        An operation a call of this handle is driving now (in another thread or task: its reply was lost and it waits
+        for its read to come due) is left to that call, which is granted the attempt and sends it itself, and answers
+        as the one that sent it: sent here, the caller of that one call would be told it was a replay."""
         _blocking(send)  # before anything is granted
         r = self._guest("sweep", limit, False)
         sent = []
         for scope, key in r.owed:
+            # A call of this handle driving it sends it itself (`_Driving`): it finds the absence this sweep proved.
+            if self._driving.driven(scope, key):
+                continue
             # Each granted just before it is sent: granting a round's dispatches together let the later ones' send-by
             # pass while the earlier ones were sent ("not sent", an attempt spent). Another host may have taken it since.
             step = self._step("resume", scope, key)

@@ -578,7 +578,8 @@ class RecordView:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What one sweep did; the owed dispatches it granted were sent by `settle`."""
+    """What one sweep did: `owed` lists the owed dispatches it found; `sent`, how each one `settle` granted and sent
+    ended (not one another host took first, nor one a call of the same `Once` is driving: that call sends it)."""
 
     expired: int
     reconciled: int
