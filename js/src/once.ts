@@ -364,14 +364,14 @@ export class Once {
   private settingLock: Promise<unknown> = Promise.resolve();
   /**
    * The operations a call of this handle is driving now (`drivingKey(scope, key)`), with each call's mark on it:
-   * until when it counts (`performance.now()`; undefined while the call holds it). A call whose reply was lost waits for its read to come due, then reads and sends the next attempt
-   * itself; a `settle` beside it (its sweep proves the same absence and lists the dispatch owed) would race it
-   * for that attempt. Either winner keeps the effect single, but when `settle` wins, the caller, who made one
-   * call, is told its operation already ran (a replay), which reads like a duplicate it did not make. So
-   * `settle` leaves a driven operation to its call, which answers as the one that sent it. While the call is
-   * in a send, its mark counts only until the deadline the engine gave the answer: a send is the caller's
-   * code, which may hang past it (ignoring its signal), and the operation (its lease over) is then the
-   * round's, as it would be without the mark.
+   * until when it counts (`performance.now()`; undefined while the call holds it). A call whose reply was lost waits
+   * for its read to come due, then reads and sends the next attempt itself; a `settle` beside it (its sweep proves
+   * the same absence and lists the dispatch owed) would race it for that attempt. Either winner keeps the effect
+   * single, but when `settle` wins, the caller, who made one call, is told its operation already ran (a replay),
+   * which reads like a duplicate it did not make. So `settle` leaves a driven operation to its call, which answers as
+   * the one that sent it. While the call is in a send, its mark counts only until the deadline the engine gave the
+   * answer: a send is the caller's code, which may hang past it (ignoring its signal), and the operation (its lease
+   * over) is then the round's, as it would be without the mark.
    */
   private driving = new Map<string, Map<number, number | undefined>>();
   /** The next mark's id in `driving`. */

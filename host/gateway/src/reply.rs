@@ -317,7 +317,34 @@ fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult 
         ),
         Confirmation::Operator => " (an operator confirmed that it happened)".to_string(),
     };
+    let same = cx.identity_words();
+    let until = c
+        .window_until
+        .filter(|_| via == ReplayVia::DerivedArgs)
+        .map_or_else(String::new, |t| {
+            format!(
+                " Until {}, calls with the same {same} are this same operation; after that they are new.",
+                utc(t)
+            )
+        });
     let mut text = match via {
+        // This call sent an attempt of it and heard nothing back; another attempt (another process's, or
+        // one sent while this call waited) or an operator settled it. Its own operation, never a repeat:
+        // the words for a repeat ("already ran", "a deliberate second") would invite a second one.
+        ReplayVia::Key | ReplayVia::DerivedArgs if cx.capture.sent && cx.capture.key == a.key => {
+            let settled = match c.confirmed_by {
+                Confirmation::Answer => c.attempt.map_or_else(
+                    || "another attempt of the same operation reported success".to_string(),
+                    |n| format!("attempt {n} of the same operation reported success"),
+                ),
+                Confirmation::Provider => format!("once confirmed it by reading {}", cx.read_by()),
+                Confirmation::Operator => "an operator confirmed that it happened".to_string(),
+            };
+            format!(
+                "Replay of operation {key}: {tool} happened. This call sent it and got no reply; {settled}, and \
+                 below is its stored result. Nothing more was sent.{until}"
+            )
+        }
         ReplayVia::Provider => format!(
             "Replay of operation {key}: {tool} did happen, but its reply was lost; once confirmed it by reading {}, \
              and below is what that read returned. Nothing was sent again.",
@@ -328,13 +355,6 @@ fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult 
              result. Nothing was sent again."
         ),
         ReplayVia::DerivedArgs => {
-            let same = cx.identity_words();
-            let until = c.window_until.map_or_else(String::new, |t| {
-                format!(
-                    " Until {}, calls with the same {same} are this same operation; after that they are new.",
-                    utc(t)
-                )
-            });
             format!(
                 "Replay: a {tool} call with the same {same} already ran at {} as operation {key}{how}; below is \
                  its stored result. Nothing was sent again. For a deliberate second {tool} with the same {same}, \
@@ -762,6 +782,90 @@ mod tests {
         );
         let text = said(&unrecorded, Capture::default(), Some("find_refund_by_key"));
         assert!(text.contains("reconciles it by reading find_refund_by_key"), "{text}");
+    }
+
+    /// A call whose own attempt went unanswered, its operation settled by another attempt (another
+    /// process's worker came first), is told so: never the words for a repeat, which invite "a deliberate
+    /// second" one. A call that sent nothing (a repeat) still is.
+    #[test]
+    fn a_call_whose_own_attempt_was_settled_elsewhere_is_not_told_it_repeated() {
+        let confirmed = |via| ConfirmedInfo {
+            receipt: "{\"refund_id\":\"r-1\"}".into(),
+            replayed: true,
+            via: Some(via),
+            confirmed_by: Confirmation::Answer,
+            at: 1_700_000_000_000,
+            window_until: Some(1_700_086_400_000),
+            attempt: Some(2),
+            earlier_attempts: Effect::None,
+            possible_duplicate: false,
+        };
+        let mut derived = account(
+            Ending::Confirmed(confirmed(ReplayVia::DerivedArgs)),
+            Effect::Happened,
+            Repeat::Replays,
+        );
+        derived.key = Some("derived:ab12".into());
+        derived.key_source = Some(KeySource::Derived);
+        let sent_it = || Capture {
+            sent: true,
+            key: Some("derived:ab12".into()),
+            ..Capture::default()
+        };
+        let text = said(&derived, sent_it(), None);
+        assert!(
+            text.starts_with("Replay of operation derived:ab12: refund_order happened. This call sent it and got no reply; attempt 2 of the same operation reported success"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("deliberate second") && !text.contains("already ran"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Until 2023-11-15 22:13:20 UTC, calls with the same arguments are this same operation"),
+            "{text}"
+        );
+
+        let repeat = said(&derived, Capture::default(), None);
+        assert!(
+            repeat.starts_with("Replay: a refund_order call with the same arguments already ran at ")
+                && repeat.contains("deliberate second"),
+            "{repeat}"
+        );
+
+        let keyed = account(
+            Ending::Confirmed(ConfirmedInfo {
+                confirmed_by: Confirmation::Operator,
+                ..confirmed(ReplayVia::Key)
+            }),
+            Effect::Happened,
+            Repeat::Replays,
+        );
+        let text = said(
+            &keyed,
+            Capture {
+                sent: true,
+                key: Some("k-1".into()),
+                ..Capture::default()
+            },
+            None,
+        );
+        assert!(
+            text.starts_with("Replay of operation k-1: refund_order happened. This call sent it and got no reply; an operator confirmed that it happened"),
+            "{text}"
+        );
+        assert!(!text.contains("Until "), "a key from _meta has no window: {text}");
+        // Another operation's dispatch in the same call (an owed one) is not this one's attempt.
+        let other = said(
+            &keyed,
+            Capture {
+                sent: true,
+                key: Some("k-0".into()),
+                ..Capture::default()
+            },
+            None,
+        );
+        assert!(other.contains("already ran under this operation key"), "{other}");
     }
 
     #[test]
