@@ -309,13 +309,16 @@ fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult 
     info["at"] = json!(c.at);
     info["window_until"] = json!(c.window_until);
     info["possible_duplicate"] = json!(c.possible_duplicate);
-    let how = match c.confirmed_by {
-        Confirmation::Answer => String::new(),
-        Confirmation::Provider => format!(
-            " (once confirmed it by reading {} after its reply was lost)",
-            cx.read_by()
-        ),
-        Confirmation::Operator => " (an operator confirmed that it happened)".to_string(),
+    // Who settled it, when not an attempt's own answer: one set of words for both texts below.
+    let confirmer = match c.confirmed_by {
+        Confirmation::Answer => None,
+        Confirmation::Provider => Some(format!("once confirmed it by reading {}", cx.read_by())),
+        Confirmation::Operator => Some("an operator confirmed that it happened".to_string()),
+    };
+    let how = match (&confirmer, c.confirmed_by) {
+        (Some(words), Confirmation::Provider) => format!(" ({words} after its reply was lost)"),
+        (Some(words), _) => format!(" ({words})"),
+        (None, _) => String::new(),
     };
     let same = cx.identity_words();
     let until = c
@@ -332,14 +335,12 @@ fn replayed(a: &Account, c: &ConfirmedInfo, cx: &Context<'_>) -> CallToolResult 
         // one sent while this call waited) or an operator settled it. Its own operation, never a repeat:
         // the words for a repeat ("already ran", "a deliberate second") would invite a second one.
         ReplayVia::Key | ReplayVia::DerivedArgs if cx.capture.sent && cx.capture.key == a.key => {
-            let settled = match c.confirmed_by {
-                Confirmation::Answer => c.attempt.map_or_else(
+            let settled = confirmer.unwrap_or_else(|| {
+                c.attempt.map_or_else(
                     || "another attempt of the same operation reported success".to_string(),
                     |n| format!("attempt {n} of the same operation reported success"),
-                ),
-                Confirmation::Provider => format!("once confirmed it by reading {}", cx.read_by()),
-                Confirmation::Operator => "an operator confirmed that it happened".to_string(),
-            };
+                )
+            });
             format!(
                 "Replay of operation {key}: {tool} happened. This call sent it and got no reply; {settled}, and \
                  below is its stored result. Nothing more was sent.{until}"
@@ -807,12 +808,13 @@ mod tests {
         );
         derived.key = Some("derived:ab12".into());
         derived.key_source = Some(KeySource::Derived);
-        let sent_it = || Capture {
+        // What the call's own dispatch of `key` left in its capture.
+        let sent = |key: &str| Capture {
             sent: true,
-            key: Some("derived:ab12".into()),
+            key: Some(key.into()),
             ..Capture::default()
         };
-        let text = said(&derived, sent_it(), None);
+        let text = said(&derived, sent("derived:ab12"), None);
         assert!(
             text.starts_with("Replay of operation derived:ab12: refund_order happened. This call sent it and got no reply; attempt 2 of the same operation reported success"),
             "{text}"
@@ -841,30 +843,14 @@ mod tests {
             Effect::Happened,
             Repeat::Replays,
         );
-        let text = said(
-            &keyed,
-            Capture {
-                sent: true,
-                key: Some("k-1".into()),
-                ..Capture::default()
-            },
-            None,
-        );
+        let text = said(&keyed, sent("k-1"), None);
         assert!(
             text.starts_with("Replay of operation k-1: refund_order happened. This call sent it and got no reply; an operator confirmed that it happened"),
             "{text}"
         );
         assert!(!text.contains("Until "), "a key from _meta has no window: {text}");
         // Another operation's dispatch in the same call (an owed one) is not this one's attempt.
-        let other = said(
-            &keyed,
-            Capture {
-                sent: true,
-                key: Some("k-0".into()),
-                ..Capture::default()
-            },
-            None,
-        );
+        let other = said(&keyed, sent("k-0"), None);
         assert!(other.contains("already ran under this operation key"), "{other}");
     }
 
